@@ -1,0 +1,113 @@
+//! Settings: every knob of the service, read from the environment (or a
+//! `.env` file, or flags), held in one value that builds the whole app.
+
+use std::time::Duration;
+
+use clap::Parser;
+
+/// How the service is configured. `--help` lists each variable.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Settings {
+    /// Postgres connection string; the database is created if missing.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/seckill"
+    )]
+    pub database_url: String,
+
+    /// Redis for locks, order ids and the sold-out flags.
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+
+    /// Address to listen on (port 0 picks a free one).
+    #[arg(long, env = "SECKILL_ADDR", default_value = "127.0.0.1:8080")]
+    pub addr: String,
+
+    /// Bearer token for /admin/*; unset or empty, admin routes answer 403.
+    #[arg(long, env = "SECKILL_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Key that signs user tokens; unset, a random one per process.
+    #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true)]
+    pub token_secret: Option<String>,
+
+    /// Prefix of every Redis key the service writes, to share one Redis.
+    #[arg(long, env = "SECKILL_REDIS_PREFIX", default_value = "")]
+    pub redis_prefix: String,
+
+    /// Postgres connections. Purchases queue for the voucher's row lock
+    /// anyway, so a few per core serve best.
+    #[arg(long, env = "SECKILL_PG_POOL", default_value_t = 16)]
+    pub pg_pool: u32,
+
+    /// Redis connections (each one multiplexes many commands).
+    #[arg(long, env = "SECKILL_REDIS_POOL", default_value_t = 16)]
+    pub redis_pool: usize,
+
+    /// Lease of the per-user purchase lock, in milliseconds.
+    #[arg(long, env = "SECKILL_LOCK_LEASE_MS", default_value_t = 10_000)]
+    pub lock_lease_ms: u64,
+
+    /// How long to wait for a Postgres or Redis connection before
+    /// answering 503, in milliseconds.
+    #[arg(long, env = "SECKILL_DEPENDENCY_TIMEOUT_MS", default_value_t = 2_000)]
+    pub dependency_timeout_ms: u64,
+
+    /// How long a voucher's time window is served from memory, in ms.
+    #[arg(long, env = "SECKILL_VOUCHER_CACHE_MS", default_value_t = 1_000)]
+    pub voucher_cache_ms: u64,
+
+    /// At start-up, how long to keep retrying an unreachable Postgres.
+    #[arg(long, env = "SECKILL_STARTUP_WAIT_MS", default_value_t = 30_000)]
+    pub startup_wait_ms: u64,
+
+    /// On SIGTERM, how long in-flight requests and lock releases may take.
+    #[arg(long, env = "SECKILL_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
+    pub shutdown_timeout_ms: u64,
+}
+
+#[derive(Parser)]
+struct Only {
+    #[command(flatten)]
+    settings: Settings,
+}
+
+impl Settings {
+    /// Settings from the environment and these flags (`args` excludes the
+    /// program name).
+    pub fn from_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let argv = std::iter::once(std::ffi::OsString::from("seckill"))
+            .chain(args.into_iter().map(Into::into));
+        Only::try_parse_from(argv).map(|only| only.settings)
+    }
+
+    /// The admin token, if one is set and not empty.
+    pub fn admin_token(&self) -> Option<&str> {
+        self.admin_token.as_deref().filter(|t| !t.is_empty())
+    }
+
+    pub fn lock_lease(&self) -> Duration {
+        Duration::from_millis(self.lock_lease_ms)
+    }
+
+    pub fn dependency_timeout(&self) -> Duration {
+        Duration::from_millis(self.dependency_timeout_ms)
+    }
+
+    pub fn voucher_cache_ttl(&self) -> Duration {
+        Duration::from_millis(self.voucher_cache_ms)
+    }
+
+    pub fn startup_wait(&self) -> Duration {
+        Duration::from_millis(self.startup_wait_ms)
+    }
+
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.shutdown_timeout_ms)
+    }
+}

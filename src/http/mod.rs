@@ -1,0 +1,93 @@
+//! HTTP: routes, middleware and the shared state of the handlers. The only
+//! module that knows axum; it calls the `seckill` service and nothing below.
+
+mod error;
+mod extract;
+mod handlers;
+pub mod ops;
+
+use std::any::Any;
+use std::sync::Arc;
+
+use axum::extract::{MatchedPath, Request};
+use axum::http::{HeaderName, Response};
+use axum::middleware;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use tracing::Level;
+
+pub use error::ApiError;
+
+use crate::seckill::{Seckill, SeckillError};
+use crate::token::TokenSigner;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub seckill: Seckill,
+    pub tokens: TokenSigner,
+    /// `None`: no admin token configured, admin routes answer 403.
+    pub admin_token: Option<Arc<str>>,
+    pub metrics: PrometheusHandle,
+}
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The whole API as a router.
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/admin/vouchers", post(handlers::create_voucher))
+        .route("/admin/vouchers/{id}/orders", get(handlers::voucher_orders))
+        .route("/admin/vouchers/{id}/stats", get(handlers::voucher_stats))
+        .route("/admin/vouchers/{id}/stock", post(handlers::restock))
+        .route("/admin/tokens", post(handlers::mint_tokens))
+        .route("/vouchers/{id}", get(handlers::get_voucher))
+        .route("/seckill/{id}", post(handlers::seckill))
+        .route("/orders/{id}", get(handlers::get_order))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .with_state(state);
+
+    let trace = TraceLayer::new_for_http()
+        .make_span_with(|request: &Request| {
+            let route = request
+                .extensions()
+                .get::<MatchedPath>()
+                .map_or("unmatched", MatchedPath::as_str);
+            let request_id = request
+                .headers()
+                .get(&REQUEST_ID)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            tracing::info_span!("request", method = %request.method(), route, request_id)
+        })
+        .on_request(())
+        .on_response(DefaultOnResponse::new().level(Level::DEBUG));
+
+    api.layer(middleware::from_fn(ops::track)).layer(
+        ServiceBuilder::new()
+            .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+            .layer(trace)
+            .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+            .layer(CatchPanicLayer::custom(panic_response)),
+    )
+}
+
+/// A panicking handler answers an opaque 500 in the app's error shape.
+fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<axum::body::Body> {
+    let cause = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic");
+    ApiError::Seckill(SeckillError::Internal(format!("handler panicked: {cause}"))).into_response()
+}

@@ -1,0 +1,76 @@
+//! Operations endpoints: liveness, readiness and Prometheus metrics, and
+//! the middleware that counts requests.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use super::error::ApiError;
+use super::AppState;
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+/// The process-wide Prometheus recorder (the `metrics` facade allows one
+/// per process; every app built in it shares this).
+pub fn prometheus() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .expect("the bucket list is not empty")
+                .install_recorder()
+                .expect("no other metrics recorder is installed")
+        })
+        .clone()
+}
+
+pub async fn healthz() -> StatusCode {
+    StatusCode::OK
+}
+
+pub async fn readyz(State(state): State<AppState>) -> Result<StatusCode, ApiError> {
+    state.seckill.ready().await?;
+    Ok(StatusCode::OK)
+}
+
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let usage = state.seckill.pool_usage();
+    metrics::gauge!("seckill_pool_connections", "pool" => "postgres", "state" => "open")
+        .set(f64::from(usage.postgres_size));
+    metrics::gauge!("seckill_pool_connections", "pool" => "postgres", "state" => "idle")
+        .set(f64::from(usage.postgres_idle));
+    metrics::gauge!("seckill_pool_connections", "pool" => "redis", "state" => "open")
+        .set(f64::from(usage.redis_size));
+    metrics::gauge!("seckill_pool_connections", "pool" => "redis", "state" => "idle")
+        .set(f64::from(usage.redis_available));
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+/// Counts every request by route, method and status, and times it.
+pub async fn track(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = request.method().to_string();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("http_requests_total", "route" => route.clone(), "method" => method, "status" => status)
+        .increment(1);
+    metrics::histogram!("http_request_duration_seconds", "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    response
+}

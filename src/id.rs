@@ -1,0 +1,200 @@
+//! Order ids: 64-bit, sortable, unique across instances.
+//!
+//! Layout: a zero sign bit, 31 bits of seconds since 2022-01-01T00:00:00Z,
+//! then 32 bits from a per-day Redis counter `INCR icr:order:{yyyy:MM:dd}`.
+//! The seconds come from Redis's clock in the same script as the `INCR`, so
+//! instances with skewed clocks still hand out ids that grow in the order
+//! Redis served them. A counter past 2^32 - 1 is an error, never a wrap.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, NaiveTime, Utc};
+use deadpool_redis::redis::{self, Script};
+use deadpool_redis::{Pool, PoolError};
+
+/// 2022-01-01T00:00:00Z in unix seconds: second 0 of every order id.
+pub const EPOCH_UNIX: i64 = 1_640_995_200;
+/// Bits of the per-day counter.
+pub const SEQUENCE_BITS: u32 = 32;
+const DAY_KEY_TTL_SECS: u64 = 3 * 86_400;
+
+/// A 64-bit order id. Clients see it as a decimal string: it exceeds 2^53.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OrderId(i64);
+
+impl OrderId {
+    /// Builds an id from its parts; `None` when either is out of range.
+    pub fn from_parts(seconds_since_epoch: i64, sequence: u64) -> Option<Self> {
+        if !(0..1 << 31).contains(&seconds_since_epoch) || sequence > u64::from(u32::MAX) {
+            return None;
+        }
+        Some(Self(seconds_since_epoch << SEQUENCE_BITS | sequence as i64))
+    }
+
+    pub fn from_i64(raw: i64) -> Option<Self> {
+        (raw > 0).then_some(Self(raw))
+    }
+
+    pub fn as_i64(self) -> i64 {
+        self.0
+    }
+
+    /// Seconds since 2022-01-01T00:00:00Z when the id was drawn.
+    pub fn seconds_since_epoch(self) -> i64 {
+        self.0 >> SEQUENCE_BITS
+    }
+
+    /// The per-day counter value.
+    pub fn sequence(self) -> u32 {
+        (self.0 & 0xFFFF_FFFF) as u32
+    }
+}
+
+impl fmt::Display for OrderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl FromStr for OrderId {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        parse_positive(s).map(Self).ok_or(())
+    }
+}
+
+/// A positive decimal integer written plainly: digits only, no sign, no
+/// spaces, no leading zeros (`i64`'s own parser takes `+7` and `007`). The
+/// one rule for every id and number that travels in text.
+pub fn parse_positive(s: &str) -> Option<i64> {
+    if s.is_empty() || s.starts_with('0') || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdError {
+    #[error("no Redis connection for the id counter: {0}")]
+    Pool(#[from] PoolError),
+    #[error("Redis failed the id counter: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("the order id counter for {day} is exhausted (more than 2^32 - 1 ids today)")]
+    Exhausted { day: String },
+    #[error("Redis's clock ({unix}) is outside the order id range")]
+    ClockOutOfRange { unix: i64 },
+    #[error("Redis's clock kept crossing midnight while drawing an id")]
+    DayUnsettled,
+}
+
+/// Draws order ids from Redis.
+#[derive(Clone)]
+pub struct IdGenerator {
+    pool: Pool,
+    prefix: String,
+    script: Script,
+}
+
+impl IdGenerator {
+    /// A generator whose counter keys start with `prefix` (may be empty).
+    pub fn new(pool: Pool, prefix: impl Into<String>) -> Self {
+        Self {
+            pool,
+            prefix: prefix.into(),
+            script: Script::new(include_str!("../lua/order_id.lua")),
+        }
+    }
+
+    /// The counter key for the UTC day of `at`.
+    pub fn day_key(&self, at: DateTime<Utc>) -> String {
+        format!("{}icr:order:{}", self.prefix, at.format("%Y:%m:%d"))
+    }
+
+    /// The next order id.
+    pub async fn next_id(&self) -> Result<OrderId, IdError> {
+        let mut conn = self.pool.get().await?;
+        let mut day = Utc::now();
+        // The first try names the day from our clock; if Redis's clock is on
+        // another day the script counts nothing and tells us its time.
+        for _ in 0..3 {
+            let day_start = day.date_naive().and_time(NaiveTime::MIN).and_utc();
+            let key = self.day_key(day);
+            let (now, count): (i64, u64) = self
+                .script
+                .key(&key)
+                .arg(day_start.timestamp())
+                .arg(DAY_KEY_TTL_SECS)
+                .invoke_async(&mut conn)
+                .await?;
+            if count == 0 {
+                day = DateTime::from_timestamp(now, 0)
+                    .ok_or(IdError::ClockOutOfRange { unix: now })?;
+                continue;
+            }
+            if count > u64::from(u32::MAX) {
+                return Err(IdError::Exhausted { day: key });
+            }
+            return OrderId::from_parts(now - EPOCH_UNIX, count)
+                .ok_or(IdError::ClockOutOfRange { unix: now });
+        }
+        Err(IdError::DayUnsettled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_round_trip() {
+        let id = OrderId::from_parts(123_456, 789).unwrap();
+        assert_eq!(id.seconds_since_epoch(), 123_456);
+        assert_eq!(id.sequence(), 789);
+        assert_eq!(id.as_i64(), (123_456_i64 << 32) | 789);
+    }
+
+    #[test]
+    fn out_of_range_parts_are_refused() {
+        assert!(OrderId::from_parts(-1, 1).is_none());
+        assert!(OrderId::from_parts(1 << 31, 1).is_none());
+        assert!(OrderId::from_parts(1, u64::from(u32::MAX) + 1).is_none());
+        assert!(OrderId::from_parts((1 << 31) - 1, u64::from(u32::MAX)).is_some());
+    }
+
+    #[test]
+    fn numbers_in_text_are_positive_plain_decimals() {
+        assert_eq!(parse_positive("7"), Some(7));
+        for bad in [
+            "",
+            "0",
+            "07",
+            "-7",
+            "+7",
+            " 7",
+            "7 ",
+            "1e3",
+            "9223372036854775808",
+        ] {
+            assert_eq!(parse_positive(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn parsing_takes_digits_only() {
+        assert_eq!("42".parse::<OrderId>(), Ok(OrderId(42)));
+        for bad in [
+            "",
+            "+42",
+            "-42",
+            "0",
+            "042",
+            "4 2",
+            "0x2a",
+            "99999999999999999999",
+            "1e3",
+        ] {
+            assert!(bad.parse::<OrderId>().is_err(), "{bad:?} parsed");
+        }
+    }
+}

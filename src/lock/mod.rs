@@ -1,0 +1,292 @@
+//! Reentrant distributed locks on Redis, on the model of Redisson's RLock.
+//!
+//! A lock is a Redis hash of owner -> hold count with a lease on the key.
+//! The owner is explicit: this process's UUID plus an id the caller picks
+//! (a request, a job, a session), never an OS thread id, because tokio tasks
+//! move between threads. Acquire and release are Lua scripts from `lua/`,
+//! loaded once and run by EVALSHA, so the owner check and the change it
+//! guards are one atomic step.
+//!
+//! This module imports nothing of the application: it needs a
+//! `deadpool_redis::Pool` and a key prefix, and could be published alone.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::redis::{self, Script};
+use deadpool_redis::{Pool, PoolError};
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+/// What can go wrong talking to Redis about a lock.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// No connection could be had from the pool (Redis down, pool exhausted).
+    #[error("no Redis connection for the lock: {0}")]
+    Pool(#[from] PoolError),
+    /// Redis answered with an error or the connection broke mid-command.
+    #[error("Redis failed a lock command: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The owner asked to release a lock it does not hold: it never took
+    /// it, or its lease ran out (and someone else may hold it now).
+    #[error("lock {key} is not held by {owner}")]
+    NotHeld { key: String, owner: String },
+}
+
+/// Who holds a lock: a process UUID and an id chosen by the caller.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Owner(Arc<str>);
+
+impl Owner {
+    /// The owner as stored in the lock's hash.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Owner({})", self.0)
+    }
+}
+
+/// What a successful release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The last hold was given back: the lock is free.
+    Free,
+    /// The owner still holds the lock this many more times (reentrancy).
+    StillHeld(u32),
+}
+
+/// The answer to an attempt to take a lock.
+#[derive(Debug)]
+pub enum Acquired {
+    /// The lock is ours; the guard gives it back when dropped.
+    Yes(LockGuard),
+    /// Another owner holds it for about this long (None: no lease on it).
+    HeldByOther { lease_left: Option<Duration> },
+}
+
+struct Shared {
+    pool: Pool,
+    prefix: String,
+    process: Uuid,
+    acquire: Script,
+    release: Script,
+    /// Releases started by guards dropped without `unlock`; shutdown waits
+    /// for them so that a stopping process leaves no lock behind.
+    pending_releases: TaskTracker,
+}
+
+/// Makes locks and owners; cheap to clone, one per process is enough.
+#[derive(Clone)]
+pub struct LockClient {
+    shared: Arc<Shared>,
+}
+
+impl LockClient {
+    /// A client whose lock keys all start with `prefix` (may be empty).
+    pub fn new(pool: Pool, prefix: impl Into<String>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                pool,
+                prefix: prefix.into(),
+                process: Uuid::new_v4(),
+                acquire: Script::new(include_str!("../../lua/lock_acquire.lua")),
+                release: Script::new(include_str!("../../lua/lock_release.lua")),
+                pending_releases: TaskTracker::new(),
+            }),
+        }
+    }
+
+    /// This process's part of every owner it makes.
+    pub fn process_id(&self) -> Uuid {
+        self.shared.process
+    }
+
+    /// The owner `id` of this process. Two owners with the same id are the
+    /// same owner: that is what makes the lock reentrant for them.
+    pub fn owner(&self, id: impl fmt::Display) -> Owner {
+        Owner(format!("{}:{id}", self.shared.process).into())
+    }
+
+    /// The lock called `name`. Its key is `{prefix}lock:{name}`, a hash tag
+    /// so that every key of one lock lands in one Redis Cluster slot.
+    pub fn lock(&self, name: &str) -> Lock {
+        Lock {
+            shared: self.shared.clone(),
+            key: format!("{}lock:{{{name}}}", self.shared.prefix).into(),
+        }
+    }
+
+    /// Waits (at most `timeout`) for releases started by dropped guards.
+    /// Returns false if some were still running when the time ran out.
+    pub async fn shutdown(&self, timeout: Duration) -> bool {
+        let tracker = &self.shared.pending_releases;
+        tracker.close();
+        tokio::time::timeout(timeout, tracker.wait()).await.is_ok()
+    }
+}
+
+/// One named lock. Cheap to clone; holds no connection.
+#[derive(Clone)]
+pub struct Lock {
+    shared: Arc<Shared>,
+    key: Arc<str>,
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock").field("key", &self.key).finish()
+    }
+}
+
+impl Lock {
+    /// The Redis key of this lock.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Takes the lock for `owner` with the given lease, without waiting.
+    /// If `owner` already holds it, its hold count goes up by one and the
+    /// lease starts again.
+    pub async fn try_acquire(&self, owner: &Owner, lease: Duration) -> Result<Acquired, LockError> {
+        let mut conn = self.shared.pool.get().await?;
+        let (acquired, value): (i64, i64) = self
+            .shared
+            .acquire
+            .key(&*self.key)
+            .arg(lease_ms(lease))
+            .arg(owner.as_str())
+            .invoke_async(&mut conn)
+            .await?;
+        if acquired == 1 {
+            Ok(Acquired::Yes(LockGuard {
+                lock: self.clone(),
+                owner: owner.clone(),
+                lease,
+                armed: true,
+            }))
+        } else {
+            let lease_left = u64::try_from(value).ok().map(Duration::from_millis);
+            Ok(Acquired::HeldByOther { lease_left })
+        }
+    }
+
+    /// Gives back one hold of `owner`. A release by anyone but a holder
+    /// changes nothing and is reported as [`LockError::NotHeld`].
+    pub async fn release(&self, owner: &Owner, lease: Duration) -> Result<Released, LockError> {
+        let mut conn = self.shared.pool.get().await?;
+        let left: i64 = self
+            .shared
+            .release
+            .key(&*self.key)
+            .arg(lease_ms(lease))
+            .arg(owner.as_str())
+            .invoke_async(&mut conn)
+            .await?;
+        match left {
+            0 => Ok(Released::Free),
+            n if n > 0 => Ok(Released::StillHeld(u32::try_from(n).unwrap_or(u32::MAX))),
+            _ => Err(LockError::NotHeld {
+                key: self.key.to_string(),
+                owner: owner.to_string(),
+            }),
+        }
+    }
+
+    /// How many holds `owner` has on this lock (0 when none).
+    pub async fn hold_count(&self, owner: &Owner) -> Result<u32, LockError> {
+        let mut conn = self.shared.pool.get().await?;
+        let holds: Option<u32> = redis::cmd("HGET")
+            .arg(&*self.key)
+            .arg(owner.as_str())
+            .query_async(&mut conn)
+            .await?;
+        Ok(holds.unwrap_or(0))
+    }
+
+    /// Whether anyone holds the lock.
+    pub async fn is_locked(&self) -> Result<bool, LockError> {
+        let mut conn = self.shared.pool.get().await?;
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&*self.key)
+            .query_async(&mut conn)
+            .await?;
+        Ok(exists)
+    }
+}
+
+/// One hold of a lock. `unlock` gives it back and reports what happened;
+/// dropping the guard (an early return, a panic, a cancelled request) gives
+/// it back in the background instead.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    lock: Lock,
+    owner: Owner,
+    lease: Duration,
+    armed: bool,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.lock.key)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+impl LockGuard {
+    /// The owner this hold belongs to.
+    pub fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// The lock this hold is on.
+    pub fn lock(&self) -> &Lock {
+        &self.lock
+    }
+
+    /// Gives the hold back now. `Err(NotHeld)` means the lease ran out
+    /// while the work was being done: someone else may have held the lock.
+    pub async fn unlock(mut self) -> Result<Released, LockError> {
+        self.armed = false;
+        self.lock.release(&self.owner, self.lease).await
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (lock, owner, lease) = (self.lock.clone(), self.owner.clone(), self.lease);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(key = %lock.key, %owner, "lock guard dropped outside a runtime; the lease will free it");
+            return;
+        };
+        let tracker = lock.shared.pending_releases.clone();
+        tracker.spawn_on(
+            async move {
+                if let Err(error) = lock.release(&owner, lease).await {
+                    tracing::warn!(key = %lock.key, %owner, %error, "releasing a dropped lock guard failed; the lease will free it");
+                }
+            },
+            &runtime,
+        );
+    }
+}
+
+fn lease_ms(lease: Duration) -> u64 {
+    // PEXPIRE 0 would delete the key at once; a lease is at least 1 ms.
+    u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
+}

@@ -1,0 +1,143 @@
+//! Builds the application from one [`Settings`] value: pools, migrations,
+//! the service, the router and the listener. No globals but the metrics
+//! recorder, so tests can build many apps on port 0 in one process.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use deadpool_redis::{PoolConfig, Runtime, Timeouts};
+use tokio::net::TcpListener;
+
+use crate::config::Settings;
+use crate::http::{self, AppState};
+use crate::seckill::{Seckill, SeckillSettings};
+use crate::store::{PoolSettings, Store, StoreError};
+use crate::token::TokenSigner;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("Postgres: {0}")]
+    Store(#[from] StoreError),
+    #[error("Redis pool: {0}")]
+    Redis(#[from] deadpool_redis::CreatePoolError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+/// A built, listening, not yet serving application.
+pub struct Application {
+    listener: TcpListener,
+    state: AppState,
+    settings: Settings,
+}
+
+impl Application {
+    pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+        let store = connect_store(&settings).await?;
+        let timeout = Some(settings.dependency_timeout());
+        let mut redis_config = deadpool_redis::Config::from_url(&settings.redis_url);
+        redis_config.pool = Some(PoolConfig {
+            max_size: settings.redis_pool,
+            timeouts: Timeouts {
+                wait: timeout,
+                create: timeout,
+                recycle: timeout,
+            },
+            ..PoolConfig::default()
+        });
+        let redis = redis_config.create_pool(Some(Runtime::Tokio1))?;
+
+        let seckill = Seckill::new(
+            store,
+            redis,
+            SeckillSettings {
+                redis_prefix: settings.redis_prefix.clone(),
+                lock_lease: settings.lock_lease(),
+                voucher_cache_ttl: settings.voucher_cache_ttl(),
+            },
+        );
+        let tokens = match &settings.token_secret {
+            Some(secret) if !secret.is_empty() => TokenSigner::new(secret.as_bytes()),
+            _ => TokenSigner::random(),
+        };
+        let state = AppState {
+            seckill,
+            tokens,
+            admin_token: settings.admin_token().map(Arc::from),
+            metrics: http::ops::prometheus(),
+        };
+        let listener =
+            TcpListener::bind(&settings.addr)
+                .await
+                .map_err(|source| StartupError::Bind {
+                    addr: settings.addr.clone(),
+                    source,
+                })?;
+        Ok(Self {
+            listener,
+            state,
+            settings,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    pub fn seckill(&self) -> &Seckill {
+        &self.state.seckill
+    }
+
+    pub fn tokens(&self) -> &TokenSigner {
+        &self.state.tokens
+    }
+
+    /// Serves until `shutdown` completes, then drains in-flight requests
+    /// and waits for the lock releases they started.
+    pub async fn run_until(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let Self {
+            listener,
+            state,
+            settings,
+        } = self;
+        let seckill = state.seckill.clone();
+        tracing::info!(addr = %listener.local_addr()?, "serving");
+        axum::serve(listener, http::router(state))
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        if !seckill.locks().shutdown(settings.shutdown_timeout()).await {
+            tracing::warn!("some lock releases did not finish; their leases will free them");
+        }
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// Connects to Postgres, retrying while it is unreachable (it may still be
+/// starting next to us) for at most the configured start-up wait.
+async fn connect_store(settings: &Settings) -> Result<Store, StoreError> {
+    let pool = PoolSettings {
+        max_connections: settings.pg_pool,
+        acquire_timeout: settings.dependency_timeout(),
+    };
+    let started = Instant::now();
+    loop {
+        match Store::connect(&settings.database_url, &pool).await {
+            Err(StoreError::Unavailable(error)) if started.elapsed() < settings.startup_wait() => {
+                tracing::warn!(%error, "Postgres is not reachable yet; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            other => return other,
+        }
+    }
+}

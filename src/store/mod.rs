@@ -1,0 +1,315 @@
+//! Postgres: vouchers, their stock and their orders, and the one statement
+//! that sells a unit.
+//!
+//! Every query is here; nothing above this module writes SQL. Errors come
+//! out classified: the database being unreachable, a duplicate order, or
+//! something else (a bug, logged and answered as an opaque 500).
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// The unique index that allows one order per user and voucher.
+const ONE_ORDER_PER_USER: &str = "voucher_orders_user_voucher";
+/// The primary key of orders: a repeated order id lands here.
+const ORDER_ID_KEY: &str = "voucher_orders_pkey";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Postgres cannot be reached, or refuses connections for now.
+    #[error("Postgres is unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// The user already has an order for this voucher.
+    #[error("the user already holds an order for this voucher")]
+    DuplicateOrder,
+    /// The order id is taken already (the id counter went back, as when a
+    /// Redis without persistence restarts within the same second).
+    #[error("the order id is already taken")]
+    DuplicateOrderId,
+    /// A number left the range its column allows (a restock too large).
+    #[error("value out of range: {0}")]
+    OutOfRange(#[source] sqlx::Error),
+    #[error("database error: {0}")]
+    Other(#[source] sqlx::Error),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        use sqlx::Error as E;
+        match &error {
+            E::PoolTimedOut | E::PoolClosed | E::Io(_) | E::Tls(_) | E::WorkerCrashed => {
+                Self::Unavailable(error)
+            }
+            E::Database(db) => {
+                let code = db.code().unwrap_or_default();
+                if code == "23505" && db.constraint() == Some(ONE_ORDER_PER_USER) {
+                    Self::DuplicateOrder
+                } else if code == "23505" && db.constraint() == Some(ORDER_ID_KEY) {
+                    Self::DuplicateOrderId
+                } else if code == "22003" {
+                    Self::OutOfRange(error)
+                } else if code.starts_with("08")
+                    || code.starts_with("53")
+                    || code.starts_with("57P")
+                {
+                    // connection exceptions, insufficient resources
+                    // (too many connections), admin shutdown, cannot
+                    // connect now: all pass once the server is back.
+                    Self::Unavailable(error)
+                } else {
+                    Self::Other(error)
+                }
+            }
+            _ => Self::Other(error),
+        }
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Voucher {
+    pub id: i64,
+    pub title: String,
+    pub initial_stock: i32,
+    pub stock: i32,
+    pub begin_time: DateTime<Utc>,
+    pub end_time: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewVoucher {
+    pub title: String,
+    pub stock: i32,
+    pub begin_time: DateTime<Utc>,
+    pub end_time: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Order {
+    pub id: i64,
+    pub user_id: i64,
+    pub voucher_id: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Stock and initial stock read together, in one row version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct StockLevel {
+    pub stock: i32,
+    pub initial_stock: i32,
+}
+
+/// The answer to an attempt to sell one unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sale {
+    /// The order is committed; this is the stock right after it.
+    Sold(StockLevel),
+    /// No unit was left (or the voucher has no sale); nothing was written.
+    SoldOut,
+}
+
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
+pub struct Stats {
+    pub initial_stock: i32,
+    pub stock: i32,
+    pub orders: i64,
+    pub distinct_users: i64,
+}
+
+/// Pool sizes and timeouts for [`Store::connect`].
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    pub max_connections: u32,
+    /// How long a query waits for a connection (and a connection attempt
+    /// may take) before the store reports Postgres unavailable.
+    pub acquire_timeout: Duration,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    /// Creates the database if it is missing, applies the migrations and
+    /// opens a pool.
+    pub async fn connect(url: &str, settings: &PoolSettings) -> Result<Self> {
+        let options = PgConnectOptions::from_str(url)?
+            .log_statements(tracing::log::LevelFilter::Trace)
+            .application_name("seckill");
+        create_database_if_missing(&options).await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(settings.max_connections)
+            .acquire_timeout(settings.acquire_timeout)
+            .connect_with(options)
+            .await?;
+        sqlx::migrate!("./migrations")
+            .run(&pool)
+            .await
+            .map_err(|e| StoreError::Other(e.into()))?;
+        Ok(Self { pool })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn create_voucher(&self, new: &NewVoucher) -> Result<i64> {
+        // One statement, so a voucher never exists without its sale.
+        let id = sqlx::query_scalar(
+            "WITH v AS (INSERT INTO vouchers (title) VALUES ($1) RETURNING id)
+             INSERT INTO seckill_vouchers (voucher_id, initial_stock, stock, begin_time, end_time)
+             SELECT id, $2, $2, $3, $4 FROM v
+             RETURNING voucher_id",
+        )
+        .bind(&new.title)
+        .bind(new.stock)
+        .bind(new.begin_time)
+        .bind(new.end_time)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(id)
+    }
+
+    pub async fn voucher(&self, id: i64) -> Result<Option<Voucher>> {
+        Ok(sqlx::query_as(
+            "SELECT v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time
+             FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id
+             WHERE v.id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    pub async fn stock_level(&self, voucher_id: i64) -> Result<Option<StockLevel>> {
+        Ok(sqlx::query_as(
+            "SELECT stock, initial_stock FROM seckill_vouchers WHERE voucher_id = $1",
+        )
+        .bind(voucher_id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Adds `units` to both the stock and the initial stock.
+    pub async fn restock(&self, voucher_id: i64, units: i32) -> Result<Option<StockLevel>> {
+        Ok(sqlx::query_as(
+            "UPDATE seckill_vouchers
+             SET stock = stock + $2, initial_stock = initial_stock + $2
+             WHERE voucher_id = $1
+             RETURNING stock, initial_stock",
+        )
+        .bind(voucher_id)
+        .bind(units)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    pub async fn has_order(&self, user_id: i64, voucher_id: i64) -> Result<bool> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM voucher_orders WHERE user_id = $1 AND voucher_id = $2)",
+        )
+        .bind(user_id)
+        .bind(voucher_id)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// Sells one unit to `user_id`: decrements the stock if it is above
+    /// zero and inserts the order, atomically.
+    ///
+    /// It is one statement, so one transaction and one round trip: the
+    /// voucher's row lock, taken by the UPDATE, is held only while Postgres
+    /// itself works, never while a packet crosses the network. Either both
+    /// writes commit or neither does; a duplicate order (the unique index)
+    /// rolls the decrement back with it.
+    pub async fn sell_one(&self, order_id: i64, user_id: i64, voucher_id: i64) -> Result<Sale> {
+        let sold: Option<StockLevel> = sqlx::query_as(
+            "WITH taken AS (
+                 UPDATE seckill_vouchers SET stock = stock - 1
+                 WHERE voucher_id = $3 AND stock > 0
+                 RETURNING voucher_id, stock, initial_stock
+             ), placed AS (
+                 INSERT INTO voucher_orders (id, user_id, voucher_id)
+                 SELECT $1, $2, voucher_id FROM taken
+                 RETURNING id
+             )
+             SELECT taken.stock, taken.initial_stock FROM taken, placed",
+        )
+        .bind(order_id)
+        .bind(user_id)
+        .bind(voucher_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(sold.map_or(Sale::SoldOut, Sale::Sold))
+    }
+
+    pub async fn order(&self, order_id: i64) -> Result<Option<Order>> {
+        Ok(sqlx::query_as(
+            "SELECT id, user_id, voucher_id, created_at FROM voucher_orders WHERE id = $1",
+        )
+        .bind(order_id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Every order of a voucher as (order id, user id), oldest first.
+    pub async fn orders_for_voucher(&self, voucher_id: i64) -> Result<Vec<(i64, i64)>> {
+        Ok(sqlx::query_as(
+            "SELECT id, user_id FROM voucher_orders WHERE voucher_id = $1 ORDER BY id",
+        )
+        .bind(voucher_id)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub async fn stats(&self, voucher_id: i64) -> Result<Option<Stats>> {
+        Ok(sqlx::query_as(
+            "SELECT s.initial_stock, s.stock,
+                    (SELECT count(*) FROM voucher_orders o WHERE o.voucher_id = s.voucher_id) AS orders,
+                    (SELECT count(DISTINCT user_id) FROM voucher_orders o WHERE o.voucher_id = s.voucher_id) AS distinct_users
+             FROM seckill_vouchers s WHERE s.voucher_id = $1",
+        )
+        .bind(voucher_id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+}
+
+/// Creates the database named in `options` when it does not exist yet.
+/// Two instances starting together may race; the loser's "already exists"
+/// is success too.
+async fn create_database_if_missing(options: &PgConnectOptions) -> Result<()> {
+    let Some(name) = options.get_database().map(str::to_owned) else {
+        return Ok(());
+    };
+    let mut admin = options.clone().database("postgres").connect().await?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(&name)
+            .fetch_one(&mut admin)
+            .await?;
+    if !exists {
+        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+        match sqlx::query(&format!("CREATE DATABASE {quoted}"))
+            .execute(&mut admin)
+            .await
+        {
+            Ok(_) => tracing::info!(database = %name, "created the database"),
+            // 42P04: it exists by now; 23505: a concurrent CREATE won the race.
+            Err(sqlx::Error::Database(db))
+                if matches!(db.code().as_deref(), Some("42P04" | "23505")) => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    admin.close().await?;
+    Ok(())
+}

@@ -1,0 +1,382 @@
+//! Test harness: each test gets its own database, its own Redis key prefix
+//! and its own app on a free port; all are removed when the test ends.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use deadpool_redis::redis;
+use reqwest::StatusCode;
+use seckill::config::Settings;
+use seckill::startup::Application;
+use serde_json::{json, Value};
+use sqlx::{Connection, PgConnection, PgPool};
+use uuid::Uuid;
+
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+pub const TOKEN_SECRET: &str = "test-token-secret";
+
+/// The Postgres server the tests use, without a database name.
+pub fn pg_server() -> String {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/seckill".into());
+    let without_query = url.split('?').next().unwrap_or(&url).to_owned();
+    match without_query.rsplit_once('/') {
+        Some((server, _db)) if server.contains("//") && !server.ends_with('/') => server.to_owned(),
+        _ => without_query,
+    }
+}
+
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// Settings for one test app; `db_url` and `redis_url` say where to go.
+pub fn settings(db_url: &str, redis_url: &str, prefix: &str) -> Settings {
+    Settings::from_args([
+        "--addr",
+        "127.0.0.1:0",
+        "--database-url",
+        db_url,
+        "--redis-url",
+        redis_url,
+        "--redis-prefix",
+        prefix,
+        "--admin-token",
+        ADMIN_TOKEN,
+        "--token-secret",
+        TOKEN_SECRET,
+        "--pg-pool",
+        "8",
+        "--redis-pool",
+        "8",
+        "--dependency-timeout-ms",
+        "1000",
+        "--startup-wait-ms",
+        "0",
+    ])
+    .expect("test settings parse")
+}
+
+pub struct TestApp {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub db_name: String,
+    pub prefix: String,
+    pub db: PgPool,
+    settings: Settings,
+}
+
+/// A fresh database and Redis prefix, and an app serving them.
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|s| s).await
+}
+
+/// Like [`spawn_app`], with the settings adjusted first (the database URL
+/// in them names the fresh database).
+pub async fn spawn_app_with(adjust: impl FnOnce(Settings) -> Settings) -> TestApp {
+    let db_name = format!("seckill_test_{}", Uuid::new_v4().simple());
+    let db_url = format!("{}/{db_name}", pg_server());
+    let prefix = format!("test:{}:", Uuid::new_v4().simple());
+    let settings = adjust(settings(&db_url, &redis_url(), &prefix));
+    let base = start(settings.clone()).await;
+    let db = PgPool::connect(&db_url)
+        .await
+        .expect("the test database answers");
+    TestApp {
+        base,
+        client: client(),
+        db_name,
+        prefix,
+        db,
+        settings,
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("an HTTP client")
+}
+
+/// Builds and serves an app on this test's runtime; returns its base URL.
+pub async fn start(settings: Settings) -> String {
+    let app = Application::build(settings).await.expect("the app builds");
+    let addr: SocketAddr = app.local_addr();
+    tokio::spawn(app.run_until(std::future::pending()));
+    format!("http://{addr}")
+}
+
+impl TestApp {
+    /// Another instance of the service on the same database and Redis.
+    pub async fn spawn_instance(&self) -> String {
+        start(self.settings.clone()).await
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub async fn create_voucher(
+        &self,
+        stock: i64,
+        begin: DateTime<Utc>,
+        end: DateTime<Utc>,
+    ) -> i64 {
+        let response = self
+            .client
+            .post(self.url("/admin/vouchers"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({ "title": "test voucher", "stock": stock, "begin_time": begin, "end_time": end }))
+            .send()
+            .await
+            .expect("create voucher");
+        assert_eq!(response.status(), StatusCode::CREATED);
+        response.json::<Value>().await.unwrap()["id"]
+            .as_i64()
+            .unwrap()
+    }
+
+    /// A voucher on sale from a minute ago for an hour.
+    pub async fn open_voucher(&self, stock: i64) -> i64 {
+        let now = Utc::now();
+        self.create_voucher(
+            stock,
+            now - chrono::Duration::minutes(1),
+            now + chrono::Duration::hours(1),
+        )
+        .await
+    }
+
+    /// Tokens for these users, minted through the admin API.
+    pub async fn tokens(&self, user_ids: impl IntoIterator<Item = i64>) -> HashMap<i64, String> {
+        let ids: Vec<i64> = user_ids.into_iter().collect();
+        let body: Value = self
+            .client
+            .post(self.url("/admin/tokens"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({ "user_ids": ids }))
+            .send()
+            .await
+            .expect("mint tokens")
+            .json()
+            .await
+            .unwrap();
+        body["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (
+                    t["user_id"].as_i64().unwrap(),
+                    t["token"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    pub async fn token(&self, user_id: i64) -> String {
+        self.tokens([user_id]).await.remove(&user_id).unwrap()
+    }
+
+    pub async fn admin_get(&self, path: &str) -> (StatusCode, Value) {
+        let response = self
+            .client
+            .get(self.url(path))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("admin GET");
+        let status = response.status();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn stats(&self, voucher_id: i64) -> Value {
+        let (status, body) = self
+            .admin_get(&format!("/admin/vouchers/{voucher_id}/stats"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
+    /// Row counts and the stock sum: equal before and after a request that
+    /// must change nothing.
+    pub async fn snapshot(&self) -> (i64, i64, i64, i64) {
+        sqlx::query_as(
+            "SELECT (SELECT count(*) FROM vouchers), (SELECT count(*) FROM seckill_vouchers),
+                    (SELECT count(*) FROM voucher_orders),
+                    (SELECT coalesce(sum(stock), 0) + coalesce(sum(initial_stock), 0) FROM seckill_vouchers)",
+        )
+        .fetch_one(&self.db)
+        .await
+        .unwrap()
+    }
+
+    /// Checks the contract's invariants for a voucher straight in the
+    /// database; returns the number of orders.
+    pub async fn check_invariants(&self, voucher_id: i64) -> i64 {
+        {
+            let (initial, stock): (i32, i32) = sqlx::query_as(
+                "SELECT initial_stock, stock FROM seckill_vouchers WHERE voucher_id = $1",
+            )
+            .bind(voucher_id)
+            .fetch_one(&self.db)
+            .await
+            .unwrap();
+            let (orders, users, ids): (i64, i64, i64) = sqlx::query_as(
+                "SELECT count(*), count(DISTINCT user_id), count(DISTINCT id) FROM voucher_orders WHERE voucher_id = $1",
+            )
+            .bind(voucher_id)
+            .fetch_one(&self.db)
+            .await
+            .unwrap();
+            assert!(stock >= 0, "stock below zero: {stock}");
+            assert_eq!(
+                orders + i64::from(stock),
+                i64::from(initial),
+                "orders + stock != initial stock"
+            );
+            assert_eq!(orders, users, "some user holds two orders");
+            assert_eq!(orders, ids, "order ids repeat");
+            orders
+        }
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        let db_name = self.db_name.clone();
+        let prefix = self.prefix.clone();
+        // Drop cannot await, and this test's runtime is busy unwinding or
+        // ending: clean up on a runtime of our own.
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                if let Ok(mut conn) =
+                    PgConnection::connect(&format!("{}/postgres", pg_server())).await
+                {
+                    let _ = sqlx::query(&format!(
+                        "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
+                    ))
+                    .execute(&mut conn)
+                    .await;
+                }
+                delete_keys(&redis_url(), &prefix).await;
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// Deletes every key under `prefix`.
+pub async fn delete_keys(redis_url: &str, prefix: &str) {
+    let Ok(client) = redis::Client::open(redis_url) else {
+        return;
+    };
+    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+        return;
+    };
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap_or_default();
+    if !keys.is_empty() {
+        let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
+    }
+}
+
+/// Sends `POST /seckill/{voucher}` and returns the status and the error
+/// code (or `"ok"` with the order id).
+pub async fn buy(
+    client: &reqwest::Client,
+    base: &str,
+    token: &str,
+    voucher_id: i64,
+) -> (StatusCode, String) {
+    let response = client
+        .post(format!("{base}/seckill/{voucher_id}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("the purchase request completes");
+    let status = response.status();
+    let body: Value = response.json().await.expect("every answer is JSON");
+    match body["order_id"].as_str() {
+        Some(id) if status == StatusCode::OK => (status, format!("ok:{id}")),
+        _ => (
+            status,
+            body["error"]
+                .as_str()
+                .unwrap_or("<no error code>")
+                .to_owned(),
+        ),
+    }
+}
+
+/// A `redis-server` owned by one test, on a free loopback port; killed
+/// when dropped.
+pub struct OwnRedis {
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl OwnRedis {
+    pub fn start() -> Self {
+        let port = free_port();
+        let mut redis = Self { port, child: None };
+        redis.restart();
+        redis
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// (Re)starts the server on the same port and waits until it answers.
+    pub fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (scripts/deps.sh installs it)");
+        self.child = Some(child);
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("redis-server did not start on port {}", self.port);
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

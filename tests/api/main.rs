@@ -1,0 +1,10 @@
+//! End-to-end tests against real Postgres and Redis. Every test has its
+//! own database and Redis key prefix (see `helpers`).
+
+mod helpers;
+mod ids;
+mod lock;
+mod outage;
+mod proxy;
+mod purchase;
+mod validation;

@@ -1,0 +1,159 @@
+//! A dependency that goes away mid-run: answers become 503 with
+//! Retry-After, nothing else breaks, and the service recovers by itself.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use tokio::task::JoinSet;
+
+use crate::helpers::{buy, client, pg_server, spawn_app_with, OwnRedis, TestApp};
+use crate::proxy::Proxy;
+
+const DURING_OUTAGE: [&str; 5] = [
+    "ok",
+    "sold_out",
+    "already_purchased",
+    "purchase_in_progress",
+    "unavailable",
+];
+
+/// Every user sends `per_user` purchases, concurrently.
+async fn crowd(
+    app: &TestApp,
+    tokens: &HashMap<i64, String>,
+    voucher: i64,
+    per_user: usize,
+) -> Vec<(StatusCode, String)> {
+    let client = client();
+    let mut tasks = JoinSet::new();
+    for _ in 0..per_user {
+        for token in tokens.values() {
+            let (client, base, token) = (client.clone(), app.base.clone(), token.clone());
+            tasks.spawn(async move { buy(&client, &base, &token, voucher).await });
+        }
+    }
+    tasks.join_all().await
+}
+
+fn code(answer: &(StatusCode, String)) -> &str {
+    if answer.1.starts_with("ok:") {
+        "ok"
+    } else {
+        &answer.1
+    }
+}
+
+async fn expect_unavailable(app: &TestApp, token: &str, voucher: i64) {
+    let response = app
+        .client
+        .post(app.url(&format!("/seckill/{voucher}")))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "unavailable");
+    let ready = app.client.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+}
+
+/// Waits (bounded) until the service answers ready again.
+async fn wait_ready(app: &TestApp) {
+    for _ in 0..100 {
+        if let Ok(r) = app.client.get(app.url("/readyz")).send().await {
+            if r.status() == StatusCode::OK {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the service did not become ready again");
+}
+
+/// Runs the outage scenario: a crowd before, during and after the
+/// dependency is away, then the invariants.
+async fn outage(app: TestApp, take_away: impl FnOnce(), bring_back: impl FnOnce()) {
+    let voucher = app.open_voucher(150).await;
+    let tokens = app.tokens(1..=300).await;
+    let early: HashMap<i64, String> = tokens
+        .iter()
+        .filter(|(u, _)| **u <= 50)
+        .map(|(u, t)| (*u, t.clone()))
+        .collect();
+
+    let before = crowd(&app, &early, voucher, 1).await;
+    assert!(before.iter().all(|a| code(a) == "ok"), "{before:?}");
+
+    // The crowd is still arriving when the dependency goes away.
+    let during = {
+        let tokens = tokens.clone();
+        let app_ref = &app;
+        let running = crowd(app_ref, &tokens, voucher, 2);
+        let cut = async {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            take_away();
+        };
+        let (answers, ()) = tokio::join!(running, cut);
+        answers
+    };
+    for answer in &during {
+        assert!(
+            DURING_OUTAGE.contains(&code(answer)),
+            "unexpected answer {answer:?}"
+        );
+    }
+    expect_unavailable(&app, &tokens[&300], voucher).await;
+
+    bring_back();
+    wait_ready(&app).await;
+    let after = crowd(&app, &tokens, voucher, 1).await;
+    for answer in &after {
+        assert!(
+            ["ok", "sold_out", "already_purchased"].contains(&code(answer)),
+            "after recovery: {answer:?}"
+        );
+    }
+    // 300 users wanted 150 units and each asked again after recovery:
+    // everything sold, once per user.
+    assert_eq!(app.check_invariants(voucher).await, 150);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_going_away_is_a_503_and_the_service_recovers() {
+    let redis = std::sync::Mutex::new(OwnRedis::start());
+    let url = redis.lock().unwrap().url();
+    let app = spawn_app_with(|mut s| {
+        s.redis_url = url;
+        s
+    })
+    .await;
+    outage(
+        app,
+        || redis.lock().unwrap().stop(),
+        || redis.lock().unwrap().restart(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_going_away_is_a_503_and_the_service_recovers() {
+    let pg_port = pg_server()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(5432);
+    let proxy = Proxy::start(([127, 0, 0, 1], pg_port).into()).await;
+    let proxied = format!("postgres://postgres@{}", proxy.addr);
+    let app = spawn_app_with(|mut s| {
+        s.database_url = format!("{proxied}/{}", s.database_url.rsplit('/').next().unwrap());
+        // Windows served from memory would hide the outage from the
+        // first requests; read them every time here.
+        s.voucher_cache_ms = 1;
+        s
+    })
+    .await;
+    outage(app, || proxy.cut(), || proxy.restore()).await;
+}

@@ -1,0 +1,67 @@
+//! A TCP proxy a test can cut and restore, to take a dependency away from
+//! one app without disturbing the other tests that share it.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::task::JoinHandle;
+
+pub struct Proxy {
+    pub addr: SocketAddr,
+    target: SocketAddr,
+    accept: Mutex<Option<JoinHandle<()>>>,
+    links: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Proxy {
+    pub async fn start(target: SocketAddr) -> Self {
+        let port = super::helpers::free_port();
+        let proxy = Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            target,
+            accept: Mutex::new(None),
+            links: Arc::new(Mutex::new(Vec::new())),
+        };
+        proxy.restore();
+        proxy
+    }
+
+    /// Closes every open connection and refuses new ones.
+    pub fn cut(&self) {
+        if let Some(accept) = self.accept.lock().unwrap().take() {
+            accept.abort();
+        }
+        for link in self.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+    }
+
+    /// Listens again on the same port.
+    pub fn restore(&self) {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.set_reuseaddr(true).unwrap();
+        socket
+            .bind(self.addr)
+            .expect("the proxy's port is free again");
+        let listener = socket.listen(1024).unwrap();
+        let (target, links) = (self.target, self.links.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let link = tokio::spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                links.lock().unwrap().push(link);
+            }
+        });
+        *self.accept.lock().unwrap() = Some(accept);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}

@@ -1,0 +1,394 @@
+//! Every kind of bad input gets the contract's status and error code, and
+//! changes nothing.
+
+use chrono::{Duration, Utc};
+use reqwest::{Method, StatusCode};
+use seckill::token::TokenSigner;
+use serde_json::{json, Value};
+
+use crate::helpers::{buy, spawn_app, TestApp, ADMIN_TOKEN, TOKEN_SECRET};
+
+/// Sends a request and asserts the status and the JSON error code.
+async fn expect(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    auth: Option<&str>,
+    body: Option<&str>,
+    status: StatusCode,
+    code: &str,
+) {
+    let mut request = app.client.request(method.clone(), app.url(path));
+    if let Some(auth) = auth {
+        request = request.header("Authorization", auth);
+    }
+    if let Some(body) = body {
+        request = request
+            .header("Content-Type", "application/json")
+            .body(body.to_owned());
+    }
+    let response = request.send().await.unwrap();
+    let got = response.status();
+    let text = response.text().await.unwrap();
+    let json: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|_| panic!("{method} {path}: not JSON: {text:?}"));
+    assert_eq!(got, status, "{method} {path} {body:?}: {text}");
+    assert_eq!(json["error"], code, "{method} {path} {body:?}: {text}");
+    assert!(
+        json["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn the_time_window_and_unknown_vouchers_are_refused() {
+    let app = spawn_app().await;
+    let now = Utc::now();
+    let later = app
+        .create_voucher(5, now + Duration::hours(1), now + Duration::hours(2))
+        .await;
+    let over = app
+        .create_voucher(5, now - Duration::hours(2), now - Duration::hours(1))
+        .await;
+    let token = app.token(1).await;
+    let before = app.snapshot().await;
+
+    assert_eq!(
+        buy(&app.client, &app.base, &token, later).await,
+        (StatusCode::CONFLICT, "not_started".into())
+    );
+    assert_eq!(
+        buy(&app.client, &app.base, &token, over).await,
+        (StatusCode::CONFLICT, "ended".into())
+    );
+    assert_eq!(
+        buy(&app.client, &app.base, &token, 999_999).await,
+        (StatusCode::NOT_FOUND, "not_found".into())
+    );
+    let bearer = format!("Bearer {token}");
+    expect(
+        &app,
+        Method::GET,
+        "/vouchers/999999",
+        None,
+        None,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
+    let admin = format!("Bearer {ADMIN_TOKEN}");
+    for path in [
+        "/admin/vouchers/999999/orders",
+        "/admin/vouchers/999999/stats",
+    ] {
+        expect(
+            &app,
+            Method::GET,
+            path,
+            Some(&admin),
+            None,
+            StatusCode::NOT_FOUND,
+            "not_found",
+        )
+        .await;
+    }
+    expect(
+        &app,
+        Method::GET,
+        "/orders/123456789",
+        Some(&bearer),
+        None,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
+
+    assert_eq!(app.snapshot().await, before);
+    assert_eq!(app.stats(later).await["stock"], 5);
+}
+
+#[tokio::test]
+async fn malformed_ids_tokens_and_headers_are_refused() {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(5).await;
+    let token = app.token(1).await;
+    let bearer = format!("Bearer {token}");
+    let before = app.snapshot().await;
+
+    for id in [
+        "abc",
+        "0",
+        "-1",
+        "01",
+        "1.5",
+        "+1",
+        "99999999999999999999",
+        "%20",
+        "1%00",
+    ] {
+        let path = format!("/seckill/{id}");
+        expect(
+            &app,
+            Method::POST,
+            &path,
+            Some(&bearer),
+            None,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        )
+        .await;
+        let path = format!("/vouchers/{id}");
+        expect(
+            &app,
+            Method::GET,
+            &path,
+            None,
+            None,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        )
+        .await;
+        let path = format!("/orders/{id}");
+        expect(
+            &app,
+            Method::GET,
+            &path,
+            Some(&bearer),
+            None,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        )
+        .await;
+    }
+
+    let forged = TokenSigner::new(b"not the secret".to_vec()).sign(1, Utc::now().timestamp() + 600);
+    let expired = TokenSigner::new(TOKEN_SECRET.as_bytes()).sign(1, Utc::now().timestamp() - 1);
+    let tampered = token.replacen("v1.1.", "v1.2.", 1);
+    let path = format!("/seckill/{voucher}");
+    for auth in [
+        None,
+        Some(String::new()),
+        Some("Bearer".into()),
+        Some("Bearer ".into()),
+        Some(format!("Basic {token}")),
+        Some(format!("Bearer {token} extra")),
+        Some("Bearer not-a-token".into()),
+        Some("Bearer v1.1.2.3".into()),
+        Some(format!("Bearer {forged}")),
+        Some(format!("Bearer {expired}")),
+        Some(format!("Bearer {tampered}")),
+        Some(format!("Bearer {ADMIN_TOKEN}")),
+    ] {
+        expect(
+            &app,
+            Method::POST,
+            &path,
+            auth.as_deref(),
+            None,
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+        )
+        .await;
+    }
+
+    // Admin routes take the admin token and nothing else.
+    for auth in [
+        None,
+        Some(bearer.clone()),
+        Some("Bearer wrong".into()),
+        Some(format!("bearer{ADMIN_TOKEN}")),
+    ] {
+        expect(
+            &app,
+            Method::POST,
+            "/admin/vouchers",
+            auth.as_deref(),
+            Some("{}"),
+            StatusCode::FORBIDDEN,
+            "forbidden",
+        )
+        .await;
+        expect(
+            &app,
+            Method::POST,
+            "/admin/tokens",
+            auth.as_deref(),
+            Some(r#"{"user_ids":[1]}"#),
+            StatusCode::FORBIDDEN,
+            "forbidden",
+        )
+        .await;
+        let stats = format!("/admin/vouchers/{voucher}/stats");
+        expect(
+            &app,
+            Method::GET,
+            &stats,
+            auth.as_deref(),
+            None,
+            StatusCode::FORBIDDEN,
+            "forbidden",
+        )
+        .await;
+    }
+
+    expect(
+        &app,
+        Method::GET,
+        "/no/such/route",
+        None,
+        None,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
+    expect(
+        &app,
+        Method::DELETE,
+        &path,
+        Some(&bearer),
+        None,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+    )
+    .await;
+
+    assert_eq!(app.snapshot().await, before);
+}
+
+#[tokio::test]
+async fn malformed_bodies_are_refused() {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(5).await;
+    let admin = format!("Bearer {ADMIN_TOKEN}");
+    let before = app.snapshot().await;
+    let begin = Utc::now().to_rfc3339();
+    let end = (Utc::now() + Duration::hours(1)).to_rfc3339();
+    let voucher_with = |field: &str, value: Value| {
+        let mut body = json!({ "title": "t", "stock": 5, "begin_time": begin, "end_time": end });
+        body[field] = value;
+        body.to_string()
+    };
+
+    let bad_vouchers = vec![
+        String::new(),
+        "not json".into(),
+        "[]".into(),
+        "{}".into(),
+        r#"{"title":"t"}"#.into(),
+        voucher_with("stock", json!(-1)),
+        voucher_with("stock", json!(2_147_483_648_i64)),
+        voucher_with("stock", json!("5")),
+        voucher_with("stock", json!(1.5)),
+        voucher_with("title", json!("")),
+        voucher_with("title", json!("   ")),
+        voucher_with("title", json!("x".repeat(201))),
+        voucher_with("title", json!(null)),
+        voucher_with("begin_time", json!("yesterday")),
+        voucher_with("begin_time", json!("2026-01-01 10:00:00")),
+        voucher_with("end_time", json!(begin)),
+        voucher_with(
+            "end_time",
+            json!((Utc::now() - Duration::hours(1)).to_rfc3339()),
+        ),
+        voucher_with("extra", json!(1)),
+    ];
+    for body in &bad_vouchers {
+        expect(
+            &app,
+            Method::POST,
+            "/admin/vouchers",
+            Some(&admin),
+            Some(body),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        )
+        .await;
+    }
+
+    let too_many: Vec<i64> = (1..=10_001).collect();
+    for body in [
+        r#"{"user_ids":[]}"#.to_owned(),
+        r#"{"user_ids":[0]}"#.to_owned(),
+        r#"{"user_ids":[-5]}"#.to_owned(),
+        r#"{"user_ids":["1"]}"#.to_owned(),
+        r#"{"user_ids":[1],"ttl_seconds":0}"#.to_owned(),
+        r#"{"users":[1]}"#.to_owned(),
+        json!({ "user_ids": too_many }).to_string(),
+    ] {
+        expect(
+            &app,
+            Method::POST,
+            "/admin/tokens",
+            Some(&admin),
+            Some(&body),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        )
+        .await;
+    }
+
+    let restock = format!("/admin/vouchers/{voucher}/stock");
+    for body in [
+        r#"{"add":0}"#,
+        r#"{"add":-1}"#,
+        r#"{"add":2147483647}"#,
+        r#"{}"#,
+    ] {
+        expect(
+            &app,
+            Method::POST,
+            &restock,
+            Some(&admin),
+            Some(body),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        )
+        .await;
+    }
+
+    // A JSON body without its content type is refused as well.
+    let response = app
+        .client
+        .post(app.url("/admin/vouchers"))
+        .header("Authorization", &admin)
+        .body(voucher_with("stock", json!(5)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+
+    assert_eq!(app.snapshot().await, before);
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics_answer() {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(1).await;
+    let token = app.token(1).await;
+    buy(&app.client, &app.base, &token, voucher).await;
+
+    for path in ["/healthz", "/readyz"] {
+        let response = app.client.get(app.url(path)).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+    }
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "http_requests_total{route=\"/seckill/{id}\",method=\"POST\",status=\"200\"}",
+        "seckill_purchases_total{outcome=\"ordered\"}",
+        "seckill_lock_acquire_seconds_bucket",
+        "seckill_pool_connections{pool=\"postgres\",state=\"open\"}",
+    ] {
+        assert!(
+            metrics.contains(needle),
+            "metrics lack {needle}:\n{metrics}"
+        );
+    }
+}
