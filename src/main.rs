@@ -84,7 +84,11 @@ async fn demo(app: &Application) -> Result<(), Box<dyn std::error::Error>> {
     let token = app
         .tokens()
         .sign(user_id, (now + Duration::hours(1)).timestamp());
-    let base = format!("http://{}", app.local_addr());
+    let mut addr = app.local_addr();
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let base = format!("http://{addr}");
     println!(
         "\nDemo voucher {voucher_id}: stock 100, on sale for the next hour.\n\
          Buy it as user {user_id}:\n\n  curl -s -X POST -H 'Authorization: Bearer {token}' {base}/seckill/{voucher_id}\n\n\

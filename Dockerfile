@@ -1,0 +1,17 @@
+# The seckill binary in a small image. Used by docker-compose.yml.
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src src
+COPY migrations migrations
+COPY lua lua
+RUN cargo build --release --locked --bin seckill
+
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/target/release/seckill /usr/local/bin/seckill
+ENV SECKILL_ADDR=0.0.0.0:8080
+EXPOSE 8080
+ENTRYPOINT ["seckill"]
+CMD ["serve"]

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Makes sure Postgres and Redis answer at DATABASE_URL and REDIS_URL.
+# Source it (the other scripts do): it exports both URLs.
+#   1. If they answer already, they are used as they are.
+#   2. Else, if a Docker engine answers, `docker compose up -d postgres redis`.
+#   3. Else they are installed from the OS packages (Debian/Ubuntu, apt-get)
+#      and started on loopback: Postgres with trust auth for loopback, Redis
+#      without persistence.
+# It also makes sure the `redis-server` binary exists: the tests start
+# private Redis servers of their own.
+set -euo pipefail
+
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/seckill}"
+export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
+
+say() { echo "deps: $*" >&2; }
+
+# host and port of a URL like scheme://[user[:pw]@]host[:port][/...]
+url_host() { local r="${1#*://}"; r="${r##*@}"; r="${r%%/*}"; echo "${r%%:*}"; }
+url_port() {
+    local r="${1#*://}"; r="${r##*@}"; r="${r%%/*}"
+    if [[ "$r" == *:* ]]; then echo "${r##*:}"; else echo "$2"; fi
+}
+
+PG_HOST="$(url_host "$DATABASE_URL")"; PG_PORT="$(url_port "$DATABASE_URL" 5432)"
+REDIS_HOST="$(url_host "$REDIS_URL")"; REDIS_PORT="$(url_port "$REDIS_URL" 6379)"
+
+pg_answers() {
+    if command -v pg_isready >/dev/null; then
+        pg_isready -q -h "$PG_HOST" -p "$PG_PORT" -t 2
+    else
+        timeout 2 bash -c "exec 3<>/dev/tcp/$PG_HOST/$PG_PORT" 2>/dev/null
+    fi
+}
+
+redis_answers() {
+    timeout 2 bash -c "exec 3<>/dev/tcp/$REDIS_HOST/$REDIS_PORT && printf 'PING\r\n' >&3 && read -r line <&3 && [[ \"\$line\" == +PONG* ]]" 2>/dev/null
+}
+
+wait_for() { # name check-function
+    for _ in $(seq 1 60); do "$2" && return 0; sleep 1; done
+    say "$1 did not come up"; return 1
+}
+
+apt_install() {
+    command -v apt-get >/dev/null || { say "no apt-get: install $* yourself"; return 1; }
+    say "installing $* from the OS packages"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
+}
+
+start_postgres_from_packages() {
+    if ! compgen -G "/etc/postgresql/*/main" >/dev/null; then apt_install postgresql postgresql-client; fi
+    local version; version="$(ls /etc/postgresql | sort -V | tail -n1)"
+    local hba="/etc/postgresql/$version/main/pg_hba.conf"
+    # The default URL has no password: let loopback connections in (this
+    # is a local development server, reachable from this machine only).
+    if ! $SUDO grep -q '^host all all 127.0.0.1/32 trust' "$hba"; then
+        $SUDO sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
+    fi
+    $SUDO pg_ctlcluster --skip-systemctl-redirect "$version" main start 2>/dev/null \
+        || $SUDO pg_ctlcluster --skip-systemctl-redirect "$version" main reload
+}
+
+start_redis_from_packages() {
+    command -v redis-server >/dev/null || apt_install redis-server
+    redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no >/dev/null
+}
+
+docker_engine() { command -v docker >/dev/null && docker info >/dev/null 2>&1; }
+
+if ! pg_answers || ! redis_answers; then
+    if docker_engine; then
+        say "starting Postgres and Redis with Docker Compose"
+        docker compose -f "$(dirname "${BASH_SOURCE[0]}")/../docker-compose.yml" up -d postgres redis
+    else
+        pg_answers || { say "Postgres is not answering at $PG_HOST:$PG_PORT"; start_postgres_from_packages; }
+        redis_answers || { say "Redis is not answering at $REDIS_HOST:$REDIS_PORT"; start_redis_from_packages; }
+    fi
+    wait_for Postgres pg_answers
+    wait_for Redis redis_answers
+fi
+say "Postgres at $PG_HOST:$PG_PORT and Redis at $REDIS_HOST:$REDIS_PORT answer"
+
+if [ "${SECKILL_NEEDS_REDIS_SERVER:-0}" = 1 ] && ! command -v redis-server >/dev/null; then
+    apt_install redis-server
+fi

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Brings up Postgres and Redis (see deps.sh), then runs the service with a
+# demo voucher. Ctrl-C stops it gracefully. Extra arguments go to `seckill`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/deps.sh
+
+if [ -z "${SECKILL_ADMIN_TOKEN:-}" ]; then
+    SECKILL_ADMIN_TOKEN="$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')"
+    export SECKILL_ADMIN_TOKEN
+    echo "Admin token for this run: $SECKILL_ADMIN_TOKEN"
+fi
+exec cargo run --release --quiet -- serve --demo "$@"
