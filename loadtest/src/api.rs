@@ -1,0 +1,157 @@
+//! The admin side of the API that the driver needs: vouchers, tokens,
+//! stats and order listings.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::{json, Value};
+
+use crate::service::Target;
+
+pub struct Admin<'a> {
+    client: reqwest::Client,
+    target: &'a Target,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    pub initial_stock: i64,
+    pub stock: i64,
+    pub orders: i64,
+    pub distinct_users: i64,
+}
+
+impl<'a> Admin<'a> {
+    pub fn new(target: &'a Target) -> Self {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .expect("an HTTP client");
+        Self { client, target }
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, String> {
+        let mut request = self
+            .client
+            .request(method, format!("{}{path}", self.target.base))
+            .bearer_auth(&self.target.admin_token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.map_err(|e| format!("{path}: {e}"))?;
+        let status = response.status();
+        let body: Value = response.json().await.map_err(|e| format!("{path}: {e}"))?;
+        if !status.is_success() {
+            return Err(format!("{path}: {status} {body}"));
+        }
+        Ok(body)
+    }
+
+    /// A voucher on sale from a minute ago for `hours`.
+    pub async fn create_voucher(&self, stock: i64, hours: i64) -> Result<i64, String> {
+        let now = Utc::now();
+        let body = json!({
+            "title": "load test",
+            "stock": stock,
+            "begin_time": now - chrono::Duration::minutes(1),
+            "end_time": now + chrono::Duration::hours(hours),
+        });
+        let created = self
+            .call(reqwest::Method::POST, "/admin/vouchers", Some(body))
+            .await?;
+        created["id"]
+            .as_i64()
+            .ok_or_else(|| format!("no id in {created}"))
+    }
+
+    /// Tokens for users `first..first + count`, in order.
+    pub async fn tokens(&self, first: i64, count: i64) -> Result<Vec<String>, String> {
+        let mut tokens = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
+        let mut next = first;
+        while next < first + count {
+            let batch: Vec<i64> = (next..(first + count).min(next + 10_000)).collect();
+            next += batch.len() as i64;
+            let minted = self
+                .call(
+                    reqwest::Method::POST,
+                    "/admin/tokens",
+                    Some(json!({ "user_ids": batch, "ttl_seconds": 7200 })),
+                )
+                .await?;
+            for t in minted["tokens"]
+                .as_array()
+                .ok_or("no tokens in the answer")?
+            {
+                tokens.push(
+                    t["token"]
+                        .as_str()
+                        .ok_or("a token is not a string")?
+                        .to_owned(),
+                );
+            }
+        }
+        Ok(tokens)
+    }
+
+    pub async fn stats(&self, voucher: i64) -> Result<Stats, String> {
+        let s = self
+            .call(
+                reqwest::Method::GET,
+                &format!("/admin/vouchers/{voucher}/stats"),
+                None,
+            )
+            .await?;
+        let field = |name: &str| {
+            s[name]
+                .as_i64()
+                .ok_or_else(|| format!("stats lack {name}: {s}"))
+        };
+        Ok(Stats {
+            initial_stock: field("initial_stock")?,
+            stock: field("stock")?,
+            orders: field("orders")?,
+            distinct_users: field("distinct_users")?,
+        })
+    }
+
+    /// (order id, user id) of every order of a voucher.
+    pub async fn orders(&self, voucher: i64) -> Result<Vec<(String, i64)>, String> {
+        let listing = self
+            .call(
+                reqwest::Method::GET,
+                &format!("/admin/vouchers/{voucher}/orders"),
+                None,
+            )
+            .await?;
+        listing["orders"]
+            .as_array()
+            .ok_or("no orders in the answer")?
+            .iter()
+            .map(|o| match (o["order_id"].as_str(), o["user_id"].as_i64()) {
+                (Some(id), Some(user)) => Ok((id.to_owned(), user)),
+                _ => Err(format!("malformed order {o}")),
+            })
+            .collect()
+    }
+
+    /// Buys the voucher's units with users the load will not use.
+    pub async fn buy_out(&self, voucher: i64, token: &str) -> Result<(), String> {
+        let response = self
+            .client
+            .post(format!("{}/seckill/{voucher}", self.target.base))
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(format!("buying out the voucher: {}", response.status()))
+        }
+    }
+}

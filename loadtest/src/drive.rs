@@ -1,0 +1,217 @@
+//! The load engine: a fixed number of connections, each sending one request
+//! at a time from a shared plan, with latencies in an HDR histogram and a
+//! progress bar on the terminal.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::Value;
+
+#[derive(Clone)]
+pub struct Request {
+    pub method: reqwest::Method,
+    pub path: Arc<str>,
+    pub token: Option<Arc<str>>,
+}
+
+impl Request {
+    pub fn purchase(voucher: i64, token: Arc<str>) -> Self {
+        Self {
+            method: reqwest::Method::POST,
+            path: format!("/seckill/{voucher}").into(),
+            token: Some(token),
+        }
+    }
+
+    pub fn get(path: &str) -> Self {
+        Self {
+            method: reqwest::Method::GET,
+            path: path.into(),
+            token: None,
+        }
+    }
+}
+
+pub enum Plan {
+    /// Each request once, in this order.
+    Fixed(Vec<Request>),
+    /// The requests over and over (each connection starting elsewhere) for
+    /// this long.
+    Timed(Duration, Vec<Request>),
+}
+
+/// What a run saw.
+pub struct Tally {
+    pub requests: u64,
+    /// Count per answer: `"200"`, `"409 sold_out"`, `"error: ..."`.
+    pub statuses: BTreeMap<String, u64>,
+    /// Latency in microseconds.
+    pub latency: Histogram<u64>,
+    pub elapsed: Duration,
+    /// Order ids of the successful purchases.
+    pub order_ids: Vec<String>,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Self {
+            requests: 0,
+            statuses: BTreeMap::new(),
+            latency: Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid histogram bounds"),
+            elapsed: Duration::ZERO,
+            order_ids: Vec::new(),
+        }
+    }
+
+    fn merge(&mut self, other: Tally) {
+        self.requests += other.requests;
+        for (k, v) in other.statuses {
+            *self.statuses.entry(k).or_default() += v;
+        }
+        self.latency.add(&other.latency).expect("same bounds");
+        self.order_ids.extend(other.order_ids);
+    }
+
+    pub fn count(&self, key: &str) -> u64 {
+        self.statuses.get(key).copied().unwrap_or(0)
+    }
+
+    pub fn rps(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    pub fn ms(&self, quantile: f64) -> f64 {
+        self.latency.value_at_quantile(quantile) as f64 / 1000.0
+    }
+}
+
+pub fn client(connections: usize) -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(connections)
+        .tcp_nodelay(true)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("an HTTP client")
+}
+
+/// Runs `plan` against `base` over `connections` connections.
+pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> Tally {
+    let (requests, deadline, total) = match plan {
+        Plan::Fixed(requests) => {
+            let n = requests.len();
+            (requests, None, n as u64)
+        }
+        Plan::Timed(duration, requests) => (requests, Some(duration), duration.as_secs()),
+    };
+    let requests = Arc::new(requests);
+    let progress = ProgressBar::new(total).with_prefix(label.to_owned());
+    let template = if deadline.is_some() {
+        "{prefix:>12} [{bar:40}] {pos}/{len} s  {msg}"
+    } else {
+        "{prefix:>12} [{bar:40}] {pos}/{len}  {per_sec}  eta {eta}"
+    };
+    progress.set_style(
+        ProgressStyle::with_template(template)
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+
+    let next = Arc::new(AtomicUsize::new(0));
+    let client = client(connections);
+    let started = Instant::now();
+    let tally = Arc::new(Mutex::new(Tally::new()));
+    let mut workers = Vec::with_capacity(connections);
+    for worker in 0..connections {
+        let (client, requests, next, tally, progress) = (
+            client.clone(),
+            requests.clone(),
+            next.clone(),
+            tally.clone(),
+            progress.clone(),
+        );
+        let base = base.to_owned();
+        workers.push(tokio::spawn(async move {
+            let mut mine = Tally::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let request = match deadline {
+                    None if i >= requests.len() => break,
+                    None => &requests[i],
+                    Some(d) if started.elapsed() >= d => break,
+                    Some(_) => &requests[(i + worker) % requests.len()],
+                };
+                send(&client, &base, request, &mut mine).await;
+                if deadline.is_none() {
+                    progress.inc(1);
+                }
+            }
+            tally.lock().expect("no worker panicked").merge(mine);
+        }));
+    }
+    let ticker = deadline.map(|_| {
+        let (progress, next) = (progress.clone(), next.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                progress.set_position(started.elapsed().as_secs());
+                progress.set_message(format!("{} requests", next.load(Ordering::Relaxed)));
+            }
+        })
+    });
+    for worker in workers {
+        worker.await.expect("a load worker panicked");
+    }
+    if let Some(ticker) = ticker {
+        ticker.abort();
+    }
+    progress.finish_and_clear();
+    let mut tally = Arc::try_unwrap(tally)
+        .ok()
+        .expect("all workers are done")
+        .into_inner()
+        .expect("no worker panicked");
+    tally.elapsed = started.elapsed();
+    tally
+}
+
+async fn send(client: &reqwest::Client, base: &str, request: &Request, tally: &mut Tally) {
+    let mut builder = client.request(request.method.clone(), format!("{base}{}", request.path));
+    if let Some(token) = &request.token {
+        builder = builder.bearer_auth(token);
+    }
+    let sent = Instant::now();
+    let result = builder.send().await;
+    let key = match result {
+        Ok(response) => {
+            let status = response.status();
+            let body = response.bytes().await.unwrap_or_default();
+            if status.is_success() {
+                if let Ok(json) = serde_json::from_slice::<Value>(&body) {
+                    if let Some(id) = json["order_id"].as_str() {
+                        tally.order_ids.push(id.to_owned());
+                    }
+                }
+                status.as_u16().to_string()
+            } else {
+                let code = serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|j| j["error"].as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "?".into());
+                format!("{} {code}", status.as_u16())
+            }
+        }
+        Err(e) if e.is_timeout() => "error: timeout".to_owned(),
+        Err(e) if e.is_connect() => "error: connect".to_owned(),
+        Err(_) => "error: transport".to_owned(),
+    };
+    let micros = u64::try_from(sent.elapsed().as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    tally.latency.saturating_record(micros);
+    tally.requests += 1;
+    *tally.statuses.entry(key).or_default() += 1;
+}

@@ -1,0 +1,546 @@
+//! `loadtest`: drives a seckill service with a crowd, then proves the
+//! contract's invariants held and prints how fast it went.
+//!
+//! By default it starts the release `seckill` binary itself on a free port,
+//! against a fresh database and the local Redis, and stops it afterwards;
+//! `--url URL --admin-token T` targets an existing deployment instead. The
+//! last line printed is one JSON object; the exit code is non-zero when an
+//! invariant failed.
+
+mod api;
+mod drive;
+mod service;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use rand::seq::SliceRandom;
+use serde_json::{json, Value};
+
+use api::Admin;
+use drive::{drive, Plan, Request, Tally};
+use service::{Launch, Target};
+
+/// 2022-01-01T00:00:00Z: second 0 of every order id.
+const ORDER_ID_EPOCH: i64 = 1_640_995_200;
+
+#[derive(Parser)]
+#[command(about = "Load tests for seckill: no oversell, and how fast")]
+struct Cli {
+    #[command(subcommand)]
+    scenario: Scenario,
+    #[command(flatten)]
+    target: TargetArgs,
+}
+
+#[derive(Args)]
+struct TargetArgs {
+    /// Test this running service instead of starting one.
+    #[arg(long, global = true, requires = "admin_token")]
+    url: Option<String>,
+    /// The admin token of the service given by --url.
+    #[arg(long, global = true, env = "SECKILL_ADMIN_TOKEN")]
+    admin_token: Option<String>,
+    /// The seckill binary to start (default: built next to this driver).
+    #[arg(long, global = true)]
+    seckill_bin: Option<PathBuf>,
+    /// SECKILL_PG_POOL for the service this driver starts.
+    #[arg(long, global = true)]
+    pg_pool: Option<u32>,
+    /// Keep the database of the service this driver starts.
+    #[arg(long, global = true)]
+    keep_db: bool,
+}
+
+#[derive(Subcommand)]
+enum Scenario {
+    /// A crowd of users, a few requests each in random order, for scarce stock.
+    Flash(FlashArgs),
+    /// One user, many concurrent requests: exactly one order.
+    Hammer(HammerArgs),
+    /// Distinct users against stock that cannot run out: orders per second.
+    Throughput(TimedArgs),
+    /// A sold-out voucher flooded: rejections per second, beside /healthz.
+    Soldout(TimedArgs),
+    /// Every scenario in turn, with their default sizes.
+    All,
+}
+
+#[derive(Args, Clone)]
+struct FlashArgs {
+    #[arg(long, default_value_t = 10_000)]
+    users: i64,
+    #[arg(long, default_value_t = 100)]
+    stock: i64,
+    /// Requests per user.
+    #[arg(long, default_value_t = 3)]
+    per_user: usize,
+    #[arg(long, default_value_t = 1_000)]
+    connections: usize,
+}
+
+#[derive(Args, Clone)]
+struct HammerArgs {
+    #[arg(long, default_value_t = 10_000)]
+    requests: usize,
+    #[arg(long, default_value_t = 200)]
+    connections: usize,
+}
+
+#[derive(Args, Clone)]
+struct TimedArgs {
+    /// Seconds of load (throughput: 20, soldout: 10 when not given).
+    #[arg(long)]
+    seconds: Option<u64>,
+    /// Distinct users with tokens.
+    #[arg(long, default_value_t = 100_000)]
+    users: i64,
+    #[arg(long, default_value_t = 200)]
+    connections: usize,
+}
+
+/// The outcome of one scenario.
+struct Report {
+    scenario: &'static str,
+    tally: Tally,
+    check: Check,
+    ratios: Option<Value>,
+    extra: Value,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let target = match &cli.target.url {
+        Some(url) => Target::remote(url, cli.target.admin_token.as_deref().unwrap_or_default()),
+        None => {
+            let launch = Launch {
+                seckill_bin: cli.target.seckill_bin.clone(),
+                pg_pool: cli.target.pg_pool,
+                keep_db: cli.target.keep_db,
+            };
+            match Target::start(launch).await {
+                Ok(target) => target,
+                Err(e) => {
+                    eprintln!("loadtest: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    let result = run(&cli.scenario, &target).await;
+    target.stop().await;
+    match result {
+        Ok(reports) => {
+            print_table(&reports);
+            let ok = reports.iter().all(|r| r.check.ok());
+            let json = if let [only] = reports.as_slice() {
+                report_json(only)
+            } else {
+                json!({
+                    "scenario": "all",
+                    "invariants_ok": ok,
+                    "scenarios": reports.iter().map(report_json).collect::<Vec<_>>(),
+                })
+            };
+            println!("{json}");
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("loadtest: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(scenario: &Scenario, target: &Target) -> Result<Vec<Report>, String> {
+    let timed = |seconds| TimedArgs {
+        seconds: Some(seconds),
+        users: 100_000,
+        connections: 200,
+    };
+    Ok(match scenario {
+        Scenario::Flash(args) => vec![flash(target, args).await?],
+        Scenario::Hammer(args) => vec![hammer(target, args).await?],
+        Scenario::Throughput(args) => vec![throughput(target, args).await?],
+        Scenario::Soldout(args) => vec![soldout(target, args).await?],
+        Scenario::All => vec![
+            flash(
+                target,
+                &FlashArgs {
+                    users: 10_000,
+                    stock: 100,
+                    per_user: 3,
+                    connections: 1_000,
+                },
+            )
+            .await?,
+            hammer(
+                target,
+                &HammerArgs {
+                    requests: 10_000,
+                    connections: 200,
+                },
+            )
+            .await?,
+            throughput(target, &timed(20)).await?,
+            soldout(target, &timed(10)).await?,
+        ],
+    })
+}
+
+async fn flash(target: &Target, args: &FlashArgs) -> Result<Report, String> {
+    let admin = Admin::new(target);
+    let voucher = admin.create_voucher(args.stock, 2).await?;
+    eprintln!("flash: minting {} tokens", args.users);
+    let tokens: Vec<Arc<str>> = admin
+        .tokens(1, args.users)
+        .await?
+        .into_iter()
+        .map(Arc::from)
+        .collect();
+    let mut plan: Vec<Request> = tokens
+        .iter()
+        .flat_map(|t| std::iter::repeat_n(Request::purchase(voucher, t.clone()), args.per_user))
+        .collect();
+    plan.shuffle(&mut rand::rng());
+    let started = chrono::Utc::now().timestamp();
+    let tally = drive(&target.base, Plan::Fixed(plan), args.connections, "flash").await;
+    let check = check(
+        target,
+        voucher,
+        &tally,
+        started,
+        Some(args.stock.min(args.users)),
+        0,
+    )
+    .await?;
+    Ok(Report {
+        scenario: "flash",
+        tally,
+        check,
+        ratios: None,
+        extra: json!({ "users": args.users, "stock": args.stock, "per_user": args.per_user, "connections": args.connections }),
+    })
+}
+
+async fn hammer(target: &Target, args: &HammerArgs) -> Result<Report, String> {
+    let admin = Admin::new(target);
+    let voucher = admin.create_voucher(10, 2).await?;
+    let token: Arc<str> = admin.tokens(1, 1).await?.remove(0).into();
+    let plan = vec![Request::purchase(voucher, token); args.requests];
+    let started = chrono::Utc::now().timestamp();
+    let tally = drive(&target.base, Plan::Fixed(plan), args.connections, "hammer").await;
+    let check = check(target, voucher, &tally, started, Some(1), 0).await?;
+    Ok(Report {
+        scenario: "hammer",
+        tally,
+        check,
+        ratios: None,
+        extra: json!({ "requests": args.requests, "connections": args.connections }),
+    })
+}
+
+async fn throughput(target: &Target, args: &TimedArgs) -> Result<Report, String> {
+    let admin = Admin::new(target);
+    let seconds = args.seconds.unwrap_or(20);
+    let voucher = admin.create_voucher(i64::from(i32::MAX), 2).await?;
+    eprintln!("throughput: minting {} tokens", args.users);
+    let plan: Vec<Request> = admin
+        .tokens(1, args.users)
+        .await?
+        .into_iter()
+        .map(|t| Request::purchase(voucher, t.into()))
+        .collect();
+    let started = chrono::Utc::now().timestamp();
+    let tally = drive(
+        &target.base,
+        Plan::Timed(Duration::from_secs(seconds), plan),
+        args.connections,
+        "throughput",
+    )
+    .await;
+    let check = check(target, voucher, &tally, started, None, 0).await?;
+    let orders_per_sec = check.orders as f64 / tally.elapsed.as_secs_f64();
+    Ok(Report {
+        scenario: "throughput",
+        tally,
+        check,
+        ratios: None,
+        extra: json!({ "orders_per_sec": round(orders_per_sec), "seconds": seconds, "connections": args.connections }),
+    })
+}
+
+async fn soldout(target: &Target, args: &TimedArgs) -> Result<Report, String> {
+    let admin = Admin::new(target);
+    let seconds = args.seconds.unwrap_or(10);
+    let voucher = admin.create_voucher(1, 2).await?;
+    let buyer = admin.tokens(args.users + 1, 1).await?.remove(0);
+    admin.buy_out(voucher, &buyer).await?;
+    let users = args.users.min(10_000);
+    let plan: Vec<Request> = admin
+        .tokens(1, users)
+        .await?
+        .into_iter()
+        .map(|t| Request::purchase(voucher, t.into()))
+        .collect();
+    let started = chrono::Utc::now().timestamp();
+    let load = Duration::from_secs(seconds);
+    let tally = drive(
+        &target.base,
+        Plan::Timed(load, plan),
+        args.connections,
+        "soldout",
+    )
+    .await;
+    let check = check(target, voucher, &tally, started, Some(1), 1).await?;
+    let health = drive(
+        &target.base,
+        Plan::Timed(load, vec![Request::get("/healthz")]),
+        args.connections,
+        "healthz",
+    )
+    .await;
+    let rejections = tally.count("409 sold_out") as f64 / tally.elapsed.as_secs_f64();
+    Ok(Report {
+        scenario: "soldout",
+        ratios: Some(json!({ "rejections_vs_healthz": round(rejections / health.rps()) })),
+        extra: json!({
+            "rejections_per_sec": round(rejections),
+            "healthz_rps": round(health.rps()),
+            "seconds": seconds,
+            "connections": args.connections,
+        }),
+        tally,
+        check,
+    })
+}
+
+/// What the invariants look like after a run.
+#[derive(Default)]
+struct Check {
+    orders: i64,
+    stock_left: i64,
+    oversold: i64,
+    duplicate_users: i64,
+    problems: Vec<String>,
+}
+
+impl Check {
+    fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Checks the contract's invariants through the admin API, and in SQL when
+/// we started the service. `expected` is the exact order count, if known;
+/// `placed_before` counts orders made before the load (the buy-out).
+async fn check(
+    target: &Target,
+    voucher: i64,
+    tally: &Tally,
+    started_unix: i64,
+    expected: Option<i64>,
+    placed_before: usize,
+) -> Result<Check, String> {
+    let admin = Admin::new(target);
+    let stats = admin.stats(voucher).await?;
+    let orders = admin.orders(voucher).await?;
+    let mut c = Check {
+        orders: stats.orders,
+        stock_left: stats.stock,
+        oversold: (stats.orders - stats.initial_stock).max(0) + (-stats.stock).max(0),
+        ..Check::default()
+    };
+    let mut problem = |p: String| c.problems.push(p);
+    if stats.orders + stats.stock != stats.initial_stock {
+        problem(format!(
+            "orders {} + stock {} != initial stock {}",
+            stats.orders, stats.stock, stats.initial_stock
+        ));
+    }
+    if stats.stock < 0 {
+        problem(format!("stock below zero: {}", stats.stock));
+    }
+    let users: HashSet<i64> = orders.iter().map(|(_, u)| *u).collect();
+    let duplicate_users = orders.len() as i64 - users.len() as i64;
+    if duplicate_users != 0 || stats.distinct_users != stats.orders {
+        problem(format!("{duplicate_users} users hold more than one order"));
+    }
+    let ids: HashSet<&str> = orders.iter().map(|(id, _)| id.as_str()).collect();
+    if ids.len() != orders.len() {
+        problem("order ids repeat".into());
+    }
+    let now = chrono::Utc::now().timestamp();
+    for (id, _) in &orders {
+        let Ok(raw) = id.parse::<u64>() else {
+            problem(format!("order id {id} is not a decimal u64"));
+            continue;
+        };
+        let second = (raw >> 32) as i64 + ORDER_ID_EPOCH;
+        if !(started_unix - 5..=now + 5).contains(&second) || raw & 0xFFFF_FFFF == 0 {
+            problem(format!(
+                "order id {id} does not carry this run's time and a counter"
+            ));
+        }
+    }
+    // Every 200 the crowd saw is an order, and every order was a 200.
+    let answered: HashSet<&str> = tally.order_ids.iter().map(String::as_str).collect();
+    let transport_errors = tally.statuses.keys().any(|k| k.starts_with("error"));
+    if !answered.is_subset(&ids) {
+        problem("a purchase answered 200 has no order".into());
+    }
+    if !transport_errors && answered.len() + placed_before != ids.len() {
+        problem(format!(
+            "{} orders exist but {} purchases answered 200",
+            ids.len(),
+            answered.len() + placed_before
+        ));
+    }
+    if let Some(expected) = expected {
+        if stats.orders != expected {
+            problem(format!(
+                "expected {expected} orders, found {}",
+                stats.orders
+            ));
+        }
+    }
+    let server_errors: u64 = tally
+        .statuses
+        .iter()
+        .filter(|(k, _)| k.starts_with('5'))
+        .map(|(_, v)| v)
+        .sum();
+    if server_errors > 0 {
+        problem(format!("{server_errors} answers were 5xx"));
+    }
+    if let Some(url) = &target.database_url {
+        for p in sql_check(url, voucher).await? {
+            problem(p);
+        }
+    }
+    c.duplicate_users = duplicate_users;
+    Ok(c)
+}
+
+async fn sql_check(url: &str, voucher: i64) -> Result<Vec<String>, String> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (initial, stock, orders, users, ids): (i32, i32, i64, i64, i64) = sqlx::query_as(
+        "SELECT s.initial_stock, s.stock, count(o.id), count(DISTINCT o.user_id), count(DISTINCT o.id)
+         FROM seckill_vouchers s LEFT JOIN voucher_orders o ON o.voucher_id = s.voucher_id
+         WHERE s.voucher_id = $1 GROUP BY s.initial_stock, s.stock",
+    )
+    .bind(voucher)
+    .fetch_one(&mut conn)
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut problems = Vec::new();
+    if orders + i64::from(stock) != i64::from(initial) || stock < 0 {
+        problems.push(format!(
+            "SQL: orders {orders} + stock {stock} != initial {initial}"
+        ));
+    }
+    if users != orders || ids != orders {
+        problems.push(format!(
+            "SQL: {orders} orders, {users} users, {ids} distinct ids"
+        ));
+    }
+    Ok(problems)
+}
+
+fn round(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn report_json(r: &Report) -> Value {
+    let mut v = json!({
+        "scenario": r.scenario,
+        "requests": r.tally.requests,
+        "status": r.tally.statuses,
+        "orders": r.check.orders,
+        "stock_left": r.check.stock_left,
+        "oversold": r.check.oversold,
+        "duplicate_users": r.check.duplicate_users,
+        "invariants_ok": r.check.ok(),
+        "problems": r.check.problems,
+        "rps": round(r.tally.rps()),
+        "p50_ms": round(r.tally.ms(0.50)),
+        "p99_ms": round(r.tally.ms(0.99)),
+        "p999_ms": round(r.tally.ms(0.999)),
+        "max_ms": round(r.tally.latency.max() as f64 / 1000.0),
+        "seconds": round(r.tally.elapsed.as_secs_f64()),
+    });
+    if let Some(ratios) = &r.ratios {
+        v["ratios"] = ratios.clone();
+    }
+    if let (Value::Object(v), Value::Object(extra)) = (&mut v, &r.extra) {
+        for (k, x) in extra {
+            v.entry(k.clone()).or_insert(x.clone());
+        }
+    }
+    v
+}
+
+fn print_table(reports: &[Report]) {
+    println!(
+        "{:<11} {:>9} {:>9} {:>8} {:>8} {:>8} {:>7} {:>6} {:>9} {:>9} {:>10}",
+        "scenario",
+        "requests",
+        "rps",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "orders",
+        "stock",
+        "oversold",
+        "dup users",
+        "invariants"
+    );
+    for r in reports {
+        let t = &r.tally;
+        println!(
+            "{:<11} {:>9} {:>9.0} {:>8.2} {:>8.2} {:>8.1} {:>7} {:>6} {:>9} {:>9} {:>10}",
+            r.scenario,
+            t.requests,
+            t.rps(),
+            t.ms(0.50),
+            t.ms(0.99),
+            t.latency.max() as f64 / 1000.0,
+            r.check.orders,
+            r.check.stock_left,
+            r.check.oversold,
+            r.check.duplicate_users,
+            if r.check.ok() { "ok" } else { "FAILED" }
+        );
+    }
+    for r in reports {
+        let statuses: Vec<String> = r
+            .tally
+            .statuses
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect();
+        println!("  {}: {}", r.scenario, statuses.join(", "));
+        if let Value::Object(extra) = &r.extra {
+            let notes: Vec<String> = extra.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            println!("    {}", notes.join(", "));
+        }
+        if let Some(ratios) = &r.ratios {
+            println!("    ratios {ratios}");
+        }
+        for p in &r.check.problems {
+            println!("    INVARIANT BROKEN: {p}");
+        }
+    }
+}
