@@ -36,10 +36,11 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_REDIS_PREFIX", default_value = "")]
     pub redis_prefix: String,
 
-    /// Postgres connections. Purchases queue for the voucher's row lock
-    /// anyway, so a few per core serve best.
-    #[arg(long, env = "SECKILL_PG_POOL", default_value_t = 16)]
-    pub pg_pool: u32,
+    /// Postgres connections (default: 4 per core). Purchases of one voucher
+    /// queue for its row lock anyway; more connections only add waiters
+    /// that wake and contend (BENCHMARKS.md shows the curve).
+    #[arg(long, env = "SECKILL_PG_POOL")]
+    pub pg_pool: Option<u32>,
 
     /// Redis connections (each one multiplexes many commands).
     #[arg(long, env = "SECKILL_REDIS_POOL", default_value_t = 16)]
@@ -89,6 +90,13 @@ impl Settings {
     /// The admin token, if one is set and not empty.
     pub fn admin_token(&self) -> Option<&str> {
         self.admin_token.as_deref().filter(|t| !t.is_empty())
+    }
+
+    pub fn pg_pool_size(&self) -> u32 {
+        self.pg_pool.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+            u32::try_from(cores * 4).unwrap_or(u32::MAX)
+        })
     }
 
     pub fn lock_lease(&self) -> Duration {

@@ -127,7 +127,7 @@ impl Application {
 /// starting next to us) for at most the configured start-up wait.
 async fn connect_store(settings: &Settings) -> Result<Store, StoreError> {
     let pool = PoolSettings {
-        max_connections: settings.pg_pool,
+        max_connections: settings.pg_pool_size(),
         acquire_timeout: settings.dependency_timeout(),
     };
     let started = Instant::now();

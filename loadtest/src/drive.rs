@@ -142,7 +142,7 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
                     None if i >= requests.len() => break,
                     None => &requests[i],
                     Some(d) if started.elapsed() >= d => break,
-                    Some(_) => &requests[(i + worker) % requests.len()],
+                    Some(_) => &requests[i % requests.len()],
                 };
                 send(&client, &base, request, &mut mine).await;
                 if deadline.is_none() {
