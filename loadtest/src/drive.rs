@@ -125,7 +125,7 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
     let started = Instant::now();
     let tally = Arc::new(Mutex::new(Tally::new()));
     let mut workers = Vec::with_capacity(connections);
-    for worker in 0..connections {
+    for _ in 0..connections {
         let (client, requests, next, tally, progress) = (
             client.clone(),
             requests.clone(),
