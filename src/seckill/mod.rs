@@ -25,6 +25,11 @@ pub use crate::store::{Order, Stats, Voucher};
 /// it a single purchase attempt reads Postgres and sets the flag again.
 const MAX_SOLDOUT_FLAG: Duration = Duration::from_secs(86_400);
 const TITLE_MAX_CHARS: usize = 200;
+/// How long this instance trusts a "sold out" it read from Redis. A flood
+/// on a sold-out voucher then costs Redis one read per voucher per period
+/// instead of one per request; a restock elsewhere reaches this instance
+/// at most this late (a restock here clears it at once).
+const SOLDOUT_LOCAL_TTL: Duration = Duration::from_millis(200);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SeckillError {
@@ -183,6 +188,8 @@ struct Inner {
     /// Time windows of vouchers, so a crowd on one voucher does not read
     /// its row once per request. Stock is never taken from here.
     windows: moka::future::Cache<i64, Arc<Voucher>>,
+    /// Vouchers this instance recently saw flagged sold out in Redis.
+    sold_out_here: moka::sync::Cache<i64, ()>,
     soldout_mark: Script,
     settings: SeckillSettings,
     /// Per-purchase lock owner ids, unique within this process.
@@ -202,6 +209,10 @@ impl Seckill {
                 store,
                 redis,
                 windows,
+                sold_out_here: moka::sync::Cache::builder()
+                    .max_capacity(10_000)
+                    .time_to_live(SOLDOUT_LOCAL_TTL)
+                    .build(),
                 soldout_mark: Script::new(include_str!("../../lua/soldout_mark.lua")),
                 settings,
                 purchases: AtomicU64::new(0),
@@ -349,12 +360,18 @@ impl Seckill {
     }
 
     async fn is_flagged_sold_out(&self, voucher_id: i64) -> Result<bool> {
+        if self.inner.sold_out_here.contains_key(&voucher_id) {
+            return Ok(true);
+        }
         let mut conn = self.inner.redis.get().await?;
         let flag: Option<u8> = redis::cmd("HGET")
             .arg(self.soldout_key(voucher_id))
             .arg("sold_out")
             .query_async(&mut conn)
             .await?;
+        if flag == Some(1) {
+            self.inner.sold_out_here.insert(voucher_id, ());
+        }
         Ok(flag == Some(1))
     }
 
@@ -441,6 +458,7 @@ impl Seckill {
             initial_stock: voucher.initial_stock,
         };
         self.flag_stock(&voucher, level).await;
+        self.inner.sold_out_here.invalidate(&voucher_id);
         Ok(voucher)
     }
 
