@@ -8,6 +8,7 @@
 //! invariant failed.
 
 mod api;
+mod ceilings;
 mod drive;
 mod service;
 
@@ -54,6 +55,13 @@ struct TargetArgs {
     /// Keep the database of the service this driver starts.
     #[arg(long, global = true)]
     keep_db: bool,
+    /// The database of the service given by --url, for pgbench and SQL
+    /// checks (a service this driver starts is known already).
+    #[arg(long, global = true)]
+    database_url: Option<String>,
+    /// Seconds of each pgbench run (one per client count).
+    #[arg(long, global = true, default_value_t = 3)]
+    pgbench_seconds: u64,
 }
 
 #[derive(Subcommand)]
@@ -116,7 +124,12 @@ struct Report {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let target = match &cli.target.url {
-        Some(url) => Target::remote(url, cli.target.admin_token.as_deref().unwrap_or_default()),
+        Some(url) => {
+            let mut target =
+                Target::remote(url, cli.target.admin_token.as_deref().unwrap_or_default());
+            target.database_url = cli.target.database_url.clone();
+            target
+        }
         None => {
             let launch = Launch {
                 seckill_bin: cli.target.seckill_bin.clone(),
@@ -132,7 +145,7 @@ async fn main() -> ExitCode {
             }
         }
     };
-    let result = run(&cli.scenario, &target).await;
+    let result = run(&cli.scenario, &target, cli.target.pgbench_seconds).await;
     target.stop().await;
     match result {
         Ok(reports) => {
@@ -161,7 +174,11 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(scenario: &Scenario, target: &Target) -> Result<Vec<Report>, String> {
+async fn run(
+    scenario: &Scenario,
+    target: &Target,
+    pgbench_seconds: u64,
+) -> Result<Vec<Report>, String> {
     let timed = |seconds| TimedArgs {
         seconds: Some(seconds),
         users: 100_000,
@@ -170,7 +187,7 @@ async fn run(scenario: &Scenario, target: &Target) -> Result<Vec<Report>, String
     Ok(match scenario {
         Scenario::Flash(args) => vec![flash(target, args).await?],
         Scenario::Hammer(args) => vec![hammer(target, args).await?],
-        Scenario::Throughput(args) => vec![throughput(target, args).await?],
+        Scenario::Throughput(args) => vec![throughput(target, args, pgbench_seconds).await?],
         Scenario::Soldout(args) => vec![soldout(target, args).await?],
         Scenario::All => vec![
             flash(
@@ -191,7 +208,7 @@ async fn run(scenario: &Scenario, target: &Target) -> Result<Vec<Report>, String
                 },
             )
             .await?,
-            throughput(target, &timed(20)).await?,
+            throughput(target, &timed(20), pgbench_seconds).await?,
             soldout(target, &timed(10)).await?,
         ],
     })
@@ -249,7 +266,11 @@ async fn hammer(target: &Target, args: &HammerArgs) -> Result<Report, String> {
     })
 }
 
-async fn throughput(target: &Target, args: &TimedArgs) -> Result<Report, String> {
+async fn throughput(
+    target: &Target,
+    args: &TimedArgs,
+    pgbench_seconds: u64,
+) -> Result<Report, String> {
     let admin = Admin::new(target);
     let seconds = args.seconds.unwrap_or(20);
     let voucher = admin.create_voucher(i64::from(i32::MAX), 2).await?;
@@ -261,21 +282,51 @@ async fn throughput(target: &Target, args: &TimedArgs) -> Result<Report, String>
         .map(|t| Request::purchase(voucher, t.into()))
         .collect();
     let started = chrono::Utc::now().timestamp();
-    let tally = drive(
-        &target.base,
-        Plan::Timed(Duration::from_secs(seconds), plan),
-        args.connections,
-        "throughput",
-    )
-    .await;
+    let load = Plan::Timed(Duration::from_secs(seconds), plan);
+    let tally = drive(&target.base, load, args.connections, "throughput").await;
     let check = check(target, voucher, &tally, started, None, 0).await?;
     let orders_per_sec = check.orders as f64 / tally.elapsed.as_secs_f64();
+
+    let mut extra = json!({ "orders_per_sec": round(orders_per_sec), "seconds": seconds, "connections": args.connections });
+    let mut ratios = serde_json::Map::new();
+    match &target.database_url {
+        Some(url) => match ceilings::postgres(url, pgbench_seconds).await {
+            Ok(pg) => {
+                extra["pgbench_tps"] = json!(round(pg.one_statement.tps));
+                extra["pgbench_clients"] = json!(pg.one_statement.clients);
+                extra["pgbench_naive_tps"] = json!(round(pg.naive.tps));
+                extra["pgbench_naive_clients"] = json!(pg.naive.clients);
+                ratios.insert(
+                    "orders_vs_pgbench".into(),
+                    json!(round(orders_per_sec / pg.one_statement.tps)),
+                );
+                ratios.insert(
+                    "orders_vs_pgbench_naive".into(),
+                    json!(round(orders_per_sec / pg.naive.tps)),
+                );
+            }
+            Err(e) => eprintln!("throughput: no Postgres ceiling: {e}"),
+        },
+        None => eprintln!("throughput: no Postgres ceiling without --database-url"),
+    }
+    let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let prefix = format!("loadtest:{}:", uuid::Uuid::new_v4().simple());
+    match ceilings::redis(&redis_url, &prefix, 50, 200_000).await {
+        Ok(rate) => {
+            extra["redis_lock_acquire_per_sec"] = json!(round(rate));
+            ratios.insert(
+                "orders_vs_redis_acquire".into(),
+                json!(round(orders_per_sec / rate)),
+            );
+        }
+        Err(e) => eprintln!("throughput: no Redis ceiling: {e}"),
+    }
     Ok(Report {
         scenario: "throughput",
         tally,
         check,
-        ratios: None,
-        extra: json!({ "orders_per_sec": round(orders_per_sec), "seconds": seconds, "connections": args.connections }),
+        ratios: (!ratios.is_empty()).then_some(Value::Object(ratios)),
+        extra,
     })
 }
 

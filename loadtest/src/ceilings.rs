@@ -1,0 +1,213 @@
+//! Reference limits measured in the same run, on the same machine: what
+//! Postgres can commit of the service's own sale statement (pgbench), what
+//! Redis can run of the lock's acquire script (redis-benchmark), and what
+//! the HTTP stack can answer at all (`GET /healthz`, in `main`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sqlx::{Connection, PgConnection};
+
+/// Client counts pgbench is run at; the best one is the ceiling.
+const PGBENCH_CLIENTS: [u32; 6] = [1, 2, 4, 8, 16, 32];
+
+#[derive(Debug, Clone, Copy)]
+pub struct Best {
+    pub tps: f64,
+    pub clients: u32,
+}
+
+/// pgbench results for the service's one-statement sale and for the naive
+/// BEGIN / UPDATE / INSERT / COMMIT of the same writes.
+#[derive(Debug, Clone, Copy)]
+pub struct PgCeiling {
+    pub one_statement: Best,
+    pub naive: Best,
+}
+
+/// The sale exactly as the service sends it (src/store/mod.rs, sell_one).
+/// Random 63-bit ids cannot collide within a run in practice.
+const ONE_STATEMENT: &str = r"\set uid random(1, 9000000000000000000)
+\set oid random(1, 9000000000000000000)
+WITH taken AS (UPDATE seckill_vouchers SET stock = stock - 1 WHERE voucher_id = :vid AND stock > 0 RETURNING voucher_id, stock, initial_stock), placed AS (INSERT INTO voucher_orders (id, user_id, voucher_id) SELECT :oid, :uid, voucher_id FROM taken RETURNING id) SELECT taken.stock, taken.initial_stock FROM taken, placed;
+";
+
+/// The same writes as separate statements: three round trips with the
+/// voucher's row locked.
+const NAIVE: &str = r"\set uid random(1, 9000000000000000000)
+\set oid random(1, 9000000000000000000)
+BEGIN;
+UPDATE seckill_vouchers SET stock = stock - 1 WHERE voucher_id = :vid AND stock > 0;
+INSERT INTO voucher_orders (id, user_id, voucher_id) VALUES (:oid, :uid, :vid);
+COMMIT;
+";
+
+fn have(tool: &str) -> bool {
+    std::process::Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn temp_file(name: &str, text: &str) -> Result<PathBuf, String> {
+    let path =
+        std::env::temp_dir().join(format!("seckill-{}-{name}", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// Runs pgbench on a voucher of its own in the service's database.
+pub async fn postgres(database_url: &str, seconds: u64) -> Result<PgCeiling, String> {
+    if !have("pgbench") {
+        return Err("pgbench is not installed (Debian: postgresql-client)".into());
+    }
+    let mut conn = PgConnection::connect(database_url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let voucher: i64 = sqlx::query_scalar(
+        "WITH v AS (INSERT INTO vouchers (title) VALUES ('pgbench ceiling') RETURNING id)
+         INSERT INTO seckill_vouchers (voucher_id, initial_stock, stock, begin_time, end_time)
+         SELECT id, 2000000000, 2000000000, now(), now() + interval '1 day' FROM v RETURNING voucher_id",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut results = Vec::new();
+    for (name, script) in [("one-statement", ONE_STATEMENT), ("naive", NAIVE)] {
+        let file = temp_file(&format!("{name}.sql"), script)?;
+        let mut best = Best {
+            tps: 0.0,
+            clients: 0,
+        };
+        for clients in PGBENCH_CLIENTS {
+            eprintln!("pgbench: {name} transaction, {clients} clients, {seconds} s");
+            let tps = pgbench(database_url, &file, voucher, clients, seconds).await?;
+            if tps > best.tps {
+                best = Best { tps, clients };
+            }
+        }
+        let _ = std::fs::remove_file(&file);
+        results.push(best);
+    }
+    // Its orders would skew nothing (another voucher), but leave no trace.
+    sqlx::query("DELETE FROM voucher_orders WHERE voucher_id = $1")
+        .bind(voucher)
+        .execute(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(PgCeiling {
+        one_statement: results[0],
+        naive: results[1],
+    })
+}
+
+async fn pgbench(
+    url: &str,
+    script: &PathBuf,
+    voucher: i64,
+    clients: u32,
+    seconds: u64,
+) -> Result<f64, String> {
+    let output = tokio::process::Command::new("pgbench")
+        .args(["-n", "-f"])
+        .arg(script)
+        .args(["-D", &format!("vid={voucher}")])
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-j",
+            &clients.min(2).to_string(),
+        ])
+        .args(["-T", &seconds.to_string()])
+        .arg(url)
+        .output()
+        .await
+        .map_err(|e| format!("pgbench: {e}"))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("tps = ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .ok_or_else(|| {
+            format!(
+                "pgbench printed no tps: {}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        })
+}
+
+/// redis-benchmark running the lock's acquire script (EVALSHA, as the
+/// service does) on random lock keys that expire a second later.
+pub async fn redis(
+    redis_url: &str,
+    prefix: &str,
+    clients: u32,
+    requests: u64,
+) -> Result<f64, String> {
+    if !have("redis-benchmark") {
+        return Err("redis-benchmark is not installed (Debian: redis-tools)".into());
+    }
+    let rest = redis_url.split("://").nth(1).unwrap_or(redis_url);
+    let hostport = rest
+        .rsplit('@')
+        .next()
+        .unwrap_or(rest)
+        .split('/')
+        .next()
+        .unwrap_or("127.0.0.1:6379");
+    let (host, port) = hostport.split_once(':').unwrap_or((hostport, "6379"));
+    let script = include_str!("../../lua/lock_acquire.lua");
+    let sha = sha1_smol::Sha1::from(script).digest().to_string();
+    let key = format!("{prefix}bench:lock:__rand_int__");
+    let run = |n: u64, command: Vec<String>| {
+        let mut c = tokio::process::Command::new("redis-benchmark");
+        c.args([
+            "-h",
+            host,
+            "-p",
+            port,
+            "-c",
+            &clients.to_string(),
+            "-n",
+            &n.to_string(),
+        ])
+        .args(["-r", "1000000", "--csv"])
+        .args(command);
+        c
+    };
+    // One EVAL puts the script in Redis's cache; then EVALSHA is measured.
+    let load = vec![
+        "EVAL".into(),
+        script.into(),
+        "1".into(),
+        key.clone(),
+        "1000".into(),
+        "bench".into(),
+    ];
+    run(1, load)
+        .output()
+        .await
+        .map_err(|e| format!("redis-benchmark: {e}"))?;
+    let bench = vec![
+        "EVALSHA".into(),
+        sha,
+        "1".into(),
+        key,
+        "1000".into(),
+        "bench".into(),
+    ];
+    let output = tokio::time::timeout(Duration::from_secs(300), run(requests, bench).output())
+        .await
+        .map_err(|_| "redis-benchmark did not finish".to_owned())?
+        .map_err(|e| format!("redis-benchmark: {e}"))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    // --csv: a header line, then "name","rps",...
+    text.lines()
+        .filter_map(|l| l.split(',').nth(1))
+        .find_map(|f| f.trim_matches('"').parse().ok())
+        .ok_or_else(|| format!("redis-benchmark printed no rate: {text}"))
+}
