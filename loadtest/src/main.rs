@@ -240,12 +240,28 @@ async fn flash(target: &Target, args: &FlashArgs) -> Result<Report, String> {
         0,
     )
     .await?;
+    // The HTTP ceiling at the same concurrency and request count.
+    let health_plan = vec![Request::get("/healthz"); usize::try_from(tally.requests).unwrap_or(0)];
+    let health = drive(
+        &target.base,
+        Plan::Fixed(health_plan),
+        args.connections,
+        "healthz",
+    )
+    .await;
     Ok(Report {
         scenario: "flash",
         tally,
         check,
         ratios: None,
-        extra: json!({ "users": args.users, "stock": args.stock, "per_user": args.per_user, "connections": args.connections }),
+        extra: json!({
+            "users": args.users,
+            "stock": args.stock,
+            "per_user": args.per_user,
+            "connections": args.connections,
+            "healthz_rps": round(health.rps()),
+            "healthz_p99_ms": round(health.ms(0.99)),
+        }),
     })
 }
 
