@@ -76,6 +76,18 @@ enum Scenario {
     Soldout(TimedArgs),
     /// Every scenario in turn, with their default sizes.
     All,
+    /// Mint tokens through --url's admin API into a JSON file for k6/oha.
+    Tokens(TokensArgs),
+}
+
+#[derive(Args, Clone)]
+struct TokensArgs {
+    /// Users 1..=N get a token.
+    #[arg(long, default_value_t = 10_000)]
+    users: i64,
+    /// Where to write `[{"user_id": .., "token": ".."}, ...]`.
+    #[arg(long, default_value = "tokens.json")]
+    out: PathBuf,
 }
 
 #[derive(Args, Clone)]
@@ -123,6 +135,15 @@ struct Report {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Scenario::Tokens(args) = &cli.scenario {
+        return match write_tokens(&cli.target, args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("loadtest: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let target = match &cli.target.url {
         Some(url) => {
             let mut target =
@@ -174,6 +195,25 @@ async fn main() -> ExitCode {
     }
 }
 
+/// Tokens die with the process that signed them (unless it has a fixed
+/// SECKILL_TOKEN_SECRET), so they are minted by a service that stays up.
+async fn write_tokens(target: &TargetArgs, args: &TokensArgs) -> Result<(), String> {
+    let (Some(url), Some(admin_token)) = (&target.url, &target.admin_token) else {
+        return Err("tokens needs a running service: --url URL --admin-token T".into());
+    };
+    let target = Target::remote(url, admin_token);
+    let tokens = Admin::new(&target).tokens(1, args.users).await?;
+    let list: Vec<Value> = tokens
+        .iter()
+        .zip(1_i64..)
+        .map(|(token, user_id)| json!({ "user_id": user_id, "token": token }))
+        .collect();
+    let text = serde_json::to_string(&list).map_err(|e| e.to_string())?;
+    std::fs::write(&args.out, text).map_err(|e| format!("{}: {e}", args.out.display()))?;
+    eprintln!("wrote {} tokens to {}", list.len(), args.out.display());
+    Ok(())
+}
+
 async fn run(
     scenario: &Scenario,
     target: &Target,
@@ -189,6 +229,7 @@ async fn run(
         Scenario::Hammer(args) => vec![hammer(target, args).await?],
         Scenario::Throughput(args) => vec![throughput(target, args, pgbench_seconds).await?],
         Scenario::Soldout(args) => vec![soldout(target, args).await?],
+        Scenario::Tokens(_) => unreachable!("tokens is handled before a target starts"),
         Scenario::All => vec![
             flash(
                 target,
