@@ -173,9 +173,22 @@ async fn main() -> ExitCode {
             let json = if let [only] = reports.as_slice() {
                 report_json(only)
             } else {
+                // Totals on top; each scenario's own figures below.
+                let mut status = std::collections::BTreeMap::<String, u64>::new();
+                for r in &reports {
+                    for (k, v) in &r.tally.statuses {
+                        *status.entry(format!("{}: {k}", r.scenario)).or_default() += v;
+                    }
+                }
                 json!({
                     "scenario": "all",
+                    "requests": reports.iter().map(|r| r.tally.requests).sum::<u64>(),
+                    "status": status,
+                    "orders": reports.iter().map(|r| r.check.orders).sum::<i64>(),
+                    "oversold": reports.iter().map(|r| r.check.oversold).sum::<i64>(),
+                    "duplicate_users": reports.iter().map(|r| r.check.duplicate_users).sum::<i64>(),
                     "invariants_ok": ok,
+                    "ratios": reports.iter().filter_map(|r| r.ratios.clone()).collect::<Vec<_>>(),
                     "scenarios": reports.iter().map(report_json).collect::<Vec<_>>(),
                 })
             };

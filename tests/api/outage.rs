@@ -7,8 +7,8 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use tokio::task::JoinSet;
 
-use crate::helpers::{buy, client, pg_server, spawn_app_with, OwnRedis, TestApp};
-use crate::proxy::Proxy;
+use crate::helpers::{buy, client, spawn_app_with, OwnRedis, TestApp};
+use crate::proxy::spawn_app_behind_pg_proxy;
 
 const DURING_OUTAGE: [&str; 5] = [
     "ok",
@@ -140,15 +140,7 @@ async fn redis_going_away_is_a_503_and_the_service_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_going_away_is_a_503_and_the_service_recovers() {
-    let pg_port = pg_server()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(5432);
-    let proxy = Proxy::start(([127, 0, 0, 1], pg_port).into()).await;
-    let proxied = format!("postgres://postgres@{}", proxy.addr);
-    let app = spawn_app_with(|mut s| {
-        s.database_url = format!("{proxied}/{}", s.database_url.rsplit('/').next().unwrap());
+    let (app, proxy) = spawn_app_behind_pg_proxy(|mut s| {
         // Windows served from memory would hide the outage from the
         // first requests; read them every time here.
         s.voucher_cache_ms = 1;

@@ -4,8 +4,44 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
+use seckill::config::Settings;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
+
+use crate::helpers::{pg_server, spawn_app_with, TestApp};
+
+/// An app whose Postgres connections all pass through a proxy the test can
+/// cut (the test's own checks still reach Postgres directly).
+pub async fn spawn_app_behind_pg_proxy(
+    adjust: impl FnOnce(Settings) -> Settings,
+) -> (TestApp, Proxy) {
+    let server = pg_server();
+    let hostport = server
+        .rsplit('@')
+        .next()
+        .unwrap_or(&server)
+        .trim_start_matches("postgres://");
+    let target = tokio::net::lookup_host(hostport)
+        .await
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .expect("the Postgres server's address resolves");
+    let proxy = Proxy::start(target).await;
+    let user = server
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split_once('@'))
+        .map(|(user, _)| user.to_owned());
+    let credentials = user.map(|u| format!("{u}@")).unwrap_or_default();
+    let via_proxy = format!("postgres://{credentials}{}", proxy.addr);
+    let app = spawn_app_with(|mut s| {
+        let database = s.database_url.rsplit('/').next().unwrap().to_owned();
+        s.database_url = format!("{via_proxy}/{database}");
+        adjust(s)
+    })
+    .await;
+    (app, proxy)
+}
 
 pub struct Proxy {
     pub addr: SocketAddr,

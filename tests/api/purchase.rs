@@ -9,8 +9,8 @@ use seckill::id::EPOCH_UNIX;
 use serde_json::Value;
 use tokio::task::JoinSet;
 
-use crate::helpers::{buy, client, spawn_app, spawn_app_with, ADMIN_TOKEN};
-use crate::proxy::Proxy;
+use crate::helpers::{buy, client, spawn_app, ADMIN_TOKEN};
+use crate::proxy::spawn_app_behind_pg_proxy;
 
 const REFUSALS: [&str; 3] = ["sold_out", "already_purchased", "purchase_in_progress"];
 
@@ -175,17 +175,8 @@ async fn order_ids_carry_the_creation_second_and_orders_can_be_read_back() {
 
 #[tokio::test]
 async fn a_sold_out_voucher_is_refused_without_postgres_until_restocked() {
-    let pg_port = crate::helpers::pg_server()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse::<u16>().ok())
-        .unwrap_or(5432);
-    let proxy = Proxy::start(([127, 0, 0, 1], pg_port).into()).await;
-    let proxied = format!("postgres://postgres@{}", proxy.addr);
-    let app = spawn_app_with(|mut s| {
-        // Point the app at the proxy, same database; keep windows cached
-        // so that only the sold-out flag decides.
-        s.database_url = format!("{proxied}/{}", s.database_url.rsplit('/').next().unwrap());
+    // Windows stay cached, so that only the sold-out flag decides.
+    let (app, proxy) = spawn_app_behind_pg_proxy(|mut s| {
         s.voucher_cache_ms = 600_000;
         s
     })
