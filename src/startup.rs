@@ -22,6 +22,8 @@ pub enum StartupError {
     Store(#[from] StoreError),
     #[error("Redis pool: {0}")]
     Redis(#[from] deadpool_redis::CreatePoolError),
+    #[error("Redis URL: {0}")]
+    RedisUrl(deadpool_redis::redis::RedisError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: String,
@@ -51,10 +53,13 @@ impl Application {
             ..PoolConfig::default()
         });
         let redis = redis_config.create_pool(Some(Runtime::Tokio1))?;
+        let subscriber = deadpool_redis::redis::Client::open(settings.redis_url.as_str())
+            .map_err(StartupError::RedisUrl)?;
 
         let seckill = Seckill::new(
             store,
             redis,
+            subscriber,
             SeckillSettings {
                 redis_prefix: settings.redis_prefix.clone(),
                 lock_lease: settings.lock_lease(),

@@ -7,12 +7,21 @@
 //! loaded once and run by EVALSHA, so the owner check and the change it
 //! guards are one atomic step.
 //!
+//! A waiter does not poll: it subscribes to the lock's channel (one shared
+//! subscriber connection per client, see `pubsub`), and sleeps until an
+//! unlock message or the holder's remaining lease, whichever comes first.
+//!
 //! This module imports nothing of the application: it needs a
-//! `deadpool_redis::Pool` and a key prefix, and could be published alone.
+//! `deadpool_redis::Pool`, a `redis::Client` for the subscriber and a key
+//! prefix, and could be published alone.
+
+mod pubsub;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use pubsub::{Subscriber, Woken};
 
 use deadpool_redis::redis::{self, Script};
 use deadpool_redis::{Pool, PoolError};
@@ -81,6 +90,8 @@ struct Shared {
     process: Uuid,
     acquire: Script,
     release: Script,
+    force_unlock: Script,
+    subscriber: Arc<Subscriber>,
     /// Releases started by guards dropped without `unlock`; shutdown waits
     /// for them so that a stopping process leaves no lock behind.
     pending_releases: TaskTracker,
@@ -94,7 +105,9 @@ pub struct LockClient {
 
 impl LockClient {
     /// A client whose lock keys all start with `prefix` (may be empty).
-    pub fn new(pool: Pool, prefix: impl Into<String>) -> Self {
+    /// `subscriber` opens the one connection that waiters share to hear
+    /// unlock messages; it must reach the same Redis as `pool`.
+    pub fn new(pool: Pool, subscriber: redis::Client, prefix: impl Into<String>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 pool,
@@ -102,6 +115,8 @@ impl LockClient {
                 process: Uuid::new_v4(),
                 acquire: Script::new(include_str!("../../lua/lock_acquire.lua")),
                 release: Script::new(include_str!("../../lua/lock_release.lua")),
+                force_unlock: Script::new(include_str!("../../lua/lock_force_unlock.lua")),
+                subscriber: Subscriber::new(subscriber),
                 pending_releases: TaskTracker::new(),
             }),
         }
@@ -125,6 +140,11 @@ impl LockClient {
             shared: self.shared.clone(),
             key: format!("{}lock:{{{name}}}", self.shared.prefix).into(),
         }
+    }
+
+    /// How many lock channels this client's waiters are subscribed to now.
+    pub fn waiting_channels(&self) -> usize {
+        self.shared.subscriber.active_channels()
     }
 
     /// Waits (at most `timeout`) for releases started by dropped guards.
@@ -153,6 +173,84 @@ impl Lock {
     /// The Redis key of this lock.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// The channel on which this lock's release is announced.
+    pub fn channel(&self) -> String {
+        format!("{}:released", self.key)
+    }
+
+    /// Takes the lock for `owner`, waiting at most `wait` for its holder to
+    /// let go. `Ok(None)`: still held by another owner when `wait` ran out.
+    ///
+    /// Without polling: after one failed attempt the waiter subscribes to
+    /// the lock's channel, then tries again (a release between the two is
+    /// caught by the second attempt, one after it by the subscription), and
+    /// sleeps until a release message or the end of the holder's lease,
+    /// whichever comes first.
+    pub async fn acquire(
+        &self,
+        owner: &Owner,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let deadline = Instant::now() + wait;
+        if let Acquired::Yes(guard) = self.try_acquire(owner, lease).await? {
+            return Ok(Some(guard));
+        }
+        let channel = self.channel();
+        let mut subscription = None;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let sub = match &mut subscription {
+                Some(sub) => sub,
+                None => subscription.insert(self.shared.subscriber.subscribe(&channel).await?),
+            };
+            sub.mark_seen();
+            let lease_left = match self.try_acquire(owner, lease).await? {
+                Acquired::Yes(guard) => return Ok(Some(guard)),
+                Acquired::HeldByOther { lease_left } => lease_left,
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            // The lease may run out without a message: no one publishes an
+            // expiry. Wake then, at the latest (1 ms past, so the key is gone).
+            let nap = lease_left.map_or(left, |l| left.min(l + Duration::from_millis(1)));
+            if sub.wait(nap).await == Woken::Lost {
+                subscription = None;
+            }
+        }
+    }
+
+    /// Frees the lock whoever holds it, and wakes its waiters. Returns
+    /// whether it was held. For operators; the holder is not told.
+    pub async fn force_unlock(&self) -> Result<bool, LockError> {
+        let mut conn = self.shared.pool.get().await?;
+        let deleted: i64 = self
+            .shared
+            .force_unlock
+            .key(&*self.key)
+            .key(self.channel())
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    /// Whether `owner` holds the lock.
+    pub async fn is_held_by(&self, owner: &Owner) -> Result<bool, LockError> {
+        Ok(self.hold_count(owner).await? > 0)
+    }
+
+    /// The lease left on the lock: `None` when it is free (or has no lease).
+    pub async fn remaining_lease(&self) -> Result<Option<Duration>, LockError> {
+        let mut conn = self.shared.pool.get().await?;
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&*self.key)
+            .query_async(&mut conn)
+            .await?;
+        Ok(u64::try_from(pttl).ok().map(Duration::from_millis))
     }
 
     /// Takes the lock for `owner` with the given lease, without waiting.
@@ -189,6 +287,7 @@ impl Lock {
             .shared
             .release
             .key(&*self.key)
+            .key(self.channel())
             .arg(lease_ms(lease))
             .arg(owner.as_str())
             .invoke_async(&mut conn)

@@ -197,14 +197,21 @@ struct Inner {
 }
 
 impl Seckill {
-    pub fn new(store: Store, redis: Pool, settings: SeckillSettings) -> Self {
+    /// `subscriber` is a client of the same Redis as `redis`, for the one
+    /// pub/sub connection the lock's waiters share.
+    pub fn new(
+        store: Store,
+        redis: Pool,
+        subscriber: redis::Client,
+        settings: SeckillSettings,
+    ) -> Self {
         let windows = moka::future::Cache::builder()
             .max_capacity(10_000)
             .time_to_live(settings.voucher_cache_ttl)
             .build();
         Self {
             inner: Arc::new(Inner {
-                locks: LockClient::new(redis.clone(), settings.redis_prefix.clone()),
+                locks: LockClient::new(redis.clone(), subscriber, settings.redis_prefix.clone()),
                 ids: IdGenerator::new(redis.clone(), settings.redis_prefix.clone()),
                 store,
                 redis,

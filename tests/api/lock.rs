@@ -1,6 +1,6 @@
 //! The reentrant lock against real Redis.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
 use seckill::lock::{Acquired, LockClient, LockError, LockGuard, Released};
@@ -15,7 +15,8 @@ fn client() -> (LockClient, String) {
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .unwrap();
     let prefix = format!("test:{}:", Uuid::new_v4().simple());
-    (LockClient::new(pool, prefix.clone()), prefix)
+    let subscriber = redis::Client::open(redis_url()).unwrap();
+    (LockClient::new(pool, subscriber, prefix.clone()), prefix)
 }
 
 #[track_caller]
@@ -127,5 +128,207 @@ async fn a_dropped_guard_releases_and_shutdown_waits_for_it() {
         "the release finished"
     );
     assert!(!lock.is_locked().await.unwrap());
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test]
+async fn a_waiter_gives_up_when_its_wait_time_is_spent() {
+    let (locks, prefix) = client();
+    let lock = locks.lock("order:5");
+    let holder = acquired(lock.try_acquire(&locks.owner("holder"), LEASE).await);
+    let asked = Instant::now();
+    let got = lock
+        .acquire(&locks.owner("waiter"), Duration::from_millis(300), LEASE)
+        .await
+        .unwrap();
+    let waited = asked.elapsed();
+    assert!(got.is_none(), "took a held lock");
+    assert!(
+        waited >= Duration::from_millis(300),
+        "gave up early: {waited:?}"
+    );
+    assert!(waited < LEASE / 2, "overslept its wait time: {waited:?}");
+    holder.unlock().await.unwrap();
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test]
+async fn a_waiter_wakes_on_unlock_long_before_the_lease_ends() {
+    let (locks, prefix) = client();
+    let lock = locks.lock("order:6");
+    let holder = acquired(lock.try_acquire(&locks.owner("holder"), LEASE).await);
+    let waiter = {
+        let (lock, owner) = (lock.clone(), locks.owner("waiter"));
+        tokio::spawn(async move {
+            let guard = lock.acquire(&owner, LEASE, LEASE).await.unwrap();
+            (guard, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        locks.waiting_channels(),
+        1,
+        "the waiter listens on the lock's channel"
+    );
+    let released = Instant::now();
+    holder.unlock().await.unwrap();
+    let (guard, woke) = waiter.await.unwrap();
+    let guard = guard.expect("the waiter got the lock");
+    let delay = woke - released;
+    eprintln!("wake-up delay after unlock: {delay:?}");
+    assert!(
+        delay < LEASE / 2,
+        "woke by the lease, not the unlock: {delay:?}"
+    );
+    guard.unlock().await.unwrap();
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test]
+async fn a_waiter_takes_a_lock_whose_lease_ran_out_without_a_message() {
+    let (locks, prefix) = client();
+    let lock = locks.lock("order:7");
+    let crashed = acquired(
+        lock.try_acquire(&locks.owner("crashed"), Duration::from_millis(300))
+            .await,
+    );
+    std::mem::forget(crashed); // a holder that never releases
+    let asked = Instant::now();
+    let guard = lock
+        .acquire(&locks.owner("waiter"), LEASE, LEASE)
+        .await
+        .unwrap()
+        .expect("the lease ran out");
+    assert!(
+        asked.elapsed() < LEASE / 2,
+        "slept past the holder's lease: {:?}",
+        asked.elapsed()
+    );
+    guard.unlock().await.unwrap();
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test]
+async fn force_unlock_frees_the_lock_and_wakes_its_waiters() {
+    let (locks, prefix) = client();
+    let lock = locks.lock("order:8");
+    let holder = locks.owner("holder");
+    let guard = acquired(lock.try_acquire(&holder, LEASE).await);
+    assert!(lock.is_held_by(&holder).await.unwrap());
+    let lease = lock
+        .remaining_lease()
+        .await
+        .unwrap()
+        .expect("a held lock has a lease");
+    assert!(lease > LEASE / 2 && lease <= LEASE, "{lease:?}");
+
+    let waiter = {
+        let (lock, owner) = (lock.clone(), locks.owner("waiter"));
+        tokio::spawn(async move { lock.acquire(&owner, LEASE, LEASE).await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let forced = Instant::now();
+    assert!(lock.force_unlock().await.unwrap());
+    let next = waiter.await.unwrap().expect("the waiter got the lock");
+    assert!(forced.elapsed() < LEASE / 2);
+    assert!(!lock.is_held_by(&holder).await.unwrap());
+    assert!(matches!(
+        guard.unlock().await,
+        Err(LockError::NotHeld { .. })
+    ));
+    next.unlock().await.unwrap();
+    assert!(
+        !lock.force_unlock().await.unwrap(),
+        "a free lock reports nothing to free"
+    );
+    assert_eq!(lock.remaining_lease().await.unwrap(), None);
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind() {
+    let prefix = format!("test:{}:", Uuid::new_v4().simple());
+    let clients: Vec<LockClient> = (0..4)
+        .map(|_| {
+            let pool = deadpool_redis::Config::from_url(redis_url())
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                .unwrap();
+            LockClient::new(
+                pool,
+                redis::Client::open(redis_url()).unwrap(),
+                prefix.clone(),
+            )
+        })
+        .collect();
+    let counter = format!("{prefix}counter");
+    let tasks: Vec<_> = (0..100)
+        .map(|i| {
+            let locks = clients[i % 4].clone();
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let lock = locks.lock("counter");
+                let owner = locks.owner(format!("task-{i}"));
+                let guard = lock
+                    .acquire(&owner, Duration::from_secs(60), LEASE)
+                    .await
+                    .unwrap()
+                    .expect("every task gets its turn");
+                // Read, yield, write: without the lock, updates get lost.
+                let client = redis::Client::open(redis_url()).unwrap();
+                let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+                let n: i64 = redis::cmd("GET")
+                    .arg(&counter)
+                    .query_async::<Option<i64>>(&mut conn)
+                    .await
+                    .unwrap()
+                    .unwrap_or(0);
+                tokio::task::yield_now().await;
+                redis::cmd("SET")
+                    .arg(&counter)
+                    .arg(n + 1)
+                    .query_async::<()>(&mut conn)
+                    .await
+                    .unwrap();
+                guard.unlock().await.unwrap();
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let n: i64 = redis::cmd("GET")
+        .arg(&counter)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(n, 100);
+
+    // No lock key, and (once the unsubscribes have gone out) no channel.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}lock:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "lock keys left: {keys:?}");
+    assert!(clients.iter().all(|c| c.waiting_channels() == 0));
+    let mut channels: Vec<String> = Vec::new();
+    for _ in 0..50 {
+        channels = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg(format!("{prefix}*"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if channels.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        channels.is_empty(),
+        "channels left subscribed: {channels:?}"
+    );
     delete_keys(&redis_url(), &prefix).await;
 }
