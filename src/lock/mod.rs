@@ -16,12 +16,14 @@
 //! prefix, and could be published alone.
 
 mod pubsub;
+mod watchdog;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pubsub::{Subscriber, Woken};
+use watchdog::{Registration, Watchdog};
 
 use deadpool_redis::redis::{self, Script};
 use deadpool_redis::{Pool, PoolError};
@@ -75,6 +77,38 @@ pub enum Released {
     StillHeld(u32),
 }
 
+/// How long a hold lasts if its holder goes silent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// This long from the acquisition, then the lock frees itself.
+    Fixed(Duration),
+    /// The client's watchdog lease (30 s by default), renewed every third
+    /// of it while the guard lives; the guard hears if renewal finds the
+    /// lock gone.
+    Watchdog,
+}
+
+impl From<Duration> for Lease {
+    fn from(lease: Duration) -> Self {
+        Self::Fixed(lease)
+    }
+}
+
+/// Tuning for a [`LockClient`].
+#[derive(Debug, Clone, Copy)]
+pub struct LockOptions {
+    /// The lease of [`Lease::Watchdog`] holds; renewed every third of it.
+    pub watchdog_lease: Duration,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        Self {
+            watchdog_lease: Duration::from_secs(30),
+        }
+    }
+}
+
 /// The answer to an attempt to take a lock.
 #[derive(Debug)]
 pub enum Acquired {
@@ -92,6 +126,7 @@ struct Shared {
     release: Script,
     force_unlock: Script,
     subscriber: Arc<Subscriber>,
+    watchdog: Arc<Watchdog>,
     /// Releases started by guards dropped without `unlock`; shutdown waits
     /// for them so that a stopping process leaves no lock behind.
     pending_releases: TaskTracker,
@@ -108,15 +143,26 @@ impl LockClient {
     /// `subscriber` opens the one connection that waiters share to hear
     /// unlock messages; it must reach the same Redis as `pool`.
     pub fn new(pool: Pool, subscriber: redis::Client, prefix: impl Into<String>) -> Self {
+        Self::with_options(pool, subscriber, prefix, LockOptions::default())
+    }
+
+    /// Like [`LockClient::new`], with options.
+    pub fn with_options(
+        pool: Pool,
+        subscriber: redis::Client,
+        prefix: impl Into<String>,
+        options: LockOptions,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
-                pool,
+                pool: pool.clone(),
                 prefix: prefix.into(),
                 process: Uuid::new_v4(),
                 acquire: Script::new(include_str!("../../lua/lock_acquire.lua")),
                 release: Script::new(include_str!("../../lua/lock_release.lua")),
                 force_unlock: Script::new(include_str!("../../lua/lock_force_unlock.lua")),
                 subscriber: Subscriber::new(subscriber),
+                watchdog: Watchdog::new(pool.clone(), options.watchdog_lease),
                 pending_releases: TaskTracker::new(),
             }),
         }
@@ -140,6 +186,11 @@ impl LockClient {
             shared: self.shared.clone(),
             key: format!("{}lock:{{{name}}}", self.shared.prefix).into(),
         }
+    }
+
+    /// How many locks this client's watchdog is keeping alive now.
+    pub fn watched_locks(&self) -> usize {
+        self.shared.watchdog.watched()
     }
 
     /// How many lock channels this client's waiters are subscribed to now.
@@ -256,8 +307,17 @@ impl Lock {
     /// Takes the lock for `owner` with the given lease, without waiting.
     /// If `owner` already holds it, its hold count goes up by one and the
     /// lease starts again.
-    pub async fn try_acquire(&self, owner: &Owner, lease: Duration) -> Result<Acquired, LockError> {
+    pub async fn try_acquire(
+        &self,
+        owner: &Owner,
+        lease: impl Into<Lease>,
+    ) -> Result<Acquired, LockError> {
+        let (lease, watched) = match lease.into() {
+            Lease::Fixed(lease) => (lease, false),
+            Lease::Watchdog => (self.shared.watchdog.lease, true),
+        };
         let mut conn = self.shared.pool.get().await?;
+        let sent = Instant::now();
         let (acquired, value): (i64, i64) = self
             .shared
             .acquire
@@ -267,10 +327,20 @@ impl Lock {
             .invoke_async(&mut conn)
             .await?;
         if acquired == 1 {
+            let (watch, expires) = if watched {
+                (
+                    Some(self.shared.watchdog.watch(self.key.clone(), owner.clone())),
+                    None,
+                )
+            } else {
+                (None, Some(sent + lease))
+            };
             Ok(Acquired::Yes(LockGuard {
                 lock: self.clone(),
                 owner: owner.clone(),
                 lease,
+                watch,
+                expires,
                 armed: true,
             }))
         } else {
@@ -332,6 +402,11 @@ pub struct LockGuard {
     lock: Lock,
     owner: Owner,
     lease: Duration,
+    /// Set for watchdog holds: the watchdog's word that the lock is lost.
+    watch: Option<Registration>,
+    /// Set for fixed leases: when the lease runs out, counted from before
+    /// the request was sent, so it errs early, never late.
+    expires: Option<Instant>,
     armed: bool,
 }
 
@@ -355,10 +430,42 @@ impl LockGuard {
         &self.lock
     }
 
+    /// Whether this hold can no longer be trusted: the watchdog found the
+    /// lock gone, or a fixed lease has run out.
+    pub fn is_lost(&self) -> bool {
+        match (&self.watch, self.expires) {
+            (Some(watch), _) => *watch.lost.borrow(),
+            (None, Some(expires)) => Instant::now() >= expires,
+            (None, None) => false,
+        }
+    }
+
+    /// Resolves when the hold is lost (see [`LockGuard::is_lost`]): race it
+    /// against the work done under the lock and abort the work if it wins.
+    pub async fn lost(&self) {
+        match (&self.watch, self.expires) {
+            (Some(watch), _) => {
+                let mut heard = watch.lost.clone();
+                // An error means the watchdog is gone with its client: the
+                // lock is no longer renewed, so it will be lost.
+                let _ = heard.wait_for(|lost| *lost).await;
+            }
+            (None, Some(expires)) => tokio::time::sleep_until(expires.into()).await,
+            (None, None) => std::future::pending().await,
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.armed = false;
+        if let Some(watch) = &self.watch {
+            self.lock.shared.watchdog.unwatch(watch.id);
+        }
+    }
+
     /// Gives the hold back now. `Err(NotHeld)` means the lease ran out
     /// while the work was being done: someone else may have held the lock.
     pub async fn unlock(mut self) -> Result<Released, LockError> {
-        self.armed = false;
+        self.disarm();
         self.lock.release(&self.owner, self.lease).await
     }
 }
@@ -368,6 +475,7 @@ impl Drop for LockGuard {
         if !self.armed {
             return;
         }
+        self.disarm();
         let (lock, owner, lease) = (self.lock.clone(), self.owner.clone(), self.lease);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(key = %lock.key, %owner, "lock guard dropped outside a runtime; the lease will free it");

@@ -3,10 +3,10 @@
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
-use seckill::lock::{Acquired, LockClient, LockError, LockGuard, Released};
+use seckill::lock::{Acquired, Lease, LockClient, LockError, LockGuard, LockOptions, Released};
 use uuid::Uuid;
 
-use crate::helpers::{delete_keys, redis_url};
+use crate::helpers::{delete_keys, redis_url, OwnRedis};
 
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -330,5 +330,129 @@ async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind(
         channels.is_empty(),
         "channels left subscribed: {channels:?}"
     );
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+/// A client whose watchdog lease is short, so tests see several renewals.
+fn watchdog_client(url: &str, prefix: &str, lease: Duration) -> LockClient {
+    let pool = deadpool_redis::Config::from_url(url)
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    LockClient::with_options(
+        pool,
+        redis::Client::open(url).unwrap(),
+        prefix,
+        LockOptions {
+            watchdog_lease: lease,
+        },
+    )
+}
+
+#[tokio::test]
+async fn the_watchdog_keeps_a_lock_past_three_leases_and_stops_after_unlock() {
+    let prefix = format!("test:{}:", Uuid::new_v4().simple());
+    let lease = Duration::from_millis(600);
+    let locks = watchdog_client(&redis_url(), &prefix, lease);
+    let lock = locks.lock("order:9");
+    let owner = locks.owner("long-job");
+    let guard = acquired(lock.try_acquire(&owner, Lease::Watchdog).await);
+    assert_eq!(locks.watched_locks(), 1);
+
+    tokio::time::sleep(lease * 4).await;
+    assert!(
+        lock.is_held_by(&owner).await.unwrap(),
+        "the lease ran out despite the watchdog"
+    );
+    assert!(!guard.is_lost());
+    let left = lock
+        .remaining_lease()
+        .await
+        .unwrap()
+        .expect("a renewed lease");
+    assert!(left <= lease);
+
+    assert_eq!(guard.unlock().await.unwrap(), Released::Free);
+    assert_eq!(
+        locks.watched_locks(),
+        0,
+        "the watchdog still renews an unlocked lock"
+    );
+
+    // A dropped guard stops the renewals too.
+    let guard = acquired(lock.try_acquire(&owner, Lease::Watchdog).await);
+    drop(guard);
+    assert_eq!(locks.watched_locks(), 0);
+    assert!(locks.shutdown(Duration::from_secs(5)).await);
+    assert!(!lock.is_locked().await.unwrap());
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test]
+async fn the_holder_hears_at_once_when_its_lock_is_deleted() {
+    let prefix = format!("test:{}:", Uuid::new_v4().simple());
+    let locks = watchdog_client(&redis_url(), &prefix, Duration::from_millis(600));
+    let lock = locks.lock("order:10");
+    let guard = acquired(
+        lock.try_acquire(&locks.owner("holder"), Lease::Watchdog)
+            .await,
+    );
+
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("DEL")
+        .arg(lock.key())
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the lost signal fired");
+    assert!(guard.is_lost());
+    assert_eq!(locks.watched_locks(), 0);
+    assert!(matches!(
+        guard.unlock().await,
+        Err(LockError::NotHeld { .. })
+    ));
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test]
+async fn the_holder_hears_when_redis_restarts_and_loses_the_lock() {
+    let mut redis = OwnRedis::start();
+    let locks = watchdog_client(&redis.url(), "", Duration::from_millis(600));
+    let lock = locks.lock("order:11");
+    let guard = acquired(
+        lock.try_acquire(&locks.owner("holder"), Lease::Watchdog)
+            .await,
+    );
+
+    redis.stop();
+    redis.restart();
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the lost signal fired");
+    assert!(guard.is_lost());
+    // The client works again on the restarted server.
+    let again = acquired(
+        lock.try_acquire(&locks.owner("next"), Duration::from_secs(5))
+            .await,
+    );
+    again.unlock().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_fixed_lease_hold_is_lost_when_its_lease_runs_out() {
+    let (locks, prefix) = client();
+    let lock = locks.lock("order:12");
+    let guard = acquired(
+        lock.try_acquire(&locks.owner("brief"), Duration::from_millis(200))
+            .await,
+    );
+    assert!(!guard.is_lost());
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("lost() resolves at the end of the lease");
+    assert!(guard.is_lost());
     delete_keys(&redis_url(), &prefix).await;
 }
