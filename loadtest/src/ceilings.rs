@@ -25,15 +25,21 @@ pub struct PgCeiling {
     pub naive: Best,
 }
 
-/// The sale exactly as the service sends it (src/store/mod.rs, sell_one).
-/// Random 63-bit ids cannot collide within a run in practice.
-const ONE_STATEMENT: &str = r"\set uid random(1, 9000000000000000000)
-\set oid random(1, 9000000000000000000)
-WITH taken AS (UPDATE seckill_vouchers SET stock = stock - 1 WHERE voucher_id = :vid AND stock > 0 RETURNING voucher_id, stock, initial_stock), placed AS (INSERT INTO voucher_orders (id, user_id, voucher_id) SELECT :oid, :uid, voucher_id FROM taken RETURNING id) SELECT taken.stock, taken.initial_stock FROM taken, placed;
-";
+/// The sale exactly as the service sends it (`seckill::store::SELL_ONE`),
+/// with pgbench variables for its parameters. Each transaction is a new
+/// random user (so its fencing token is always accepted); random 63-bit ids
+/// cannot collide within a run in practice.
+fn one_statement() -> String {
+    let sale = seckill::store::SELL_ONE
+        .replace("$1", ":oid")
+        .replace("$2", ":uid")
+        .replace("$3", ":vid")
+        .replace("$4", ":oid");
+    format!("\\set uid random(1, 9000000000000000000)\n\\set oid random(1, 9000000000000000000)\n{sale};\n")
+}
 
-/// The same writes as separate statements: three round trips with the
-/// voucher's row locked.
+/// The naive transaction of the same sale (without the fence): three
+/// round trips with the voucher's row locked.
 const NAIVE: &str = r"\set uid random(1, 9000000000000000000)
 \set oid random(1, 9000000000000000000)
 BEGIN;
@@ -73,8 +79,11 @@ pub async fn postgres(database_url: &str, seconds: u64) -> Result<PgCeiling, Str
     .await
     .map_err(|e| e.to_string())?;
     let mut results = Vec::new();
-    for (name, script) in [("one-statement", ONE_STATEMENT), ("naive", NAIVE)] {
-        let file = temp_file(&format!("{name}.sql"), script)?;
+    for (name, script) in [
+        ("one-statement", one_statement()),
+        ("naive", NAIVE.to_owned()),
+    ] {
+        let file = temp_file(&format!("{name}.sql"), &script)?;
         let mut best = Best {
             tps: 0.0,
             clients: 0,
@@ -89,7 +98,13 @@ pub async fn postgres(database_url: &str, seconds: u64) -> Result<PgCeiling, Str
         let _ = std::fs::remove_file(&file);
         results.push(best);
     }
-    // Its orders would skew nothing (another voucher), but leave no trace.
+    // Its rows would skew nothing (another voucher, users of its own), but
+    // leave no trace.
+    sqlx::query("DELETE FROM user_fences f USING voucher_orders o WHERE o.voucher_id = $1 AND f.user_id = o.user_id")
+        .bind(voucher)
+        .execute(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
     sqlx::query("DELETE FROM voucher_orders WHERE voucher_id = $1")
         .bind(voucher)
         .execute(&mut conn)
@@ -162,7 +177,20 @@ pub async fn redis(
     let (host, port) = hostport.split_once(':').unwrap_or((hostport, "6379"));
     let script = include_str!("../../lua/lock_acquire.lua");
     let sha = sha1_smol::Sha1::from(script).digest().to_string();
-    let key = format!("{prefix}bench:lock:__rand_int__");
+    // KEYS and ARGV as lua/lock_acquire.lua takes them: lock key, fence
+    // key; lease (1 s, so the keys go away), owner, fence-key lifetime.
+    let args = |verb: &str, script_or_sha: String| -> Vec<String> {
+        vec![
+            verb.into(),
+            script_or_sha,
+            "2".into(),
+            format!("{prefix}bench:lock:{{__rand_int__}}"),
+            format!("{prefix}bench:lock:{{__rand_int__}}:fence"),
+            "1000".into(),
+            "bench".into(),
+            "1000".into(),
+        ]
+    };
     let run = |n: u64, command: Vec<String>| {
         let mut c = tokio::process::Command::new("redis-benchmark");
         c.args([
@@ -180,26 +208,12 @@ pub async fn redis(
         c
     };
     // One EVAL puts the script in Redis's cache; then EVALSHA is measured.
-    let load = vec![
-        "EVAL".into(),
-        script.into(),
-        "1".into(),
-        key.clone(),
-        "1000".into(),
-        "bench".into(),
-    ];
+    let load = args("EVAL", script.into());
     run(1, load)
         .output()
         .await
         .map_err(|e| format!("redis-benchmark: {e}"))?;
-    let bench = vec![
-        "EVALSHA".into(),
-        sha,
-        "1".into(),
-        key,
-        "1000".into(),
-        "bench".into(),
-    ];
+    let bench = args("EVALSHA", sha);
     let output = tokio::time::timeout(Duration::from_secs(300), run(requests, bench).output())
         .await
         .map_err(|_| "redis-benchmark did not finish".to_owned())?

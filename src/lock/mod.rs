@@ -226,6 +226,11 @@ impl Lock {
         &self.key
     }
 
+    /// The key holding this lock's last fencing token.
+    fn fence_key(&self) -> String {
+        format!("{}:fence", self.key)
+    }
+
     /// The channel on which this lock's release is announced.
     pub fn channel(&self) -> String {
         format!("{}:released", self.key)
@@ -318,12 +323,14 @@ impl Lock {
         };
         let mut conn = self.shared.pool.get().await?;
         let sent = Instant::now();
-        let (acquired, value): (i64, i64) = self
+        let (acquired, value, fence): (i64, i64, i64) = self
             .shared
             .acquire
             .key(&*self.key)
+            .key(self.fence_key())
             .arg(lease_ms(lease))
             .arg(owner.as_str())
+            .arg(FENCE_KEY_TTL_MS)
             .invoke_async(&mut conn)
             .await?;
         if acquired == 1 {
@@ -339,6 +346,7 @@ impl Lock {
                 lock: self.clone(),
                 owner: owner.clone(),
                 lease,
+                fence,
                 watch,
                 expires,
                 armed: true,
@@ -402,6 +410,7 @@ pub struct LockGuard {
     lock: Lock,
     owner: Owner,
     lease: Duration,
+    fence: i64,
     /// Set for watchdog holds: the watchdog's word that the lock is lost.
     watch: Option<Registration>,
     /// Set for fixed leases: when the lease runs out, counted from before
@@ -428,6 +437,15 @@ impl LockGuard {
     /// The lock this hold is on.
     pub fn lock(&self) -> &Lock {
         &self.lock
+    }
+
+    /// This hold's fencing token: larger than the token of every earlier
+    /// holder of the lock. Send it with every write the lock protects, and
+    /// have the store refuse a write whose token is smaller than the last
+    /// one it accepted: a holder that stalled past its lease then cannot
+    /// write after the next holder did.
+    pub fn fence(&self) -> i64 {
+        self.fence
     }
 
     /// Whether this hold can no longer be trusted: the watchdog found the
@@ -492,6 +510,10 @@ impl Drop for LockGuard {
         );
     }
 }
+
+/// Lifetime of a lock's fencing-token key, renewed by each new holder. Only
+/// a speed-up: tokens keep growing with Redis's clock if the key expires.
+const FENCE_KEY_TTL_MS: u64 = 7 * 86_400_000;
 
 fn lease_ms(lease: Duration) -> u64 {
     // PEXPIRE 0 would delete the key at once; a lease is at least 1 ms.

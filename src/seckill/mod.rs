@@ -279,7 +279,7 @@ impl Seckill {
             }
         };
 
-        let result = self.buy_locked(user_id, &voucher).await;
+        let result = self.buy_locked(user_id, &voucher, guard.fence()).await;
         // Released here on every path that returns; if this future is
         // dropped instead (client gone, panic), the guard's Drop releases.
         if let Err(error) = guard.unlock().await {
@@ -291,12 +291,12 @@ impl Seckill {
     }
 
     /// The part of a purchase that runs under the user's lock.
-    async fn buy_locked(&self, user_id: i64, voucher: &Voucher) -> Result<OrderId> {
+    async fn buy_locked(&self, user_id: i64, voucher: &Voucher, fence: i64) -> Result<OrderId> {
         let store = &self.inner.store;
         if store.has_order(user_id, voucher.id).await? {
             return Err(SeckillError::AlreadyPurchased);
         }
-        let (order_id, sale) = self.sell_with_fresh_id(user_id, voucher.id).await?;
+        let (order_id, sale) = self.sell_with_fresh_id(user_id, voucher.id, fence).await?;
         match sale {
             Sale::Sold(level) => {
                 if level.stock == 0 {
@@ -312,6 +312,17 @@ impl Seckill {
                 }
                 Err(SeckillError::SoldOut)
             }
+            Sale::Fenced => {
+                // Our lock's lease ran out and a newer holder has written:
+                // that request is the user's purchase in progress.
+                tracing::warn!(
+                    user_id,
+                    voucher_id = voucher.id,
+                    fence,
+                    "purchase refused: a newer lock holder wrote first"
+                );
+                Err(SeckillError::InProgress)
+            }
         }
     }
 
@@ -319,7 +330,12 @@ impl Seckill {
     /// statement, so no Redis round trip happens while the voucher's row is
     /// locked. An id already taken (the Redis counter lost its value and
     /// started over within one second) is retried with the next one.
-    async fn sell_with_fresh_id(&self, user_id: i64, voucher_id: i64) -> Result<(OrderId, Sale)> {
+    async fn sell_with_fresh_id(
+        &self,
+        user_id: i64,
+        voucher_id: i64,
+        fence: i64,
+    ) -> Result<(OrderId, Sale)> {
         const ATTEMPTS: usize = 5;
         let mut attempt = 1;
         loop {
@@ -327,7 +343,7 @@ impl Seckill {
             match self
                 .inner
                 .store
-                .sell_one(order_id.as_i64(), user_id, voucher_id)
+                .sell_one(order_id.as_i64(), user_id, voucher_id, fence)
                 .await
             {
                 Err(StoreError::DuplicateOrderId) if attempt < ATTEMPTS => {

@@ -305,13 +305,24 @@ async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind(
         .unwrap();
     assert_eq!(n, 100);
 
-    // No lock key, and (once the unsubscribes have gone out) no channel.
+    // No lock key but the fencing-token key (which must expire), and (once
+    // the unsubscribes have gone out) no channel.
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}lock:*"))
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert!(keys.is_empty(), "lock keys left: {keys:?}");
+    assert_eq!(
+        keys,
+        vec![format!("{prefix}lock:{{counter}}:fence")],
+        "lock keys left"
+    );
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(ttl > 0, "the fencing-token key never expires");
     assert!(clients.iter().all(|c| c.waiting_channels() == 0));
     let mut channels: Vec<String> = Vec::new();
     for _ in 0..50 {
@@ -454,5 +465,38 @@ async fn a_fixed_lease_hold_is_lost_when_its_lease_runs_out() {
         .await
         .expect("lost() resolves at the end of the lease");
     assert!(guard.is_lost());
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test]
+async fn every_new_holder_gets_a_larger_fencing_token_and_reentry_keeps_it() {
+    let (locks, prefix) = client();
+    let lock = locks.lock("order:13");
+    let (a, b) = (locks.owner("a"), locks.owner("b"));
+    let mut last = 0;
+    for owner in [&a, &b, &a, &b] {
+        let outer = acquired(lock.try_acquire(owner, LEASE).await);
+        let inner = acquired(lock.try_acquire(owner, LEASE).await);
+        assert!(outer.fence() > last, "token {} after {last}", outer.fence());
+        assert_eq!(
+            inner.fence(),
+            outer.fence(),
+            "reentry keeps the holder's token"
+        );
+        last = outer.fence();
+        inner.unlock().await.unwrap();
+        outer.unlock().await.unwrap();
+    }
+    // Even with the token key gone, the next token is larger (Redis's clock).
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("DEL")
+        .arg(format!("{}:fence", lock.key()))
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let guard = acquired(lock.try_acquire(&a, LEASE).await);
+    assert!(guard.fence() > last);
+    guard.unlock().await.unwrap();
     delete_keys(&redis_url(), &prefix).await;
 }

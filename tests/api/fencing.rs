@@ -1,0 +1,86 @@
+//! Fencing tokens end to end: a lock holder that stalls past its lease
+//! cannot write after the next holder did.
+
+use std::time::Duration;
+
+use deadpool_redis::redis;
+use reqwest::StatusCode;
+use seckill::id::IdGenerator;
+use seckill::lock::{Acquired, LockClient};
+use seckill::store::{Sale, Store};
+
+use crate::helpers::{buy, redis_url, spawn_app};
+
+#[tokio::test]
+async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(5).await;
+    let other_voucher = app.open_voucher(5).await;
+    let user = 42;
+    let store = Store::from_pool(app.db.clone());
+    let pool = deadpool_redis::Config::from_url(redis_url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let ids = IdGenerator::new(pool.clone(), app.prefix.clone());
+    let locks = LockClient::new(
+        pool,
+        redis::Client::open(redis_url()).unwrap(),
+        app.prefix.clone(),
+    );
+    // The service's own lock for this user.
+    let lock = locks.lock(&format!("order:{user}"));
+
+    // A takes the user's lock with a short lease, checks, and stalls.
+    let Acquired::Yes(a) = lock
+        .try_acquire(&locks.owner("A"), Duration::from_millis(100))
+        .await
+        .unwrap()
+    else {
+        panic!("A did not get the free lock");
+    };
+    assert!(!store.has_order(user, voucher).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(a.is_lost(), "A's lease ran out while it stalled");
+
+    // B takes the lock (A's lease ran out) and buys.
+    let Acquired::Yes(b) = lock
+        .try_acquire(&locks.owner("B"), Duration::from_secs(10))
+        .await
+        .unwrap()
+    else {
+        panic!("B did not get the expired lock");
+    };
+    assert!(b.fence() > a.fence());
+    let sold = store
+        .sell_one(
+            ids.next_id().await.unwrap().as_i64(),
+            user,
+            voucher,
+            b.fence(),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(sold, Sale::Sold(_)), "{sold:?}");
+
+    // A resumes: its writes are refused, for this voucher and any other.
+    for target in [voucher, other_voucher] {
+        let late = store
+            .sell_one(
+                ids.next_id().await.unwrap().as_i64(),
+                user,
+                target,
+                a.fence(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(late, Sale::Fenced, "A's stale write on voucher {target}");
+    }
+    b.unlock().await.unwrap();
+
+    assert_eq!(app.check_invariants(voucher).await, 1);
+    assert_eq!(app.check_invariants(other_voucher).await, 0);
+    // The user's next purchase, under a new lock, goes through.
+    let token = app.token(user).await;
+    let (status, answer) = buy(&app.client, &app.base, &token, other_voucher).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+}
