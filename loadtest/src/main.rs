@@ -11,6 +11,7 @@ mod api;
 mod ceilings;
 mod drive;
 mod invariants;
+mod lockbench;
 mod service;
 
 use std::path::PathBuf;
@@ -76,6 +77,21 @@ enum Scenario {
     All,
     /// Mint tokens through --url's admin API into a JSON file for k6/oha.
     Tokens(TokensArgs),
+    /// The lock library alone: lock+unlock pairs/s beside raw EVALSHA, and
+    /// a waiter's wake-up delay after an unlock.
+    Lock(LockBenchArgs),
+}
+
+#[derive(Args, Clone)]
+struct LockBenchArgs {
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Concurrent tasks, each with its own lock (and redis-benchmark clients).
+    #[arg(long, default_value_t = 50)]
+    tasks: usize,
+    /// Wake-up samples.
+    #[arg(long, default_value_t = 200)]
+    wakeups: usize,
 }
 
 #[derive(Args, Clone)]
@@ -133,6 +149,23 @@ struct Report {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Scenario::Lock(args) = &cli.scenario {
+        let args = lockbench::LockArgs {
+            seconds: args.seconds,
+            tasks: args.tasks,
+            wakeups: args.wakeups,
+        };
+        return match lockbench::run(&args).await {
+            Ok(json) => {
+                println!("{json}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("loadtest: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Scenario::Tokens(args) = &cli.scenario {
         return match write_tokens(&cli.target, args).await {
             Ok(()) => ExitCode::SUCCESS,
@@ -240,7 +273,7 @@ async fn run(
         Scenario::Hammer(args) => vec![hammer(target, args).await?],
         Scenario::Throughput(args) => vec![throughput(target, args, pgbench_seconds).await?],
         Scenario::Soldout(args) => vec![soldout(target, args).await?],
-        Scenario::Tokens(_) => unreachable!("tokens is handled before a target starts"),
+        Scenario::Tokens(_) | Scenario::Lock(_) => unreachable!("handled before a target starts"),
         Scenario::All => vec![
             flash(
                 target,

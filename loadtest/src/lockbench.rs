@@ -1,0 +1,183 @@
+//! `loadtest lock`: the lock library against the Redis it runs on.
+//! Uncontended lock + unlock pairs per second beside raw EVALSHA calls of
+//! the acquire script (redis-benchmark), and how soon a waiter wakes after
+//! an unlock.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use seckill::lock::{Acquired, LockClient};
+use serde_json::{json, Value};
+
+use crate::ceilings;
+
+pub struct LockArgs {
+    pub seconds: u64,
+    pub tasks: usize,
+    pub wakeups: usize,
+}
+
+/// Runs the benchmark; returns the JSON line (and prints a table).
+pub async fn run(args: &LockArgs) -> Result<Value, String> {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let prefix = format!("loadtest:{}:", uuid::Uuid::new_v4().simple());
+    let pool = deadpool_redis::Config::from_url(url.as_str())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .map_err(|e| e.to_string())?;
+    let client = deadpool_redis::redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+    let client_for_cleanup = client.clone();
+    let locks = LockClient::new(pool, client, prefix.clone());
+
+    // Uncontended: each task has a lock of its own.
+    eprintln!(
+        "lock: {} tasks taking and releasing their own locks for {} s",
+        args.tasks, args.seconds
+    );
+    let pairs = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.seconds);
+    let workers: Vec<_> = (0..args.tasks)
+        .map(|t| {
+            let (locks, pairs) = (locks.clone(), pairs.clone());
+            tokio::spawn(async move {
+                let lock = locks.lock(&format!("bench:{t}"));
+                let owner = locks.owner(format_args!("task-{t}"));
+                while Instant::now() < deadline {
+                    match lock.try_acquire(&owner, Duration::from_secs(10)).await {
+                        Ok(Acquired::Yes(guard)) => {
+                            guard.unlock().await.map_err(|e| e.to_string())?;
+                            pairs.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(Acquired::HeldByOther { .. }) => {
+                            return Err("an uncontended lock was held".to_owned())
+                        }
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.map_err(|e| e.to_string())??;
+    }
+    let pairs_per_sec = pairs.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+
+    let evalsha = ceilings::redis(
+        &url,
+        &prefix,
+        u32::try_from(args.tasks).unwrap_or(50),
+        200_000,
+    )
+    .await;
+
+    // Wake-up: a waiter blocked on a held lock, the holder unlocks.
+    eprintln!("lock: {} wake-ups", args.wakeups);
+    let mut wake =
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+    let lock = locks.lock("bench:wake");
+    for i in 0..args.wakeups {
+        let holder = locks.owner(format_args!("holder-{i}"));
+        let Acquired::Yes(guard) = lock
+            .try_acquire(&holder, Duration::from_secs(30))
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Err("the wake-up lock was held".into());
+        };
+        let (waiting, waiter) = (lock.clone(), locks.owner(format_args!("waiter-{i}")));
+        let task = tokio::spawn(async move {
+            let got = waiting
+                .acquire(&waiter, Duration::from_secs(30), Duration::from_secs(30))
+                .await;
+            (got, Instant::now())
+        });
+        // Let the waiter fail its attempts and go to sleep on the channel.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let released = Instant::now();
+        guard.unlock().await.map_err(|e| e.to_string())?;
+        let (got, woke) = task.await.map_err(|e| e.to_string())?;
+        let guard = got
+            .map_err(|e| e.to_string())?
+            .ok_or("the waiter timed out")?;
+        wake.saturating_record(
+            u64::try_from((woke - released).as_micros())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        );
+        guard.unlock().await.map_err(|e| e.to_string())?;
+    }
+    let _ = locks.shutdown(Duration::from_secs(5)).await;
+    remove_keys(&client_for_cleanup, &prefix).await;
+
+    let ms = |q: f64| (wake.value_at_quantile(q) as f64 / 10.0).round() / 100.0;
+    println!("{:<34} {:>12}", "lock", "");
+    println!(
+        "{:<34} {:>12.0}",
+        "uncontended lock+unlock pairs/s", pairs_per_sec
+    );
+    match &evalsha {
+        Ok(rate) => println!("{:<34} {:>12.0}", "raw EVALSHA acquire calls/s", rate),
+        Err(e) => println!(
+            "{:<34} {:>12}   ({e})",
+            "raw EVALSHA acquire calls/s", "n/a"
+        ),
+    }
+    println!(
+        "{:<34} {:>9.2} ms p50, {:.2} ms p99, {:.2} ms max",
+        "waiter wake-up after unlock",
+        ms(0.5),
+        ms(0.99),
+        wake.max() as f64 / 1000.0
+    );
+    let mut out = json!({
+        "scenario": "lock",
+        "tasks": args.tasks,
+        "pairs_per_sec": (pairs_per_sec * 100.0).round() / 100.0,
+        "wakeups": wake.len(),
+        "wake_p50_ms": ms(0.5),
+        "wake_p99_ms": ms(0.99),
+        "wake_max_ms": wake.max() as f64 / 1000.0,
+        "invariants_ok": true,
+    });
+    if let Ok(rate) = evalsha {
+        out["evalsha_per_sec"] = json!((rate * 100.0).round() / 100.0);
+        // A pair is two script calls (acquire, release).
+        out["ratios"] =
+            json!({ "pairs_vs_evalsha": ((pairs_per_sec / rate) * 100.0).round() / 100.0 });
+    }
+    Ok(out)
+}
+
+/// Deletes what the benchmark left under its prefix (fencing-token keys
+/// outlive their locks on purpose; the benchmark's need not).
+async fn remove_keys(client: &deadpool_redis::redis::Client, prefix: &str) {
+    use deadpool_redis::redis;
+    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+        return;
+    };
+    let mut cursor: u64 = 0;
+    loop {
+        let Ok((next, keys)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+        else {
+            return;
+        };
+        if !keys.is_empty() {
+            let _: redis::RedisResult<()> =
+                redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
+        }
+        if next == 0 {
+            return;
+        }
+        cursor = next;
+    }
+}
