@@ -178,16 +178,21 @@ pub async fn redis(
     let script = include_str!("../../lua/lock_acquire.lua");
     let sha = sha1_smol::Sha1::from(script).digest().to_string();
     // KEYS and ARGV as lua/lock_acquire.lua takes them: lock key, fence
-    // key; lease (1 s, so the keys go away), owner, fence-key lifetime.
+    // key, request log; lease (1 s, so the keys go away), owner,
+    // fence-key lifetime, request id, request-log memory.
     let args = |verb: &str, script_or_sha: String| -> Vec<String> {
+        let lock = format!("{prefix}bench:lock:{{__rand_int__}}");
         vec![
             verb.into(),
             script_or_sha,
-            "2".into(),
-            format!("{prefix}bench:lock:{{__rand_int__}}"),
-            format!("{prefix}bench:lock:{{__rand_int__}}:fence"),
+            "3".into(),
+            lock.clone(),
+            format!("{lock}:fence"),
+            format!("{lock}:requests"),
             "1000".into(),
             "bench".into(),
+            "1000".into(),
+            "req:__rand_int__".into(),
             "1000".into(),
         ]
     };

@@ -226,6 +226,11 @@ impl Lock {
         &self.key
     }
 
+    /// The hash remembering recent request ids and their answers.
+    fn requests_key(&self) -> String {
+        format!("{}:requests", self.key)
+    }
+
     /// The key holding this lock's last fencing token.
     fn fence_key(&self) -> String {
         format!("{}:fence", self.key)
@@ -317,21 +322,38 @@ impl Lock {
         owner: &Owner,
         lease: impl Into<Lease>,
     ) -> Result<Acquired, LockError> {
+        self.try_acquire_request(owner, lease, &new_request_id())
+            .await
+    }
+
+    /// [`Lock::try_acquire`] under a request id of the caller's: sent again
+    /// with the same id (after a timeout, say), it gets the first answer
+    /// and takes no second hold. `try_acquire` itself resends on transient
+    /// errors with one id, so it never counts twice.
+    pub async fn try_acquire_request(
+        &self,
+        owner: &Owner,
+        lease: impl Into<Lease>,
+        request_id: &str,
+    ) -> Result<Acquired, LockError> {
         let (lease, watched) = match lease.into() {
             Lease::Fixed(lease) => (lease, false),
             Lease::Watchdog => (self.shared.watchdog.lease, true),
         };
-        let mut conn = self.shared.pool.get().await?;
         let sent = Instant::now();
         let (acquired, value, fence): (i64, i64, i64) = self
-            .shared
-            .acquire
-            .key(&*self.key)
-            .key(self.fence_key())
-            .arg(lease_ms(lease))
-            .arg(owner.as_str())
-            .arg(FENCE_KEY_TTL_MS)
-            .invoke_async(&mut conn)
+            .with_retries(|| {
+                let mut invocation = self.shared.acquire.key(&*self.key);
+                invocation
+                    .key(self.fence_key())
+                    .key(self.requests_key())
+                    .arg(lease_ms(lease))
+                    .arg(owner.as_str())
+                    .arg(FENCE_KEY_TTL_MS)
+                    .arg(request_id)
+                    .arg(REQUEST_MEMORY_MS);
+                invocation
+            })
             .await?;
         if acquired == 1 {
             let (watch, expires) = if watched {
@@ -360,15 +382,29 @@ impl Lock {
     /// Gives back one hold of `owner`. A release by anyone but a holder
     /// changes nothing and is reported as [`LockError::NotHeld`].
     pub async fn release(&self, owner: &Owner, lease: Duration) -> Result<Released, LockError> {
-        let mut conn = self.shared.pool.get().await?;
+        self.release_request(owner, lease, &new_request_id()).await
+    }
+
+    /// [`Lock::release`] under a request id of the caller's: sent again with
+    /// the same id, it gets the first answer and gives back no second hold.
+    pub async fn release_request(
+        &self,
+        owner: &Owner,
+        lease: Duration,
+        request_id: &str,
+    ) -> Result<Released, LockError> {
         let left: i64 = self
-            .shared
-            .release
-            .key(&*self.key)
-            .key(self.channel())
-            .arg(lease_ms(lease))
-            .arg(owner.as_str())
-            .invoke_async(&mut conn)
+            .with_retries(|| {
+                let mut invocation = self.shared.release.key(&*self.key);
+                invocation
+                    .key(self.channel())
+                    .key(self.requests_key())
+                    .arg(lease_ms(lease))
+                    .arg(owner.as_str())
+                    .arg(request_id)
+                    .arg(REQUEST_MEMORY_MS);
+                invocation
+            })
             .await?;
         match left {
             0 => Ok(Released::Free),
@@ -377,6 +413,30 @@ impl Lock {
                 key: self.key.to_string(),
                 owner: owner.to_string(),
             }),
+        }
+    }
+
+    /// Runs a script invocation, resending it (same request id, so at most
+    /// once in effect) when the connection failed or timed out.
+    async fn with_retries<'s, T: redis::FromRedisValue>(
+        &'s self,
+        invocation: impl Fn() -> redis::ScriptInvocation<'s>,
+    ) -> Result<T, LockError> {
+        let mut attempt = 1;
+        loop {
+            let result = async {
+                let mut conn = self.shared.pool.get().await?;
+                Ok::<T, LockError>(invocation().invoke_async(&mut conn).await?)
+            }
+            .await;
+            match result {
+                Err(error) if attempt < SEND_ATTEMPTS && is_transient(&error) => {
+                    tracing::debug!(key = %self.key, %error, attempt, "resending a lock command");
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+                }
+                other => return other,
+            }
         }
     }
 
@@ -508,6 +568,25 @@ impl Drop for LockGuard {
             },
             &runtime,
         );
+    }
+}
+
+/// How many times a lock command is sent before its error is returned.
+const SEND_ATTEMPTS: u64 = 3;
+/// How long a lock remembers a request id: longer than any resend.
+const REQUEST_MEMORY_MS: u64 = 60_000;
+
+fn new_request_id() -> String {
+    Uuid::new_v4().simple().to_string()
+}
+
+/// Errors after which the command may or may not have been applied, and a
+/// resend (idempotent, by request id) is the way to find out.
+fn is_transient(error: &LockError) -> bool {
+    match error {
+        LockError::Pool(_) => true,
+        LockError::Redis(e) => e.is_io_error() || e.is_timeout() || e.is_connection_dropped(),
+        LockError::NotHeld { .. } => false,
     }
 }
 

@@ -305,24 +305,27 @@ async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind(
         .unwrap();
     assert_eq!(n, 100);
 
-    // No lock key but the fencing-token key (which must expire), and (once
-    // the unsubscribes have gone out) no channel.
-    let keys: Vec<String> = redis::cmd("KEYS")
+    // No lock key: only the fencing-token key and the request log, both
+    // expiring; and (once the unsubscribes have gone out) no channel.
+    let mut keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}lock:*"))
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(
-        keys,
-        vec![format!("{prefix}lock:{{counter}}:fence")],
-        "lock keys left"
-    );
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(&keys[0])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(ttl > 0, "the fencing-token key never expires");
+    keys.sort();
+    let expected: Vec<String> = ["fence", "requests"]
+        .iter()
+        .map(|k| format!("{prefix}lock:{{counter}}:{k}"))
+        .collect();
+    assert_eq!(keys, expected, "lock keys left");
+    for key in &keys {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(ttl > 0, "{key} never expires");
+    }
     assert!(clients.iter().all(|c| c.waiting_channels() == 0));
     let mut channels: Vec<String> = Vec::new();
     for _ in 0..50 {
@@ -498,5 +501,49 @@ async fn every_new_holder_gets_a_larger_fencing_token_and_reentry_keeps_it() {
     let guard = acquired(lock.try_acquire(&a, LEASE).await);
     assert!(guard.fence() > last);
     guard.unlock().await.unwrap();
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test]
+async fn a_resent_acquire_or_release_does_not_count_twice() {
+    let (locks, prefix) = client();
+    let lock = locks.lock("order:14");
+    let owner = locks.owner("retrying");
+
+    // The same acquisition sent twice (its first answer lost in transit).
+    let first = acquired(lock.try_acquire_request(&owner, LEASE, "acquire-1").await);
+    let resent = acquired(lock.try_acquire_request(&owner, LEASE, "acquire-1").await);
+    assert_eq!(
+        lock.hold_count(&owner).await.unwrap(),
+        1,
+        "a resent acquire took a second hold"
+    );
+    assert_eq!(resent.fence(), first.fence());
+    std::mem::forget(resent); // the same hold as `first`, not a second one
+
+    // A genuine second acquisition counts.
+    let second = acquired(lock.try_acquire_request(&owner, LEASE, "acquire-2").await);
+    assert_eq!(lock.hold_count(&owner).await.unwrap(), 2);
+    std::mem::forget(second);
+
+    // The same release sent twice gives back one hold.
+    assert_eq!(
+        lock.release_request(&owner, LEASE, "release-1")
+            .await
+            .unwrap(),
+        Released::StillHeld(1)
+    );
+    assert_eq!(
+        lock.release_request(&owner, LEASE, "release-1")
+            .await
+            .unwrap(),
+        Released::StillHeld(1)
+    );
+    assert_eq!(
+        lock.hold_count(&owner).await.unwrap(),
+        1,
+        "a resent release gave back a second hold"
+    );
+    assert_eq!(first.unlock().await.unwrap(), Released::Free);
     delete_keys(&redis_url(), &prefix).await;
 }
