@@ -16,7 +16,10 @@
 //! prefix, and could be published alone.
 
 mod pubsub;
+mod redlock;
 mod watchdog;
+
+pub use redlock::{MultiGuard, MultiNodeLocks, Quorum};
 
 use std::fmt;
 use std::sync::Arc;

@@ -8,4 +8,5 @@ mod lock;
 mod outage;
 mod proxy;
 mod purchase;
+mod redlock;
 mod validation;

@@ -1,0 +1,170 @@
+//! Locks over several independent Redis nodes: RedLock (a majority within
+//! the validity time) and MultiLock (every node). A node that is down or
+//! slow counts as a refusal; a failed attempt releases whatever it took.
+//!
+//! Validity = lease − time spent acquiring − clock drift (1 % of the lease
+//! plus 2 ms, as the RedLock description suggests): the hold is trusted only
+//! that long, whatever the nodes say.
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+
+use super::{Acquired, LockClient, LockError, LockGuard, Owner};
+
+/// How many nodes must grant the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quorum {
+    /// N/2 + 1 of N nodes (RedLock).
+    Majority,
+    /// Every node (MultiLock).
+    All,
+}
+
+/// A lock client over independent Redis nodes (never replicas of one
+/// another: a replica that misses a write would grant the lock twice).
+#[derive(Clone)]
+pub struct MultiNodeLocks {
+    nodes: Vec<LockClient>,
+    quorum: Quorum,
+}
+
+/// A hold granted by enough nodes.
+#[derive(Debug)]
+pub struct MultiGuard {
+    guards: Vec<LockGuard>,
+    valid_until: Instant,
+}
+
+impl MultiNodeLocks {
+    /// `nodes` are clients of independent Redis servers.
+    pub fn new(nodes: Vec<LockClient>, quorum: Quorum) -> Self {
+        assert!(
+            !nodes.is_empty(),
+            "a multi-node lock needs at least one node"
+        );
+        Self { nodes, quorum }
+    }
+
+    fn needed(&self) -> usize {
+        match self.quorum {
+            Quorum::Majority => self.nodes.len() / 2 + 1,
+            Quorum::All => self.nodes.len(),
+        }
+    }
+
+    /// Each node's owner for `id`: the same id on every node, under each
+    /// client's own process UUID.
+    fn owners(&self, id: &str) -> Vec<Owner> {
+        self.nodes.iter().map(|n| n.owner(id)).collect()
+    }
+
+    /// Tries once to take lock `name` for owner `id` on enough nodes, each
+    /// asked at the same time and given at most `node_timeout`. `Ok(None)`
+    /// when too few granted it in time; what was granted is released.
+    pub async fn try_acquire(
+        &self,
+        name: &str,
+        id: &str,
+        lease: Duration,
+        node_timeout: Duration,
+    ) -> Result<Option<MultiGuard>, LockError> {
+        let started = Instant::now();
+        let owners = self.owners(id);
+        let attempts = self
+            .nodes
+            .iter()
+            .zip(&owners)
+            .map(|(node, owner)| async move {
+                let lock = node.lock(name);
+                match tokio::time::timeout(node_timeout, lock.try_acquire(owner, lease)).await {
+                    Ok(Ok(Acquired::Yes(guard))) => Some(guard),
+                    Ok(Ok(Acquired::HeldByOther { .. })) => None,
+                    Ok(Err(error)) => {
+                        tracing::debug!(%error, "a lock node failed; counted as a refusal");
+                        None
+                    }
+                    Err(_) => None,
+                }
+            });
+        let guards: Vec<LockGuard> = join_all(attempts).await.into_iter().flatten().collect();
+        let elapsed = started.elapsed();
+        let drift = lease / 100 + Duration::from_millis(2);
+        let validity = lease.saturating_sub(elapsed).saturating_sub(drift);
+        if guards.len() >= self.needed() && !validity.is_zero() {
+            return Ok(Some(MultiGuard {
+                guards,
+                valid_until: started + validity,
+            }));
+        }
+        // Too few, or too late: give back what was granted, on every node
+        // that answered (a node that timed out may still have applied it;
+        // its lease frees it).
+        release_all(guards).await;
+        Ok(None)
+    }
+
+    /// Like [`MultiNodeLocks::try_acquire`], retrying (with a random pause,
+    /// so that competitors do not keep splitting the votes) until `wait`
+    /// is spent.
+    pub async fn acquire(
+        &self,
+        name: &str,
+        id: &str,
+        wait: Duration,
+        lease: Duration,
+        node_timeout: Duration,
+    ) -> Result<Option<MultiGuard>, LockError> {
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Some(guard) = self.try_acquire(name, id, lease, node_timeout).await? {
+                return Ok(Some(guard));
+            }
+            let pause = Duration::from_millis(rand::random_range(5..50));
+            if Instant::now() + pause >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+impl MultiGuard {
+    /// How many nodes granted the lock.
+    pub fn nodes(&self) -> usize {
+        self.guards.len()
+    }
+
+    /// Whether the validity time has run out: past it the hold is not to
+    /// be trusted, whatever the nodes say.
+    pub fn is_expired(&self) -> bool {
+        Instant::now() >= self.valid_until
+    }
+
+    /// When the validity time runs out.
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
+    /// A fencing token for the hold: the largest of the granting nodes'
+    /// tokens. Tokens grow with Redis's clock on every node, so a later
+    /// holder's is larger as long as the nodes' clocks agree to within the
+    /// lease; unlike a single node's, this is not guaranteed.
+    pub fn fence(&self) -> i64 {
+        self.guards.iter().map(LockGuard::fence).max().unwrap_or(0)
+    }
+
+    /// Releases the lock on every node that granted it. Nodes that fail
+    /// are left to their leases; returns how many released it.
+    pub async fn unlock(self) -> usize {
+        release_all(self.guards).await
+    }
+}
+
+async fn release_all(guards: Vec<LockGuard>) -> usize {
+    join_all(guards.into_iter().map(LockGuard::unlock))
+        .await
+        .into_iter()
+        .filter(Result::is_ok)
+        .count()
+}

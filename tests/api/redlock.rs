@@ -1,0 +1,145 @@
+//! RedLock and MultiLock over three private Redis servers.
+
+use std::time::Duration;
+
+use deadpool_redis::redis;
+use seckill::lock::{LockClient, MultiNodeLocks, Quorum};
+
+use crate::helpers::OwnRedis;
+
+const LEASE: Duration = Duration::from_secs(10);
+const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+
+fn node(redis: &OwnRedis) -> LockClient {
+    let pool = deadpool_redis::Config::from_url(redis.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    LockClient::new(pool, redis::Client::open(redis.url()).unwrap(), "")
+}
+
+async fn exists(redis: &OwnRedis, key: &str) -> bool {
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn redlock_survives_one_node_of_three_and_refuses_with_two_down() {
+    let mut servers: Vec<OwnRedis> = (0..3).map(|_| OwnRedis::start()).collect();
+    let locks = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::Majority);
+
+    let held = locks
+        .try_acquire("order:1", "a", LEASE, NODE_TIMEOUT)
+        .await
+        .unwrap()
+        .expect("all three nodes grant a free lock");
+    assert_eq!(held.nodes(), 3);
+    assert!(!held.is_expired());
+    // Someone else cannot take it while it is held.
+    assert!(locks
+        .try_acquire("order:1", "b", LEASE, NODE_TIMEOUT)
+        .await
+        .unwrap()
+        .is_none());
+
+    // A node dies mid-hold: the hold stands, and releases on the others.
+    servers[0].stop();
+    assert_eq!(held.unlock().await, 2);
+    for server in &servers[1..] {
+        assert!(
+            !exists(server, "lock:{order:1}").await,
+            "a live node kept the lock"
+        );
+    }
+
+    // With one node down, two of three still make a majority.
+    let again = locks
+        .try_acquire("order:1", "b", LEASE, NODE_TIMEOUT)
+        .await
+        .unwrap()
+        .expect("two of three nodes are a majority");
+    assert_eq!(again.nodes(), 2);
+    again.unlock().await;
+
+    // With two down, one node is no majority: refused, and the one live
+    // node does not keep what it granted.
+    servers[1].stop();
+    assert!(locks
+        .try_acquire("order:1", "c", LEASE, NODE_TIMEOUT)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(
+        !exists(&servers[2], "lock:{order:1}").await,
+        "a failed attempt left the lock on a node"
+    );
+}
+
+#[tokio::test]
+async fn a_multilock_needs_every_node() {
+    let mut servers: Vec<OwnRedis> = (0..3).map(|_| OwnRedis::start()).collect();
+    let locks = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::All);
+    let held = locks
+        .try_acquire("order:2", "a", LEASE, NODE_TIMEOUT)
+        .await
+        .unwrap()
+        .expect("all grant it");
+    assert_eq!(held.unlock().await, 3);
+
+    servers[2].stop();
+    assert!(locks
+        .try_acquire("order:2", "a", LEASE, NODE_TIMEOUT)
+        .await
+        .unwrap()
+        .is_none());
+    for server in &servers[..2] {
+        assert!(
+            !exists(server, "lock:{order:2}").await,
+            "a refused multilock left a key behind"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn competing_redlock_holders_never_overlap() {
+    let servers: Vec<OwnRedis> = (0..3).map(|_| OwnRedis::start()).collect();
+    // Two processes' worth of clients on the same three nodes.
+    let first = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::Majority);
+    let second = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::Majority);
+    let inside = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let locks = if i % 2 == 0 {
+                first.clone()
+            } else {
+                second.clone()
+            };
+            let inside = inside.clone();
+            tokio::spawn(async move {
+                let guard = locks
+                    .acquire(
+                        "order:3",
+                        &format!("task-{i}"),
+                        Duration::from_secs(60),
+                        LEASE,
+                        NODE_TIMEOUT,
+                    )
+                    .await
+                    .unwrap()
+                    .expect("every task gets its turn");
+                let before = inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                assert_eq!(before, 0, "two holders at once");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                guard.unlock().await;
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
