@@ -42,6 +42,10 @@ pub enum LockError {
     /// Redis answered with an error or the connection broke mid-command.
     #[error("Redis failed a lock command: {0}")]
     Redis(#[from] redis::RedisError),
+    /// Too few lock nodes answered for a quorum to be possible at all: the
+    /// lock could not be decided, which is not the same as "held".
+    #[error("only {answered} of the {needed} lock nodes needed answered")]
+    NodesUnavailable { answered: usize, needed: usize },
     /// The owner asked to release a lock it does not hold: it never took
     /// it, or its lease ran out (and someone else may hold it now).
     #[error("lock {key} is not held by {owner}")]
@@ -589,7 +593,7 @@ fn is_transient(error: &LockError) -> bool {
     match error {
         LockError::Pool(_) => true,
         LockError::Redis(e) => e.is_io_error() || e.is_timeout() || e.is_connection_dropped(),
-        LockError::NotHeld { .. } => false,
+        LockError::NotHeld { .. } | LockError::NodesUnavailable { .. } => false,
     }
 }
 

@@ -29,6 +29,12 @@ pub struct MultiNodeLocks {
     quorum: Quorum,
 }
 
+enum Vote {
+    Granted(LockGuard),
+    Held,
+    Silent,
+}
+
 /// A hold granted by enough nodes.
 #[derive(Debug)]
 pub struct MultiGuard {
@@ -62,6 +68,8 @@ impl MultiNodeLocks {
     /// Tries once to take lock `name` for owner `id` on enough nodes, each
     /// asked at the same time and given at most `node_timeout`. `Ok(None)`
     /// when too few granted it in time; what was granted is released.
+    /// `Err(NodesUnavailable)` when so few nodes answered at all that no
+    /// quorum was possible: the lock's state is unknown, not "held".
     pub async fn try_acquire(
         &self,
         name: &str,
@@ -78,16 +86,24 @@ impl MultiNodeLocks {
             .map(|(node, owner)| async move {
                 let lock = node.lock(name);
                 match tokio::time::timeout(node_timeout, lock.try_acquire(owner, lease)).await {
-                    Ok(Ok(Acquired::Yes(guard))) => Some(guard),
-                    Ok(Ok(Acquired::HeldByOther { .. })) => None,
+                    Ok(Ok(Acquired::Yes(guard))) => Vote::Granted(guard),
+                    Ok(Ok(Acquired::HeldByOther { .. })) => Vote::Held,
                     Ok(Err(error)) => {
                         tracing::debug!(%error, "a lock node failed; counted as a refusal");
-                        None
+                        Vote::Silent
                     }
-                    Err(_) => None,
+                    Err(_) => Vote::Silent,
                 }
             });
-        let guards: Vec<LockGuard> = join_all(attempts).await.into_iter().flatten().collect();
+        let votes = join_all(attempts).await;
+        let answered = votes.iter().filter(|v| !matches!(v, Vote::Silent)).count();
+        let guards: Vec<LockGuard> = votes
+            .into_iter()
+            .filter_map(|v| match v {
+                Vote::Granted(guard) => Some(guard),
+                _ => None,
+            })
+            .collect();
         let elapsed = started.elapsed();
         let drift = lease / 100 + Duration::from_millis(2);
         let validity = lease.saturating_sub(elapsed).saturating_sub(drift);
@@ -101,7 +117,20 @@ impl MultiNodeLocks {
         // that answered (a node that timed out may still have applied it;
         // its lease frees it).
         release_all(guards).await;
+        if answered < self.needed() {
+            return Err(LockError::NodesUnavailable {
+                answered,
+                needed: self.needed(),
+            });
+        }
         Ok(None)
+    }
+
+    /// Waits (at most `timeout`) for the releases of dropped guards on
+    /// every node. Returns false if some were still running.
+    pub async fn shutdown(&self, timeout: Duration) -> bool {
+        let all = join_all(self.nodes.iter().map(|n| n.shutdown(timeout))).await;
+        all.into_iter().all(|done| done)
     }
 
     /// Like [`MultiNodeLocks::try_acquire`], retrying (with a random pause,
@@ -117,8 +146,11 @@ impl MultiNodeLocks {
     ) -> Result<Option<MultiGuard>, LockError> {
         let deadline = Instant::now() + wait;
         loop {
-            if let Some(guard) = self.try_acquire(name, id, lease, node_timeout).await? {
-                return Ok(Some(guard));
+            match self.try_acquire(name, id, lease, node_timeout).await {
+                Ok(Some(guard)) => return Ok(Some(guard)),
+                // Too few nodes answered: try again while there is time.
+                Ok(None) | Err(LockError::NodesUnavailable { .. }) => {}
+                Err(other) => return Err(other),
             }
             let pause = Duration::from_millis(rand::random_range(5..50));
             if Instant::now() + pause >= deadline {

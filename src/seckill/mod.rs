@@ -78,6 +78,10 @@ impl From<LockError> for SeckillError {
         match error {
             LockError::Pool(e) => redis_pool_error(e),
             LockError::Redis(e) => redis_error(e),
+            e @ LockError::NodesUnavailable { .. } => Self::Unavailable {
+                dependency: "Redis",
+                detail: e.to_string(),
+            },
             e @ LockError::NotHeld { .. } => Self::Internal(e.to_string()),
         }
     }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use deadpool_redis::redis;
-use seckill::lock::{LockClient, MultiNodeLocks, Quorum};
+use seckill::lock::{LockClient, LockError, MultiNodeLocks, Quorum};
 
 use crate::helpers::OwnRedis;
 
@@ -68,11 +68,17 @@ async fn redlock_survives_one_node_of_three_and_refuses_with_two_down() {
     // With two down, one node is no majority: refused, and the one live
     // node does not keep what it granted.
     servers[1].stop();
-    assert!(locks
-        .try_acquire("order:1", "c", LEASE, NODE_TIMEOUT)
-        .await
-        .unwrap()
-        .is_none());
+    let refused = locks.try_acquire("order:1", "c", LEASE, NODE_TIMEOUT).await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::NodesUnavailable {
+                answered: 1,
+                needed: 2
+            })
+        ),
+        "{refused:?}"
+    );
     assert!(
         !exists(&servers[2], "lock:{order:1}").await,
         "a failed attempt left the lock on a node"
@@ -91,11 +97,17 @@ async fn a_multilock_needs_every_node() {
     assert_eq!(held.unlock().await, 3);
 
     servers[2].stop();
-    assert!(locks
-        .try_acquire("order:2", "a", LEASE, NODE_TIMEOUT)
-        .await
-        .unwrap()
-        .is_none());
+    let refused = locks.try_acquire("order:2", "a", LEASE, NODE_TIMEOUT).await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::NodesUnavailable {
+                answered: 2,
+                needed: 3
+            })
+        ),
+        "{refused:?}"
+    );
     for server in &servers[..2] {
         assert!(
             !exists(server, "lock:{order:2}").await,
