@@ -32,6 +32,12 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true)]
     pub token_secret: Option<String>,
 
+    /// Independent Redis nodes (comma-separated URLs) for the users'
+    /// purchase locks, taken as RedLocks (a majority must grant them).
+    /// Unset: the locks live on REDIS_URL.
+    #[arg(long, env = "SECKILL_LOCK_REDIS_URLS", value_delimiter = ',')]
+    pub lock_redis_urls: Vec<String>,
+
     /// Prefix of every Redis key the service writes, to share one Redis.
     #[arg(long, env = "SECKILL_REDIS_PREFIX", default_value = "")]
     pub redis_prefix: String,
@@ -90,6 +96,15 @@ impl Settings {
     /// The admin token, if one is set and not empty.
     pub fn admin_token(&self) -> Option<&str> {
         self.admin_token.as_deref().filter(|t| !t.is_empty())
+    }
+
+    /// The lock nodes named, without blanks.
+    pub fn lock_nodes(&self) -> Vec<&str> {
+        self.lock_redis_urls
+            .iter()
+            .map(|u| u.trim())
+            .filter(|u| !u.is_empty())
+            .collect()
     }
 
     pub fn pg_pool_size(&self) -> u32 {

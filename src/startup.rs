@@ -5,14 +5,15 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use deadpool_redis::{PoolConfig, Runtime, Timeouts};
 use tokio::net::TcpListener;
 
 use crate::config::Settings;
 use crate::http::{self, AppState};
-use crate::seckill::{Seckill, SeckillSettings};
+use crate::lock::{LockClient, MultiNodeLocks, Quorum};
+use crate::seckill::{Seckill, SeckillSettings, UserLocks};
 use crate::store::{PoolSettings, Store, StoreError};
 use crate::token::TokenSigner;
 
@@ -41,25 +42,13 @@ pub struct Application {
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
         let store = connect_store(&settings).await?;
-        let timeout = Some(settings.dependency_timeout());
-        let mut redis_config = deadpool_redis::Config::from_url(&settings.redis_url);
-        redis_config.pool = Some(PoolConfig {
-            max_size: settings.redis_pool,
-            timeouts: Timeouts {
-                wait: timeout,
-                create: timeout,
-                recycle: timeout,
-            },
-            ..PoolConfig::default()
-        });
-        let redis = redis_config.create_pool(Some(Runtime::Tokio1))?;
-        let subscriber = deadpool_redis::redis::Client::open(settings.redis_url.as_str())
-            .map_err(StartupError::RedisUrl)?;
+        let redis = redis_pool(&settings.redis_url, &settings)?;
+        let locks = user_locks(&settings, &redis)?;
 
         let seckill = Seckill::new(
             store,
             redis,
-            subscriber,
+            locks,
             SeckillSettings {
                 redis_prefix: settings.redis_prefix.clone(),
                 lock_lease: settings.lock_lease(),
@@ -120,12 +109,61 @@ impl Application {
         axum::serve(listener, http::router(state))
             .with_graceful_shutdown(shutdown)
             .await?;
-        if !seckill.locks().shutdown(settings.shutdown_timeout()).await {
+        if !seckill.shutdown_locks(settings.shutdown_timeout()).await {
             tracing::warn!("some lock releases did not finish; their leases will free them");
         }
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// The users' purchase locks: on the service's Redis, or RedLock over the
+/// nodes of `SECKILL_LOCK_REDIS_URLS`.
+fn user_locks(
+    settings: &Settings,
+    redis: &deadpool_redis::Pool,
+) -> Result<UserLocks, StartupError> {
+    let client =
+        |url: &str| deadpool_redis::redis::Client::open(url).map_err(StartupError::RedisUrl);
+    let prefix = settings.redis_prefix.clone();
+    let nodes = settings.lock_nodes();
+    if nodes.is_empty() {
+        return Ok(UserLocks::Single(LockClient::new(
+            redis.clone(),
+            client(&settings.redis_url)?,
+            prefix,
+        )));
+    }
+    let mut clients = Vec::with_capacity(nodes.len());
+    for url in nodes {
+        let pool = redis_pool(url, settings)?;
+        clients.push(LockClient::new(pool, client(url)?, prefix.clone()));
+    }
+    tracing::info!(
+        nodes = clients.len(),
+        "users' locks are RedLocks over independent Redis nodes"
+    );
+    Ok(UserLocks::RedLock {
+        locks: MultiNodeLocks::new(clients, Quorum::Majority),
+        node_timeout: settings
+            .dependency_timeout()
+            .min(Duration::from_millis(500)),
+    })
+}
+
+fn redis_pool(url: &str, settings: &Settings) -> Result<deadpool_redis::Pool, StartupError> {
+    let timeout = Some(settings.dependency_timeout());
+    let mut config = deadpool_redis::Config::from_url(url);
+    config.pool = Some(PoolConfig {
+        max_size: settings.redis_pool,
+        timeouts: Timeouts {
+            wait: timeout,
+            create: timeout,
+            recycle: timeout,
+        },
+        ..PoolConfig::default()
+    });
+    Ok(config.create_pool(Some(Runtime::Tokio1))?)
 }
 
 /// Connects to Postgres, retrying while it is unreachable (it may still be

@@ -15,8 +15,12 @@ use chrono::{DateTime, Utc};
 use deadpool_redis::redis::{self, Script};
 use deadpool_redis::{Pool, PoolError};
 
+mod user_lock;
+
+pub use user_lock::{UserGuard, UserLocks};
+
 use crate::id::{IdError, IdGenerator, OrderId};
-use crate::lock::{Acquired, LockClient, LockError};
+use crate::lock::LockError;
 use crate::store::{self, NewVoucher, Sale, StockLevel, Store, StoreError};
 
 pub use crate::store::{Order, Stats, Voucher};
@@ -187,7 +191,7 @@ pub struct Seckill {
 struct Inner {
     store: Store,
     redis: Pool,
-    locks: LockClient,
+    locks: UserLocks,
     ids: IdGenerator,
     /// Time windows of vouchers, so a crowd on one voucher does not read
     /// its row once per request. Stock is never taken from here.
@@ -201,21 +205,15 @@ struct Inner {
 }
 
 impl Seckill {
-    /// `subscriber` is a client of the same Redis as `redis`, for the one
-    /// pub/sub connection the lock's waiters share.
-    pub fn new(
-        store: Store,
-        redis: Pool,
-        subscriber: redis::Client,
-        settings: SeckillSettings,
-    ) -> Self {
+    /// `redis` serves ids and the sold-out flags; `locks` the users' locks.
+    pub fn new(store: Store, redis: Pool, locks: UserLocks, settings: SeckillSettings) -> Self {
         let windows = moka::future::Cache::builder()
             .max_capacity(10_000)
             .time_to_live(settings.voucher_cache_ttl)
             .build();
         Self {
             inner: Arc::new(Inner {
-                locks: LockClient::new(redis.clone(), subscriber, settings.redis_prefix.clone()),
+                locks,
                 ids: IdGenerator::new(redis.clone(), settings.redis_prefix.clone()),
                 store,
                 redis,
@@ -231,8 +229,9 @@ impl Seckill {
         }
     }
 
-    pub fn locks(&self) -> &LockClient {
-        &self.inner.locks
+    /// Waits (at most `timeout`) for lock releases still under way.
+    pub async fn shutdown_locks(&self, timeout: Duration) -> bool {
+        self.inner.locks.shutdown(timeout).await
     }
 
     /// Buys one unit of `voucher_id` for `user_id`.
@@ -267,20 +266,16 @@ impl Seckill {
         }
 
         let inner = &self.inner;
-        let owner = inner.locks.owner(format_args!(
-            "purchase-{}",
-            inner.purchases.fetch_add(1, Ordering::Relaxed)
-        ));
-        let lock = inner.locks.lock(&format!("order:{user_id}"));
+        let purchase = inner.purchases.fetch_add(1, Ordering::Relaxed);
         let asked = Instant::now();
-        let acquired = lock.try_acquire(&owner, inner.settings.lock_lease).await?;
+        let acquired = inner
+            .locks
+            .try_lock(user_id, purchase, inner.settings.lock_lease)
+            .await?;
         metrics::histogram!("seckill_lock_acquire_seconds").record(asked.elapsed().as_secs_f64());
-        let guard = match acquired {
-            Acquired::Yes(guard) => guard,
-            Acquired::HeldByOther { .. } => {
-                metrics::counter!("seckill_lock_contended_total").increment(1);
-                return Err(SeckillError::InProgress);
-            }
+        let Some(guard) = acquired else {
+            metrics::counter!("seckill_lock_contended_total").increment(1);
+            return Err(SeckillError::InProgress);
         };
 
         let result = self.buy_locked(user_id, &voucher, guard.fence()).await;
