@@ -17,9 +17,11 @@
 
 mod pubsub;
 mod redlock;
+mod rwlock;
 mod watchdog;
 
 pub use redlock::{MultiGuard, MultiNodeLocks, Quorum};
+pub use rwlock::{Hold, ReadWriteLock, RwGuard};
 
 use std::fmt;
 use std::sync::Arc;
@@ -132,6 +134,9 @@ struct Shared {
     acquire: Script,
     release: Script,
     force_unlock: Script,
+    rw_read: Script,
+    rw_write: Script,
+    rw_unlock: Script,
     subscriber: Arc<Subscriber>,
     watchdog: Arc<Watchdog>,
     /// Releases started by guards dropped without `unlock`; shutdown waits
@@ -168,6 +173,9 @@ impl LockClient {
                 acquire: Script::new(include_str!("../../lua/lock_acquire.lua")),
                 release: Script::new(include_str!("../../lua/lock_release.lua")),
                 force_unlock: Script::new(include_str!("../../lua/lock_force_unlock.lua")),
+                rw_read: Script::new(include_str!("../../lua/rwlock_read.lua")),
+                rw_write: Script::new(include_str!("../../lua/rwlock_write.lua")),
+                rw_unlock: Script::new(include_str!("../../lua/rwlock_unlock.lua")),
                 subscriber: Subscriber::new(subscriber),
                 watchdog: Watchdog::new(pool.clone(), options.watchdog_lease),
                 pending_releases: TaskTracker::new(),
@@ -192,6 +200,14 @@ impl LockClient {
         Lock {
             shared: self.shared.clone(),
             key: format!("{}lock:{{{name}}}", self.shared.prefix).into(),
+        }
+    }
+
+    /// The read-write lock called `name`, key `{prefix}rwlock:{name}`.
+    pub fn read_write_lock(&self, name: &str) -> ReadWriteLock {
+        ReadWriteLock {
+            shared: self.shared.clone(),
+            key: format!("{}rwlock:{{{name}}}", self.shared.prefix).into(),
         }
     }
 
@@ -260,36 +276,16 @@ impl Lock {
         &self,
         owner: &Owner,
         wait: Duration,
-        lease: Duration,
+        lease: impl Into<Lease>,
     ) -> Result<Option<LockGuard>, LockError> {
-        let deadline = Instant::now() + wait;
-        if let Acquired::Yes(guard) = self.try_acquire(owner, lease).await? {
-            return Ok(Some(guard));
-        }
-        let channel = self.channel();
-        let mut subscription = None;
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(None);
-            }
-            let sub = match &mut subscription {
-                Some(sub) => sub,
-                None => subscription.insert(self.shared.subscriber.subscribe(&channel).await?),
-            };
-            sub.mark_seen();
-            let lease_left = match self.try_acquire(owner, lease).await? {
-                Acquired::Yes(guard) => return Ok(Some(guard)),
-                Acquired::HeldByOther { lease_left } => lease_left,
-            };
-            let left = deadline.saturating_duration_since(Instant::now());
-            // The lease may run out without a message: no one publishes an
-            // expiry. Wake then, at the latest (1 ms past, so the key is gone).
-            let nap = lease_left.map_or(left, |l| left.min(l + Duration::from_millis(1)));
-            if sub.wait(nap).await == Woken::Lost {
-                subscription = None;
-            }
-        }
+        let lease = lease.into();
+        wait_turn(&self.shared.subscriber, &self.channel(), wait, || async {
+            Ok(match self.try_acquire(owner, lease).await? {
+                Acquired::Yes(guard) => Ok(guard),
+                Acquired::HeldByOther { lease_left } => Err(lease_left),
+            })
+        })
+        .await
     }
 
     /// Frees the lock whoever holds it, and wakes its waiters. Returns
@@ -575,6 +571,49 @@ impl Drop for LockGuard {
             },
             &runtime,
         );
+    }
+}
+
+/// Runs `attempt` until it wins or `wait` is spent, without polling: after
+/// the first failure it subscribes to `channel`, then each round marks the
+/// messages seen, attempts, and sleeps until a message or the holder's
+/// lease (`Err(lease_left)` of the attempt), whichever comes first. A
+/// release between the attempt and the sleep is caught by the mark.
+async fn wait_turn<G, F, Fut>(
+    subscriber: &Arc<Subscriber>,
+    channel: &str,
+    wait: Duration,
+    mut attempt: F,
+) -> Result<Option<G>, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Result<G, Option<Duration>>, LockError>>,
+{
+    let deadline = Instant::now() + wait;
+    if let Ok(won) = attempt().await? {
+        return Ok(Some(won));
+    }
+    let mut subscription = None;
+    loop {
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        let sub = match &mut subscription {
+            Some(sub) => sub,
+            None => subscription.insert(subscriber.subscribe(channel).await?),
+        };
+        sub.mark_seen();
+        let lease_left = match attempt().await? {
+            Ok(won) => return Ok(Some(won)),
+            Err(lease_left) => lease_left,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        // The lease may run out without a message: no one publishes an
+        // expiry. Wake then, at the latest (1 ms past, so the key is gone).
+        let nap = lease_left.map_or(left, |l| left.min(l + Duration::from_millis(1)));
+        if sub.wait(nap).await == Woken::Lost {
+            subscription = None;
+        }
     }
 }
 

@@ -9,4 +9,5 @@ mod outage;
 mod proxy;
 mod purchase;
 mod redlock;
+mod rwlock;
 mod validation;

@@ -1,0 +1,219 @@
+//! Read-write locks on the model of Redisson's RReadWriteLock: many readers
+//! or one writer; the writer may also read, and by releasing its write hold
+//! then, downgrades to a reader. Every read hold has its own lease key, so a
+//! reader that dies does not keep the lock past its own lease once the other
+//! readers leave. Waiting is by pub/sub, as for the reentrant lock.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::redis::{self, FromRedisValue, ScriptInvocation};
+
+use super::{lease_ms, wait_turn, LockError, Owner, Shared};
+
+/// A named read-write lock. Cheap to clone.
+#[derive(Clone)]
+pub struct ReadWriteLock {
+    pub(super) shared: Arc<Shared>,
+    pub(super) key: Arc<str>,
+}
+
+/// Which hold a guard has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    Read,
+    Write,
+}
+
+/// One read or write hold; `unlock` gives it back, dropping it gives it
+/// back in the background.
+#[must_use = "dropping the guard releases the hold at once"]
+pub struct RwGuard {
+    lock: ReadWriteLock,
+    owner: Owner,
+    hold: Hold,
+    lease: Duration,
+    armed: bool,
+}
+
+impl fmt::Debug for RwGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RwGuard")
+            .field("key", &self.lock.key)
+            .field("owner", &self.owner)
+            .field("hold", &self.hold)
+            .finish()
+    }
+}
+
+impl ReadWriteLock {
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn timeouts_prefix(&self) -> String {
+        format!("{}:timeout", self.key)
+    }
+
+    fn channel(&self) -> String {
+        format!("{}:released", self.key)
+    }
+
+    async fn run<T: FromRedisValue>(
+        &self,
+        invocation: ScriptInvocation<'_>,
+    ) -> Result<T, LockError> {
+        let mut conn = self.shared.pool.get().await?;
+        Ok(invocation.invoke_async(&mut conn).await?)
+    }
+
+    /// Takes a hold without waiting. `Err(lease_left)` inside: someone
+    /// else's hold is in the way, for about this long.
+    async fn attempt(
+        &self,
+        owner: &Owner,
+        hold: Hold,
+        lease: Duration,
+    ) -> Result<Result<RwGuard, Option<Duration>>, LockError> {
+        let (granted, value): (i64, i64) = match hold {
+            Hold::Read => {
+                let mut invocation = self.shared.rw_read.key(&*self.key);
+                invocation
+                    .key(self.timeouts_prefix())
+                    .arg(lease_ms(lease))
+                    .arg(owner.as_str());
+                self.run(invocation).await?
+            }
+            Hold::Write => {
+                let mut invocation = self.shared.rw_write.key(&*self.key);
+                invocation.arg(lease_ms(lease)).arg(owner.as_str());
+                self.run(invocation).await?
+            }
+        };
+        if granted == 1 {
+            Ok(Ok(RwGuard {
+                lock: self.clone(),
+                owner: owner.clone(),
+                hold,
+                lease,
+                armed: true,
+            }))
+        } else {
+            Ok(Err(u64::try_from(value).ok().map(Duration::from_millis)))
+        }
+    }
+
+    /// A read hold now, or `None` if a writer has the lock.
+    pub async fn try_read(
+        &self,
+        owner: &Owner,
+        lease: Duration,
+    ) -> Result<Option<RwGuard>, LockError> {
+        Ok(self.attempt(owner, Hold::Read, lease).await?.ok())
+    }
+
+    /// The write hold now, or `None` if readers or another writer have it.
+    pub async fn try_write(
+        &self,
+        owner: &Owner,
+        lease: Duration,
+    ) -> Result<Option<RwGuard>, LockError> {
+        Ok(self.attempt(owner, Hold::Write, lease).await?.ok())
+    }
+
+    /// A read hold, waiting at most `wait` for a writer to leave.
+    pub async fn read(
+        &self,
+        owner: &Owner,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<Option<RwGuard>, LockError> {
+        wait_turn(&self.shared.subscriber, &self.channel(), wait, || {
+            self.attempt(owner, Hold::Read, lease)
+        })
+        .await
+    }
+
+    /// The write hold, waiting at most `wait` for readers and writers to
+    /// leave.
+    pub async fn write(
+        &self,
+        owner: &Owner,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<Option<RwGuard>, LockError> {
+        wait_turn(&self.shared.subscriber, &self.channel(), wait, || {
+            self.attempt(owner, Hold::Write, lease)
+        })
+        .await
+    }
+
+    /// The lock's mode: `None` when free.
+    pub async fn mode(&self) -> Result<Option<Hold>, LockError> {
+        let mut conn = self.shared.pool.get().await?;
+        let mode: Option<String> = redis::cmd("HGET")
+            .arg(&*self.key)
+            .arg("mode")
+            .query_async(&mut conn)
+            .await?;
+        Ok(match mode.as_deref() {
+            Some("read") => Some(Hold::Read),
+            Some("write") => Some(Hold::Write),
+            _ => None,
+        })
+    }
+
+    async fn release(&self, owner: &Owner, hold: Hold, lease: Duration) -> Result<u32, LockError> {
+        let mut invocation = self.shared.rw_unlock.key(&*self.key);
+        invocation
+            .key(self.timeouts_prefix())
+            .key(self.channel())
+            .arg(match hold {
+                Hold::Read => "read",
+                Hold::Write => "write",
+            })
+            .arg(owner.as_str())
+            .arg(lease_ms(lease));
+        let left: i64 = self.run(invocation).await?;
+        u32::try_from(left).map_err(|_| LockError::NotHeld {
+            key: self.key.to_string(),
+            owner: owner.to_string(),
+        })
+    }
+}
+
+impl RwGuard {
+    pub fn hold(&self) -> Hold {
+        self.hold
+    }
+
+    /// Gives the hold back; returns the owner's holds of this kind left.
+    /// `Err(NotHeld)`: the lease ran out first.
+    pub async fn unlock(mut self) -> Result<u32, LockError> {
+        self.armed = false;
+        self.lock.release(&self.owner, self.hold, self.lease).await
+    }
+}
+
+impl Drop for RwGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (lock, owner, hold, lease) =
+            (self.lock.clone(), self.owner.clone(), self.hold, self.lease);
+        let tracker = lock.shared.pending_releases.clone();
+        tracker.spawn_on(
+            async move {
+                if let Err(error) = lock.release(&owner, hold, lease).await {
+                    tracing::warn!(key = %lock.key, %owner, %error, "releasing a dropped read-write guard failed");
+                }
+            },
+            &runtime,
+        );
+    }
+}

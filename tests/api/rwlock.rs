@@ -1,0 +1,166 @@
+//! The read-write lock against real Redis.
+
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis;
+use seckill::lock::{Hold, LockClient};
+use uuid::Uuid;
+
+use crate::helpers::{delete_keys, redis_url};
+
+const LEASE: Duration = Duration::from_secs(10);
+
+fn client() -> (LockClient, String) {
+    let pool = deadpool_redis::Config::from_url(redis_url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let prefix = format!("test:{}:", Uuid::new_v4().simple());
+    let subscriber = redis::Client::open(redis_url()).unwrap();
+    (LockClient::new(pool, subscriber, prefix.clone()), prefix)
+}
+
+#[tokio::test]
+async fn many_readers_or_one_writer() {
+    let (locks, prefix) = client();
+    let lock = locks.read_write_lock("catalog");
+    let (r1, r2, w) = (locks.owner("r1"), locks.owner("r2"), locks.owner("w"));
+
+    let read1 = lock
+        .try_read(&r1, LEASE)
+        .await
+        .unwrap()
+        .expect("a free lock reads");
+    let read2 = lock
+        .try_read(&r2, LEASE)
+        .await
+        .unwrap()
+        .expect("readers share");
+    assert_eq!(lock.mode().await.unwrap(), Some(Hold::Read));
+    assert!(
+        lock.try_write(&w, LEASE).await.unwrap().is_none(),
+        "a writer got in beside readers"
+    );
+    assert!(
+        lock.try_write(&r1, LEASE).await.unwrap().is_none(),
+        "a reader upgraded"
+    );
+
+    assert_eq!(read1.unlock().await.unwrap(), 0);
+    assert!(
+        lock.try_write(&w, LEASE).await.unwrap().is_none(),
+        "a writer got in beside a reader"
+    );
+    assert_eq!(read2.unlock().await.unwrap(), 0);
+    assert_eq!(lock.mode().await.unwrap(), None);
+
+    let write = lock
+        .try_write(&w, LEASE)
+        .await
+        .unwrap()
+        .expect("a free lock writes");
+    let again = lock
+        .try_write(&w, LEASE)
+        .await
+        .unwrap()
+        .expect("the writer reenters");
+    assert!(
+        lock.try_read(&r1, LEASE).await.unwrap().is_none(),
+        "a reader got in beside a writer"
+    );
+    assert!(
+        lock.try_write(&r1, LEASE).await.unwrap().is_none(),
+        "two writers"
+    );
+    assert_eq!(again.unlock().await.unwrap(), 1);
+    assert_eq!(write.unlock().await.unwrap(), 0);
+    assert_eq!(lock.mode().await.unwrap(), None);
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test]
+async fn a_writer_downgrades_to_a_reader() {
+    let (locks, prefix) = client();
+    let lock = locks.read_write_lock("catalog");
+    let (w, other) = (locks.owner("w"), locks.owner("other"));
+
+    let write = lock.try_write(&w, LEASE).await.unwrap().unwrap();
+    let read = lock
+        .try_read(&w, LEASE)
+        .await
+        .unwrap()
+        .expect("the writer may read");
+    assert!(lock.try_read(&other, LEASE).await.unwrap().is_none());
+    write.unlock().await.unwrap();
+    assert_eq!(
+        lock.mode().await.unwrap(),
+        Some(Hold::Read),
+        "write -> read downgrade"
+    );
+    let shared = lock
+        .try_read(&other, LEASE)
+        .await
+        .unwrap()
+        .expect("now others read too");
+    assert!(lock.try_write(&other, LEASE).await.unwrap().is_none());
+    read.unlock().await.unwrap();
+    shared.unlock().await.unwrap();
+    assert_eq!(lock.mode().await.unwrap(), None);
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test]
+async fn an_expired_reader_does_not_hold_the_lock_once_the_others_leave() {
+    let (locks, prefix) = client();
+    let lock = locks.read_write_lock("catalog");
+    let dead = lock
+        .try_read(&locks.owner("dies"), Duration::from_millis(150))
+        .await
+        .unwrap()
+        .unwrap();
+    std::mem::forget(dead); // a reader that crashed
+    let alive = lock
+        .try_read(&locks.owner("lives"), LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    alive.unlock().await.unwrap();
+    assert_eq!(
+        lock.mode().await.unwrap(),
+        None,
+        "the dead reader's hold kept the lock"
+    );
+    let write = lock
+        .try_write(&locks.owner("w"), LEASE)
+        .await
+        .unwrap()
+        .expect("free for a writer");
+    write.unlock().await.unwrap();
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test]
+async fn a_waiting_writer_wakes_when_the_readers_leave() {
+    let (locks, prefix) = client();
+    let lock = locks.read_write_lock("catalog");
+    let reader = lock
+        .try_read(&locks.owner("r"), LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    let writer = {
+        let (lock, owner) = (lock.clone(), locks.owner("w"));
+        tokio::spawn(async move { lock.write(&owner, LEASE, LEASE).await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released = Instant::now();
+    reader.unlock().await.unwrap();
+    let write = writer.await.unwrap().expect("the writer got the lock");
+    assert!(
+        released.elapsed() < LEASE / 2,
+        "the writer slept out the reader's lease"
+    );
+    assert_eq!(lock.mode().await.unwrap(), Some(Hold::Write));
+    write.unlock().await.unwrap();
+    delete_keys(&redis_url(), &prefix).await;
+}
