@@ -15,11 +15,13 @@
 //! `deadpool_redis::Pool`, a `redis::Client` for the subscriber and a key
 //! prefix, and could be published alone.
 
+mod fairlock;
 mod pubsub;
 mod redlock;
 mod rwlock;
 mod watchdog;
 
+pub use fairlock::FairLock;
 pub use redlock::{MultiGuard, MultiNodeLocks, Quorum};
 pub use rwlock::{Hold, ReadWriteLock, RwGuard};
 
@@ -137,6 +139,8 @@ struct Shared {
     rw_read: Script,
     rw_write: Script,
     rw_unlock: Script,
+    fair_acquire: Script,
+    fair_leave: Script,
     subscriber: Arc<Subscriber>,
     watchdog: Arc<Watchdog>,
     /// Releases started by guards dropped without `unlock`; shutdown waits
@@ -176,6 +180,8 @@ impl LockClient {
                 rw_read: Script::new(include_str!("../../lua/rwlock_read.lua")),
                 rw_write: Script::new(include_str!("../../lua/rwlock_write.lua")),
                 rw_unlock: Script::new(include_str!("../../lua/rwlock_unlock.lua")),
+                fair_acquire: Script::new(include_str!("../../lua/fairlock_acquire.lua")),
+                fair_leave: Script::new(include_str!("../../lua/fairlock_leave.lua")),
                 subscriber: Subscriber::new(subscriber),
                 watchdog: Watchdog::new(pool.clone(), options.watchdog_lease),
                 pending_releases: TaskTracker::new(),
@@ -208,6 +214,16 @@ impl LockClient {
         ReadWriteLock {
             shared: self.shared.clone(),
             key: format!("{}rwlock:{{{name}}}", self.shared.prefix).into(),
+        }
+    }
+
+    /// The fair lock called `name`, key `{prefix}fairlock:{name}`.
+    pub fn fair_lock(&self, name: &str) -> FairLock {
+        FairLock {
+            lock: Lock {
+                shared: self.shared.clone(),
+                key: format!("{}fairlock:{{{name}}}", self.shared.prefix).into(),
+            },
         }
     }
 
@@ -492,6 +508,19 @@ impl fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
+    /// A fixed-lease hold just granted by Redis for a request sent at `sent`.
+    fn fixed(lock: Lock, owner: Owner, lease: Duration, fence: i64, sent: Instant) -> Self {
+        Self {
+            lock,
+            owner,
+            lease,
+            fence,
+            watch: None,
+            expires: Some(sent + lease),
+            armed: true,
+        }
+    }
+
     /// The owner this hold belongs to.
     pub fn owner(&self) -> &Owner {
         &self.owner

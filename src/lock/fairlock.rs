@@ -1,0 +1,128 @@
+//! Fair locks: reentrant locks granted in the order owners asked, on the
+//! model of Redisson's RFairLock. A waiter that stops waiting (gives up, or
+//! dies) loses its place when its wait time is over, so it cannot block
+//! the line. Released like the reentrant lock (same hash, same guard).
+
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis;
+
+use super::{lease_ms, wait_turn, Lock, LockError, LockGuard, Owner, FENCE_KEY_TTL_MS};
+
+/// A named fair lock. Cheap to clone.
+#[derive(Clone)]
+pub struct FairLock {
+    pub(super) lock: Lock,
+}
+
+impl FairLock {
+    pub fn key(&self) -> &str {
+        self.lock.key()
+    }
+
+    fn queue_key(&self) -> String {
+        format!("{}:queue", self.lock.key)
+    }
+
+    fn deadlines_key(&self) -> String {
+        format!("{}:deadlines", self.lock.key)
+    }
+
+    async fn attempt(
+        &self,
+        owner: &Owner,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Result<LockGuard, Option<Duration>>, LockError> {
+        let shared = &self.lock.shared;
+        let mut conn = shared.pool.get().await?;
+        let sent = Instant::now();
+        let (granted, value, fence): (i64, i64, i64) = shared
+            .fair_acquire
+            .key(&*self.lock.key)
+            .key(self.lock.fence_key())
+            .key(self.queue_key())
+            .key(self.deadlines_key())
+            .arg(lease_ms(lease))
+            .arg(owner.as_str())
+            .arg(FENCE_KEY_TTL_MS)
+            .arg(lease_ms(wait))
+            .invoke_async(&mut conn)
+            .await?;
+        if granted == 1 {
+            Ok(Ok(LockGuard::fixed(
+                self.lock.clone(),
+                owner.clone(),
+                lease,
+                fence,
+                sent,
+            )))
+        } else {
+            Ok(Err(u64::try_from(value).ok().map(Duration::from_millis)))
+        }
+    }
+
+    /// Takes the lock for `owner` when it is its turn, waiting at most
+    /// `wait`; `Ok(None)` when the wait ran out (the owner leaves the line).
+    pub async fn acquire(
+        &self,
+        owner: &Owner,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let got = wait_turn(
+            &self.lock.shared.subscriber,
+            &self.lock.channel(),
+            wait,
+            || self.attempt(owner, lease, wait),
+        )
+        .await;
+        if !matches!(got, Ok(Some(_))) {
+            // Give up our place at once rather than when our wait ends.
+            if let Err(error) = self.leave(owner).await {
+                tracing::debug!(%error, "leaving a fair lock's queue failed; the deadline will");
+            }
+        }
+        got
+    }
+
+    /// Takes the lock if it is free and nobody is waiting, without joining
+    /// the line.
+    pub async fn try_acquire(
+        &self,
+        owner: &Owner,
+        lease: Duration,
+    ) -> Result<Option<LockGuard>, LockError> {
+        self.acquire(owner, Duration::ZERO, lease).await
+    }
+
+    async fn leave(&self, owner: &Owner) -> Result<(), LockError> {
+        let shared = &self.lock.shared;
+        let mut conn = shared.pool.get().await?;
+        let _: i64 = shared
+            .fair_leave
+            .key(self.queue_key())
+            .key(self.deadlines_key())
+            .key(self.lock.channel())
+            .arg(owner.as_str())
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Owners waiting in line now, first first.
+    pub async fn queue(&self) -> Result<Vec<String>, LockError> {
+        let mut conn = self.lock.shared.pool.get().await?;
+        Ok(redis::cmd("LRANGE")
+            .arg(self.queue_key())
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await?)
+    }
+
+    /// The reentrant lock underneath, for `is_locked`, `hold_count`, ...
+    pub fn as_lock(&self) -> &Lock {
+        &self.lock
+    }
+}

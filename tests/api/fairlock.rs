@@ -1,0 +1,123 @@
+//! The fair lock against real Redis: first come, first served, and dead
+//! waiters do not block the line.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis;
+use seckill::lock::{FairLock, LockClient};
+use uuid::Uuid;
+
+use crate::helpers::{delete_keys, redis_url};
+
+const LEASE: Duration = Duration::from_secs(10);
+
+fn client() -> (LockClient, String) {
+    let pool = deadpool_redis::Config::from_url(redis_url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let prefix = format!("test:{}:", Uuid::new_v4().simple());
+    let subscriber = redis::Client::open(redis_url()).unwrap();
+    (LockClient::new(pool, subscriber, prefix.clone()), prefix)
+}
+
+/// Waits (bounded) until `n` owners stand in line.
+async fn line_reaches(lock: &FairLock, n: usize) {
+    for _ in 0..200 {
+        if lock.queue().await.unwrap().len() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the line never reached {n}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_get_the_lock_in_the_order_they_asked() {
+    let (locks, prefix) = client();
+    let lock = locks.fair_lock("tickets");
+    let holder = lock
+        .try_acquire(&locks.owner("holder"), LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 1..=5 {
+        let (lock2, owner, order) = (lock.clone(), locks.owner(format!("w{i}")), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = lock2
+                .acquire(&owner, LEASE * 3, LEASE)
+                .await
+                .unwrap()
+                .expect("its turn came");
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            guard.unlock().await.unwrap();
+        }));
+        line_reaches(&lock, i).await;
+    }
+    // Nobody jumps the line, not even when the lock is free for a moment.
+    assert!(lock
+        .try_acquire(&locks.owner("late"), LEASE)
+        .await
+        .unwrap()
+        .is_none());
+
+    holder.unlock().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![1, 2, 3, 4, 5]);
+    assert!(lock.queue().await.unwrap().is_empty());
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiter_is_skipped_when_its_wait_is_over() {
+    let (locks, prefix) = client();
+    let lock = locks.fair_lock("tickets");
+    let holder = lock
+        .try_acquire(&locks.owner("holder"), LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // A waiter that will wait 300 ms, and dies in line (its task is killed
+    // before it can leave).
+    let dead = {
+        let (lock, owner) = (lock.clone(), locks.owner("dead"));
+        tokio::spawn(async move {
+            lock.acquire(&owner, Duration::from_millis(300), LEASE)
+                .await
+        })
+    };
+    line_reaches(&lock, 1).await;
+    dead.abort();
+    let patient = {
+        let (lock, owner) = (lock.clone(), locks.owner("patient"));
+        tokio::spawn(async move {
+            let guard = lock.acquire(&owner, LEASE, LEASE).await.unwrap();
+            (guard, Instant::now())
+        })
+    };
+    line_reaches(&lock, 2).await;
+
+    // Freed while the dead waiter still stands first: the patient one gets
+    // the lock once the dead one's wait is over, long before its own.
+    let freed = Instant::now();
+    holder.unlock().await.unwrap();
+    let (guard, got_it) = patient.await.unwrap();
+    let guard = guard.expect("the patient waiter got the lock");
+    assert!(
+        got_it - freed < LEASE / 2,
+        "the dead waiter blocked the line: {:?}",
+        got_it - freed
+    );
+    assert!(
+        lock.queue().await.unwrap().is_empty(),
+        "the dead waiter is still in line"
+    );
+    guard.unlock().await.unwrap();
+    delete_keys(&redis_url(), &prefix).await;
+}
