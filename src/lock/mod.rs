@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pubsub::{Subscriber, Woken};
-use watchdog::{Registration, Watchdog};
+use watchdog::{Registration, Renewal, Watchdog};
 
 use deadpool_redis::redis::{self, Script};
 use deadpool_redis::{Pool, PoolError};
@@ -375,21 +375,21 @@ impl Lock {
             })
             .await?;
         if acquired == 1 {
-            let (watch, expires) = if watched {
-                (
-                    Some(self.shared.watchdog.watch(self.key.clone(), owner.clone())),
-                    None,
-                )
+            let life = if watched {
+                Life::Watched(self.shared.watchdog.watch(
+                    self.key.clone(),
+                    owner.clone(),
+                    Renewal::Plain,
+                ))
             } else {
-                (None, Some(sent + lease))
+                Life::Until(sent + lease)
             };
             Ok(Acquired::Yes(LockGuard {
                 lock: self.clone(),
                 owner: owner.clone(),
                 lease,
                 fence,
-                watch,
-                expires,
+                life,
                 armed: true,
             }))
         } else {
@@ -490,12 +490,45 @@ pub struct LockGuard {
     owner: Owner,
     lease: Duration,
     fence: i64,
-    /// Set for watchdog holds: the watchdog's word that the lock is lost.
-    watch: Option<Registration>,
-    /// Set for fixed leases: when the lease runs out, counted from before
-    /// the request was sent, so it errs early, never late.
-    expires: Option<Instant>,
+    life: Life,
     armed: bool,
+}
+
+/// How a hold stays alive, and how its holder learns that it ended.
+enum Life {
+    /// Renewed by the watchdog, which says when it finds the hold gone.
+    Watched(Registration),
+    /// A fixed lease ending then, counted from before the request was sent,
+    /// so it errs early, never late.
+    Until(Instant),
+}
+
+impl Life {
+    fn is_lost(&self) -> bool {
+        match self {
+            Self::Watched(watch) => *watch.lost.borrow(),
+            Self::Until(expires) => Instant::now() >= *expires,
+        }
+    }
+
+    async fn lost(&self) {
+        match self {
+            Self::Watched(watch) => {
+                let mut heard = watch.lost.clone();
+                // An error means the watchdog is gone with its client: the
+                // lock is no longer renewed, so it will be lost.
+                let _ = heard.wait_for(|lost| *lost).await;
+            }
+            Self::Until(expires) => tokio::time::sleep_until((*expires).into()).await,
+        }
+    }
+
+    /// The hold is being released: stop renewing it.
+    fn end(&self, watchdog: &Watchdog) {
+        if let Self::Watched(watch) = self {
+            watchdog.unwatch(watch.id);
+        }
+    }
 }
 
 impl fmt::Debug for LockGuard {
@@ -515,8 +548,7 @@ impl LockGuard {
             owner,
             lease,
             fence,
-            watch: None,
-            expires: Some(sent + lease),
+            life: Life::Until(sent + lease),
             armed: true,
         }
     }
@@ -543,33 +575,18 @@ impl LockGuard {
     /// Whether this hold can no longer be trusted: the watchdog found the
     /// lock gone, or a fixed lease has run out.
     pub fn is_lost(&self) -> bool {
-        match (&self.watch, self.expires) {
-            (Some(watch), _) => *watch.lost.borrow(),
-            (None, Some(expires)) => Instant::now() >= expires,
-            (None, None) => false,
-        }
+        self.life.is_lost()
     }
 
     /// Resolves when the hold is lost (see [`LockGuard::is_lost`]): race it
     /// against the work done under the lock and abort the work if it wins.
     pub async fn lost(&self) {
-        match (&self.watch, self.expires) {
-            (Some(watch), _) => {
-                let mut heard = watch.lost.clone();
-                // An error means the watchdog is gone with its client: the
-                // lock is no longer renewed, so it will be lost.
-                let _ = heard.wait_for(|lost| *lost).await;
-            }
-            (None, Some(expires)) => tokio::time::sleep_until(expires.into()).await,
-            (None, None) => std::future::pending().await,
-        }
+        self.life.lost().await;
     }
 
     fn disarm(&mut self) {
         self.armed = false;
-        if let Some(watch) = &self.watch {
-            self.lock.shared.watchdog.unwatch(watch.id);
-        }
+        self.life.end(&self.lock.shared.watchdog);
     }
 
     /// Gives the hold back now. `Err(NotHeld)` means the lease ran out

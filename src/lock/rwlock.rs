@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use deadpool_redis::redis::{self, FromRedisValue, ScriptInvocation};
 
-use super::{lease_ms, wait_turn, LockError, Owner, Shared};
+use std::time::Instant;
+
+use super::watchdog::Renewal;
+use super::{lease_ms, wait_turn, Lease, Life, LockError, Owner, Shared};
 
 /// A named read-write lock. Cheap to clone.
 #[derive(Clone)]
@@ -34,6 +37,7 @@ pub struct RwGuard {
     owner: Owner,
     hold: Hold,
     lease: Duration,
+    life: Life,
     armed: bool,
 }
 
@@ -74,8 +78,13 @@ impl ReadWriteLock {
         &self,
         owner: &Owner,
         hold: Hold,
-        lease: Duration,
+        lease: Lease,
     ) -> Result<Result<RwGuard, Option<Duration>>, LockError> {
+        let (lease, watched) = match lease {
+            Lease::Fixed(lease) => (lease, false),
+            Lease::Watchdog => (self.shared.watchdog.lease, true),
+        };
+        let sent = Instant::now();
         let (granted, value): (i64, i64) = match hold {
             Hold::Read => {
                 let mut invocation = self.shared.rw_read.key(&*self.key);
@@ -92,11 +101,25 @@ impl ReadWriteLock {
             }
         };
         if granted == 1 {
+            let life = if watched {
+                let renewal = Renewal::ReadWrite {
+                    timeouts: self.timeouts_prefix().into(),
+                    write: hold == Hold::Write,
+                };
+                Life::Watched(
+                    self.shared
+                        .watchdog
+                        .watch(self.key.clone(), owner.clone(), renewal),
+                )
+            } else {
+                Life::Until(sent + lease)
+            };
             Ok(Ok(RwGuard {
                 lock: self.clone(),
                 owner: owner.clone(),
                 hold,
                 lease,
+                life,
                 armed: true,
             }))
         } else {
@@ -108,18 +131,18 @@ impl ReadWriteLock {
     pub async fn try_read(
         &self,
         owner: &Owner,
-        lease: Duration,
+        lease: impl Into<Lease>,
     ) -> Result<Option<RwGuard>, LockError> {
-        Ok(self.attempt(owner, Hold::Read, lease).await?.ok())
+        Ok(self.attempt(owner, Hold::Read, lease.into()).await?.ok())
     }
 
     /// The write hold now, or `None` if readers or another writer have it.
     pub async fn try_write(
         &self,
         owner: &Owner,
-        lease: Duration,
+        lease: impl Into<Lease>,
     ) -> Result<Option<RwGuard>, LockError> {
-        Ok(self.attempt(owner, Hold::Write, lease).await?.ok())
+        Ok(self.attempt(owner, Hold::Write, lease.into()).await?.ok())
     }
 
     /// A read hold, waiting at most `wait` for a writer to leave.
@@ -127,8 +150,9 @@ impl ReadWriteLock {
         &self,
         owner: &Owner,
         wait: Duration,
-        lease: Duration,
+        lease: impl Into<Lease>,
     ) -> Result<Option<RwGuard>, LockError> {
+        let lease = lease.into();
         wait_turn(&self.shared.subscriber, &self.channel(), wait, || {
             self.attempt(owner, Hold::Read, lease)
         })
@@ -141,8 +165,9 @@ impl ReadWriteLock {
         &self,
         owner: &Owner,
         wait: Duration,
-        lease: Duration,
+        lease: impl Into<Lease>,
     ) -> Result<Option<RwGuard>, LockError> {
+        let lease = lease.into();
         wait_turn(&self.shared.subscriber, &self.channel(), wait, || {
             self.attempt(owner, Hold::Write, lease)
         })
@@ -188,10 +213,25 @@ impl RwGuard {
         self.hold
     }
 
+    /// Whether this hold can no longer be trusted (see `LockGuard::is_lost`).
+    pub fn is_lost(&self) -> bool {
+        self.life.is_lost()
+    }
+
+    /// Resolves when the hold is lost (see `LockGuard::lost`).
+    pub async fn lost(&self) {
+        self.life.lost().await;
+    }
+
+    fn disarm(&mut self) {
+        self.armed = false;
+        self.life.end(&self.lock.shared.watchdog);
+    }
+
     /// Gives the hold back; returns the owner's holds of this kind left.
     /// `Err(NotHeld)`: the lease ran out first.
     pub async fn unlock(mut self) -> Result<u32, LockError> {
-        self.armed = false;
+        self.disarm();
         self.lock.release(&self.owner, self.hold, self.lease).await
     }
 }
@@ -201,6 +241,7 @@ impl Drop for RwGuard {
         if !self.armed {
             return;
         }
+        self.disarm();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };

@@ -25,6 +25,7 @@ pub(super) struct Watchdog {
     pub(super) lease: Duration,
     pool: Pool,
     renew: Script,
+    renew_rw: Script,
     state: Mutex<State>,
 }
 
@@ -37,9 +38,20 @@ struct State {
     running: bool,
 }
 
+/// What renewing a hold takes.
+#[derive(Clone)]
+pub(super) enum Renewal {
+    /// A reentrant (or fair) lock's hash: renewed in batches.
+    Plain,
+    /// A read-write lock's hold; readers' per-hold lease keys live under
+    /// `timeouts`.
+    ReadWrite { timeouts: Arc<str>, write: bool },
+}
+
 struct Watched {
     key: Arc<str>,
     owner: Owner,
+    renewal: Renewal,
     lost: watch::Sender<bool>,
     renewed: Instant,
 }
@@ -56,12 +68,18 @@ impl Watchdog {
             lease,
             pool,
             renew: Script::new(include_str!("../../lua/lock_renew.lua")),
+            renew_rw: Script::new(include_str!("../../lua/rwlock_renew.lua")),
             state: Mutex::new(State::default()),
         })
     }
 
     /// Starts renewing `key` for `owner`, just acquired.
-    pub(super) fn watch(self: &Arc<Self>, key: Arc<str>, owner: Owner) -> Registration {
+    pub(super) fn watch(
+        self: &Arc<Self>,
+        key: Arc<str>,
+        owner: Owner,
+        renewal: Renewal,
+    ) -> Registration {
         let (lost, heard) = watch::channel(false);
         let mut state = self.state.lock().expect("watchdog state poisoned");
         let id = state.next_id;
@@ -71,6 +89,7 @@ impl Watchdog {
             Watched {
                 key,
                 owner,
+                renewal,
                 lost,
                 renewed: Instant::now(),
             },
@@ -105,7 +124,7 @@ impl Watchdog {
     /// One round: renews every watched lock, and reports the lost ones.
     /// Returns false when there is nothing left to watch.
     async fn renew_all(&self) -> bool {
-        let batch: Vec<(u64, Arc<str>, Owner)> = {
+        let (plain, rw): (Vec<Entry>, Vec<Entry>) = {
             let mut state = self.state.lock().expect("watchdog state poisoned");
             if state.watched.is_empty() {
                 state.running = false;
@@ -114,13 +133,13 @@ impl Watchdog {
             state
                 .watched
                 .iter()
-                .map(|(id, w)| (*id, w.key.clone(), w.owner.clone()))
-                .collect()
+                .map(|(id, w)| (*id, w.key.clone(), w.owner.clone(), w.renewal.clone()))
+                .partition(|(_, _, _, renewal)| matches!(renewal, Renewal::Plain))
         };
-        for chunk in batch.chunks(BATCH) {
+        for chunk in plain.chunks(BATCH) {
             let mut invocation = self.renew.prepare_invoke();
             invocation.arg(lease_ms(self.lease));
-            for (_, key, owner) in chunk {
+            for (_, key, owner, _) in chunk {
                 invocation.key(&**key).arg(owner.as_str());
             }
             let result: Result<Vec<i64>, String> = async {
@@ -131,32 +150,72 @@ impl Watchdog {
                     .map_err(|e| e.to_string())
             }
             .await;
-            let now = Instant::now();
-            let mut state = self.state.lock().expect("watchdog state poisoned");
-            for (i, (id, key, owner)) in chunk.iter().enumerate() {
-                let Some(watched) = state.watched.get_mut(id) else {
-                    continue;
-                };
-                let gone = match &result {
-                    Ok(renewed) => renewed.get(i) == Some(&0),
-                    // Unreachable for a whole lease: expired by now.
-                    Err(_) => now.duration_since(watched.renewed) >= self.lease,
-                };
-                if gone {
-                    tracing::warn!(%key, %owner, "lock lost: its lease could not be renewed");
-                    let _ = watched.lost.send(true);
-                    state.watched.remove(id);
-                } else if result.is_ok() {
-                    watched.renewed = now;
-                }
+            let renewed = |i: usize| {
+                result
+                    .as_ref()
+                    .map(|r| r.get(i) != Some(&0))
+                    .map_err(Clone::clone)
+            };
+            self.settle(
+                chunk
+                    .iter()
+                    .enumerate()
+                    .map(|(i, entry)| (entry, renewed(i))),
+            );
+        }
+        for entry in &rw {
+            let (_, key, owner, Renewal::ReadWrite { timeouts, write }) = entry else {
+                continue;
+            };
+            let mut invocation = self.renew_rw.key(&**key);
+            invocation
+                .key(&**timeouts)
+                .arg(lease_ms(self.lease))
+                .arg(owner.as_str())
+                .arg(if *write { "write" } else { "read" });
+            let result: Result<bool, String> = async {
+                let mut conn = self.pool.get().await.map_err(|e| e.to_string())?;
+                let renewed: i64 = invocation
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(renewed == 1)
             }
-            if let Err(error) = &result {
-                tracing::warn!(%error, "renewing lock leases failed; retrying");
-            }
+            .await;
+            self.settle(std::iter::once((entry, result)));
         }
         true
     }
+
+    /// Records renewal results: `Ok(false)` means the hold is gone; an error
+    /// counts as gone once renewals have failed for a whole lease.
+    fn settle<'a>(&self, results: impl Iterator<Item = (&'a Entry, Result<bool, String>)>) {
+        let now = Instant::now();
+        let mut state = self.state.lock().expect("watchdog state poisoned");
+        for ((id, key, owner, _), result) in results {
+            let Some(watched) = state.watched.get_mut(id) else {
+                continue;
+            };
+            let gone = match &result {
+                Ok(renewed) => !renewed,
+                // Unreachable for a whole lease: expired by now.
+                Err(_) => now.duration_since(watched.renewed) >= self.lease,
+            };
+            if let Err(error) = &result {
+                tracing::warn!(%key, %error, "renewing a lock lease failed; retrying");
+            }
+            if gone {
+                tracing::warn!(%key, %owner, "lock lost: its lease could not be renewed");
+                let _ = watched.lost.send(true);
+                state.watched.remove(id);
+            } else if result.is_ok() {
+                watched.renewed = now;
+            }
+        }
+    }
 }
+
+type Entry = (u64, Arc<str>, Owner, Renewal);
 
 async fn run(watchdog: Weak<Watchdog>) {
     loop {

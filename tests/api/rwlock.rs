@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
-use seckill::lock::{Hold, LockClient};
+use seckill::lock::{Hold, Lease, LockClient, LockOptions};
 use uuid::Uuid;
 
 use crate::helpers::{delete_keys, redis_url};
@@ -162,5 +162,61 @@ async fn a_waiting_writer_wakes_when_the_readers_leave() {
     );
     assert_eq!(lock.mode().await.unwrap(), Some(Hold::Write));
     write.unlock().await.unwrap();
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test]
+async fn the_watchdog_keeps_read_and_write_holds_alive_and_reports_a_lost_one() {
+    let prefix = format!("test:{}:", Uuid::new_v4().simple());
+    let lease = Duration::from_millis(600);
+    let pool = deadpool_redis::Config::from_url(redis_url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let locks = LockClient::with_options(
+        pool,
+        redis::Client::open(redis_url()).unwrap(),
+        prefix.clone(),
+        LockOptions {
+            watchdog_lease: lease,
+        },
+    );
+    let lock = locks.read_write_lock("catalog");
+    let reader = lock
+        .try_read(&locks.owner("r"), Lease::Watchdog)
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(lease * 4).await;
+    assert!(!reader.is_lost());
+    assert_eq!(
+        lock.mode().await.unwrap(),
+        Some(Hold::Read),
+        "the read hold expired despite the watchdog"
+    );
+    assert!(lock
+        .try_write(&locks.owner("w"), LEASE)
+        .await
+        .unwrap()
+        .is_none());
+    reader.unlock().await.unwrap();
+    assert_eq!(locks.watched_locks(), 0);
+
+    let writer = lock
+        .try_write(&locks.owner("w"), Lease::Watchdog)
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(lease * 2).await;
+    assert_eq!(lock.mode().await.unwrap(), Some(Hold::Write));
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("DEL")
+        .arg(lock.key())
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), writer.lost())
+        .await
+        .expect("the writer heard its lock was lost");
     delete_keys(&redis_url(), &prefix).await;
 }
