@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
 
-use super::{lease_ms, wait_turn, Lock, LockError, LockGuard, Owner, FENCE_KEY_TTL_MS};
+use super::watchdog::Renewal;
+use super::{
+    lease_ms, wait_turn, Lease, Life, Lock, LockError, LockGuard, Owner, FENCE_KEY_TTL_MS,
+};
 
 /// A named fair lock. Cheap to clone.
 #[derive(Clone)]
@@ -31,10 +34,11 @@ impl FairLock {
     async fn attempt(
         &self,
         owner: &Owner,
-        lease: Duration,
+        lease: Lease,
         wait: Duration,
     ) -> Result<Result<LockGuard, Option<Duration>>, LockError> {
         let shared = &self.lock.shared;
+        let (lease, watched) = shared.resolve(lease);
         let mut conn = shared.pool.get().await?;
         let sent = Instant::now();
         let (granted, value, fence): (i64, i64, i64) = shared
@@ -50,12 +54,21 @@ impl FairLock {
             .invoke_async(&mut conn)
             .await?;
         if granted == 1 {
-            Ok(Ok(LockGuard::fixed(
+            let life = if watched {
+                Life::Watched(shared.watchdog.watch(
+                    self.lock.key.clone(),
+                    owner.clone(),
+                    Renewal::Plain,
+                ))
+            } else {
+                Life::Until(sent + lease)
+            };
+            Ok(Ok(LockGuard::new(
                 self.lock.clone(),
                 owner.clone(),
                 lease,
                 fence,
-                sent,
+                life,
             )))
         } else {
             Ok(Err(u64::try_from(value).ok().map(Duration::from_millis)))
@@ -68,8 +81,9 @@ impl FairLock {
         &self,
         owner: &Owner,
         wait: Duration,
-        lease: Duration,
+        lease: impl Into<Lease>,
     ) -> Result<Option<LockGuard>, LockError> {
+        let lease = lease.into();
         let got = wait_turn(
             &self.lock.shared.subscriber,
             &self.lock.channel(),
@@ -91,7 +105,7 @@ impl FairLock {
     pub async fn try_acquire(
         &self,
         owner: &Owner,
-        lease: Duration,
+        lease: impl Into<Lease>,
     ) -> Result<Option<LockGuard>, LockError> {
         self.acquire(owner, Duration::ZERO, lease).await
     }

@@ -148,6 +148,16 @@ struct Shared {
     pending_releases: TaskTracker,
 }
 
+impl Shared {
+    /// The lease a hold gets, and whether the watchdog renews it.
+    fn resolve(&self, lease: Lease) -> (Duration, bool) {
+        match lease {
+            Lease::Fixed(lease) => (lease, false),
+            Lease::Watchdog => (self.watchdog.lease, true),
+        }
+    }
+}
+
 /// Makes locks and owners; cheap to clone, one per process is enough.
 #[derive(Clone)]
 pub struct LockClient {
@@ -355,10 +365,7 @@ impl Lock {
         lease: impl Into<Lease>,
         request_id: &str,
     ) -> Result<Acquired, LockError> {
-        let (lease, watched) = match lease.into() {
-            Lease::Fixed(lease) => (lease, false),
-            Lease::Watchdog => (self.shared.watchdog.lease, true),
-        };
+        let (lease, watched) = self.shared.resolve(lease.into());
         let sent = Instant::now();
         let (acquired, value, fence): (i64, i64, i64) = self
             .with_retries(|| {
@@ -541,14 +548,14 @@ impl fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    /// A fixed-lease hold just granted by Redis for a request sent at `sent`.
-    fn fixed(lock: Lock, owner: Owner, lease: Duration, fence: i64, sent: Instant) -> Self {
+    /// A hold just granted by Redis.
+    fn new(lock: Lock, owner: Owner, lease: Duration, fence: i64, life: Life) -> Self {
         Self {
             lock,
             owner,
             lease,
             fence,
-            life: Life::Until(sent + lease),
+            life,
             armed: true,
         }
     }

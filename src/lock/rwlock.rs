@@ -80,10 +80,7 @@ impl ReadWriteLock {
         hold: Hold,
         lease: Lease,
     ) -> Result<Result<RwGuard, Option<Duration>>, LockError> {
-        let (lease, watched) = match lease {
-            Lease::Fixed(lease) => (lease, false),
-            Lease::Watchdog => (self.shared.watchdog.lease, true),
-        };
+        let (lease, watched) = self.shared.resolve(lease);
         let sent = Instant::now();
         let (granted, value): (i64, i64) = match hold {
             Hold::Read => {

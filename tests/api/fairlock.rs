@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
-use seckill::lock::{FairLock, LockClient};
+use seckill::lock::{FairLock, Lease, LockClient, LockOptions};
 use uuid::Uuid;
 
 use crate::helpers::{delete_keys, redis_url};
@@ -119,5 +119,38 @@ async fn a_dead_waiter_is_skipped_when_its_wait_is_over() {
         "the dead waiter is still in line"
     );
     guard.unlock().await.unwrap();
+    delete_keys(&redis_url(), &prefix).await;
+}
+
+#[tokio::test]
+async fn the_watchdog_keeps_a_fair_lock_alive_until_unlock() {
+    let prefix = format!("test:{}:", Uuid::new_v4().simple());
+    let lease = Duration::from_millis(600);
+    let pool = deadpool_redis::Config::from_url(redis_url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let locks = LockClient::with_options(
+        pool,
+        redis::Client::open(redis_url()).unwrap(),
+        prefix.clone(),
+        LockOptions {
+            watchdog_lease: lease,
+        },
+    );
+    let lock = locks.fair_lock("tickets");
+    let owner = locks.owner("long");
+    let guard = lock
+        .try_acquire(&owner, Lease::Watchdog)
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(lease * 4).await;
+    assert!(
+        lock.as_lock().is_held_by(&owner).await.unwrap(),
+        "the lease ran out despite the watchdog"
+    );
+    guard.unlock().await.unwrap();
+    assert_eq!(locks.watched_locks(), 0);
+    assert!(!lock.as_lock().is_locked().await.unwrap());
     delete_keys(&redis_url(), &prefix).await;
 }
