@@ -4,22 +4,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use deadpool_redis::redis;
-use seckill::lock::{FairLock, Lease, LockClient, LockOptions};
+use seckill::lock::{FairLock, Lease};
 use uuid::Uuid;
 
-use crate::helpers::{delete_keys, redis_url};
+use crate::helpers::{delete_keys, lock_client, lock_client_on, redis_url};
 
 const LEASE: Duration = Duration::from_secs(10);
-
-fn client() -> (LockClient, String) {
-    let pool = deadpool_redis::Config::from_url(redis_url())
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .unwrap();
-    let prefix = format!("test:{}:", Uuid::new_v4().simple());
-    let subscriber = redis::Client::open(redis_url()).unwrap();
-    (LockClient::new(pool, subscriber, prefix.clone()), prefix)
-}
 
 /// Waits (bounded) until `n` owners stand in line.
 async fn line_reaches(lock: &FairLock, n: usize) {
@@ -34,7 +24,7 @@ async fn line_reaches(lock: &FairLock, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_get_the_lock_in_the_order_they_asked() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.fair_lock("tickets");
     let holder = lock
         .try_acquire(&locks.owner("holder"), LEASE)
@@ -75,7 +65,7 @@ async fn waiters_get_the_lock_in_the_order_they_asked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_waiter_is_skipped_when_its_wait_is_over() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.fair_lock("tickets");
     let holder = lock
         .try_acquire(&locks.owner("holder"), LEASE)
@@ -126,17 +116,7 @@ async fn a_dead_waiter_is_skipped_when_its_wait_is_over() {
 async fn the_watchdog_keeps_a_fair_lock_alive_until_unlock() {
     let prefix = format!("test:{}:", Uuid::new_v4().simple());
     let lease = Duration::from_millis(600);
-    let pool = deadpool_redis::Config::from_url(redis_url())
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .unwrap();
-    let locks = LockClient::with_options(
-        pool,
-        redis::Client::open(redis_url()).unwrap(),
-        prefix.clone(),
-        LockOptions {
-            watchdog_lease: lease,
-        },
-    );
+    let locks = lock_client_on(&redis_url(), &prefix, Some(lease));
     let lock = locks.fair_lock("tickets");
     let owner = locks.owner("long");
     let guard = lock

@@ -380,3 +380,27 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A lock client on `redis_url` with a fresh key prefix (returned too).
+pub fn lock_client() -> (seckill::lock::LockClient, String) {
+    let prefix = format!("test:{}:", Uuid::new_v4().simple());
+    (lock_client_on(&redis_url(), &prefix, None), prefix)
+}
+
+/// A lock client on `url` under `prefix`, with a watchdog lease if given
+/// (short ones let tests see several renewals).
+pub fn lock_client_on(
+    url: &str,
+    prefix: &str,
+    watchdog_lease: Option<Duration>,
+) -> seckill::lock::LockClient {
+    let pool = deadpool_redis::Config::from_url(url)
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .expect("a Redis pool");
+    let mut options = seckill::lock::LockOptions::default();
+    if let Some(lease) = watchdog_lease {
+        options.watchdog_lease = lease;
+    }
+    let subscriber = redis::Client::open(url).expect("a Redis URL");
+    seckill::lock::LockClient::with_options(pool, subscriber, prefix, options)
+}

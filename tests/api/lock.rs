@@ -3,21 +3,12 @@
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
-use seckill::lock::{Acquired, Lease, LockClient, LockError, LockGuard, LockOptions, Released};
+use seckill::lock::{Acquired, Lease, LockClient, LockError, LockGuard, Released};
 use uuid::Uuid;
 
-use crate::helpers::{delete_keys, redis_url, OwnRedis};
+use crate::helpers::{delete_keys, lock_client, lock_client_on, redis_url, OwnRedis};
 
 const LEASE: Duration = Duration::from_secs(10);
-
-fn client() -> (LockClient, String) {
-    let pool = deadpool_redis::Config::from_url(redis_url())
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .unwrap();
-    let prefix = format!("test:{}:", Uuid::new_v4().simple());
-    let subscriber = redis::Client::open(redis_url()).unwrap();
-    (LockClient::new(pool, subscriber, prefix.clone()), prefix)
-}
 
 #[track_caller]
 fn acquired(result: Result<Acquired, LockError>) -> LockGuard {
@@ -41,7 +32,7 @@ async fn raw_hash(key: &str) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn the_same_owner_reenters_and_the_last_release_frees() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.lock("order:1");
     let owner = locks.owner("request-1");
 
@@ -77,14 +68,14 @@ async fn the_same_owner_reenters_and_the_last_release_frees() {
 
 #[tokio::test]
 async fn a_release_by_someone_else_changes_nothing_and_is_reported() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.lock("order:2");
     let owner = locks.owner("holder");
     let guard = acquired(lock.try_acquire(&owner, LEASE).await);
     let before = raw_hash(lock.key()).await;
 
     // Another owner in this process, and the same id in another process.
-    let strangers = [locks.owner("stranger"), client().0.owner("holder")];
+    let strangers = [locks.owner("stranger"), lock_client().0.owner("holder")];
     for stranger in &strangers {
         match lock.release(stranger, LEASE).await {
             Err(LockError::NotHeld { .. }) => {}
@@ -99,7 +90,7 @@ async fn a_release_by_someone_else_changes_nothing_and_is_reported() {
 
 #[tokio::test]
 async fn an_expired_lease_frees_the_lock_and_the_late_release_is_reported() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.lock("order:3");
     let slow = locks.owner("slow");
     let guard = acquired(lock.try_acquire(&slow, Duration::from_millis(100)).await);
@@ -119,7 +110,7 @@ async fn an_expired_lease_frees_the_lock_and_the_late_release_is_reported() {
 
 #[tokio::test]
 async fn a_dropped_guard_releases_and_shutdown_waits_for_it() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.lock("order:4");
     let owner = locks.owner("dropped");
     drop(acquired(lock.try_acquire(&owner, LEASE).await));
@@ -133,7 +124,7 @@ async fn a_dropped_guard_releases_and_shutdown_waits_for_it() {
 
 #[tokio::test]
 async fn a_waiter_gives_up_when_its_wait_time_is_spent() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.lock("order:5");
     let holder = acquired(lock.try_acquire(&locks.owner("holder"), LEASE).await);
     let asked = Instant::now();
@@ -154,7 +145,7 @@ async fn a_waiter_gives_up_when_its_wait_time_is_spent() {
 
 #[tokio::test]
 async fn a_waiter_wakes_on_unlock_long_before_the_lease_ends() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.lock("order:6");
     let holder = acquired(lock.try_acquire(&locks.owner("holder"), LEASE).await);
     let waiter = {
@@ -186,7 +177,7 @@ async fn a_waiter_wakes_on_unlock_long_before_the_lease_ends() {
 
 #[tokio::test]
 async fn a_waiter_takes_a_lock_whose_lease_ran_out_without_a_message() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.lock("order:7");
     let crashed = acquired(
         lock.try_acquire(&locks.owner("crashed"), Duration::from_millis(300))
@@ -210,7 +201,7 @@ async fn a_waiter_takes_a_lock_whose_lease_ran_out_without_a_message() {
 
 #[tokio::test]
 async fn force_unlock_frees_the_lock_and_wakes_its_waiters() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.lock("order:8");
     let holder = locks.owner("holder");
     let guard = acquired(lock.try_acquire(&holder, LEASE).await);
@@ -249,16 +240,7 @@ async fn force_unlock_frees_the_lock_and_wakes_its_waiters() {
 async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind() {
     let prefix = format!("test:{}:", Uuid::new_v4().simple());
     let clients: Vec<LockClient> = (0..4)
-        .map(|_| {
-            let pool = deadpool_redis::Config::from_url(redis_url())
-                .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-                .unwrap();
-            LockClient::new(
-                pool,
-                redis::Client::open(redis_url()).unwrap(),
-                prefix.clone(),
-            )
-        })
+        .map(|_| lock_client_on(&redis_url(), &prefix, None))
         .collect();
     let counter = format!("{prefix}counter");
     let tasks: Vec<_> = (0..100)
@@ -347,26 +329,11 @@ async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind(
     delete_keys(&redis_url(), &prefix).await;
 }
 
-/// A client whose watchdog lease is short, so tests see several renewals.
-fn watchdog_client(url: &str, prefix: &str, lease: Duration) -> LockClient {
-    let pool = deadpool_redis::Config::from_url(url)
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .unwrap();
-    LockClient::with_options(
-        pool,
-        redis::Client::open(url).unwrap(),
-        prefix,
-        LockOptions {
-            watchdog_lease: lease,
-        },
-    )
-}
-
 #[tokio::test]
 async fn the_watchdog_keeps_a_lock_past_three_leases_and_stops_after_unlock() {
     let prefix = format!("test:{}:", Uuid::new_v4().simple());
     let lease = Duration::from_millis(600);
-    let locks = watchdog_client(&redis_url(), &prefix, lease);
+    let locks = lock_client_on(&redis_url(), &prefix, Some(lease));
     let lock = locks.lock("order:9");
     let owner = locks.owner("long-job");
     let guard = acquired(lock.try_acquire(&owner, Lease::Watchdog).await);
@@ -404,7 +371,7 @@ async fn the_watchdog_keeps_a_lock_past_three_leases_and_stops_after_unlock() {
 #[tokio::test]
 async fn the_holder_hears_at_once_when_its_lock_is_deleted() {
     let prefix = format!("test:{}:", Uuid::new_v4().simple());
-    let locks = watchdog_client(&redis_url(), &prefix, Duration::from_millis(600));
+    let locks = lock_client_on(&redis_url(), &prefix, Some(Duration::from_millis(600)));
     let lock = locks.lock("order:10");
     let guard = acquired(
         lock.try_acquire(&locks.owner("holder"), Lease::Watchdog)
@@ -434,7 +401,7 @@ async fn the_holder_hears_at_once_when_its_lock_is_deleted() {
 #[tokio::test]
 async fn the_holder_hears_when_redis_restarts_and_loses_the_lock() {
     let mut redis = OwnRedis::start();
-    let locks = watchdog_client(&redis.url(), "", Duration::from_millis(600));
+    let locks = lock_client_on(&redis.url(), "", Some(Duration::from_millis(600)));
     let lock = locks.lock("order:11");
     let guard = acquired(
         lock.try_acquire(&locks.owner("holder"), Lease::Watchdog)
@@ -457,7 +424,7 @@ async fn the_holder_hears_when_redis_restarts_and_loses_the_lock() {
 
 #[tokio::test]
 async fn a_fixed_lease_hold_is_lost_when_its_lease_runs_out() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.lock("order:12");
     let guard = acquired(
         lock.try_acquire(&locks.owner("brief"), Duration::from_millis(200))
@@ -473,7 +440,7 @@ async fn a_fixed_lease_hold_is_lost_when_its_lease_runs_out() {
 
 #[tokio::test]
 async fn every_new_holder_gets_a_larger_fencing_token_and_reentry_keeps_it() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.lock("order:13");
     let (a, b) = (locks.owner("a"), locks.owner("b"));
     let mut last = 0;
@@ -506,7 +473,7 @@ async fn every_new_holder_gets_a_larger_fencing_token_and_reentry_keeps_it() {
 
 #[tokio::test]
 async fn a_resent_acquire_or_release_does_not_count_twice() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.lock("order:14");
     let owner = locks.owner("retrying");
 

@@ -7,16 +7,13 @@ use seckill::lock::{LockClient, LockError, MultiNodeLocks, Quorum};
 
 use reqwest::StatusCode;
 
-use crate::helpers::{buy, spawn_app_with, OwnRedis};
+use crate::helpers::{buy, lock_client_on, spawn_app_with, OwnRedis};
 
 const LEASE: Duration = Duration::from_secs(10);
 const NODE_TIMEOUT: Duration = Duration::from_millis(500);
 
 fn node(redis: &OwnRedis) -> LockClient {
-    let pool = deadpool_redis::Config::from_url(redis.url())
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .unwrap();
-    LockClient::new(pool, redis::Client::open(redis.url()).unwrap(), "")
+    lock_client_on(&redis.url(), "", None)
 }
 
 async fn exists(redis: &OwnRedis, key: &str) -> bool {

@@ -3,25 +3,16 @@
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
-use seckill::lock::{Hold, Lease, LockClient, LockOptions};
+use seckill::lock::{Hold, Lease};
 use uuid::Uuid;
 
-use crate::helpers::{delete_keys, redis_url};
+use crate::helpers::{delete_keys, lock_client, lock_client_on, redis_url};
 
 const LEASE: Duration = Duration::from_secs(10);
 
-fn client() -> (LockClient, String) {
-    let pool = deadpool_redis::Config::from_url(redis_url())
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .unwrap();
-    let prefix = format!("test:{}:", Uuid::new_v4().simple());
-    let subscriber = redis::Client::open(redis_url()).unwrap();
-    (LockClient::new(pool, subscriber, prefix.clone()), prefix)
-}
-
 #[tokio::test]
 async fn many_readers_or_one_writer() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.read_write_lock("catalog");
     let (r1, r2, w) = (locks.owner("r1"), locks.owner("r2"), locks.owner("w"));
 
@@ -79,7 +70,7 @@ async fn many_readers_or_one_writer() {
 
 #[tokio::test]
 async fn a_writer_downgrades_to_a_reader() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.read_write_lock("catalog");
     let (w, other) = (locks.owner("w"), locks.owner("other"));
 
@@ -110,7 +101,7 @@ async fn a_writer_downgrades_to_a_reader() {
 
 #[tokio::test]
 async fn an_expired_reader_does_not_hold_the_lock_once_the_others_leave() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.read_write_lock("catalog");
     let dead = lock
         .try_read(&locks.owner("dies"), Duration::from_millis(150))
@@ -141,7 +132,7 @@ async fn an_expired_reader_does_not_hold_the_lock_once_the_others_leave() {
 
 #[tokio::test]
 async fn a_waiting_writer_wakes_when_the_readers_leave() {
-    let (locks, prefix) = client();
+    let (locks, prefix) = lock_client();
     let lock = locks.read_write_lock("catalog");
     let reader = lock
         .try_read(&locks.owner("r"), LEASE)
@@ -169,17 +160,7 @@ async fn a_waiting_writer_wakes_when_the_readers_leave() {
 async fn the_watchdog_keeps_read_and_write_holds_alive_and_reports_a_lost_one() {
     let prefix = format!("test:{}:", Uuid::new_v4().simple());
     let lease = Duration::from_millis(600);
-    let pool = deadpool_redis::Config::from_url(redis_url())
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .unwrap();
-    let locks = LockClient::with_options(
-        pool,
-        redis::Client::open(redis_url()).unwrap(),
-        prefix.clone(),
-        LockOptions {
-            watchdog_lease: lease,
-        },
-    );
+    let locks = lock_client_on(&redis_url(), &prefix, Some(lease));
     let lock = locks.read_write_lock("catalog");
     let reader = lock
         .try_read(&locks.owner("r"), Lease::Watchdog)
