@@ -155,7 +155,13 @@ async fn a_waiter_wakes_on_unlock_long_before_the_lease_ends() {
             (guard, Instant::now())
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Bounded wait until the waiter listens on the lock's channel.
+    for _ in 0..500 {
+        if locks.waiting_channels() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(
         locks.waiting_channels(),
         1,
@@ -332,14 +338,15 @@ async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind(
 #[tokio::test]
 async fn the_watchdog_keeps_a_lock_past_three_leases_and_stops_after_unlock() {
     let prefix = format!("test:{}:", Uuid::new_v4().simple());
-    let lease = Duration::from_millis(600);
+    // Renewed every 500 ms: a busy machine has a second of slack.
+    let lease = Duration::from_millis(1500);
     let locks = lock_client_on(&redis_url(), &prefix, Some(lease));
     let lock = locks.lock("order:9");
     let owner = locks.owner("long-job");
     let guard = acquired(lock.try_acquire(&owner, Lease::Watchdog).await);
     assert_eq!(locks.watched_locks(), 1);
 
-    tokio::time::sleep(lease * 4).await;
+    tokio::time::sleep(lease * 3).await;
     assert!(
         lock.is_held_by(&owner).await.unwrap(),
         "the lease ran out despite the watchdog"
