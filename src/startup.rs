@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 
 use crate::config::Settings;
 use crate::http::{self, AppState};
-use crate::lock::{LockClient, MultiNodeLocks, Quorum};
+use crate::lock::{LockClient, LockOptions, MultiNodeLocks, Quorum};
 use crate::seckill::{Seckill, SeckillSettings, UserLocks};
 use crate::store::{PoolSettings, Store, StoreError};
 use crate::token::TokenSigner;
@@ -43,7 +43,7 @@ impl Application {
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
         let store = connect_store(&settings).await?;
         let redis = redis_pool(&settings.redis_url, &settings)?;
-        let locks = user_locks(&settings, &redis)?;
+        let locks = user_locks(&settings)?;
 
         let seckill = Seckill::new(
             store,
@@ -119,26 +119,24 @@ impl Application {
 
 /// The users' purchase locks: on the service's Redis, or RedLock over the
 /// nodes of `SECKILL_LOCK_REDIS_URLS`.
-fn user_locks(
-    settings: &Settings,
-    redis: &deadpool_redis::Pool,
-) -> Result<UserLocks, StartupError> {
-    let client =
-        |url: &str| deadpool_redis::redis::Client::open(url).map_err(StartupError::RedisUrl);
+fn user_locks(settings: &Settings) -> Result<UserLocks, StartupError> {
     let prefix = settings.redis_prefix.clone();
+    let options = LockOptions {
+        command_timeout: settings.dependency_timeout(),
+        ..LockOptions::default()
+    };
+    let client = |url: &str| -> Result<LockClient, StartupError> {
+        let redis = deadpool_redis::redis::Client::open(url).map_err(StartupError::RedisUrl)?;
+        Ok(LockClient::with_options(redis, prefix.clone(), options))
+    };
     let nodes = settings.lock_nodes();
     if nodes.is_empty() {
-        return Ok(UserLocks::Single(LockClient::new(
-            redis.clone(),
-            client(&settings.redis_url)?,
-            prefix,
-        )));
+        return Ok(UserLocks::Single(client(&settings.redis_url)?));
     }
-    let mut clients = Vec::with_capacity(nodes.len());
-    for url in nodes {
-        let pool = redis_pool(url, settings)?;
-        clients.push(LockClient::new(pool, client(url)?, prefix.clone()));
-    }
+    let clients = nodes
+        .into_iter()
+        .map(client)
+        .collect::<Result<Vec<_>, _>>()?;
     tracing::info!(
         nodes = clients.len(),
         "users' locks are RedLocks over independent Redis nodes"

@@ -23,12 +23,9 @@ pub struct LockArgs {
 pub async fn run(args: &LockArgs) -> Result<Value, String> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let prefix = format!("loadtest:{}:", uuid::Uuid::new_v4().simple());
-    let pool = deadpool_redis::Config::from_url(url.as_str())
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .map_err(|e| e.to_string())?;
     let client = deadpool_redis::redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
     let client_for_cleanup = client.clone();
-    let locks = LockClient::new(pool, client, prefix.clone());
+    let locks = LockClient::new(client, prefix.clone());
 
     // Uncontended: each task has a lock of its own.
     eprintln!(

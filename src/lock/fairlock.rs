@@ -39,7 +39,7 @@ impl FairLock {
     ) -> Result<Result<LockGuard, Option<Duration>>, LockError> {
         let shared = &self.lock.shared;
         let (lease, watched) = shared.resolve(lease);
-        let mut conn = shared.pool.get().await?;
+        let mut conn = shared.conn.get().await?;
         let sent = Instant::now();
         let (granted, value, fence): (i64, i64, i64) = shared
             .fair_acquire
@@ -112,7 +112,7 @@ impl FairLock {
 
     async fn leave(&self, owner: &Owner) -> Result<(), LockError> {
         let shared = &self.lock.shared;
-        let mut conn = shared.pool.get().await?;
+        let mut conn = shared.conn.get().await?;
         let _: i64 = shared
             .fair_leave
             .key(self.queue_key())
@@ -126,7 +126,7 @@ impl FairLock {
 
     /// Owners waiting in line now, first first.
     pub async fn queue(&self) -> Result<Vec<String>, LockError> {
-        let mut conn = self.lock.shared.pool.get().await?;
+        let mut conn = self.lock.shared.conn.get().await?;
         Ok(redis::cmd("LRANGE")
             .arg(self.queue_key())
             .arg(0)

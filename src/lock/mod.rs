@@ -12,9 +12,10 @@
 //! unlock message or the holder's remaining lease, whichever comes first.
 //!
 //! This module imports nothing of the application: it needs a
-//! `deadpool_redis::Pool`, a `redis::Client` for the subscriber and a key
-//! prefix, and could be published alone.
+//! `redis::Client` (for its one command connection and its one subscriber
+//! connection) and a key prefix, and could be published alone.
 
+mod conn;
 mod fairlock;
 mod pubsub;
 mod redlock;
@@ -33,16 +34,12 @@ use pubsub::{Subscriber, Woken};
 use watchdog::{Registration, Renewal, Watchdog};
 
 use deadpool_redis::redis::{self, Script};
-use deadpool_redis::{Pool, PoolError};
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 /// What can go wrong talking to Redis about a lock.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
-    /// No connection could be had from the pool (Redis down, pool exhausted).
-    #[error("no Redis connection for the lock: {0}")]
-    Pool(#[from] PoolError),
     /// Redis answered with an error or the connection broke mid-command.
     #[error("Redis failed a lock command: {0}")]
     Redis(#[from] redis::RedisError),
@@ -110,12 +107,16 @@ impl From<Duration> for Lease {
 pub struct LockOptions {
     /// The lease of [`Lease::Watchdog`] holds; renewed every third of it.
     pub watchdog_lease: Duration,
+    /// How long a connection attempt or a command may take before it
+    /// fails (and, where safe, is resent).
+    pub command_timeout: Duration,
 }
 
 impl Default for LockOptions {
     fn default() -> Self {
         Self {
             watchdog_lease: Duration::from_secs(30),
+            command_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -130,7 +131,7 @@ pub enum Acquired {
 }
 
 struct Shared {
-    pool: Pool,
+    conn: Arc<conn::Connection>,
     prefix: String,
     process: Uuid,
     acquire: Script,
@@ -165,23 +166,26 @@ pub struct LockClient {
 }
 
 impl LockClient {
-    /// A client whose lock keys all start with `prefix` (may be empty).
-    /// `subscriber` opens the one connection that waiters share to hear
-    /// unlock messages; it must reach the same Redis as `pool`.
-    pub fn new(pool: Pool, subscriber: redis::Client, prefix: impl Into<String>) -> Self {
-        Self::with_options(pool, subscriber, prefix, LockOptions::default())
+    /// A client whose lock keys all start with `prefix` (may be empty). It
+    /// opens two connections to `client`'s Redis when first used: one for
+    /// commands, one that waiters share to hear unlock messages.
+    pub fn new(client: redis::Client, prefix: impl Into<String>) -> Self {
+        Self::with_options(client, prefix, LockOptions::default())
     }
 
     /// Like [`LockClient::new`], with options.
     pub fn with_options(
-        pool: Pool,
-        subscriber: redis::Client,
+        client: redis::Client,
         prefix: impl Into<String>,
         options: LockOptions,
     ) -> Self {
+        let conn = Arc::new(conn::Connection::new(
+            client.clone(),
+            options.command_timeout,
+        ));
         Self {
             shared: Arc::new(Shared {
-                pool: pool.clone(),
+                conn: conn.clone(),
                 prefix: prefix.into(),
                 process: Uuid::new_v4(),
                 acquire: Script::new(include_str!("../../lua/lock_acquire.lua")),
@@ -192,8 +196,8 @@ impl LockClient {
                 rw_unlock: Script::new(include_str!("../../lua/rwlock_unlock.lua")),
                 fair_acquire: Script::new(include_str!("../../lua/fairlock_acquire.lua")),
                 fair_leave: Script::new(include_str!("../../lua/fairlock_leave.lua")),
-                subscriber: Subscriber::new(subscriber),
-                watchdog: Watchdog::new(pool.clone(), options.watchdog_lease),
+                subscriber: Subscriber::new(client),
+                watchdog: Watchdog::new(conn, options.watchdog_lease),
                 pending_releases: TaskTracker::new(),
             }),
         }
@@ -317,7 +321,7 @@ impl Lock {
     /// Frees the lock whoever holds it, and wakes its waiters. Returns
     /// whether it was held. For operators; the holder is not told.
     pub async fn force_unlock(&self) -> Result<bool, LockError> {
-        let mut conn = self.shared.pool.get().await?;
+        let mut conn = self.shared.conn.get().await?;
         let deleted: i64 = self
             .shared
             .force_unlock
@@ -335,7 +339,7 @@ impl Lock {
 
     /// The lease left on the lock: `None` when it is free (or has no lease).
     pub async fn remaining_lease(&self) -> Result<Option<Duration>, LockError> {
-        let mut conn = self.shared.pool.get().await?;
+        let mut conn = self.shared.conn.get().await?;
         let pttl: i64 = redis::cmd("PTTL")
             .arg(&*self.key)
             .query_async(&mut conn)
@@ -451,7 +455,7 @@ impl Lock {
         let mut attempt = 1;
         loop {
             let result = async {
-                let mut conn = self.shared.pool.get().await?;
+                let mut conn = self.shared.conn.get().await?;
                 Ok::<T, LockError>(invocation().invoke_async(&mut conn).await?)
             }
             .await;
@@ -468,7 +472,7 @@ impl Lock {
 
     /// How many holds `owner` has on this lock (0 when none).
     pub async fn hold_count(&self, owner: &Owner) -> Result<u32, LockError> {
-        let mut conn = self.shared.pool.get().await?;
+        let mut conn = self.shared.conn.get().await?;
         let holds: Option<u32> = redis::cmd("HGET")
             .arg(&*self.key)
             .arg(owner.as_str())
@@ -479,7 +483,7 @@ impl Lock {
 
     /// Whether anyone holds the lock.
     pub async fn is_locked(&self) -> Result<bool, LockError> {
-        let mut conn = self.shared.pool.get().await?;
+        let mut conn = self.shared.conn.get().await?;
         let exists: bool = redis::cmd("EXISTS")
             .arg(&*self.key)
             .query_async(&mut conn)
@@ -683,7 +687,6 @@ fn new_request_id() -> String {
 /// resend (idempotent, by request id) is the way to find out.
 fn is_transient(error: &LockError) -> bool {
     match error {
-        LockError::Pool(_) => true,
         LockError::Redis(e) => e.is_io_error() || e.is_timeout() || e.is_connection_dropped(),
         LockError::NotHeld { .. } | LockError::NodesUnavailable { .. } => false,
     }

@@ -68,7 +68,7 @@ impl ReadWriteLock {
         &self,
         invocation: ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
-        let mut conn = self.shared.pool.get().await?;
+        let mut conn = self.shared.conn.get().await?;
         Ok(invocation.invoke_async(&mut conn).await?)
     }
 
@@ -173,7 +173,7 @@ impl ReadWriteLock {
 
     /// The lock's mode: `None` when free.
     pub async fn mode(&self) -> Result<Option<Hold>, LockError> {
-        let mut conn = self.shared.pool.get().await?;
+        let mut conn = self.shared.conn.get().await?;
         let mode: Option<String> = redis::cmd("HGET")
             .arg(&*self.key)
             .arg("mode")

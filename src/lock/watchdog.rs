@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::Script;
-use deadpool_redis::Pool;
 use tokio::sync::watch;
 
 use super::Owner;
@@ -23,7 +22,7 @@ const BATCH: usize = 256;
 
 pub(super) struct Watchdog {
     pub(super) lease: Duration,
-    pool: Pool,
+    conn: Arc<super::conn::Connection>,
     renew: Script,
     renew_rw: Script,
     state: Mutex<State>,
@@ -63,10 +62,10 @@ pub(super) struct Registration {
 }
 
 impl Watchdog {
-    pub(super) fn new(pool: Pool, lease: Duration) -> Arc<Self> {
+    pub(super) fn new(conn: Arc<super::conn::Connection>, lease: Duration) -> Arc<Self> {
         Arc::new(Self {
             lease,
-            pool,
+            conn,
             renew: Script::new(include_str!("../../lua/lock_renew.lua")),
             renew_rw: Script::new(include_str!("../../lua/rwlock_renew.lua")),
             state: Mutex::new(State::default()),
@@ -143,7 +142,7 @@ impl Watchdog {
                 invocation.key(&**key).arg(owner.as_str());
             }
             let result: Result<Vec<i64>, String> = async {
-                let mut conn = self.pool.get().await.map_err(|e| e.to_string())?;
+                let mut conn = self.conn.get().await.map_err(|e| e.to_string())?;
                 invocation
                     .invoke_async(&mut conn)
                     .await
@@ -174,7 +173,7 @@ impl Watchdog {
                 .arg(owner.as_str())
                 .arg(if *write { "write" } else { "read" });
             let result: Result<bool, String> = async {
-                let mut conn = self.pool.get().await.map_err(|e| e.to_string())?;
+                let mut conn = self.conn.get().await.map_err(|e| e.to_string())?;
                 let renewed: i64 = invocation
                     .invoke_async(&mut conn)
                     .await

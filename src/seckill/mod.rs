@@ -80,7 +80,6 @@ impl From<StoreError> for SeckillError {
 impl From<LockError> for SeckillError {
     fn from(error: LockError) -> Self {
         match error {
-            LockError::Pool(e) => redis_pool_error(e),
             LockError::Redis(e) => redis_error(e),
             e @ LockError::NodesUnavailable { .. } => Self::Unavailable {
                 dependency: "Redis",

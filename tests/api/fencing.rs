@@ -21,9 +21,8 @@ async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
     let pool = deadpool_redis::Config::from_url(redis_url())
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .unwrap();
-    let ids = IdGenerator::new(pool.clone(), app.prefix.clone());
+    let ids = IdGenerator::new(pool, app.prefix.clone());
     let locks = LockClient::new(
-        pool,
         redis::Client::open(redis_url()).unwrap(),
         app.prefix.clone(),
     );

@@ -394,13 +394,10 @@ pub fn lock_client_on(
     prefix: &str,
     watchdog_lease: Option<Duration>,
 ) -> seckill::lock::LockClient {
-    let pool = deadpool_redis::Config::from_url(url)
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .expect("a Redis pool");
     let mut options = seckill::lock::LockOptions::default();
     if let Some(lease) = watchdog_lease {
         options.watchdog_lease = lease;
     }
-    let subscriber = redis::Client::open(url).expect("a Redis URL");
-    seckill::lock::LockClient::with_options(pool, subscriber, prefix, options)
+    let client = redis::Client::open(url).expect("a Redis URL");
+    seckill::lock::LockClient::with_options(client, prefix, options)
 }
