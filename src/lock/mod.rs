@@ -615,15 +615,31 @@ impl Drop for LockGuard {
         }
         self.disarm();
         let (lock, owner, lease) = (self.lock.clone(), self.owner.clone(), self.lease);
+        let shared = lock.shared.clone();
+        shared.release_in_background(lock.key.clone(), owner.clone(), async move {
+            lock.release(&owner, lease).await.map(drop)
+        });
+    }
+}
+
+impl Shared {
+    /// Releases the hold of a guard dropped without `unlock`, on a task the
+    /// client tracks (so `shutdown` waits for it). Failing that, the lease
+    /// frees the lock; either way it is logged.
+    fn release_in_background(
+        &self,
+        key: Arc<str>,
+        owner: Owner,
+        release: impl std::future::Future<Output = Result<(), LockError>> + Send + 'static,
+    ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(key = %lock.key, %owner, "lock guard dropped outside a runtime; the lease will free it");
+            tracing::warn!(%key, %owner, "lock guard dropped outside a runtime; the lease will free it");
             return;
         };
-        let tracker = lock.shared.pending_releases.clone();
-        tracker.spawn_on(
+        self.pending_releases.spawn_on(
             async move {
-                if let Err(error) = lock.release(&owner, lease).await {
-                    tracing::warn!(key = %lock.key, %owner, %error, "releasing a dropped lock guard failed; the lease will free it");
+                if let Err(error) = release.await {
+                    tracing::warn!(%key, %owner, %error, "releasing a dropped lock guard failed; the lease will free it");
                 }
             },
             &runtime,

@@ -239,19 +239,11 @@ impl Drop for RwGuard {
             return;
         }
         self.disarm();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let (lock, owner, hold, lease) =
             (self.lock.clone(), self.owner.clone(), self.hold, self.lease);
-        let tracker = lock.shared.pending_releases.clone();
-        tracker.spawn_on(
-            async move {
-                if let Err(error) = lock.release(&owner, hold, lease).await {
-                    tracing::warn!(key = %lock.key, %owner, %error, "releasing a dropped read-write guard failed");
-                }
-            },
-            &runtime,
-        );
+        let shared = lock.shared.clone();
+        shared.release_in_background(lock.key.clone(), owner.clone(), async move {
+            lock.release(&owner, hold, lease).await.map(drop)
+        });
     }
 }
