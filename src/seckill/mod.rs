@@ -468,12 +468,12 @@ impl Seckill {
             .ok_or_else(|| {
                 SeckillError::Invalid(format!("add must be between 1 and {}", i32::MAX))
             })?;
-        self.inner
+        let voucher = self
+            .inner
             .store
             .restock(voucher_id, units)
             .await?
             .ok_or(SeckillError::NotFound("voucher"))?;
-        let voucher = self.voucher(voucher_id).await?;
         let level = StockLevel {
             stock: voucher.stock,
             initial_stock: voucher.initial_stock,

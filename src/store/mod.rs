@@ -235,13 +235,15 @@ impl Store {
         .await?)
     }
 
-    /// Adds `units` to both the stock and the initial stock.
-    pub async fn restock(&self, voucher_id: i64, units: i32) -> Result<Option<StockLevel>> {
+    /// Adds `units` to both the stock and the initial stock; returns the
+    /// voucher as the update left it.
+    pub async fn restock(&self, voucher_id: i64, units: i32) -> Result<Option<Voucher>> {
         Ok(sqlx::query_as(
-            "UPDATE seckill_vouchers
-             SET stock = stock + $2, initial_stock = initial_stock + $2
-             WHERE voucher_id = $1
-             RETURNING stock, initial_stock",
+            "UPDATE seckill_vouchers s
+             SET stock = s.stock + $2, initial_stock = s.initial_stock + $2
+             FROM vouchers v
+             WHERE s.voucher_id = $1 AND v.id = s.voucher_id
+             RETURNING v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time",
         )
         .bind(voucher_id)
         .bind(units)
