@@ -32,10 +32,6 @@ impl OrderId {
         Some(Self(seconds_since_epoch << SEQUENCE_BITS | sequence as i64))
     }
 
-    pub fn from_i64(raw: i64) -> Option<Self> {
-        (raw > 0).then_some(Self(raw))
-    }
-
     pub fn as_i64(self) -> i64 {
         self.0
     }
