@@ -69,6 +69,24 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_STARTUP_WAIT_MS", default_value_t = 30_000)]
     pub startup_wait_ms: u64,
 
+    /// Serve the lab (LAB.md): `/lab/{strategy}/seckill/{id}` and its
+    /// admin routes, which run deliberately flawed strategies on the lab's
+    /// own tables. Never on in production.
+    #[arg(
+        long,
+        env = "SECKILL_LAB",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        num_args = 0..=1,
+        default_value_t = false,
+        default_missing_value = "true"
+    )]
+    pub lab: bool,
+
+    /// Lease of the lab's locks, in milliseconds: short, so that a stall
+    /// past it is quick to show.
+    #[arg(long, env = "SECKILL_LAB_LEASE_MS", default_value_t = 1_000)]
+    pub lab_lease_ms: u64,
+
     /// On SIGTERM, how long in-flight requests and lock releases may take.
     #[arg(long, env = "SECKILL_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
@@ -116,6 +134,10 @@ impl Settings {
 
     pub fn lock_lease(&self) -> Duration {
         Duration::from_millis(self.lock_lease_ms)
+    }
+
+    pub fn lab_lease(&self) -> Duration {
+        Duration::from_millis(self.lab_lease_ms)
     }
 
     pub fn dependency_timeout(&self) -> Duration {

@@ -8,6 +8,8 @@
 //! - [`http`]: routes, extractors, the error-to-status mapping, metrics.
 //! - [`token`]: signed user tokens.
 //! - [`seckill`]: the purchase flow and the admin operations.
+//! - [`lab`]: the naive designs beside the right one, off by default
+//!   (`SECKILL_LAB=1`), to show each failure with real rows (LAB.md).
 //! - [`store`]: Postgres, including the statement that sells one unit.
 //! - [`lock`]: reentrant Redis locks (self-contained, imports nothing here).
 //! - [`id`]: 64-bit order ids from Redis.
@@ -15,6 +17,7 @@
 pub mod config;
 pub mod http;
 pub mod id;
+pub mod lab;
 pub mod lock;
 pub mod seckill;
 pub mod startup;

@@ -12,9 +12,10 @@ use tokio::net::TcpListener;
 
 use crate::config::Settings;
 use crate::http::{self, AppState};
+use crate::lab::{Lab, LabSettings};
 use crate::lock::{LockClient, LockOptions, MultiNodeLocks, Quorum};
 use crate::seckill::{Seckill, SeckillSettings, UserLocks};
-use crate::store::{PoolSettings, Store, StoreError};
+use crate::store::{LabStore, PoolSettings, Store, StoreError};
 use crate::token::TokenSigner;
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,7 @@ impl Application {
         let store = connect_store(&settings).await?;
         let redis = redis_pool(&settings.redis_url, &settings)?;
         let locks = user_locks(&settings)?;
+        let lab = lab(&settings, &store, &redis)?;
 
         let seckill = Seckill::new(
             store,
@@ -64,6 +66,7 @@ impl Application {
             tokens,
             admin_token: settings.admin_token().map(Arc::from),
             metrics: http::ops::prometheus(),
+            lab,
         };
         let listener =
             TcpListener::bind(&settings.addr)
@@ -115,6 +118,35 @@ impl Application {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// The lab, when `SECKILL_LAB` asks for it: on the same Postgres and
+/// Redis, with its own lock client under the prefix's `lab:`.
+fn lab(
+    settings: &Settings,
+    store: &Store,
+    redis: &deadpool_redis::Pool,
+) -> Result<Option<Lab>, StartupError> {
+    if !settings.lab {
+        return Ok(None);
+    }
+    let prefix = format!("{}lab:", settings.redis_prefix);
+    let client = deadpool_redis::redis::Client::open(settings.redis_url.as_str())
+        .map_err(StartupError::RedisUrl)?;
+    let options = LockOptions {
+        command_timeout: settings.dependency_timeout(),
+        ..LockOptions::default()
+    };
+    tracing::warn!("the lab is on: /lab/* runs deliberately flawed purchase strategies");
+    Ok(Some(Lab::new(
+        LabStore::new(store.pool().clone()),
+        redis.clone(),
+        LockClient::with_options(client, prefix.clone(), options),
+        LabSettings {
+            redis_prefix: prefix,
+            lease: settings.lab_lease(),
+        },
+    )))
 }
 
 /// The users' purchase locks: on the service's Redis, or RedLock over the

@@ -4,6 +4,7 @@
 mod error;
 mod extract;
 mod handlers;
+mod lab;
 pub mod ops;
 
 use std::any::Any;
@@ -24,6 +25,7 @@ use tracing::Level;
 
 pub use error::ApiError;
 
+use crate::lab::Lab;
 use crate::seckill::{Seckill, SeckillError};
 use crate::token::TokenSigner;
 
@@ -35,6 +37,8 @@ pub struct AppState {
     /// `None`: no admin token configured, admin routes answer 403.
     pub admin_token: Option<Arc<str>>,
     pub metrics: PrometheusHandle,
+    /// `Some` only with `SECKILL_LAB=1`: then the lab's routes exist.
+    pub lab: Option<Lab>,
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -52,7 +56,16 @@ pub fn router(state: AppState) -> Router {
         .route("/orders/{id}", get(handlers::get_order))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
+        .route("/metrics", get(ops::metrics));
+    let api = if state.lab.is_some() {
+        api.route("/lab", get(lab::info))
+            .route("/lab/{strategy}/seckill/{id}", post(lab::purchase))
+            .route("/admin/lab/vouchers", post(lab::create_voucher))
+            .route("/admin/lab/vouchers/{id}/stats", get(lab::stats))
+    } else {
+        api
+    };
+    let api = api
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state);

@@ -1,15 +1,20 @@
 //! Postgres: vouchers, their stock and their orders, and the one statement
 //! that sells a unit.
 //!
-//! Every query is here; nothing above this module writes SQL. Errors come
-//! out classified: the database being unreachable, a duplicate order, or
-//! something else (a bug, logged and answered as an opaque 500).
+//! Every query is here (the lab's in `lab`); nothing above this module
+//! writes SQL. Errors come out classified: the database being unreachable,
+//! a duplicate order, or something else (a bug, logged and answered as an
+//! opaque 500).
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 use std::str::FromStr;
 use std::time::Duration;
+
+mod lab;
+
+pub use lab::{Decrement, LabSale, LabStats, LabStore};
 
 /// The unique index that allows one order per user and voucher.
 const ONE_ORDER_PER_USER: &str = "voucher_orders_user_voucher";

@@ -1,0 +1,135 @@
+//! The lab's routes (mounted only with `SECKILL_LAB=1`): create a lab
+//! voucher, buy it with a named strategy, optionally stalled, and read what
+//! the rows say afterwards.
+
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::extract::{Admin, AppJson, User, VoucherIdPath};
+use super::AppState;
+use crate::id::parse_positive;
+use crate::lab::{Lab, Stall, StallAt, Strategy, MAX_STALL};
+
+fn lab(state: &AppState) -> Result<&Lab, ApiError> {
+    // The routes exist only when the lab does; this is for the type.
+    state
+        .lab
+        .as_ref()
+        .ok_or_else(|| ApiError::NotFound("the lab is off".into()))
+}
+
+/// `GET /lab`: the strategies and the lease of the lab's locks.
+pub async fn info(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let lab = lab(&state)?;
+    let names: Vec<&str> = Strategy::ALL.iter().map(|s| s.name()).collect();
+    Ok(Json(json!({
+        "strategies": names,
+        "lease_ms": u64::try_from(lab.lease().as_millis()).unwrap_or(u64::MAX),
+        "stall_at": [StallAt::Sale.name(), StallAt::Release.name()],
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateLabVoucher {
+    stock: i64,
+}
+
+pub async fn create_voucher(
+    State(state): State<AppState>,
+    _: Admin,
+    AppJson(body): AppJson<CreateLabVoucher>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let id = lab(&state)?.create_voucher(body.stock).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
+}
+
+pub async fn stats(
+    State(state): State<AppState>,
+    _: Admin,
+    VoucherIdPath(id): VoucherIdPath,
+) -> Result<Json<Value>, ApiError> {
+    let stats = lab(&state)?.stats(id).await?;
+    Ok(Json(json!({
+        "initial_stock": stats.initial_stock,
+        "stock": stats.stock,
+        "orders": stats.orders,
+        "distinct_users": stats.distinct_users,
+        "foreign_releases": stats.foreign_releases,
+    })))
+}
+
+/// `/lab/{strategy}/seckill/{voucher_id}`, parsed.
+pub struct LabPath {
+    strategy: Strategy,
+    voucher_id: i64,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for LabPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path((strategy, voucher)) = Path::<(String, String)>::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+        let strategy = Strategy::from_name(&strategy).ok_or_else(|| {
+            ApiError::NotFound(format!("no lab strategy {strategy:?}; GET /lab lists them"))
+        })?;
+        let voucher_id = parse_positive(&voucher).ok_or_else(|| {
+            ApiError::BadRequest(format!("voucher id {voucher:?} is not a positive integer"))
+        })?;
+        Ok(Self {
+            strategy,
+            voucher_id,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StallQuery {
+    /// How long to pause while holding the guard; none or 0: no pause.
+    stall_ms: Option<u64>,
+    /// Where: `sale` (the default) or `release`.
+    stall_at: Option<String>,
+}
+
+impl StallQuery {
+    fn stall(&self) -> Result<Option<Stall>, ApiError> {
+        let at = match self.stall_at.as_deref() {
+            None => StallAt::Sale,
+            Some(name) => StallAt::from_name(name).ok_or_else(|| {
+                ApiError::BadRequest(format!("stall_at must be sale or release, not {name:?}"))
+            })?,
+        };
+        let duration = Duration::from_millis(self.stall_ms.unwrap_or(0));
+        if duration > MAX_STALL {
+            return Err(ApiError::BadRequest(format!(
+                "stall_ms must be at most {}",
+                MAX_STALL.as_millis()
+            )));
+        }
+        Ok((!duration.is_zero()).then_some(Stall { at, duration }))
+    }
+}
+
+pub async fn purchase(
+    State(state): State<AppState>,
+    User(user_id): User,
+    path: LabPath,
+    query: Result<Query<StallQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let stall = query.stall()?;
+    let order_id = lab(&state)?
+        .purchase(path.strategy, user_id, path.voucher_id, stall)
+        .await?;
+    Ok(Json(json!({ "order_id": order_id.to_string() })))
+}

@@ -1,0 +1,346 @@
+//! The lab: eight purchase strategies, from the naive one that oversells to
+//! the fenced one that holds in every case, run side by side on the lab's
+//! own tables so that each one's failure lands in real rows (LAB.md).
+//!
+//! Each strategy is a small, honest implementation of one design; the only
+//! artificial thing is the [`Stall`] a request may ask for, which pauses it
+//! at a fixed point while it holds its lock (the GC pause or slow disk of
+//! the stories), so that lease-expiry races happen on demand. Off unless
+//! `SECKILL_LAB=1`; the production purchase never comes here.
+//!
+//! Every strategy that guards the user does the same work under its guard:
+//! "already bought?", then the `stock > 0` sale; the strategies differ only
+//! in the guard (and `fenced` in the sale's fence).
+
+mod strategy;
+
+pub use strategy::{Stall, StallAt, Strategy};
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::redis;
+use deadpool_redis::Pool;
+
+use crate::lock::{Acquired, LockClient, LockError};
+use crate::seckill::{Result, SeckillError};
+use crate::store::{Decrement, LabSale, LabStats, LabStore};
+
+/// Longest stall a request may ask for.
+pub const MAX_STALL: Duration = Duration::from_secs(60);
+
+/// Tuning for the [`Lab`].
+#[derive(Debug, Clone)]
+pub struct LabSettings {
+    /// Prefix of the lab's Redis keys (the service's prefix + `lab:`).
+    pub redis_prefix: String,
+    /// Lease of every lab lock that has one: short, so that stalls past it
+    /// are quick to show.
+    pub lease: Duration,
+}
+
+/// The lab service. Cheap to clone.
+#[derive(Clone)]
+pub struct Lab {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: LabStore,
+    redis: Pool,
+    /// The service's own lock library, for `reentrant` and `fenced`.
+    locks: LockClient,
+    /// `process_mutex`'s per-user mutexes: in this process only, which is
+    /// its flaw. Entries idle for ten minutes go (no hold lasts that long).
+    mutexes: moka::sync::Cache<(i64, i64), Arc<tokio::sync::Mutex<()>>>,
+    settings: LabSettings,
+    /// Ids of this process's `SET NX` lock owners.
+    owners: AtomicU64,
+}
+
+impl Lab {
+    pub fn new(store: LabStore, redis: Pool, locks: LockClient, settings: LabSettings) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                redis,
+                locks,
+                mutexes: moka::sync::Cache::builder()
+                    .time_to_idle(Duration::from_secs(600))
+                    .build(),
+                settings,
+                owners: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    pub fn lease(&self) -> Duration {
+        self.inner.settings.lease
+    }
+
+    pub async fn create_voucher(&self, stock: i64) -> Result<i64> {
+        let stock = i32::try_from(stock)
+            .ok()
+            .filter(|s| *s >= 0)
+            .ok_or_else(|| {
+                SeckillError::Invalid(format!("stock must be between 0 and {}", i32::MAX))
+            })?;
+        Ok(self.inner.store.create_voucher(stock).await?)
+    }
+
+    pub async fn stats(&self, voucher_id: i64) -> Result<LabStats> {
+        self.inner
+            .store
+            .stats(voucher_id)
+            .await?
+            .ok_or(SeckillError::NotFound("lab voucher"))
+    }
+
+    /// Buys one unit of lab voucher `voucher_id` for `user_id` the way
+    /// `strategy` does; the lab order's id.
+    pub async fn purchase(
+        &self,
+        strategy: Strategy,
+        user_id: i64,
+        voucher_id: i64,
+        stall: Option<Stall>,
+    ) -> Result<i64> {
+        let result = match strategy {
+            Strategy::Naive => self.unguarded(strategy, user_id, voucher_id, stall).await,
+            Strategy::Version => self.unguarded(strategy, user_id, voucher_id, stall).await,
+            Strategy::StockGtZero => self.unguarded(strategy, user_id, voucher_id, stall).await,
+            Strategy::ProcessMutex => self.process_mutex(user_id, voucher_id, stall).await,
+            Strategy::Setnx | Strategy::SetnxOwner => {
+                self.setnx(strategy, user_id, voucher_id, stall).await
+            }
+            Strategy::Reentrant | Strategy::Fenced => {
+                self.reentrant(strategy, user_id, voucher_id, stall).await
+            }
+        };
+        // A refused sale on an unknown voucher is "not found", not "sold out".
+        match result {
+            Err(SeckillError::SoldOut) if self.inner.store.stock(voucher_id).await?.is_none() => {
+                Err(SeckillError::NotFound("lab voucher"))
+            }
+            other => other,
+        }
+    }
+
+    /// `naive`, `version`, `stock_gt_zero`: "already bought?" with no guard,
+    /// and the sale under the strategy's condition. `naive` and `version`
+    /// read the stock first and check it themselves.
+    async fn unguarded(
+        &self,
+        strategy: Strategy,
+        user_id: i64,
+        voucher_id: i64,
+        stall: Option<Stall>,
+    ) -> Result<i64> {
+        let store = &self.inner.store;
+        let decrement = match strategy {
+            Strategy::StockGtZero => Decrement::IfLeft,
+            _ => {
+                let stock = store
+                    .stock(voucher_id)
+                    .await?
+                    .ok_or(SeckillError::NotFound("lab voucher"))?;
+                if stock <= 0 {
+                    return Err(SeckillError::SoldOut);
+                }
+                if strategy == Strategy::Naive {
+                    Decrement::Always
+                } else {
+                    Decrement::IfUnchanged(stock)
+                }
+            }
+        };
+        if store.has_order(user_id, voucher_id).await? {
+            return Err(SeckillError::AlreadyPurchased);
+        }
+        pause(stall, StallAt::Sale).await;
+        // `version`: a changed stock is refused although units may be left.
+        store
+            .sell(strategy.name(), user_id, voucher_id, decrement)
+            .await?
+            .ok_or(SeckillError::SoldOut)
+    }
+
+    /// What every guarded strategy does while it holds its guard: "already
+    /// bought?", then the `stock > 0` sale, fenced when a token is given.
+    async fn guarded_sale(
+        &self,
+        strategy: Strategy,
+        user_id: i64,
+        voucher_id: i64,
+        stall: Option<Stall>,
+        fence: Option<i64>,
+    ) -> Result<i64> {
+        let store = &self.inner.store;
+        if store.has_order(user_id, voucher_id).await? {
+            return Err(SeckillError::AlreadyPurchased);
+        }
+        pause(stall, StallAt::Sale).await;
+        let name = strategy.name();
+        match fence {
+            None => store
+                .sell(name, user_id, voucher_id, Decrement::IfLeft)
+                .await?
+                .ok_or(SeckillError::SoldOut),
+            Some(token) => match store.sell_fenced(name, user_id, voucher_id, token).await? {
+                LabSale::Sold(id) => Ok(id),
+                LabSale::SoldOut => Err(SeckillError::SoldOut),
+                LabSale::Fenced => Err(SeckillError::InProgress),
+            },
+        }
+    }
+
+    /// `process_mutex`: a mutex per user and voucher in this process. Sound
+    /// on one instance; a second instance has mutexes of its own.
+    async fn process_mutex(
+        &self,
+        user_id: i64,
+        voucher_id: i64,
+        stall: Option<Stall>,
+    ) -> Result<i64> {
+        let mutex = self
+            .inner
+            .mutexes
+            .get_with((voucher_id, user_id), Default::default);
+        let Ok(held) = mutex.try_lock() else {
+            return Err(SeckillError::InProgress);
+        };
+        let result = self
+            .guarded_sale(Strategy::ProcessMutex, user_id, voucher_id, stall, None)
+            .await;
+        pause(stall, StallAt::Release).await;
+        drop(held);
+        result
+    }
+
+    /// `setnx` and `setnx_owner`: `SET key owner NX PX lease`, and a release
+    /// by a plain delete (`setnx`) or by a delete after a `GET` that found
+    /// our own value (`setnx_owner`). The delete is `GETDEL`, which deletes
+    /// exactly as `DEL` does and also says whose lock it was, so the lab
+    /// can count releases that freed another request's lock.
+    async fn setnx(
+        &self,
+        strategy: Strategy,
+        user_id: i64,
+        voucher_id: i64,
+        stall: Option<Stall>,
+    ) -> Result<i64> {
+        let inner = &self.inner;
+        let key = format!(
+            "{}setnx:{voucher_id}:{user_id}",
+            inner.settings.redis_prefix
+        );
+        let owner = format!(
+            "{}:{}",
+            inner.locks.process_id(),
+            inner.owners.fetch_add(1, Ordering::Relaxed)
+        );
+        let lease_ms = u64::try_from(inner.settings.lease.as_millis()).unwrap_or(u64::MAX);
+        // A pooled connection is not held across the sale (and its stall).
+        let taken: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(&owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(lease_ms)
+            .query_async(&mut inner.redis.get().await?)
+            .await?;
+        if taken.is_none() {
+            return Err(SeckillError::InProgress);
+        }
+        let result = self
+            .guarded_sale(strategy, user_id, voucher_id, stall, None)
+            .await;
+
+        if let Err(error) = self
+            .setnx_release(strategy, &key, &owner, voucher_id, stall)
+            .await
+        {
+            tracing::warn!(strategy = strategy.name(), %error, "releasing the lab lock failed");
+        }
+        result
+    }
+
+    async fn setnx_release(
+        &self,
+        strategy: Strategy,
+        key: &str,
+        owner: &str,
+        voucher_id: i64,
+        stall: Option<Stall>,
+    ) -> Result<()> {
+        let mut conn = self.inner.redis.get().await?;
+        if strategy == Strategy::SetnxOwner {
+            let holder: Option<String> = redis::cmd("GET").arg(key).query_async(&mut conn).await?;
+            if holder.as_deref() != Some(owner) {
+                return Ok(());
+            }
+        }
+        // `setnx_owner`: between its GET and this delete the lease may run
+        // out and another request take the lock.
+        pause(stall, StallAt::Release).await;
+        let deleted: Option<String> = redis::cmd("GETDEL").arg(key).query_async(&mut conn).await?;
+        if deleted.is_some_and(|d| d != owner) {
+            tracing::warn!(
+                strategy = strategy.name(),
+                voucher_id,
+                "released another request's lock"
+            );
+            self.inner.store.count_foreign_release(voucher_id).await?;
+        }
+        Ok(())
+    }
+
+    /// `reentrant` and `fenced`: the service's own lock (a hash of owner ->
+    /// holds, released by a Lua script that only the owner can run); `fenced`
+    /// also hands the lock's fencing token to the sale.
+    async fn reentrant(
+        &self,
+        strategy: Strategy,
+        user_id: i64,
+        voucher_id: i64,
+        stall: Option<Stall>,
+    ) -> Result<i64> {
+        let inner = &self.inner;
+        let lock = inner.locks.lock(&format!("order:{voucher_id}:{user_id}"));
+        let owner = inner
+            .locks
+            .owner(inner.owners.fetch_add(1, Ordering::Relaxed));
+        let guard = match lock.try_acquire(&owner, inner.settings.lease).await? {
+            Acquired::Yes(guard) => guard,
+            Acquired::HeldByOther { .. } => return Err(SeckillError::InProgress),
+        };
+        let fence = (strategy == Strategy::Fenced).then(|| guard.fence());
+        let result = self
+            .guarded_sale(strategy, user_id, voucher_id, stall, fence)
+            .await;
+        pause(stall, StallAt::Release).await;
+        match guard.unlock().await {
+            Ok(_) => {}
+            // The lease ran out: the script saw another owner (or none) and
+            // changed nothing. That is this design working.
+            Err(LockError::NotHeld { .. }) => {
+                tracing::info!(
+                    strategy = strategy.name(),
+                    user_id,
+                    voucher_id,
+                    "lock lost before release; nothing deleted"
+                );
+            }
+            Err(error) => return Err(error.into()),
+        }
+        result
+    }
+}
+
+/// Sleeps for the stall if it is asked for at this point.
+async fn pause(stall: Option<Stall>, here: StallAt) {
+    if let Some(stall) = stall.filter(|s| s.at == here) {
+        tokio::time::sleep(stall.duration).await;
+    }
+}

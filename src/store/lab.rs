@@ -1,0 +1,176 @@
+//! Postgres for the lab: its vouchers, orders and fences, in tables without
+//! the real schema's safety constraints (see the lab migration), and the
+//! variants of the sale statement that the lab's strategies compare.
+
+use sqlx::PgPool;
+
+use super::Result;
+
+/// The condition under which a strategy's sale decrements the stock. The
+/// three lock-free strategies differ in this alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decrement {
+    /// Whatever the stock is now (the check was made on an earlier read).
+    Always,
+    /// Only if the stock still equals the value read: compare-and-set.
+    IfUnchanged(i32),
+    /// Only if a unit is left now: `stock > 0`, checked under the row lock.
+    IfLeft,
+}
+
+/// The answer to a fenced sale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabSale {
+    Sold(i64),
+    SoldOut,
+    /// A newer lock holder of this user wrote first: nothing was written.
+    Fenced,
+}
+
+/// What a lab voucher's rows say now.
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
+pub struct LabStats {
+    pub initial_stock: i32,
+    pub stock: i32,
+    pub orders: i64,
+    pub distinct_users: i64,
+    pub foreign_releases: i32,
+}
+
+#[derive(Clone)]
+pub struct LabStore {
+    pool: PgPool,
+}
+
+impl LabStore {
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    pub async fn create_voucher(&self, stock: i32) -> Result<i64> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO lab_vouchers (initial_stock, stock) VALUES ($1, $1) RETURNING id",
+        )
+        .bind(stock)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// The stock as committed now; `None` for an unknown voucher.
+    pub async fn stock(&self, voucher_id: i64) -> Result<Option<i32>> {
+        Ok(
+            sqlx::query_scalar("SELECT stock FROM lab_vouchers WHERE id = $1")
+                .bind(voucher_id)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    pub async fn has_order(&self, user_id: i64, voucher_id: i64) -> Result<bool> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM lab_orders WHERE voucher_id = $1 AND user_id = $2)",
+        )
+        .bind(voucher_id)
+        .bind(user_id)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// Decrements the stock under `decrement`'s condition and inserts the
+    /// order, in one statement; the order id, or `None` when the condition
+    /// refused (or the voucher is unknown).
+    pub async fn sell(
+        &self,
+        strategy: &str,
+        user_id: i64,
+        voucher_id: i64,
+        decrement: Decrement,
+    ) -> Result<Option<i64>> {
+        let condition = match decrement {
+            Decrement::Always => "",
+            Decrement::IfUnchanged(_) => "AND stock = $4",
+            Decrement::IfLeft => "AND stock > 0",
+        };
+        let sql = format!(
+            "WITH taken AS (
+                 UPDATE lab_vouchers SET stock = stock - 1 WHERE id = $1 {condition} RETURNING id
+             )
+             INSERT INTO lab_orders (voucher_id, user_id, strategy)
+             SELECT id, $2, $3 FROM taken
+             RETURNING id"
+        );
+        let mut query = sqlx::query_scalar::<_, i64>(&sql)
+            .bind(voucher_id)
+            .bind(user_id)
+            .bind(strategy);
+        if let Decrement::IfUnchanged(seen) = decrement {
+            query = query.bind(seen);
+        }
+        Ok(query.fetch_optional(&self.pool).await?)
+    }
+
+    /// The `stock > 0` sale behind a fence: refused when `token` is smaller
+    /// than the last token written for this user and voucher (the shape of
+    /// `store::SELL_ONE`).
+    pub async fn sell_fenced(
+        &self,
+        strategy: &str,
+        user_id: i64,
+        voucher_id: i64,
+        token: i64,
+    ) -> Result<LabSale> {
+        let (fenced_in, order): (bool, Option<i64>) = sqlx::query_as(
+            "WITH fence AS (
+                 INSERT INTO lab_fences (voucher_id, user_id, token) VALUES ($1, $2, $4)
+                 ON CONFLICT (voucher_id, user_id) DO UPDATE SET token = EXCLUDED.token
+                 WHERE lab_fences.token <= EXCLUDED.token
+                 RETURNING token
+             ), taken AS (
+                 UPDATE lab_vouchers SET stock = stock - 1
+                 WHERE id = $1 AND stock > 0 AND EXISTS (SELECT 1 FROM fence)
+                 RETURNING id
+             ), placed AS (
+                 INSERT INTO lab_orders (voucher_id, user_id, strategy)
+                 SELECT id, $2, $3 FROM taken
+                 RETURNING id
+             )
+             SELECT EXISTS (SELECT 1 FROM fence), (SELECT id FROM placed)",
+        )
+        .bind(voucher_id)
+        .bind(user_id)
+        .bind(strategy)
+        .bind(token)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(match (fenced_in, order) {
+            (false, _) => LabSale::Fenced,
+            (true, Some(id)) => LabSale::Sold(id),
+            (true, None) => LabSale::SoldOut,
+        })
+    }
+
+    /// Counts a lock release that deleted another request's lock.
+    pub async fn count_foreign_release(&self, voucher_id: i64) -> Result<()> {
+        sqlx::query(
+            "UPDATE lab_vouchers SET foreign_releases = foreign_releases + 1 WHERE id = $1",
+        )
+        .bind(voucher_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn stats(&self, voucher_id: i64) -> Result<Option<LabStats>> {
+        Ok(sqlx::query_as(
+            "SELECT v.initial_stock, v.stock,
+                    (SELECT count(*) FROM lab_orders o WHERE o.voucher_id = v.id) AS orders,
+                    (SELECT count(DISTINCT user_id) FROM lab_orders o WHERE o.voucher_id = v.id)
+                        AS distinct_users,
+                    v.foreign_releases
+             FROM lab_vouchers v WHERE v.id = $1",
+        )
+        .bind(voucher_id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+}
