@@ -167,7 +167,11 @@ impl Lab {
     }
 
     /// What every guarded strategy does while it holds its guard: "already
-    /// bought?", then the `stock > 0` sale, fenced when a token is given.
+    /// bought?", then the `stock > 0` sale. With a fencing token, the token
+    /// is presented before the check and again by the sale, so that a
+    /// holder whose lease ran out can write neither after its successor
+    /// entered (the successor's check would have missed that write) nor
+    /// after its successor wrote.
     async fn guarded_sale(
         &self,
         strategy: Strategy,
@@ -177,6 +181,11 @@ impl Lab {
         fence: Option<i64>,
     ) -> Result<i64> {
         let store = &self.inner.store;
+        if let Some(token) = fence {
+            if !store.claim_fence(user_id, voucher_id, token).await? {
+                return Err(SeckillError::InProgress);
+            }
+        }
         if store.has_order(user_id, voucher_id).await? {
             return Err(SeckillError::AlreadyPurchased);
         }

@@ -149,6 +149,24 @@ impl LabStore {
         })
     }
 
+    /// Presents `token` for this user and voucher without writing anything
+    /// else: stored if it is not smaller than the last one. `false`: a
+    /// newer holder has presented one already.
+    pub async fn claim_fence(&self, user_id: i64, voucher_id: i64, token: i64) -> Result<bool> {
+        Ok(sqlx::query_scalar::<_, i64>(
+            "INSERT INTO lab_fences (voucher_id, user_id, token) VALUES ($1, $2, $3)
+             ON CONFLICT (voucher_id, user_id) DO UPDATE SET token = EXCLUDED.token
+             WHERE lab_fences.token <= EXCLUDED.token
+             RETURNING token",
+        )
+        .bind(voucher_id)
+        .bind(user_id)
+        .bind(token)
+        .fetch_optional(&self.pool)
+        .await?
+        .is_some())
+    }
+
     /// Counts a lock release that deleted another request's lock.
     pub async fn count_foreign_release(&self, voucher_id: i64) -> Result<()> {
         sqlx::query(

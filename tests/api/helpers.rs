@@ -301,8 +301,18 @@ pub async fn buy(
     token: &str,
     voucher_id: i64,
 ) -> (StatusCode, String) {
+    post_purchase(client, &format!("{base}/seckill/{voucher_id}"), token).await
+}
+
+/// Sends a purchase to `url` (the real route or a lab route) and returns
+/// the status and the error code (or `"ok"` with the order id).
+pub async fn post_purchase(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+) -> (StatusCode, String) {
     let response = client
-        .post(format!("{base}/seckill/{voucher_id}"))
+        .post(url)
         .bearer_auth(token)
         .send()
         .await

@@ -5,6 +5,7 @@ mod fairlock;
 mod fencing;
 mod helpers;
 mod ids;
+mod lab;
 mod lock;
 mod outage;
 mod proxy;

@@ -1,0 +1,453 @@
+//! The lab: each strategy's anomaly appears where it should and never
+//! where it must not. Races that should happen are given enough users (and
+//! rounds) to happen; stalls make the lease-expiry races happen on demand.
+//! Every assertion is on the lab's rows.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::helpers::{post_purchase, spawn_app, spawn_app_with, TestApp, ADMIN_TOKEN};
+
+/// The lab locks' lease in these tests. Stalls and delays are fractions
+/// and multiples of it, with half a lease of margin on every side.
+const LEASE_MS: u64 = 500;
+
+async fn lab_app() -> TestApp {
+    spawn_app_with(|mut s| {
+        s.lab = true;
+        s.lab_lease_ms = LEASE_MS;
+        s
+    })
+    .await
+}
+
+/// What a lab voucher's rows say.
+#[derive(Debug, Clone, Copy)]
+struct Rows {
+    initial: i64,
+    stock: i64,
+    orders: i64,
+    users: i64,
+    foreign_releases: i64,
+}
+
+impl Rows {
+    fn oversold(&self) -> i64 {
+        (self.orders - self.initial).max(0)
+    }
+    fn duplicates(&self) -> i64 {
+        self.orders - self.users
+    }
+    /// The bookkeeping itself never breaks: every unit taken has its order.
+    #[track_caller]
+    fn assert_consistent(&self) {
+        assert_eq!(self.orders + self.stock, self.initial, "{self:?}");
+    }
+}
+
+async fn lab_voucher(app: &TestApp, stock: i64) -> i64 {
+    let response = app
+        .client
+        .post(app.url("/admin/lab/vouchers"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({ "stock": stock }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    response.json::<Value>().await.unwrap()["id"]
+        .as_i64()
+        .unwrap()
+}
+
+async fn rows(app: &TestApp, voucher: i64) -> Rows {
+    let (status, body) = app
+        .admin_get(&format!("/admin/lab/vouchers/{voucher}/stats"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let field = |name: &str| body[name].as_i64().unwrap();
+    Rows {
+        initial: field("initial_stock"),
+        stock: field("stock"),
+        orders: field("orders"),
+        users: field("distinct_users"),
+        foreign_releases: field("foreign_releases"),
+    }
+}
+
+fn lab_url(base: &str, strategy: &str, voucher: i64, stall: Option<(&str, u64)>) -> String {
+    let mut url = format!("{base}/lab/{strategy}/seckill/{voucher}");
+    if let Some((at, ms)) = stall {
+        url.push_str(&format!("?stall_at={at}&stall_ms={ms}"));
+    }
+    url
+}
+
+/// `users` users (ids from `first_user`) each send `per_user` purchases at
+/// once, spread over `bases` in turn; returns the rows afterwards.
+async fn crowd(
+    app: &TestApp,
+    bases: &[String],
+    strategy: &str,
+    users: i64,
+    per_user: usize,
+    stock: i64,
+) -> Rows {
+    let voucher = lab_voucher(app, stock).await;
+    let tokens = app.tokens(1..=users).await;
+    let mut requests = Vec::new();
+    for (user, token) in &tokens {
+        for i in 0..per_user {
+            let base = &bases[(usize::try_from(*user).unwrap() + i) % bases.len()];
+            requests.push((lab_url(base, strategy, voucher, None), token.clone()));
+        }
+    }
+    let answers = join_all(
+        requests
+            .iter()
+            .map(|(url, token)| post_purchase(&app.client, url, token)),
+    )
+    .await;
+    for (status, code) in &answers {
+        assert!(
+            status.is_success()
+                || ["sold_out", "already_purchased", "purchase_in_progress"]
+                    .contains(&code.as_str()),
+            "unexpected answer {status} {code}"
+        );
+    }
+    rows(app, voucher).await
+}
+
+/// For each of `users` users, request A takes the guard and stalls for
+/// 1.7 leases at `at`; request B of the same user starts 1.2 leases later
+/// (after A's lease ran out, before A resumes) on the other instance if
+/// there are two, retries while it is told "in progress", and stalls the
+/// same way. Returns the rows afterwards.
+async fn stalled_pairs(app: &TestApp, bases: &[String], strategy: &str, at: &str) -> Rows {
+    let users = 8;
+    let voucher = lab_voucher(app, 1_000).await;
+    let tokens = app.tokens(1..=users).await;
+    let stall = Some((at, LEASE_MS * 17 / 10));
+    let a_url = lab_url(&bases[0], strategy, voucher, stall);
+    let b_url = lab_url(&bases[bases.len() - 1], strategy, voucher, stall);
+    let pairs = tokens.values().map(|token| {
+        let (a_url, b_url, client) = (a_url.clone(), b_url.clone(), app.client.clone());
+        async move {
+            let a = post_purchase(&client, &a_url, token);
+            let b = async {
+                tokio::time::sleep(Duration::from_millis(LEASE_MS * 12 / 10)).await;
+                let give_up = tokio::time::Instant::now() + Duration::from_millis(LEASE_MS * 4);
+                loop {
+                    let answer = post_purchase(&client, &b_url, token).await;
+                    if answer.1 != "purchase_in_progress" || tokio::time::Instant::now() > give_up {
+                        return answer;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            };
+            tokio::join!(a, b)
+        }
+    });
+    join_all(pairs).await;
+    rows(app, voucher).await
+}
+
+/// Runs `round` until `broke` says the anomaly showed, at most `rounds`
+/// times; returns every round's rows.
+async fn until_seen<F, Fut>(rounds: usize, mut round: F, broke: impl Fn(&Rows) -> bool) -> Vec<Rows>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Rows>,
+{
+    let mut seen = Vec::new();
+    for _ in 0..rounds {
+        let rows = round().await;
+        rows.assert_consistent();
+        seen.push(rows);
+        if broke(&rows) {
+            break;
+        }
+    }
+    seen
+}
+
+#[tokio::test]
+async fn lab_routes_exist_only_when_enabled() {
+    let app = spawn_app().await;
+    let token = app.token(1).await;
+    let (status, code) = post_purchase(&app.client, &app.url("/lab/naive/seckill/1"), &token).await;
+    assert_eq!(
+        (status, code.as_str()),
+        (StatusCode::NOT_FOUND, "not_found")
+    );
+    let (status, _) = app.admin_get("/lab").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let response = app
+        .client
+        .post(app.url("/admin/lab/vouchers"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({ "stock": 1 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM lab_vouchers")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(tables, 0);
+}
+
+#[tokio::test]
+async fn lab_rejects_bad_input_and_changes_nothing() {
+    let app = lab_app().await;
+    let voucher = lab_voucher(&app, 5).await;
+    let token = app.token(1).await;
+    let before = rows(&app, voucher).await;
+    for (path, want_status, want_code) in [
+        (
+            "/lab/nope/seckill/1".to_owned(),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            format!("/lab/naive/seckill/{}", voucher + 1),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            format!("/lab/stock_gt_zero/seckill/{}", voucher + 1),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            "/lab/naive/seckill/abc".to_owned(),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "/lab/naive/seckill/-1".to_owned(),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            format!("/lab/naive/seckill/{voucher}?stall_ms=x"),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            format!("/lab/naive/seckill/{voucher}?stall_ms=60001"),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            format!("/lab/naive/seckill/{voucher}?stall_ms=5&stall_at=lunch"),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            format!("/lab/naive/seckill/{voucher}?sleep=5"),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+    ] {
+        let (status, code) = post_purchase(&app.client, &app.url(&path), &token).await;
+        assert_eq!((status, code.as_str()), (want_status, want_code), "{path}");
+    }
+    let (status, code) = post_purchase(
+        &app.client,
+        &app.url(&format!("/lab/naive/seckill/{voucher}")),
+        "forged",
+    )
+    .await;
+    assert_eq!(
+        (status, code.as_str()),
+        (StatusCode::UNAUTHORIZED, "unauthorized")
+    );
+    for stock in [json!(-1), json!("ten"), json!(1u64 << 40)] {
+        let response = app
+            .client
+            .post(app.url("/admin/lab/vouchers"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({ "stock": stock }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{stock}");
+    }
+    let after = rows(&app, voucher).await;
+    assert_eq!((after.orders, after.stock), (before.orders, before.stock));
+    let vouchers: i64 = sqlx::query_scalar("SELECT count(*) FROM lab_vouchers")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(vouchers, 1);
+    let (status, info) = app.admin_get("/lab").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(info["strategies"].as_array().unwrap().len(), 8);
+    assert_eq!(info["lease_ms"], LEASE_MS);
+}
+
+#[tokio::test]
+async fn naive_oversells_under_concurrency() {
+    let app = lab_app().await;
+    let bases = [app.base.clone()];
+    let seen = until_seen(
+        5,
+        || crowd(&app, &bases, "naive", 200, 1, 20),
+        |r| r.oversold() > 0,
+    )
+    .await;
+    let last = seen.last().unwrap();
+    assert!(last.oversold() > 0, "naive never oversold: {seen:?}");
+    assert!(last.stock < 0, "{last:?}");
+}
+
+#[tokio::test]
+async fn version_undersells_while_buyers_are_refused() {
+    let app = lab_app().await;
+    let bases = [app.base.clone()];
+    // As many buyers as units: every refusal leaves a unit unsold.
+    let seen = until_seen(
+        5,
+        || crowd(&app, &bases, "version", 100, 1, 100),
+        |r| r.stock > 0,
+    )
+    .await;
+    let last = seen.last().unwrap();
+    assert!(
+        last.stock > 0 && last.users < 100,
+        "version never undersold: {seen:?}"
+    );
+    assert!(seen.iter().all(|r| r.oversold() == 0), "{seen:?}");
+}
+
+#[tokio::test]
+async fn stock_gt_zero_never_oversells_but_sells_one_user_twice() {
+    let app = lab_app().await;
+    let bases = [app.base.clone()];
+    // Scarce stock: no oversell, whatever the crowd.
+    for _ in 0..3 {
+        let rows = crowd(&app, &bases, "stock_gt_zero", 200, 1, 20).await;
+        rows.assert_consistent();
+        assert_eq!((rows.orders, rows.stock), (20, 0), "{rows:?}");
+    }
+    // Plenty of stock, each user's requests at once: some user buys twice.
+    let seen = until_seen(
+        5,
+        || crowd(&app, &bases, "stock_gt_zero", 50, 4, 1_000),
+        |r| r.duplicates() > 0,
+    )
+    .await;
+    assert!(
+        seen.last().unwrap().duplicates() > 0,
+        "no user bought twice: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn process_mutex_holds_on_one_instance_and_fails_on_two() {
+    let app = lab_app().await;
+    let one = [app.base.clone()];
+    for _ in 0..3 {
+        let rows = crowd(&app, &one, "process_mutex", 50, 4, 1_000).await;
+        assert_eq!(rows.duplicates(), 0, "one instance: {rows:?}");
+    }
+    let rows = stalled_pairs(&app, &one, "process_mutex", "sale").await;
+    assert_eq!(rows.duplicates(), 0, "one instance, stalled: {rows:?}");
+
+    let two = [app.base.clone(), app.spawn_instance().await];
+    let rows = stalled_pairs(&app, &two, "process_mutex", "sale").await;
+    assert!(rows.duplicates() > 0, "two instances, stalled: {rows:?}");
+    let seen = until_seen(
+        5,
+        || crowd(&app, &two, "process_mutex", 50, 4, 1_000),
+        |r| r.duplicates() > 0,
+    )
+    .await;
+    assert!(
+        seen.last().unwrap().duplicates() > 0,
+        "two instances: {seen:?}"
+    );
+}
+
+/// A `SET NX` lock without a stall holds on two instances; a stall past the
+/// lease before the sale lets the user's next request buy too; a stall
+/// before the delete makes it delete the next request's lock (`setnx`
+/// because it never looks, `setnx_owner` because it looked too early).
+async fn setnx_family(strategy: &str) {
+    let app = lab_app().await;
+    let two = [app.base.clone(), app.spawn_instance().await];
+    for _ in 0..3 {
+        let rows = crowd(&app, &two, strategy, 50, 4, 1_000).await;
+        assert_eq!(rows.duplicates(), 0, "no stall: {rows:?}");
+        assert_eq!(rows.foreign_releases, 0, "no stall: {rows:?}");
+    }
+    let rows = stalled_pairs(&app, &two, strategy, "sale").await;
+    rows.assert_consistent();
+    assert!(rows.duplicates() > 0, "stall before the sale: {rows:?}");
+    let rows = stalled_pairs(&app, &two, strategy, "release").await;
+    assert!(
+        rows.foreign_releases > 0,
+        "stall before the delete: {rows:?}"
+    );
+    assert_eq!(rows.duplicates(), 0, "stall after the sale: {rows:?}");
+}
+
+#[tokio::test]
+async fn setnx_breaks_under_a_stall_past_its_lease() {
+    setnx_family("setnx").await;
+}
+
+#[tokio::test]
+async fn setnx_owner_breaks_under_a_stall_past_its_lease() {
+    setnx_family("setnx_owner").await;
+}
+
+#[tokio::test]
+async fn reentrant_holds_except_when_a_stall_outlives_the_lease_before_the_sale() {
+    let app = lab_app().await;
+    let two = [app.base.clone(), app.spawn_instance().await];
+    for _ in 0..3 {
+        let rows = crowd(&app, &two, "reentrant", 50, 4, 1_000).await;
+        assert_eq!(rows.duplicates(), 0, "no stall: {rows:?}");
+    }
+    let rows = crowd(&app, &two, "reentrant", 200, 1, 20).await;
+    assert_eq!((rows.orders, rows.stock), (20, 0), "{rows:?}");
+    // The release script never deletes another owner's lock.
+    let rows = stalled_pairs(&app, &two, "reentrant", "release").await;
+    assert_eq!(
+        (rows.foreign_releases, rows.duplicates()),
+        (0, 0),
+        "{rows:?}"
+    );
+    // But a lease cannot tell a stalled holder from a dead one.
+    let rows = stalled_pairs(&app, &two, "reentrant", "sale").await;
+    assert!(rows.duplicates() > 0, "stall before the sale: {rows:?}");
+}
+
+#[tokio::test]
+async fn fenced_holds_in_every_case() {
+    let app = lab_app().await;
+    let two = [app.base.clone(), app.spawn_instance().await];
+    for _ in 0..3 {
+        let rows = crowd(&app, &two, "fenced", 50, 4, 1_000).await;
+        assert_eq!(rows.duplicates(), 0, "no stall: {rows:?}");
+    }
+    let rows = crowd(&app, &two, "fenced", 200, 1, 20).await;
+    assert_eq!((rows.orders, rows.stock), (20, 0), "{rows:?}");
+    for at in ["sale", "release"] {
+        let rows = stalled_pairs(&app, &two, "fenced", at).await;
+        rows.assert_consistent();
+        assert_eq!(
+            (rows.duplicates(), rows.foreign_releases),
+            (0, 0),
+            "stall at {at}: {rows:?}"
+        );
+        assert_eq!(rows.users, 8, "every user bought once: {rows:?}");
+    }
+}
