@@ -1,5 +1,5 @@
 //! The admin side of the API that the driver needs: vouchers, tokens,
-//! stats and order listings.
+//! stats and order listings, and the lab's vouchers and stats.
 
 use std::time::Duration;
 
@@ -19,6 +19,16 @@ pub struct Stats {
     pub stock: i64,
     pub orders: i64,
     pub distinct_users: i64,
+}
+
+/// What a lab voucher's rows say.
+#[derive(Debug, Clone, Copy)]
+pub struct LabStats {
+    pub initial_stock: i64,
+    pub stock: i64,
+    pub orders: i64,
+    pub distinct_users: i64,
+    pub foreign_releases: i64,
 }
 
 impl<'a> Admin<'a> {
@@ -137,6 +147,42 @@ impl<'a> Admin<'a> {
                 _ => Err(format!("malformed order {o}")),
             })
             .collect()
+    }
+
+    /// A lab voucher (the service must run with SECKILL_LAB=1).
+    pub async fn lab_voucher(&self, stock: i64) -> Result<i64, String> {
+        let created = self
+            .call(
+                reqwest::Method::POST,
+                "/admin/lab/vouchers",
+                Some(json!({ "stock": stock })),
+            )
+            .await?;
+        created["id"]
+            .as_i64()
+            .ok_or_else(|| format!("no id in {created}"))
+    }
+
+    pub async fn lab_stats(&self, voucher: i64) -> Result<LabStats, String> {
+        let s = self
+            .call(
+                reqwest::Method::GET,
+                &format!("/admin/lab/vouchers/{voucher}/stats"),
+                None,
+            )
+            .await?;
+        let field = |name: &str| {
+            s[name]
+                .as_i64()
+                .ok_or_else(|| format!("lab stats lack {name}: {s}"))
+        };
+        Ok(LabStats {
+            initial_stock: field("initial_stock")?,
+            stock: field("stock")?,
+            orders: field("orders")?,
+            distinct_users: field("distinct_users")?,
+            foreign_releases: field("foreign_releases")?,
+        })
     }
 
     /// Buys the voucher's units with users the load will not use.

@@ -16,6 +16,8 @@ pub struct Request {
     pub method: reqwest::Method,
     pub path: Arc<str>,
     pub token: Option<Arc<str>>,
+    /// The instance to send it to, when not the run's own base URL.
+    pub base: Option<Arc<str>>,
 }
 
 impl Request {
@@ -24,6 +26,7 @@ impl Request {
             method: reqwest::Method::POST,
             path: format!("/seckill/{voucher}").into(),
             token: Some(token),
+            base: None,
         }
     }
 
@@ -32,6 +35,17 @@ impl Request {
             method: reqwest::Method::GET,
             path: path.into(),
             token: None,
+            base: None,
+        }
+    }
+
+    /// A POST to `path` on the instance at `base`, as the token's user.
+    pub fn post_to(base: Arc<str>, path: String, token: Arc<str>) -> Self {
+        Self {
+            method: reqwest::Method::POST,
+            path: path.into(),
+            token: Some(token),
+            base: Some(base),
         }
     }
 }
@@ -57,7 +71,7 @@ pub struct Tally {
 }
 
 impl Tally {
-    fn new() -> Self {
+    pub fn new() -> Self {
         Self {
             requests: 0,
             statuses: BTreeMap::new(),
@@ -67,7 +81,7 @@ impl Tally {
         }
     }
 
-    fn merge(&mut self, other: Tally) {
+    pub fn merge(&mut self, other: Tally) {
         self.requests += other.requests;
         for (k, v) in other.statuses {
             *self.statuses.entry(k).or_default() += v;
@@ -178,7 +192,15 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
     tally
 }
 
-async fn send(client: &reqwest::Client, base: &str, request: &Request, tally: &mut Tally) {
+/// Sends one request and counts its answer in `tally`; the answer's key
+/// (`"200"`, `"409 sold_out"`, ...) is returned too.
+pub async fn send(
+    client: &reqwest::Client,
+    base: &str,
+    request: &Request,
+    tally: &mut Tally,
+) -> String {
+    let base = request.base.as_deref().unwrap_or(base);
     let mut builder = client.request(request.method.clone(), format!("{base}{}", request.path));
     if let Some(token) = &request.token {
         builder = builder.bearer_auth(token);
@@ -213,5 +235,6 @@ async fn send(client: &reqwest::Client, base: &str, request: &Request, tally: &m
         .max(1);
     tally.latency.saturating_record(micros);
     tally.requests += 1;
-    *tally.statuses.entry(key).or_default() += 1;
+    *tally.statuses.entry(key.clone()).or_default() += 1;
+    key
 }

@@ -11,6 +11,7 @@ mod api;
 mod ceilings;
 mod drive;
 mod invariants;
+mod lab;
 mod lockbench;
 mod service;
 
@@ -80,6 +81,32 @@ enum Scenario {
     /// The lock library alone: lock+unlock pairs/s beside raw EVALSHA, and
     /// a waiter's wake-up delay after an unlock.
     Lock(LockBenchArgs),
+    /// Every lab strategy on one and two instances, with and without a
+    /// stall past the lease: which anomalies appear (LAB.md).
+    Lab(LabCliArgs),
+}
+
+#[derive(Args, Clone)]
+struct LabCliArgs {
+    /// Crowd rows: users, each sending --per-user requests at once.
+    #[arg(long, default_value_t = 300)]
+    users: i64,
+    #[arg(long, default_value_t = 2)]
+    per_user: usize,
+    /// Crowd rows: units for sale.
+    #[arg(long, default_value_t = 100)]
+    stock: i64,
+    #[arg(long, default_value_t = 200)]
+    connections: usize,
+    /// Stall rows: users, each sending one stalled pair.
+    #[arg(long, default_value_t = 50)]
+    pairs: i64,
+    /// Lease of the lab's locks (SECKILL_LAB_LEASE_MS of the instances).
+    #[arg(long, default_value_t = 500)]
+    lease_ms: u64,
+    /// Only this strategy (repeatable; all when not given).
+    #[arg(long)]
+    strategy: Vec<String>,
 }
 
 #[derive(Args, Clone)]
@@ -166,6 +193,9 @@ async fn main() -> ExitCode {
             }
         };
     }
+    if let Scenario::Lab(args) = &cli.scenario {
+        return run_lab(&cli.target, args).await;
+    }
     if let Scenario::Tokens(args) = &cli.scenario {
         return match write_tokens(&cli.target, args).await {
             Ok(()) => ExitCode::SUCCESS,
@@ -187,6 +217,8 @@ async fn main() -> ExitCode {
                 seckill_bin: cli.target.seckill_bin.clone(),
                 pg_pool: cli.target.pg_pool,
                 keep_db: cli.target.keep_db,
+                instances: 1,
+                env: Vec::new(),
             };
             match Target::start(launch).await {
                 Ok(target) => target,
@@ -239,6 +271,80 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The lab starts its own two instances with the lab on: no deployment
+/// should serve it.
+async fn run_lab(target: &TargetArgs, args: &LabCliArgs) -> ExitCode {
+    if target.url.is_some() {
+        eprintln!("loadtest: lab starts its own two instances (SECKILL_LAB=1); drop --url");
+        return ExitCode::FAILURE;
+    }
+    let lease = Duration::from_millis(args.lease_ms.max(50));
+    let launch = Launch {
+        seckill_bin: target.seckill_bin.clone(),
+        pg_pool: target.pg_pool,
+        keep_db: target.keep_db,
+        instances: 2,
+        env: vec![
+            ("SECKILL_LAB".into(), "1".into()),
+            ("SECKILL_LAB_LEASE_MS".into(), lease.as_millis().to_string()),
+        ],
+    };
+    let target = match Target::start(launch).await {
+        Ok(target) => target,
+        Err(e) => {
+            eprintln!("loadtest: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let lab_args = lab::LabArgs {
+        users: args.users,
+        per_user: args.per_user,
+        stock: args.stock,
+        connections: args.connections,
+        pairs: args.pairs,
+        lease,
+        strategies: args.strategy.clone(),
+    };
+    let result = lab::run(&target, &lab_args).await;
+    target.stop().await;
+    match result {
+        Ok(rows) => {
+            lab::print_table(&rows);
+            let failed: Vec<&lab::Row> = rows.iter().filter(|r| r.failed()).collect();
+            for r in &failed {
+                println!(
+                    "  FAILED: {} on {} instance(s), stall {}: a guarantee of its design broke",
+                    r.strategy,
+                    r.instances,
+                    r.json()["stall"]
+                );
+            }
+            println!(
+                "{}",
+                json!({
+                    "scenario": "lab",
+                    "lease_ms": lease.as_millis(),
+                    "users": args.users,
+                    "per_user": args.per_user,
+                    "stock": args.stock,
+                    "pairs": args.pairs,
+                    "ok": failed.is_empty(),
+                    "rows": rows.iter().map(lab::Row::json).collect::<Vec<_>>(),
+                })
+            );
+            if failed.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("loadtest: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Tokens die with the process that signed them (unless it has a fixed
 /// SECKILL_TOKEN_SECRET), so they are minted by a service that stays up.
 async fn write_tokens(target: &TargetArgs, args: &TokensArgs) -> Result<(), String> {
@@ -273,7 +379,9 @@ async fn run(
         Scenario::Hammer(args) => vec![hammer(target, args).await?],
         Scenario::Throughput(args) => vec![throughput(target, args, pgbench_seconds).await?],
         Scenario::Soldout(args) => vec![soldout(target, args).await?],
-        Scenario::Tokens(_) | Scenario::Lock(_) => unreachable!("handled before a target starts"),
+        Scenario::Tokens(_) | Scenario::Lock(_) | Scenario::Lab(_) => {
+            unreachable!("handled before a target starts")
+        }
         Scenario::All => vec![
             flash(
                 target,

@@ -1,6 +1,7 @@
 //! The service under test: either one this driver starts (the release
 //! `seckill` binary on a free port, a fresh database, the local Redis under
-//! a fresh key prefix) or an existing deployment given by URL.
+//! a fresh key prefix; or several such instances sharing them) or an
+//! existing deployment given by URL.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -9,12 +10,15 @@ use std::time::{Duration, Instant};
 use sqlx::{Connection, PgConnection};
 
 pub struct Target {
+    /// The first (or only) instance.
     pub base: String,
+    /// Every instance, `base` first.
+    pub bases: Vec<String>,
     pub admin_token: String,
     /// The database of a service we started: its invariants are checked in
     /// SQL too, and it is dropped afterwards.
     pub database_url: Option<String>,
-    child: Option<Child>,
+    children: Vec<Child>,
     db_name: Option<String>,
 }
 
@@ -23,6 +27,10 @@ pub struct Launch {
     pub seckill_bin: Option<PathBuf>,
     pub pg_pool: Option<u32>,
     pub keep_db: bool,
+    /// Instances sharing the database and the Redis prefix (at least 1).
+    pub instances: usize,
+    /// Extra environment for every instance.
+    pub env: Vec<(String, String)>,
 }
 
 fn pg_server() -> String {
@@ -81,79 +89,92 @@ impl Target {
     pub fn remote(url: &str, admin_token: &str) -> Self {
         Self {
             base: url.trim_end_matches('/').to_owned(),
+            bases: vec![url.trim_end_matches('/').to_owned()],
             admin_token: admin_token.to_owned(),
             database_url: None,
-            child: None,
+            children: Vec::new(),
             db_name: None,
         }
     }
 
     pub async fn start(launch: Launch) -> Result<Self, String> {
         let bin = seckill_binary(launch.seckill_bin)?;
-        let port = free_port().map_err(|e| e.to_string())?;
         let run = uuid::Uuid::new_v4().simple().to_string();
         let db_name = format!("seckill_load_{run}");
         let database_url = format!("{}/{db_name}", pg_server());
         let admin_token = format!("load-{run}");
-        let mut command = Command::new(&bin);
-        command
-            .arg("serve")
-            .env("DATABASE_URL", &database_url)
-            .env("SECKILL_ADDR", format!("127.0.0.1:{port}"))
-            .env("SECKILL_ADMIN_TOKEN", &admin_token)
-            .env("SECKILL_REDIS_PREFIX", format!("load:{run}:"))
-            .env(
-                "RUST_LOG",
-                std::env::var("SECKILL_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
-        if let Some(pool) = launch.pg_pool {
-            command.env("SECKILL_PG_POOL", pool.to_string());
-        }
-        let child = command
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
         let mut target = Self {
-            base: format!("http://127.0.0.1:{port}"),
+            base: String::new(),
+            bases: Vec::new(),
             admin_token,
-            database_url: Some(database_url),
-            child: Some(child),
+            database_url: Some(database_url.clone()),
+            children: Vec::new(),
             db_name: (!launch.keep_db).then_some(db_name),
         };
-        if let Err(e) = target.wait_ready(Duration::from_secs(60)).await {
-            target.stop().await;
-            return Err(e);
+        // One at a time: the first creates the database and migrates it.
+        for _ in 0..launch.instances.max(1) {
+            let port = free_port().map_err(|e| e.to_string())?;
+            let mut command = Command::new(&bin);
+            command
+                .arg("serve")
+                .env("DATABASE_URL", &database_url)
+                .env("SECKILL_ADDR", format!("127.0.0.1:{port}"))
+                .env("SECKILL_ADMIN_TOKEN", &target.admin_token)
+                // Instances of one run share the token key and the prefix.
+                .env("SECKILL_TOKEN_SECRET", format!("secret-{run}"))
+                .env("SECKILL_REDIS_PREFIX", format!("load:{run}:"))
+                .env(
+                    "RUST_LOG",
+                    std::env::var("SECKILL_LOG").unwrap_or_else(|_| "warn".into()),
+                )
+                .envs(launch.env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null());
+            if let Some(pool) = launch.pg_pool {
+                command.env("SECKILL_PG_POOL", pool.to_string());
+            }
+            let child = match command.spawn() {
+                Ok(child) => child,
+                Err(e) => {
+                    target.stop().await;
+                    return Err(format!("cannot start {}: {e}", bin.display()));
+                }
+            };
+            let base = format!("http://127.0.0.1:{port}");
+            target.children.push(child);
+            target.bases.push(base.clone());
+            if let Err(e) = target.wait_ready(&base, Duration::from_secs(60)).await {
+                target.stop().await;
+                return Err(e);
+            }
         }
+        target.base = target.bases[0].clone();
         Ok(target)
     }
 
-    async fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
+    async fn wait_ready(&mut self, base: &str, limit: Duration) -> Result<(), String> {
         let client = reqwest::Client::new();
         let started = Instant::now();
         while started.elapsed() < limit {
-            if let Some(child) = &mut self.child {
+            if let Some(child) = self.children.last_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
                     return Err(format!("seckill exited at start-up: {status}"));
                 }
             }
-            if let Ok(r) = client.get(format!("{}/readyz", self.base)).send().await {
+            if let Ok(r) = client.get(format!("{base}/readyz")).send().await {
                 if r.status().is_success() {
                     return Ok(());
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(format!(
-            "seckill at {} was not ready within {limit:?}",
-            self.base
-        ))
+        Err(format!("seckill at {base} was not ready within {limit:?}"))
     }
 
     /// Stops a service we started (SIGTERM, so it drains) and drops its
     /// database. A remote target is left alone.
     pub async fn stop(mut self) {
-        if let Some(mut child) = self.child.take() {
+        for mut child in self.children.drain(..) {
             let _ = Command::new("kill")
                 .arg("-TERM")
                 .arg(child.id().to_string())

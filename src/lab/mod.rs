@@ -283,9 +283,13 @@ impl Lab {
         voucher_id: i64,
         stall: Option<Stall>,
     ) -> Result<()> {
-        let mut conn = self.inner.redis.get().await?;
+        // A connection per command: none is held through the stall.
+        let redis = &self.inner.redis;
         if strategy == Strategy::SetnxOwner {
-            let holder: Option<String> = redis::cmd("GET").arg(key).query_async(&mut conn).await?;
+            let holder: Option<String> = redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut redis.get().await?)
+                .await?;
             if holder.as_deref() != Some(owner) {
                 return Ok(());
             }
@@ -293,7 +297,10 @@ impl Lab {
         // `setnx_owner`: between its GET and this delete the lease may run
         // out and another request take the lock.
         pause(stall, StallAt::Release).await;
-        let deleted: Option<String> = redis::cmd("GETDEL").arg(key).query_async(&mut conn).await?;
+        let deleted: Option<String> = redis::cmd("GETDEL")
+            .arg(key)
+            .query_async(&mut redis.get().await?)
+            .await?;
         if deleted.is_some_and(|d| d != owner) {
             tracing::warn!(
                 strategy = strategy.name(),

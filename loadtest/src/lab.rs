@@ -1,0 +1,460 @@
+//! `loadtest lab`: every lab strategy on one and on two instances, with no
+//! stall and with a stall past the lease (before the sale, and before the
+//! release), judged on the lab's rows; one table, and its JSON.
+//!
+//! Without a stall a row is a crowd: each user sends its requests at once
+//! (spread over the instances) for scarce stock. With a stall a row is a
+//! set of pairs: a user's request A takes the guard and stalls for 1.7
+//! leases; its request B starts 1.2 leases later on the other instance (if
+//! there are two), retries while told "in progress", and stalls the same
+//! way. That interleaving is the one every lease-expiry story tells.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
+
+use crate::api::{Admin, LabStats};
+use crate::drive::{self, drive, Plan, Request, Tally};
+use crate::service::Target;
+
+/// The strategies, in the order LAB.md tells them.
+pub const STRATEGIES: [&str; 8] = [
+    "naive",
+    "version",
+    "stock_gt_zero",
+    "process_mutex",
+    "setnx",
+    "setnx_owner",
+    "reentrant",
+    "fenced",
+];
+
+pub struct LabArgs {
+    /// Crowd rows: users, requests per user, units, connections.
+    pub users: i64,
+    pub per_user: usize,
+    pub stock: i64,
+    pub connections: usize,
+    /// Stall rows: users, each sending a stalled pair.
+    pub pairs: i64,
+    pub lease: Duration,
+    /// Only these strategies (all when empty).
+    pub strategies: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stall {
+    None,
+    Sale,
+    Release,
+}
+
+impl Stall {
+    fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Sale => "sale",
+            Self::Release => "release",
+        }
+    }
+}
+
+/// What LAB.md claims of a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    Holds,
+    Breaks,
+    /// The lab makes no claim (a stall where the strategy has no guard).
+    Nothing,
+}
+
+/// The claims, row by row; they are what the tests assert too.
+pub fn expect(strategy: &str, instances: usize, stall: Stall) -> Expect {
+    use Expect::{Breaks, Holds, Nothing};
+    match (strategy, instances, stall) {
+        ("naive" | "version" | "stock_gt_zero", _, Stall::None) => Breaks,
+        ("naive" | "version" | "stock_gt_zero", _, _) => Nothing,
+        ("process_mutex", 1, _) => Holds,
+        ("process_mutex", _, Stall::Release) => Nothing,
+        ("process_mutex", _, _) => Breaks,
+        (_, _, Stall::None) => Holds,
+        ("reentrant", _, Stall::Release) | ("fenced", _, _) => Holds,
+        _ => Breaks,
+    }
+}
+
+pub struct Row {
+    pub strategy: &'static str,
+    pub instances: usize,
+    pub stall: Stall,
+    /// Users that sent requests in this row.
+    pub users: i64,
+    pub stats: LabStats,
+    pub tally: Tally,
+}
+
+impl Row {
+    pub fn oversold(&self) -> i64 {
+        (self.stats.orders - self.stats.initial_stock).max(0)
+    }
+
+    /// Units left unsold while buyers went without: the smaller of the
+    /// stock left and the users who got no order.
+    pub fn undersold(&self) -> i64 {
+        let refused = self.users - self.stats.distinct_users;
+        self.stats.stock.max(0).min(refused.max(0))
+    }
+
+    pub fn duplicate_users(&self) -> i64 {
+        self.stats.orders - self.stats.distinct_users
+    }
+
+    pub fn broke(&self) -> bool {
+        self.oversold() > 0
+            || self.undersold() > 0
+            || self.duplicate_users() > 0
+            || self.stats.foreign_releases > 0
+    }
+
+    pub fn expected(&self) -> Expect {
+        expect(self.strategy, self.instances, self.stall)
+    }
+
+    /// A row that broke a guarantee its design gives: every design after
+    /// `naive` keeps stock right, and the rows LAB.md says hold must hold.
+    pub fn failed(&self) -> bool {
+        (self.strategy != "naive" && self.oversold() > 0)
+            || (self.expected() == Expect::Holds && self.broke())
+    }
+
+    fn verdict(&self) -> &'static str {
+        match (self.expected(), self.broke()) {
+            _ if self.failed() => "FAILED",
+            (Expect::Breaks, false) => "race not seen",
+            (Expect::Breaks, true) | (Expect::Holds, false) => "as expected",
+            (Expect::Nothing, _) => "-",
+            (Expect::Holds, true) => unreachable!("a holding row that broke failed"),
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        json!({
+            "strategy": self.strategy,
+            "instances": self.instances,
+            "stall": self.stall.name(),
+            "users": self.users,
+            "requests": self.tally.requests,
+            "status": self.tally.statuses,
+            "initial_stock": self.stats.initial_stock,
+            "orders": self.stats.orders,
+            "stock_left": self.stats.stock,
+            "oversold": self.oversold(),
+            "undersold": self.undersold(),
+            "duplicate_users": self.duplicate_users(),
+            "foreign_releases": self.stats.foreign_releases,
+            "rps": round(self.tally.rps()),
+            "p99_ms": round(self.tally.ms(0.99)),
+            "expected": match self.expected() {
+                Expect::Holds => "holds",
+                Expect::Breaks => "breaks",
+                Expect::Nothing => "-",
+            },
+            "verdict": self.verdict(),
+        })
+    }
+}
+
+fn round(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// Runs every row against `target` (started with the lab on, two
+/// instances); rows in the order printed.
+pub async fn run(target: &Target, args: &LabArgs) -> Result<Vec<Row>, String> {
+    if target.bases.len() < 2 {
+        return Err("the lab needs two instances".into());
+    }
+    let strategies: Vec<&'static str> = STRATEGIES
+        .into_iter()
+        .filter(|s| args.strategies.is_empty() || args.strategies.iter().any(|a| a == s))
+        .collect();
+    if strategies.is_empty() {
+        return Err(format!(
+            "no such strategy in {:?}; the strategies are {STRATEGIES:?}",
+            args.strategies
+        ));
+    }
+    let admin = Admin::new(target);
+    let users = args.users.max(args.pairs);
+    eprintln!("lab: minting {users} tokens");
+    let tokens: Vec<Arc<str>> = admin
+        .tokens(1, users)
+        .await?
+        .into_iter()
+        .map(Arc::from)
+        .collect();
+    let bases: Vec<Arc<str>> = target.bases.iter().map(|b| Arc::from(b.as_str())).collect();
+
+    let total = strategies.len() * 2 * 3;
+    let mut rows = Vec::with_capacity(total);
+    for strategy in strategies {
+        for instances in [1, 2] {
+            for stall in [Stall::None, Stall::Sale, Stall::Release] {
+                let started = Instant::now();
+                let label = format!("{strategy} x{instances} {}", stall.name());
+                let on = &bases[..instances];
+                let row = match stall {
+                    Stall::None => {
+                        crowd(target, &admin, on, &tokens, strategy, args, &label).await?
+                    }
+                    _ => pairs(&admin, on, &tokens, strategy, stall, args, &label).await?,
+                };
+                let row = Row {
+                    strategy,
+                    instances,
+                    stall,
+                    ..row
+                };
+                eprintln!(
+                    "lab [{:>2}/{total}] {label:<28} {:>5.1} s  {}",
+                    rows.len() + 1,
+                    started.elapsed().as_secs_f64(),
+                    row.verdict()
+                );
+                rows.push(row);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn lab_path(strategy: &str, voucher: i64, stall: Stall, lease: Duration) -> String {
+    let path = format!("/lab/{strategy}/seckill/{voucher}");
+    match stall {
+        Stall::None => path,
+        at => format!(
+            "{path}?stall_at={}&stall_ms={}",
+            at.name(),
+            lease.as_millis() * 17 / 10
+        ),
+    }
+}
+
+/// Each user's requests at once, spread over the instances, for scarce
+/// stock.
+async fn crowd(
+    target: &Target,
+    admin: &Admin<'_>,
+    bases: &[Arc<str>],
+    tokens: &[Arc<str>],
+    strategy: &'static str,
+    args: &LabArgs,
+    label: &str,
+) -> Result<Row, String> {
+    let voucher = admin.lab_voucher(args.stock).await?;
+    let path = lab_path(strategy, voucher, Stall::None, args.lease);
+    // A user's requests stand next to each other in the plan, so that
+    // different connections send them at the same moment.
+    let users = usize::try_from(args.users).unwrap_or(0);
+    let plan: Vec<Request> = tokens[..users]
+        .iter()
+        .enumerate()
+        .flat_map(|(u, token)| (0..args.per_user).map(move |i| (u, i, token.clone())))
+        .map(|(u, i, token)| {
+            Request::post_to(bases[(u + i) % bases.len()].clone(), path.clone(), token)
+        })
+        .collect();
+    let tally = drive(&target.base, Plan::Fixed(plan), args.connections, label).await;
+    Ok(Row {
+        strategy,
+        instances: bases.len(),
+        stall: Stall::None,
+        users: args.users,
+        stats: admin.lab_stats(voucher).await?,
+        tally,
+    })
+}
+
+/// Stalled pairs (see the module's text), every user at once.
+async fn pairs(
+    admin: &Admin<'_>,
+    bases: &[Arc<str>],
+    tokens: &[Arc<str>],
+    strategy: &'static str,
+    stall: Stall,
+    args: &LabArgs,
+    label: &str,
+) -> Result<Row, String> {
+    // Plenty of stock: these rows are about users, not units.
+    let voucher = admin.lab_voucher(args.pairs * 10).await?;
+    let path = lab_path(strategy, voucher, stall, args.lease);
+    let users = usize::try_from(args.pairs).unwrap_or(0);
+    let progress = ProgressBar::new(users as u64).with_prefix(label.to_owned());
+    progress.set_style(
+        ProgressStyle::with_template("{prefix:>28} [{bar:40}] {pos}/{len} pairs")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    let client = drive::client(users * 2);
+    let (lease, started) = (args.lease, Instant::now());
+    let tasks: Vec<_> = tokens[..users]
+        .iter()
+        .map(|token| {
+            let a = Request::post_to(bases[0].clone(), path.clone(), token.clone());
+            let b = Request::post_to(bases[bases.len() - 1].clone(), path.clone(), token.clone());
+            let (client, progress) = (client.clone(), progress.clone());
+            tokio::spawn(async move {
+                let first = async {
+                    let mut tally = Tally::new();
+                    drive::send(&client, "", &a, &mut tally).await;
+                    tally
+                };
+                let second = async {
+                    let mut tally = Tally::new();
+                    tokio::time::sleep(lease * 12 / 10).await;
+                    let give_up = Instant::now() + lease * 4;
+                    while drive::send(&client, "", &b, &mut tally).await
+                        == "429 purchase_in_progress"
+                        && Instant::now() < give_up
+                    {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    tally
+                };
+                let (mut tally, other) = tokio::join!(first, second);
+                tally.merge(other);
+                progress.inc(1);
+                tally
+            })
+        })
+        .collect();
+    let mut tally = Tally::new();
+    for task in tasks {
+        tally.merge(task.await.map_err(|e| format!("a pair panicked: {e}"))?);
+    }
+    tally.elapsed = started.elapsed();
+    progress.finish_and_clear();
+    Ok(Row {
+        strategy,
+        instances: bases.len(),
+        stall,
+        users: args.pairs,
+        stats: admin.lab_stats(voucher).await?,
+        tally,
+    })
+}
+
+pub fn print_table(rows: &[Row]) {
+    println!(
+        "{:<14} {:>4} {:>8} {:>7} {:>6} {:>9} {:>10} {:>10} {:>8} {:>8} {:>8}  {:<8} {}",
+        "strategy",
+        "inst",
+        "stall",
+        "orders",
+        "stock",
+        "oversold",
+        "undersold",
+        "dup users",
+        "foreign",
+        "rps",
+        "p99 ms",
+        "expected",
+        "verdict"
+    );
+    for r in rows {
+        println!(
+            "{:<14} {:>4} {:>8} {:>7} {:>6} {:>9} {:>10} {:>10} {:>8} {:>8.0} {:>8.1}  {:<8} {}",
+            r.strategy,
+            r.instances,
+            r.stall.name(),
+            r.stats.orders,
+            r.stats.stock,
+            r.oversold(),
+            r.undersold(),
+            r.duplicate_users(),
+            r.stats.foreign_releases,
+            r.tally.rps(),
+            r.tally.ms(0.99),
+            match r.expected() {
+                Expect::Holds => "holds",
+                Expect::Breaks => "breaks",
+                Expect::Nothing => "-",
+            },
+            r.verdict()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(strategy: &'static str, instances: usize, stall: Stall, stats: LabStats) -> Row {
+        Row {
+            strategy,
+            instances,
+            stall,
+            users: 10,
+            stats,
+            tally: Tally::new(),
+        }
+    }
+
+    fn stats(initial: i64, stock: i64, orders: i64, users: i64, foreign: i64) -> LabStats {
+        LabStats {
+            initial_stock: initial,
+            stock,
+            orders,
+            distinct_users: users,
+            foreign_releases: foreign,
+        }
+    }
+
+    #[test]
+    fn each_anomaly_is_measured() {
+        let oversold = row("naive", 1, Stall::None, stats(5, -3, 8, 8, 0));
+        assert_eq!((oversold.oversold(), oversold.undersold()), (3, 0));
+        // 4 units left while 10 - 6 = 4 users went without.
+        let undersold = row("version", 1, Stall::None, stats(10, 4, 6, 6, 0));
+        assert_eq!((undersold.oversold(), undersold.undersold()), (0, 4));
+        let dup = row("stock_gt_zero", 1, Stall::None, stats(5, 0, 5, 4, 0));
+        assert_eq!((dup.duplicate_users(), dup.undersold()), (1, 0));
+        let foreign = row("setnx", 2, Stall::Release, stats(100, 90, 10, 10, 3));
+        assert!(foreign.broke());
+        let clean = row("fenced", 2, Stall::Sale, stats(100, 90, 10, 10, 0));
+        assert!(!clean.broke() && !clean.failed());
+    }
+
+    #[test]
+    fn a_holding_row_that_breaks_fails_and_oversell_fails_past_naive() {
+        let broken = row("fenced", 2, Stall::Sale, stats(100, 89, 11, 10, 0));
+        assert!(broken.failed());
+        assert_eq!(broken.verdict(), "FAILED");
+        let expected = row("reentrant", 2, Stall::Sale, stats(100, 89, 11, 10, 0));
+        assert!(!expected.failed());
+        assert_eq!(expected.verdict(), "as expected");
+        let unseen = row("setnx", 1, Stall::Sale, stats(100, 90, 10, 10, 0));
+        assert_eq!(unseen.verdict(), "race not seen");
+        let naive = row("naive", 1, Stall::None, stats(5, -1, 6, 6, 0));
+        assert!(!naive.failed());
+        let version = row("version", 1, Stall::Sale, stats(5, -1, 6, 6, 0));
+        assert!(version.failed(), "only naive may oversell");
+    }
+
+    #[test]
+    fn the_claims_match_the_lab_text() {
+        assert_eq!(expect("process_mutex", 1, Stall::Sale), Expect::Holds);
+        assert_eq!(expect("process_mutex", 2, Stall::None), Expect::Breaks);
+        assert_eq!(expect("setnx_owner", 2, Stall::None), Expect::Holds);
+        assert_eq!(expect("setnx_owner", 1, Stall::Release), Expect::Breaks);
+        assert_eq!(expect("reentrant", 2, Stall::Release), Expect::Holds);
+        assert_eq!(expect("reentrant", 1, Stall::Sale), Expect::Breaks);
+        for instances in [1, 2] {
+            for stall in [Stall::None, Stall::Sale, Stall::Release] {
+                assert_eq!(expect("fenced", instances, stall), Expect::Holds);
+            }
+        }
+    }
+}
