@@ -348,7 +348,7 @@ async fn pairs(
 
 pub fn print_table(rows: &[Row]) {
     println!(
-        "{:<14} {:>4} {:>8} {:>7} {:>6} {:>9} {:>10} {:>10} {:>8} {:>8} {:>8}  {:<8} {}",
+        "{:<14} {:>4} {:>8} {:>7} {:>6} {:>9} {:>10} {:>10} {:>8} {:>8} {:>8}  {:<8} verdict",
         "strategy",
         "inst",
         "stall",
@@ -361,7 +361,6 @@ pub fn print_table(rows: &[Row]) {
         "rps",
         "p99 ms",
         "expected",
-        "verdict"
     );
     for r in rows {
         println!(
