@@ -108,11 +108,16 @@ impl Application {
             settings,
         } = self;
         let seckill = state.seckill.clone();
+        let lab = state.lab.clone();
         tracing::info!(addr = %listener.local_addr()?, "serving");
         axum::serve(listener, http::router(state))
             .with_graceful_shutdown(shutdown)
             .await?;
-        if !seckill.shutdown_locks(settings.shutdown_timeout()).await {
+        let mut released = seckill.shutdown_locks(settings.shutdown_timeout()).await;
+        if let Some(lab) = lab {
+            released &= lab.shutdown_locks(settings.shutdown_timeout()).await;
+        }
+        if !released {
             tracing::warn!("some lock releases did not finish; their leases will free them");
         }
         tracing::info!("stopped");

@@ -75,6 +75,11 @@ impl Lab {
         }
     }
 
+    /// Waits (at most `timeout`) for lab lock releases still under way.
+    pub async fn shutdown_locks(&self, timeout: Duration) -> bool {
+        self.inner.locks.shutdown(timeout).await
+    }
+
     pub fn lease(&self) -> Duration {
         self.inner.settings.lease
     }

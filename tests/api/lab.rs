@@ -375,6 +375,22 @@ async fn process_mutex_holds_on_one_instance_and_fails_on_two() {
     );
 }
 
+/// Without a stall a guarded strategy holds on two instances: no user
+/// buys twice, no lock is deleted by another request, and scarce stock
+/// sells out exactly.
+async fn holds_without_a_stall(app: &TestApp, bases: &[String], strategy: &str) {
+    for _ in 0..3 {
+        let rows = crowd(app, bases, strategy, 50, 4, 1_000).await;
+        assert_eq!(
+            (rows.duplicates(), rows.foreign_releases),
+            (0, 0),
+            "{strategy}, no stall: {rows:?}"
+        );
+    }
+    let rows = crowd(app, bases, strategy, 200, 1, 20).await;
+    assert_eq!((rows.orders, rows.stock), (20, 0), "{strategy}: {rows:?}");
+}
+
 /// A `SET NX` lock without a stall holds on two instances; a stall past the
 /// lease before the sale lets the user's next request buy too; a stall
 /// before the delete makes it delete the next request's lock (`setnx`
@@ -382,11 +398,7 @@ async fn process_mutex_holds_on_one_instance_and_fails_on_two() {
 async fn setnx_family(strategy: &str) {
     let app = lab_app().await;
     let two = [app.base.clone(), app.spawn_instance().await];
-    for _ in 0..3 {
-        let rows = crowd(&app, &two, strategy, 50, 4, 1_000).await;
-        assert_eq!(rows.duplicates(), 0, "no stall: {rows:?}");
-        assert_eq!(rows.foreign_releases, 0, "no stall: {rows:?}");
-    }
+    holds_without_a_stall(&app, &two, strategy).await;
     let rows = stalled_pairs(&app, &two, strategy, "sale").await;
     rows.assert_consistent();
     assert!(rows.duplicates() > 0, "stall before the sale: {rows:?}");
@@ -412,12 +424,7 @@ async fn setnx_owner_breaks_under_a_stall_past_its_lease() {
 async fn reentrant_holds_except_when_a_stall_outlives_the_lease_before_the_sale() {
     let app = lab_app().await;
     let two = [app.base.clone(), app.spawn_instance().await];
-    for _ in 0..3 {
-        let rows = crowd(&app, &two, "reentrant", 50, 4, 1_000).await;
-        assert_eq!(rows.duplicates(), 0, "no stall: {rows:?}");
-    }
-    let rows = crowd(&app, &two, "reentrant", 200, 1, 20).await;
-    assert_eq!((rows.orders, rows.stock), (20, 0), "{rows:?}");
+    holds_without_a_stall(&app, &two, "reentrant").await;
     // The release script never deletes another owner's lock.
     let rows = stalled_pairs(&app, &two, "reentrant", "release").await;
     assert_eq!(
@@ -434,12 +441,7 @@ async fn reentrant_holds_except_when_a_stall_outlives_the_lease_before_the_sale(
 async fn fenced_holds_in_every_case() {
     let app = lab_app().await;
     let two = [app.base.clone(), app.spawn_instance().await];
-    for _ in 0..3 {
-        let rows = crowd(&app, &two, "fenced", 50, 4, 1_000).await;
-        assert_eq!(rows.duplicates(), 0, "no stall: {rows:?}");
-    }
-    let rows = crowd(&app, &two, "fenced", 200, 1, 20).await;
-    assert_eq!((rows.orders, rows.stock), (20, 0), "{rows:?}");
+    holds_without_a_stall(&app, &two, "fenced").await;
     for at in ["sale", "release"] {
         let rows = stalled_pairs(&app, &two, "fenced", at).await;
         rows.assert_consistent();
