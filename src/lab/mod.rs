@@ -124,12 +124,22 @@ impl Lab {
             }
         };
         // A refused sale on an unknown voucher is "not found", not "sold out".
-        match result {
+        let result = match result {
             Err(SeckillError::SoldOut) if self.inner.store.stock(voucher_id).await?.is_none() => {
                 Err(SeckillError::NotFound("lab voucher"))
             }
             other => other,
-        }
+        };
+        let outcome = result
+            .as_ref()
+            .map_or_else(SeckillError::outcome, |_| "ordered");
+        metrics::counter!(
+            "seckill_lab_purchases_total",
+            "strategy" => strategy.name(),
+            "outcome" => outcome
+        )
+        .increment(1);
+        result
     }
 
     /// `naive`, `version`, `stock_gt_zero`: "already bought?" with no guard,

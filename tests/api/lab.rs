@@ -305,6 +305,19 @@ async fn naive_oversells_under_concurrency() {
     let last = seen.last().unwrap();
     assert!(last.oversold() > 0, "naive never oversold: {seen:?}");
     assert!(last.stock < 0, "{last:?}");
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"seckill_lab_purchases_total{strategy="naive",outcome="ordered"}"#),
+        "lab purchases are counted by strategy and outcome"
+    );
 }
 
 #[tokio::test]
