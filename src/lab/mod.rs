@@ -111,25 +111,9 @@ impl Lab {
         voucher_id: i64,
         stall: Option<Stall>,
     ) -> Result<i64> {
-        let result = match strategy {
-            Strategy::Naive => self.unguarded(strategy, user_id, voucher_id, stall).await,
-            Strategy::Version => self.unguarded(strategy, user_id, voucher_id, stall).await,
-            Strategy::StockGtZero => self.unguarded(strategy, user_id, voucher_id, stall).await,
-            Strategy::ProcessMutex => self.process_mutex(user_id, voucher_id, stall).await,
-            Strategy::Setnx | Strategy::SetnxOwner => {
-                self.setnx(strategy, user_id, voucher_id, stall).await
-            }
-            Strategy::Reentrant | Strategy::Fenced => {
-                self.reentrant(strategy, user_id, voucher_id, stall).await
-            }
-        };
-        // A refused sale on an unknown voucher is "not found", not "sold out".
-        let result = match result {
-            Err(SeckillError::SoldOut) if self.inner.store.stock(voucher_id).await?.is_none() => {
-                Err(SeckillError::NotFound("lab voucher"))
-            }
-            other => other,
-        };
+        let result = self
+            .try_purchase(strategy, user_id, voucher_id, stall)
+            .await;
         let outcome = result
             .as_ref()
             .map_or_else(SeckillError::outcome, |_| "ordered");
@@ -140,6 +124,34 @@ impl Lab {
         )
         .increment(1);
         result
+    }
+
+    async fn try_purchase(
+        &self,
+        strategy: Strategy,
+        user_id: i64,
+        voucher_id: i64,
+        stall: Option<Stall>,
+    ) -> Result<i64> {
+        let result = match strategy {
+            Strategy::Naive | Strategy::Version | Strategy::StockGtZero => {
+                self.unguarded(strategy, user_id, voucher_id, stall).await
+            }
+            Strategy::ProcessMutex => self.process_mutex(user_id, voucher_id, stall).await,
+            Strategy::Setnx | Strategy::SetnxOwner => {
+                self.setnx(strategy, user_id, voucher_id, stall).await
+            }
+            Strategy::Reentrant | Strategy::Fenced => {
+                self.reentrant(strategy, user_id, voucher_id, stall).await
+            }
+        };
+        // A refused sale on an unknown voucher is "not found", not "sold out".
+        match result {
+            Err(SeckillError::SoldOut) if self.inner.store.stock(voucher_id).await?.is_none() => {
+                Err(SeckillError::NotFound("lab voucher"))
+            }
+            other => other,
+        }
     }
 
     /// `naive`, `version`, `stock_gt_zero`: "already bought?" with no guard,
@@ -363,7 +375,10 @@ impl Lab {
                     "lock lost before release; nothing deleted"
                 );
             }
-            Err(error) => return Err(error.into()),
+            // The sale's answer stands either way; the lease frees the lock.
+            Err(error) => {
+                tracing::warn!(strategy = strategy.name(), %error, "releasing the lab lock failed");
+            }
         }
         result
     }

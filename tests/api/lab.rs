@@ -9,7 +9,7 @@ use futures::future::join_all;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{post_purchase, spawn_app, spawn_app_with, TestApp, ADMIN_TOKEN};
+use crate::helpers::{post_purchase, spawn_app, spawn_app_with, OwnRedis, TestApp, ADMIN_TOKEN};
 
 /// The lab locks' lease in these tests. Stalls and delays are fractions
 /// and multiples of it, with half a lease of margin on every side.
@@ -465,4 +465,68 @@ async fn fenced_holds_in_every_case() {
         );
         assert_eq!(rows.users, 8, "every user bought once: {rows:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lab_answers_503_while_redis_is_away_and_recovers() {
+    let mut redis = OwnRedis::start();
+    let url = redis.url();
+    let app = spawn_app_with(|mut s| {
+        s.lab = true;
+        s.lab_lease_ms = LEASE_MS;
+        s.redis_url = url;
+        s
+    })
+    .await;
+    let voucher = lab_voucher(&app, 10).await;
+    let tokens = app.tokens(1..=4).await;
+    let redis_strategies = ["setnx", "setnx_owner", "reentrant", "fenced"];
+
+    redis.stop();
+    for (strategy, user) in redis_strategies.iter().zip(1..) {
+        let response = app
+            .client
+            .post(lab_url(&app.base, strategy, voucher, None))
+            .bearer_auth(&tokens[&user])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{strategy}"
+        );
+        assert_eq!(response.headers()["retry-after"], "1", "{strategy}");
+    }
+    let rows_away = rows(&app, voucher).await;
+    assert_eq!(
+        (rows_away.orders, rows_away.stock),
+        (0, 10),
+        "nothing sold while away"
+    );
+
+    redis.restart();
+    for (strategy, user) in redis_strategies.iter().zip(1..) {
+        let mut answer = (StatusCode::SERVICE_UNAVAILABLE, String::new());
+        // Bounded: the lock client reconnects on its own within seconds.
+        for _ in 0..50 {
+            answer = post_purchase(
+                &app.client,
+                &lab_url(&app.base, strategy, voucher, None),
+                &tokens[&user],
+            )
+            .await;
+            if answer.0 != StatusCode::SERVICE_UNAVAILABLE {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(
+            answer.1.starts_with("ok:"),
+            "{strategy} after recovery: {answer:?}"
+        );
+    }
+    let after = rows(&app, voucher).await;
+    after.assert_consistent();
+    assert_eq!((after.orders, after.users), (4, 4));
 }
