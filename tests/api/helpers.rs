@@ -195,6 +195,12 @@ impl TestApp {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// The `/metrics` page as text.
+    pub async fn metrics(&self) -> String {
+        let response = self.client.get(self.url("/metrics")).send().await;
+        response.expect("GET /metrics").text().await.unwrap()
+    }
+
     pub async fn stats(&self, voucher_id: i64) -> Value {
         let (status, body) = self
             .admin_get(&format!("/admin/vouchers/{voucher_id}/stats"))

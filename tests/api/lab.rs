@@ -48,15 +48,19 @@ impl Rows {
     }
 }
 
-async fn lab_voucher(app: &TestApp, stock: i64) -> i64 {
-    let response = app
-        .client
+/// `POST /admin/lab/vouchers` with this `stock` field, as the admin.
+async fn post_lab_voucher(app: &TestApp, stock: Value) -> reqwest::Response {
+    app.client
         .post(app.url("/admin/lab/vouchers"))
         .bearer_auth(ADMIN_TOKEN)
         .json(&json!({ "stock": stock }))
         .send()
         .await
-        .unwrap();
+        .expect("POST /admin/lab/vouchers")
+}
+
+async fn lab_voucher(app: &TestApp, stock: i64) -> i64 {
+    let response = post_lab_voucher(app, json!(stock)).await;
     assert_eq!(response.status(), StatusCode::CREATED);
     response.json::<Value>().await.unwrap()["id"]
         .as_i64()
@@ -157,8 +161,14 @@ async fn stalled_pairs(app: &TestApp, bases: &[String], strategy: &str, at: &str
 }
 
 /// Runs `round` until `broke` says the anomaly showed, at most `rounds`
-/// times; returns every round's rows.
-async fn until_seen<F, Fut>(rounds: usize, mut round: F, broke: impl Fn(&Rows) -> bool) -> Vec<Rows>
+/// times, and fails the test if it never did; returns every round's rows
+/// (the last one broke). Every round's bookkeeping must add up.
+async fn until_seen<F, Fut>(
+    rounds: usize,
+    mut round: F,
+    broke: impl Fn(&Rows) -> bool,
+    anomaly: &str,
+) -> Vec<Rows>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Rows>,
@@ -169,10 +179,10 @@ where
         rows.assert_consistent();
         seen.push(rows);
         if broke(&rows) {
-            break;
+            return seen;
         }
     }
-    seen
+    panic!("{anomaly} never showed in {rounds} rounds: {seen:?}");
 }
 
 #[tokio::test]
@@ -186,14 +196,7 @@ async fn lab_routes_exist_only_when_enabled() {
     );
     let (status, _) = app.admin_get("/lab").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    let response = app
-        .client
-        .post(app.url("/admin/lab/vouchers"))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({ "stock": 1 }))
-        .send()
-        .await
-        .unwrap();
+    let response = post_lab_voucher(&app, json!(1)).await;
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
     let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM lab_vouchers")
         .fetch_one(&app.db)
@@ -269,14 +272,7 @@ async fn lab_rejects_bad_input_and_changes_nothing() {
         (StatusCode::UNAUTHORIZED, "unauthorized")
     );
     for stock in [json!(-1), json!("ten"), json!(1u64 << 40)] {
-        let response = app
-            .client
-            .post(app.url("/admin/lab/vouchers"))
-            .bearer_auth(ADMIN_TOKEN)
-            .json(&json!({ "stock": stock }))
-            .send()
-            .await
-            .unwrap();
+        let response = post_lab_voucher(&app, stock.clone()).await;
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{stock}");
     }
     let after = rows(&app, voucher).await;
@@ -300,22 +296,15 @@ async fn naive_oversells_under_concurrency() {
         5,
         || crowd(&app, &bases, "naive", 200, 1, 20),
         |r| r.oversold() > 0,
+        "naive's oversell",
     )
     .await;
     let last = seen.last().unwrap();
-    assert!(last.oversold() > 0, "naive never oversold: {seen:?}");
     assert!(last.stock < 0, "{last:?}");
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
     assert!(
-        metrics.contains(r#"seckill_lab_purchases_total{strategy="naive",outcome="ordered"}"#),
+        app.metrics()
+            .await
+            .contains(r#"seckill_lab_purchases_total{strategy="naive",outcome="ordered"}"#),
         "lab purchases are counted by strategy and outcome"
     );
 }
@@ -328,14 +317,10 @@ async fn version_undersells_while_buyers_are_refused() {
     let seen = until_seen(
         5,
         || crowd(&app, &bases, "version", 100, 1, 100),
-        |r| r.stock > 0,
+        |r| r.stock > 0 && r.users < 100,
+        "version's undersell",
     )
     .await;
-    let last = seen.last().unwrap();
-    assert!(
-        last.stock > 0 && last.users < 100,
-        "version never undersold: {seen:?}"
-    );
     assert!(seen.iter().all(|r| r.oversold() == 0), "{seen:?}");
 }
 
@@ -350,16 +335,13 @@ async fn stock_gt_zero_never_oversells_but_sells_one_user_twice() {
         assert_eq!((rows.orders, rows.stock), (20, 0), "{rows:?}");
     }
     // Plenty of stock, each user's requests at once: some user buys twice.
-    let seen = until_seen(
+    until_seen(
         5,
         || crowd(&app, &bases, "stock_gt_zero", 50, 4, 1_000),
         |r| r.duplicates() > 0,
+        "a user buying twice",
     )
     .await;
-    assert!(
-        seen.last().unwrap().duplicates() > 0,
-        "no user bought twice: {seen:?}"
-    );
 }
 
 #[tokio::test]
@@ -376,16 +358,13 @@ async fn process_mutex_holds_on_one_instance_and_fails_on_two() {
     let two = [app.base.clone(), app.spawn_instance().await];
     let rows = stalled_pairs(&app, &two, "process_mutex", "sale").await;
     assert!(rows.duplicates() > 0, "two instances, stalled: {rows:?}");
-    let seen = until_seen(
+    until_seen(
         5,
         || crowd(&app, &two, "process_mutex", 50, 4, 1_000),
         |r| r.duplicates() > 0,
+        "a user buying twice on two instances",
     )
     .await;
-    assert!(
-        seen.last().unwrap().duplicates() > 0,
-        "two instances: {seen:?}"
-    );
 }
 
 /// Without a stall a guarded strategy holds on two instances: no user

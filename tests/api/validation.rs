@@ -356,15 +356,7 @@ async fn health_readiness_and_metrics_answer() {
         let response = app.client.get(app.url(path)).send().await.unwrap();
         assert_eq!(response.status(), StatusCode::OK, "{path}");
     }
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     for needle in [
         "http_requests_total{route=\"/seckill/{id}\",method=\"POST\",status=\"200\"}",
         "seckill_purchases_total{outcome=\"ordered\"}",
