@@ -136,17 +136,12 @@ fn lab(
         return Ok(None);
     }
     let prefix = format!("{}lab:", settings.redis_prefix);
-    let client = deadpool_redis::redis::Client::open(settings.redis_url.as_str())
-        .map_err(StartupError::RedisUrl)?;
-    let options = LockOptions {
-        command_timeout: settings.dependency_timeout(),
-        ..LockOptions::default()
-    };
+    let locks = lock_client(settings, &settings.redis_url, &prefix)?;
     tracing::warn!("the lab is on: /lab/* runs deliberately flawed purchase strategies");
     Ok(Some(Lab::new(
         LabStore::new(store.pool().clone()),
         redis.clone(),
-        LockClient::with_options(client, prefix.clone(), options),
+        locks,
         LabSettings {
             redis_prefix: prefix,
             lease: settings.lab_lease(),
@@ -154,18 +149,21 @@ fn lab(
     )))
 }
 
-/// The users' purchase locks: on the service's Redis, or RedLock over the
-/// nodes of `SECKILL_LOCK_REDIS_URLS`.
-fn user_locks(settings: &Settings) -> Result<UserLocks, StartupError> {
-    let prefix = settings.redis_prefix.clone();
+/// A lock client on the Redis at `url`, its keys under `prefix`, its
+/// commands bounded by the dependency timeout.
+fn lock_client(settings: &Settings, url: &str, prefix: &str) -> Result<LockClient, StartupError> {
+    let redis = deadpool_redis::redis::Client::open(url).map_err(StartupError::RedisUrl)?;
     let options = LockOptions {
         command_timeout: settings.dependency_timeout(),
         ..LockOptions::default()
     };
-    let client = |url: &str| -> Result<LockClient, StartupError> {
-        let redis = deadpool_redis::redis::Client::open(url).map_err(StartupError::RedisUrl)?;
-        Ok(LockClient::with_options(redis, prefix.clone(), options))
-    };
+    Ok(LockClient::with_options(redis, prefix, options))
+}
+
+/// The users' purchase locks: on the service's Redis, or RedLock over the
+/// nodes of `SECKILL_LOCK_REDIS_URLS`.
+fn user_locks(settings: &Settings) -> Result<UserLocks, StartupError> {
+    let client = |url: &str| lock_client(settings, url, &settings.redis_prefix);
     let nodes = settings.lock_nodes();
     if nodes.is_empty() {
         return Ok(UserLocks::Single(client(&settings.redis_url)?));

@@ -12,9 +12,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::extract::{Admin, AppJson, User, VoucherIdPath};
+use super::extract::{voucher_id, Admin, AppJson, User, VoucherIdPath};
 use super::AppState;
-use crate::id::parse_positive;
 use crate::lab::{Lab, Stall, StallAt, Strategy, MAX_STALL};
 
 fn lab(state: &AppState) -> Result<&Lab, ApiError> {
@@ -82,12 +81,9 @@ impl<S: Send + Sync> FromRequestParts<S> for LabPath {
         let strategy = Strategy::from_name(&strategy).ok_or_else(|| {
             ApiError::NotFound(format!("no lab strategy {strategy:?}; GET /lab lists them"))
         })?;
-        let voucher_id = parse_positive(&voucher).ok_or_else(|| {
-            ApiError::BadRequest(format!("voucher id {voucher:?} is not a positive integer"))
-        })?;
         Ok(Self {
             strategy,
-            voucher_id,
+            voucher_id: voucher_id(&voucher)?,
         })
     }
 }

@@ -24,7 +24,7 @@ use deadpool_redis::redis;
 use deadpool_redis::Pool;
 
 use crate::lock::{Acquired, LockClient, LockError};
-use crate::seckill::{Result, SeckillError};
+use crate::seckill::{stock_units, Result, SeckillError};
 use crate::store::{Decrement, LabSale, LabStats, LabStore};
 
 /// Longest stall a request may ask for.
@@ -85,13 +85,7 @@ impl Lab {
     }
 
     pub async fn create_voucher(&self, stock: i64) -> Result<i64> {
-        let stock = i32::try_from(stock)
-            .ok()
-            .filter(|s| *s >= 0)
-            .ok_or_else(|| {
-                SeckillError::Invalid(format!("stock must be between 0 and {}", i32::MAX))
-            })?;
-        Ok(self.inner.store.create_voucher(stock).await?)
+        Ok(self.inner.store.create_voucher(stock_units(stock)?).await?)
     }
 
     pub async fn stats(&self, voucher_id: i64) -> Result<LabStats> {

@@ -78,6 +78,14 @@ impl SeckillError {
 
 pub type Result<T, E = SeckillError> = std::result::Result<T, E>;
 
+/// A voucher's stock as asked for, in the range its column holds.
+pub fn stock_units(stock: i64) -> Result<i32> {
+    i32::try_from(stock)
+        .ok()
+        .filter(|s| *s >= 0)
+        .ok_or_else(|| SeckillError::Invalid(format!("stock must be between 0 and {}", i32::MAX)))
+}
+
 impl From<StoreError> for SeckillError {
     fn from(error: StoreError) -> Self {
         match error {
@@ -435,12 +443,7 @@ impl Seckill {
                 "title must have 1 to {TITLE_MAX_CHARS} characters"
             )));
         }
-        let stock = i32::try_from(draft.stock)
-            .ok()
-            .filter(|s| *s >= 0)
-            .ok_or_else(|| {
-                SeckillError::Invalid(format!("stock must be between 0 and {}", i32::MAX))
-            })?;
+        let stock = stock_units(draft.stock)?;
         if draft.end_time <= draft.begin_time {
             return Err(SeckillError::Invalid(
                 "end_time must be after begin_time".into(),
