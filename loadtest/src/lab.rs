@@ -31,17 +31,34 @@ pub const STRATEGIES: [&str; 8] = [
     "fenced",
 ];
 
+#[derive(clap::Args, Clone)]
 pub struct LabArgs {
-    /// Crowd rows: users, requests per user, units, connections.
+    /// Crowd rows: users, each sending --per-user requests at once.
+    #[arg(long, default_value_t = 300)]
     pub users: i64,
+    #[arg(long, default_value_t = 2)]
     pub per_user: usize,
+    /// Crowd rows: units for sale.
+    #[arg(long, default_value_t = 100)]
     pub stock: i64,
+    #[arg(long, default_value_t = 200)]
     pub connections: usize,
-    /// Stall rows: users, each sending a stalled pair.
+    /// Stall rows: users, each sending one stalled pair.
+    #[arg(long, default_value_t = 50)]
     pub pairs: i64,
-    pub lease: Duration,
-    /// Only these strategies (all when empty).
-    pub strategies: Vec<String>,
+    /// Lease of the lab's locks (SECKILL_LAB_LEASE_MS of the instances).
+    #[arg(long, default_value_t = 500)]
+    pub lease_ms: u64,
+    /// Only this strategy (repeatable; all when not given).
+    #[arg(long)]
+    pub strategy: Vec<String>,
+}
+
+impl LabArgs {
+    /// The lease, at least 50 ms so that stalls and delays stay apart.
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms.max(50))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +69,7 @@ pub enum Stall {
 }
 
 impl Stall {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Self::None => "none",
             Self::Sale => "sale",
@@ -178,12 +195,12 @@ pub async fn run(target: &Target, args: &LabArgs) -> Result<Vec<Row>, String> {
     }
     let strategies: Vec<&'static str> = STRATEGIES
         .into_iter()
-        .filter(|s| args.strategies.is_empty() || args.strategies.iter().any(|a| a == s))
+        .filter(|s| args.strategy.is_empty() || args.strategy.iter().any(|a| a == s))
         .collect();
     if strategies.is_empty() {
         return Err(format!(
             "no such strategy in {:?}; the strategies are {STRATEGIES:?}",
-            args.strategies
+            args.strategy
         ));
     }
     let admin = Admin::new(target);
@@ -254,7 +271,7 @@ async fn crowd(
     label: &str,
 ) -> Result<Row, String> {
     let voucher = admin.lab_voucher(args.stock).await?;
-    let path = lab_path(strategy, voucher, Stall::None, args.lease);
+    let path = lab_path(strategy, voucher, Stall::None, args.lease());
     // A user's requests stand next to each other in the plan, so that
     // different connections send them at the same moment.
     let users = usize::try_from(args.users).unwrap_or(0);
@@ -289,7 +306,7 @@ async fn pairs(
 ) -> Result<Row, String> {
     // Plenty of stock: these rows are about users, not units.
     let voucher = admin.lab_voucher(args.pairs * 10).await?;
-    let path = lab_path(strategy, voucher, stall, args.lease);
+    let path = lab_path(strategy, voucher, stall, args.lease());
     let users = usize::try_from(args.pairs).unwrap_or(0);
     let progress = ProgressBar::new(users as u64).with_prefix(label.to_owned());
     progress.set_style(
@@ -298,7 +315,7 @@ async fn pairs(
             .progress_chars("=> "),
     );
     let client = drive::client(users * 2);
-    let (lease, started) = (args.lease, Instant::now());
+    let (lease, started) = (args.lease(), Instant::now());
     let tasks: Vec<_> = tokens[..users]
         .iter()
         .map(|token| {

@@ -83,30 +83,7 @@ enum Scenario {
     Lock(LockBenchArgs),
     /// Every lab strategy on one and two instances, with and without a
     /// stall past the lease: which anomalies appear (LAB.md).
-    Lab(LabCliArgs),
-}
-
-#[derive(Args, Clone)]
-struct LabCliArgs {
-    /// Crowd rows: users, each sending --per-user requests at once.
-    #[arg(long, default_value_t = 300)]
-    users: i64,
-    #[arg(long, default_value_t = 2)]
-    per_user: usize,
-    /// Crowd rows: units for sale.
-    #[arg(long, default_value_t = 100)]
-    stock: i64,
-    #[arg(long, default_value_t = 200)]
-    connections: usize,
-    /// Stall rows: users, each sending one stalled pair.
-    #[arg(long, default_value_t = 50)]
-    pairs: i64,
-    /// Lease of the lab's locks (SECKILL_LAB_LEASE_MS of the instances).
-    #[arg(long, default_value_t = 500)]
-    lease_ms: u64,
-    /// Only this strategy (repeatable; all when not given).
-    #[arg(long)]
-    strategy: Vec<String>,
+    Lab(lab::LabArgs),
 }
 
 #[derive(Args, Clone)]
@@ -194,7 +171,7 @@ async fn main() -> ExitCode {
         };
     }
     if let Scenario::Lab(args) = &cli.scenario {
-        return run_lab(&cli.target, args).await;
+        return exit(run_lab(&cli.target, args).await);
     }
     if let Scenario::Tokens(args) = &cli.scenario {
         return match write_tokens(&cli.target, args).await {
@@ -231,54 +208,43 @@ async fn main() -> ExitCode {
     };
     let result = run(&cli.scenario, &target, cli.target.pgbench_seconds).await;
     target.stop().await;
-    match result {
-        Ok(reports) => {
-            print_table(&reports);
-            let ok = reports.iter().all(|r| r.check.ok());
-            let json = if let [only] = reports.as_slice() {
-                report_json(only)
-            } else {
-                // Totals on top; each scenario's own figures below.
-                let mut status = std::collections::BTreeMap::<String, u64>::new();
-                for r in &reports {
-                    for (k, v) in &r.tally.statuses {
-                        *status.entry(format!("{}: {k}", r.scenario)).or_default() += v;
-                    }
+    exit(result.map(|reports| {
+        print_table(&reports);
+        let ok = reports.iter().all(|r| r.check.ok());
+        let json = if let [only] = reports.as_slice() {
+            report_json(only)
+        } else {
+            // Totals on top; each scenario's own figures below.
+            let mut status = std::collections::BTreeMap::<String, u64>::new();
+            for r in &reports {
+                for (k, v) in &r.tally.statuses {
+                    *status.entry(format!("{}: {k}", r.scenario)).or_default() += v;
                 }
-                json!({
-                    "scenario": "all",
-                    "requests": reports.iter().map(|r| r.tally.requests).sum::<u64>(),
-                    "status": status,
-                    "orders": reports.iter().map(|r| r.check.orders).sum::<i64>(),
-                    "oversold": reports.iter().map(|r| r.check.oversold).sum::<i64>(),
-                    "duplicate_users": reports.iter().map(|r| r.check.duplicate_users).sum::<i64>(),
-                    "invariants_ok": ok,
-                    "ratios": reports.iter().filter_map(|r| r.ratios.clone()).collect::<Vec<_>>(),
-                    "scenarios": reports.iter().map(report_json).collect::<Vec<_>>(),
-                })
-            };
-            println!("{json}");
-            if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
             }
-        }
-        Err(e) => {
-            eprintln!("loadtest: {e}");
-            ExitCode::FAILURE
-        }
-    }
+            json!({
+                "scenario": "all",
+                "requests": reports.iter().map(|r| r.tally.requests).sum::<u64>(),
+                "status": status,
+                "orders": reports.iter().map(|r| r.check.orders).sum::<i64>(),
+                "oversold": reports.iter().map(|r| r.check.oversold).sum::<i64>(),
+                "duplicate_users": reports.iter().map(|r| r.check.duplicate_users).sum::<i64>(),
+                "invariants_ok": ok,
+                "ratios": reports.iter().filter_map(|r| r.ratios.clone()).collect::<Vec<_>>(),
+                "scenarios": reports.iter().map(report_json).collect::<Vec<_>>(),
+            })
+        };
+        println!("{json}");
+        ok
+    }))
 }
 
 /// The lab starts its own two instances with the lab on: no deployment
-/// should serve it.
-async fn run_lab(target: &TargetArgs, args: &LabCliArgs) -> ExitCode {
+/// should serve it. `Ok(false)`: a design broke a guarantee it gives.
+async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, String> {
     if target.url.is_some() {
-        eprintln!("loadtest: lab starts its own two instances (SECKILL_LAB=1); drop --url");
-        return ExitCode::FAILURE;
+        return Err("lab starts its own two instances (SECKILL_LAB=1); drop --url".into());
     }
-    let lease = Duration::from_millis(args.lease_ms.max(50));
+    let lease = args.lease();
     let launch = Launch {
         seckill_bin: target.seckill_bin.clone(),
         pg_pool: target.pg_pool,
@@ -289,55 +255,42 @@ async fn run_lab(target: &TargetArgs, args: &LabCliArgs) -> ExitCode {
             ("SECKILL_LAB_LEASE_MS".into(), lease.as_millis().to_string()),
         ],
     };
-    let target = match Target::start(launch).await {
-        Ok(target) => target,
-        Err(e) => {
-            eprintln!("loadtest: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let lab_args = lab::LabArgs {
-        users: args.users,
-        per_user: args.per_user,
-        stock: args.stock,
-        connections: args.connections,
-        pairs: args.pairs,
-        lease,
-        strategies: args.strategy.clone(),
-    };
-    let result = lab::run(&target, &lab_args).await;
+    let target = Target::start(launch).await?;
+    let result = lab::run(&target, args).await;
     target.stop().await;
+    let rows = result?;
+    lab::print_table(&rows);
+    let failed: Vec<&lab::Row> = rows.iter().filter(|r| r.failed()).collect();
+    for r in &failed {
+        println!(
+            "  FAILED: {} on {} instance(s), stall {}: a guarantee of its design broke",
+            r.strategy,
+            r.instances,
+            r.stall.name()
+        );
+    }
+    println!(
+        "{}",
+        json!({
+            "scenario": "lab",
+            "lease_ms": lease.as_millis(),
+            "users": args.users,
+            "per_user": args.per_user,
+            "stock": args.stock,
+            "pairs": args.pairs,
+            "ok": failed.is_empty(),
+            "rows": rows.iter().map(lab::Row::json).collect::<Vec<_>>(),
+        })
+    );
+    Ok(failed.is_empty())
+}
+
+/// The exit code of a run: failure when it could not run (the reason is
+/// printed) or when what it checked did not hold.
+fn exit(result: Result<bool, String>) -> ExitCode {
     match result {
-        Ok(rows) => {
-            lab::print_table(&rows);
-            let failed: Vec<&lab::Row> = rows.iter().filter(|r| r.failed()).collect();
-            for r in &failed {
-                println!(
-                    "  FAILED: {} on {} instance(s), stall {}: a guarantee of its design broke",
-                    r.strategy,
-                    r.instances,
-                    r.json()["stall"]
-                );
-            }
-            println!(
-                "{}",
-                json!({
-                    "scenario": "lab",
-                    "lease_ms": lease.as_millis(),
-                    "users": args.users,
-                    "per_user": args.per_user,
-                    "stock": args.stock,
-                    "pairs": args.pairs,
-                    "ok": failed.is_empty(),
-                    "rows": rows.iter().map(lab::Row::json).collect::<Vec<_>>(),
-                })
-            );
-            if failed.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("loadtest: {e}");
             ExitCode::FAILURE
