@@ -56,10 +56,22 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_LOCK_LEASE_MS", default_value_t = 10_000)]
     pub lock_lease_ms: u64,
 
-    /// How long to wait for a Postgres or Redis connection before
-    /// answering 503, in milliseconds.
+    /// Deadline of every Postgres query and Redis command (getting a
+    /// connection included), in milliseconds; past it the request answers
+    /// 503 and the connection is not reused.
     #[arg(long, env = "SECKILL_DEPENDENCY_TIMEOUT_MS", default_value_t = 2_000)]
     pub dependency_timeout_ms: u64,
+
+    /// Longest time to read a request's headers, and to wait for the next
+    /// request on an idle keep-alive connection, in milliseconds; also the
+    /// longest pause while a request's body arrives.
+    #[arg(long, env = "SECKILL_HEADER_TIMEOUT_MS", default_value_t = 10_000)]
+    pub header_timeout_ms: u64,
+
+    /// Most client connections open at once (default: what the process's
+    /// open-file limit allows, less room for the pools and the logs).
+    #[arg(long, env = "SECKILL_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
 
     /// How long a voucher's time window is served from memory, in ms.
     #[arg(long, env = "SECKILL_VOUCHER_CACHE_MS", default_value_t = 1_000)]
@@ -87,9 +99,21 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_LAB_LEASE_MS", default_value_t = 1_000)]
     pub lab_lease_ms: u64,
 
-    /// On SIGTERM, how long in-flight requests and lock releases may take.
+    /// On SIGTERM, how long the drain of in-flight requests and the lock
+    /// releases may take together; connections still open then are closed.
     #[arg(long, env = "SECKILL_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
+
+    /// Fault injection for tests: pretend this host's clock is off by this
+    /// many milliseconds (the sale window still follows Redis's clock).
+    #[arg(
+        long,
+        env = "SECKILL_FAULT_CLOCK_SKEW_MS",
+        default_value_t = 0,
+        allow_negative_numbers = true,
+        hide = true
+    )]
+    pub fault_clock_skew_ms: i64,
 }
 
 #[derive(Parser)]
@@ -150,6 +174,22 @@ impl Settings {
 
     pub fn startup_wait(&self) -> Duration {
         Duration::from_millis(self.startup_wait_ms)
+    }
+
+    pub fn header_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_timeout_ms)
+    }
+
+    /// The connection bound: as configured, or what the open-file limit
+    /// `nofile` leaves after the pools' connections and a reserve.
+    pub fn max_connections(&self, nofile: u64) -> usize {
+        self.max_connections.unwrap_or_else(|| {
+            let pools = u64::from(self.pg_pool_size())
+                + u64::try_from(self.redis_pool).unwrap_or(u64::MAX)
+                + 4 * u64::try_from(self.lock_nodes().len() + 1).unwrap_or(u64::MAX);
+            let left = nofile.saturating_sub(pools + 64);
+            usize::try_from(left.clamp(16, 100_000)).unwrap_or(100_000)
+        })
     }
 
     pub fn shutdown_timeout(&self) -> Duration {

@@ -5,13 +5,16 @@
 //! The seconds come from Redis's clock in the same script as the `INCR`, so
 //! instances with skewed clocks still hand out ids that grow in the order
 //! Redis served them. A counter past 2^32 - 1 is an error, never a wrap.
+//! A counter that Redis lost (a restart without persistence, a failover)
+//! is raised past the ids already used with [`IdGenerator::raise_day`].
 
 use std::fmt;
 use std::str::FromStr;
 
 use chrono::{DateTime, NaiveTime, Utc};
-use deadpool_redis::redis::{self, Script};
-use deadpool_redis::{Pool, PoolError};
+use deadpool_redis::redis::Script;
+
+use crate::kv::{Kv, KvError};
 
 /// 2022-01-01T00:00:00Z in unix seconds: second 0 of every order id.
 pub const EPOCH_UNIX: i64 = 1_640_995_200;
@@ -32,6 +35,11 @@ impl OrderId {
         Some(Self(seconds_since_epoch << SEQUENCE_BITS | sequence as i64))
     }
 
+    /// An id as the orders table holds it (always positive).
+    pub fn from_stored(id: i64) -> Option<Self> {
+        (id > 0).then_some(Self(id))
+    }
+
     pub fn as_i64(self) -> i64 {
         self.0
     }
@@ -45,6 +53,25 @@ impl OrderId {
     pub fn sequence(self) -> u32 {
         (self.0 & 0xFFFF_FFFF) as u32
     }
+
+    /// When the id was drawn, by the clock that stamped it.
+    pub fn drawn_at(self) -> DateTime<Utc> {
+        DateTime::from_timestamp(self.seconds_since_epoch() + EPOCH_UNIX, 0)
+            .expect("31 bits of seconds after 2022 are a valid time")
+    }
+}
+
+/// The ids drawn on the UTC day of `at`: those from its first second up to,
+/// not including, the next day's first (`None` outside the id range).
+pub fn day_range(at: DateTime<Utc>) -> Option<std::ops::Range<i64>> {
+    let start = day_start(at).timestamp() - EPOCH_UNIX;
+    let first = OrderId::from_parts(start, 0)?;
+    let next = OrderId::from_parts(start + 86_400, 0).map_or(i64::MAX, OrderId::as_i64);
+    Some(first.as_i64()..next)
+}
+
+fn day_start(at: DateTime<Utc>) -> DateTime<Utc> {
+    at.date_naive().and_time(NaiveTime::MIN).and_utc()
 }
 
 impl fmt::Display for OrderId {
@@ -72,10 +99,8 @@ pub fn parse_positive(s: &str) -> Option<i64> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdError {
-    #[error("no Redis connection for the id counter: {0}")]
-    Pool(#[from] PoolError),
-    #[error("Redis failed the id counter: {0}")]
-    Redis(#[from] redis::RedisError),
+    #[error("the id counter: {0}")]
+    Redis(#[from] KvError),
     #[error("the order id counter for {day} is exhausted (more than 2^32 - 1 ids today)")]
     Exhausted { day: String },
     #[error("Redis's clock ({unix}) is outside the order id range")]
@@ -87,18 +112,20 @@ pub enum IdError {
 /// Draws order ids from Redis.
 #[derive(Clone)]
 pub struct IdGenerator {
-    pool: Pool,
+    redis: Kv,
     prefix: String,
     script: Script,
+    raise: Script,
 }
 
 impl IdGenerator {
     /// A generator whose counter keys start with `prefix` (may be empty).
-    pub fn new(pool: Pool, prefix: impl Into<String>) -> Self {
+    pub fn new(redis: Kv, prefix: impl Into<String>) -> Self {
         Self {
-            pool,
+            redis,
             prefix: prefix.into(),
             script: Script::new(include_str!("../lua/order_id.lua")),
+            raise: Script::new(include_str!("../lua/order_id_raise.lua")),
         }
     }
 
@@ -109,19 +136,19 @@ impl IdGenerator {
 
     /// The next order id.
     pub async fn next_id(&self) -> Result<OrderId, IdError> {
-        let mut conn = self.pool.get().await?;
         let mut day = Utc::now();
         // The first try names the day from our clock; if Redis's clock is on
         // another day the script counts nothing and tells us its time.
         for _ in 0..3 {
-            let day_start = day.date_naive().and_time(NaiveTime::MIN).and_utc();
             let key = self.day_key(day);
             let (now, count): (i64, u64) = self
-                .script
-                .key(&key)
-                .arg(day_start.timestamp())
-                .arg(DAY_KEY_TTL_SECS)
-                .invoke_async(&mut conn)
+                .redis
+                .invoke(
+                    self.script
+                        .key(&key)
+                        .arg(day_start(day).timestamp())
+                        .arg(DAY_KEY_TTL_SECS),
+                )
                 .await?;
             if count == 0 {
                 day = DateTime::from_timestamp(now, 0)
@@ -136,6 +163,22 @@ impl IdGenerator {
         }
         Err(IdError::DayUnsettled)
     }
+
+    /// Makes the counter of `day` count on from at least `sequence`, the
+    /// highest one already used that day: after Redis lost the counter, no
+    /// id drawn again repeats one that is taken.
+    pub async fn raise_day(&self, day: DateTime<Utc>, sequence: u32) -> Result<(), IdError> {
+        let _: u64 = self
+            .redis
+            .invoke(
+                self.raise
+                    .key(self.day_key(day))
+                    .arg(sequence)
+                    .arg(DAY_KEY_TTL_SECS),
+            )
+            .await?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -148,6 +191,18 @@ mod tests {
         assert_eq!(id.seconds_since_epoch(), 123_456);
         assert_eq!(id.sequence(), 789);
         assert_eq!(id.as_i64(), (123_456_i64 << 32) | 789);
+    }
+
+    #[test]
+    fn a_day_range_holds_exactly_that_days_ids() {
+        let at = DateTime::from_timestamp(EPOCH_UNIX + 3 * 86_400 + 5_000, 0).unwrap();
+        let range = day_range(at).unwrap();
+        let first = OrderId::from_parts(3 * 86_400, 0).unwrap().as_i64();
+        let last = OrderId::from_parts(4 * 86_400 - 1, u64::from(u32::MAX)).unwrap();
+        assert_eq!(range.start, first);
+        assert!(range.contains(&last.as_i64()));
+        assert!(!range.contains(&(last.as_i64() + 1)));
+        assert_eq!(last.drawn_at().timestamp(), EPOCH_UNIX + 4 * 86_400 - 1);
     }
 
     #[test]

@@ -13,10 +13,12 @@
 //! - [`store`]: Postgres, including the statement that sells one unit.
 //! - [`lock`]: reentrant Redis locks (self-contained, imports nothing here).
 //! - [`id`]: 64-bit order ids from Redis.
+//! - [`kv`]: Redis for the service's own commands, each under a deadline.
 
 pub mod config;
 pub mod http;
 pub mod id;
+pub mod kv;
 pub mod lab;
 pub mod lock;
 pub mod seckill;

@@ -7,15 +7,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::TimeDelta;
 use deadpool_redis::{PoolConfig, Runtime, Timeouts};
 use tokio::net::TcpListener;
 
 use crate::config::Settings;
+use crate::http::serve::{serve, DrainOutcome, ServeSettings};
 use crate::http::{self, AppState};
+use crate::kv::Kv;
 use crate::lab::{Lab, LabSettings};
 use crate::lock::{LockClient, LockOptions, MultiNodeLocks, Quorum};
-use crate::seckill::{Seckill, SeckillSettings, UserLocks};
-use crate::store::{LabStore, PoolSettings, Store, StoreError};
+use crate::seckill::{SaleClock, Seckill, SeckillSettings, UserLocks};
+use crate::store::{PoolSettings, Store, StoreError};
 use crate::token::TokenSigner;
 
 #[derive(Debug, thiserror::Error)]
@@ -38,21 +41,40 @@ pub struct Application {
     listener: TcpListener,
     state: AppState,
     settings: Settings,
+    serve: ServeSettings,
 }
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
         let store = connect_store(&settings).await?;
-        let redis = redis_pool(&settings.redis_url, &settings)?;
-        let locks = user_locks(&settings)?;
-        let lab = lab(&settings, &store, &redis)?;
+        // Every key under the database's own namespace: Redis state of
+        // another database (or of this one before a reset) is never read.
+        let prefix = format!(
+            "{}{}:",
+            settings.redis_prefix,
+            store.namespace().await?.simple()
+        );
+        let redis = Kv::new(
+            redis_pool(&settings.redis_url, &settings)?,
+            settings.dependency_timeout(),
+        );
+        let locks = user_locks(&settings, &prefix)?;
+        let lab = lab(&settings, &prefix, &store, &redis)?;
+        let clock = SaleClock::start(
+            redis.clone(),
+            TimeDelta::milliseconds(settings.fault_clock_skew_ms),
+        );
+        if let Err(error) = clock.sync().await {
+            tracing::warn!(%error, "cannot read Redis's clock yet; using this host's until it answers");
+        }
 
         let seckill = Seckill::new(
             store,
             redis,
             locks,
+            clock,
             SeckillSettings {
-                redis_prefix: settings.redis_prefix.clone(),
+                redis_prefix: prefix,
                 lock_lease: settings.lock_lease(),
                 voucher_cache_ttl: settings.voucher_cache_ttl(),
             },
@@ -75,10 +97,15 @@ impl Application {
                     addr: settings.addr.clone(),
                     source,
                 })?;
+        let serve = ServeSettings {
+            header_timeout: settings.header_timeout(),
+            max_connections: settings.max_connections(open_file_limit()),
+        };
         Ok(Self {
             listener,
             state,
             settings,
+            serve,
         })
     }
 
@@ -97,7 +124,8 @@ impl Application {
     }
 
     /// Serves until `shutdown` completes, then drains in-flight requests
-    /// and waits for the lock releases they started.
+    /// and waits for the lock releases they started: both together within
+    /// the shutdown timeout, whatever clients do.
     pub async fn run_until(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -106,16 +134,38 @@ impl Application {
             listener,
             state,
             settings,
+            serve: serve_settings,
         } = self;
         let seckill = state.seckill.clone();
         let lab = state.lab.clone();
-        tracing::info!(addr = %listener.local_addr()?, "serving");
-        axum::serve(listener, http::router(state))
-            .with_graceful_shutdown(shutdown)
-            .await?;
-        let mut released = seckill.shutdown_locks(settings.shutdown_timeout()).await;
+        tracing::info!(
+            addr = %listener.local_addr()?,
+            max_connections = serve_settings.max_connections,
+            "serving"
+        );
+        let timeout = settings.shutdown_timeout();
+        let (began, drained) = serve(
+            listener,
+            http::router(state, serve_settings.header_timeout),
+            serve_settings,
+            shutdown,
+            timeout,
+        )
+        .await;
+        if let DrainOutcome::CutOff { left } = drained {
+            tracing::warn!(
+                left,
+                "closed connections still open at the shutdown deadline"
+            );
+        }
+        // Requests cut off above release their locks as they drop; those
+        // releases get what is left of the deadline, and a moment at least.
+        let left = (began + timeout)
+            .saturating_duration_since(tokio::time::Instant::now())
+            .max(Duration::from_millis(100));
+        let mut released = seckill.shutdown_locks(left).await;
         if let Some(lab) = lab {
-            released &= lab.shutdown_locks(settings.shutdown_timeout()).await;
+            released &= lab.shutdown_locks(left).await;
         }
         if !released {
             tracing::warn!("some lock releases did not finish; their leases will free them");
@@ -129,17 +179,18 @@ impl Application {
 /// Redis, with its own lock client under the prefix's `lab:`.
 fn lab(
     settings: &Settings,
+    prefix: &str,
     store: &Store,
-    redis: &deadpool_redis::Pool,
+    redis: &Kv,
 ) -> Result<Option<Lab>, StartupError> {
     if !settings.lab {
         return Ok(None);
     }
-    let prefix = format!("{}lab:", settings.redis_prefix);
+    let prefix = format!("{prefix}lab:");
     let locks = lock_client(settings, &settings.redis_url, &prefix)?;
     tracing::warn!("the lab is on: /lab/* runs deliberately flawed purchase strategies");
     Ok(Some(Lab::new(
-        LabStore::new(store.pool().clone()),
+        store.lab(),
         redis.clone(),
         locks,
         LabSettings {
@@ -161,9 +212,9 @@ fn lock_client(settings: &Settings, url: &str, prefix: &str) -> Result<LockClien
 }
 
 /// The users' purchase locks: on the service's Redis, or RedLock over the
-/// nodes of `SECKILL_LOCK_REDIS_URLS`.
-fn user_locks(settings: &Settings) -> Result<UserLocks, StartupError> {
-    let client = |url: &str| lock_client(settings, url, &settings.redis_prefix);
+/// nodes of `SECKILL_LOCK_REDIS_URLS`; their keys under `prefix`.
+fn user_locks(settings: &Settings, prefix: &str) -> Result<UserLocks, StartupError> {
+    let client = |url: &str| lock_client(settings, url, prefix);
     let nodes = settings.lock_nodes();
     if nodes.is_empty() {
         return Ok(UserLocks::Single(client(&settings.redis_url)?));
@@ -204,7 +255,7 @@ fn redis_pool(url: &str, settings: &Settings) -> Result<deadpool_redis::Pool, St
 async fn connect_store(settings: &Settings) -> Result<Store, StoreError> {
     let pool = PoolSettings {
         max_connections: settings.pg_pool_size(),
-        acquire_timeout: settings.dependency_timeout(),
+        timeout: settings.dependency_timeout(),
     };
     let started = Instant::now();
     loop {
@@ -214,6 +265,18 @@ async fn connect_store(settings: &Settings) -> Result<Store, StoreError> {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }
             other => return other,
+        }
+    }
+}
+
+/// The process's open-file limit, raised first to the hard limit: every
+/// client connection costs a descriptor.
+fn open_file_limit() -> u64 {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => limit,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the open-file limit; assuming 1024");
+            1024
         }
     }
 }

@@ -43,7 +43,9 @@ impl ApiError {
             Self::Seckill(S::NotStarted) => (StatusCode::CONFLICT, "not_started"),
             Self::Seckill(S::Ended) => (StatusCode::CONFLICT, "ended"),
             Self::Seckill(S::SoldOut) => (StatusCode::CONFLICT, "sold_out"),
-            Self::Seckill(S::AlreadyPurchased) => (StatusCode::CONFLICT, "already_purchased"),
+            Self::Seckill(S::AlreadyPurchased { .. }) => {
+                (StatusCode::CONFLICT, "already_purchased")
+            }
             Self::Seckill(S::InProgress) => (StatusCode::TOO_MANY_REQUESTS, "purchase_in_progress"),
             Self::Seckill(S::Unavailable { .. }) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
@@ -55,6 +57,9 @@ impl ApiError {
 
 /// Seconds a client should wait before retrying after a 503.
 const RETRY_AFTER_SECS: &str = "1";
+/// Longest message sent back: messages may quote the input, and an answer
+/// must not grow with what a client sends.
+const MAX_MESSAGE_CHARS: usize = 200;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -69,10 +74,17 @@ impl IntoResponse for ApiError {
                 tracing::warn!(dependency, %detail, "dependency unavailable");
                 format!("{dependency} is unavailable; retry shortly")
             }
-            other => other.to_string(),
+            other => bounded(other.to_string()),
         };
-        let mut response =
-            (status, Json(json!({ "error": code, "message": message }))).into_response();
+        let mut body = json!({ "error": code, "message": message });
+        if let Self::Seckill(SeckillError::AlreadyPurchased {
+            order_id: Some(order_id),
+        }) = &self
+        {
+            // A retry after a lost answer learns its order from here.
+            body["order_id"] = json!(order_id.to_string());
+        }
+        let mut response = (status, Json(body)).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
@@ -80,5 +92,13 @@ impl IntoResponse for ApiError {
             );
         }
         response
+    }
+}
+
+/// `text` cut to [`MAX_MESSAGE_CHARS`] characters, marked where it was cut.
+fn bounded(text: String) -> String {
+    match text.char_indices().nth(MAX_MESSAGE_CHARS) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text,
     }
 }

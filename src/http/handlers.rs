@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::extract::{Admin, AppJson, Caller, OrderIdPath, User, VoucherIdPath};
+use super::extract::{rfc3339, Admin, AppJson, Caller, NoBody, OrderIdPath, User, VoucherIdPath};
 use super::AppState;
 use crate::seckill::{Order, Voucher, VoucherDraft};
 
@@ -22,7 +22,9 @@ const MAX_TOKEN_TTL_SECS: i64 = 30 * 86_400;
 pub struct CreateVoucher {
     title: String,
     stock: i64,
+    #[serde(deserialize_with = "rfc3339")]
     begin_time: DateTime<Utc>,
+    #[serde(deserialize_with = "rfc3339")]
     end_time: DateTime<Utc>,
 }
 
@@ -128,6 +130,7 @@ pub async fn seckill(
     State(state): State<AppState>,
     User(user_id): User,
     VoucherIdPath(voucher_id): VoucherIdPath,
+    NoBody: NoBody,
 ) -> Result<Json<Value>, ApiError> {
     let order_id = state.seckill.purchase(user_id, voucher_id).await?;
     Ok(Json(json!({ "order_id": order_id.to_string() })))

@@ -6,6 +6,8 @@ mod extract;
 mod handlers;
 mod lab;
 pub mod ops;
+mod screen;
+pub mod serve;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
@@ -43,8 +46,9 @@ pub struct AppState {
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// The whole API as a router.
-pub fn router(state: AppState) -> Router {
+/// The whole API as a router; a request body that pauses longer than
+/// `body_timeout` fails.
+pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
     let api = Router::new()
         .route("/admin/vouchers", post(handlers::create_voucher))
         .route("/admin/vouchers/{id}/orders", get(handlers::voucher_orders))
@@ -81,18 +85,25 @@ pub fn router(state: AppState) -> Router {
                 .get(&REQUEST_ID)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("");
-            tracing::info_span!("request", method = %request.method(), route, request_id)
+            let method = ops::method_label(request.method());
+            tracing::info_span!("request", method, route, request_id)
         })
         .on_request(())
         .on_response(DefaultOnResponse::new().level(Level::DEBUG));
 
-    api.layer(middleware::from_fn(ops::track)).layer(
-        ServiceBuilder::new()
-            .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
-            .layer(trace)
-            .layer(PropagateRequestIdLayer::new(REQUEST_ID))
-            .layer(CatchPanicLayer::custom(panic_response)),
-    )
+    api.layer(middleware::from_fn(screen::screen))
+        .layer(middleware::from_fn(ops::track))
+        .layer(
+            ServiceBuilder::new()
+                .layer(middleware::from_fn(screen::sanitize_request_id))
+                .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+                .layer(trace)
+                .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+                .layer(CatchPanicLayer::custom(panic_response))
+                // A body that stops arriving fails its read, and so ends
+                // its request, after this long.
+                .layer(RequestBodyTimeoutLayer::new(body_timeout)),
+        )
 }
 
 /// A panicking handler answers an opaque 500 in the app's error shape.

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis;
-use deadpool_redis::Pool;
 
+use crate::kv::Kv;
 use crate::lock::{Acquired, LockClient, LockError};
 use crate::seckill::{stock_units, Result, SeckillError};
 use crate::store::{Decrement, LabSale, LabStats, LabStore};
@@ -48,7 +48,7 @@ pub struct Lab {
 
 struct Inner {
     store: LabStore,
-    redis: Pool,
+    redis: Kv,
     /// The service's own lock library, for `reentrant` and `fenced`.
     locks: LockClient,
     /// `process_mutex`'s per-user mutexes: in this process only, which is
@@ -60,7 +60,7 @@ struct Inner {
 }
 
 impl Lab {
-    pub fn new(store: LabStore, redis: Pool, locks: LockClient, settings: LabSettings) -> Self {
+    pub fn new(store: LabStore, redis: Kv, locks: LockClient, settings: LabSettings) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -177,7 +177,7 @@ impl Lab {
             }
         };
         if store.has_order(user_id, voucher_id).await? {
-            return Err(SeckillError::AlreadyPurchased);
+            return Err(SeckillError::AlreadyPurchased { order_id: None });
         }
         pause(stall, StallAt::Sale).await;
         // `version`: a changed stock is refused although units may be left.
@@ -208,7 +208,7 @@ impl Lab {
             }
         }
         if store.has_order(user_id, voucher_id).await? {
-            return Err(SeckillError::AlreadyPurchased);
+            return Err(SeckillError::AlreadyPurchased { order_id: None });
         }
         pause(stall, StallAt::Sale).await;
         let name = strategy.name();
@@ -272,13 +272,16 @@ impl Lab {
         );
         let lease_ms = u64::try_from(inner.settings.lease.as_millis()).unwrap_or(u64::MAX);
         // A pooled connection is not held across the sale (and its stall).
-        let taken: Option<String> = redis::cmd("SET")
-            .arg(&key)
-            .arg(&owner)
-            .arg("NX")
-            .arg("PX")
-            .arg(lease_ms)
-            .query_async(&mut inner.redis.get().await?)
+        let taken: Option<String> = inner
+            .redis
+            .query(
+                redis::cmd("SET")
+                    .arg(&key)
+                    .arg(&owner)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(lease_ms),
+            )
             .await?;
         if taken.is_none() {
             return Err(SeckillError::InProgress);
@@ -307,10 +310,7 @@ impl Lab {
         // A connection per command: none is held through the stall.
         let redis = &self.inner.redis;
         if strategy == Strategy::SetnxOwner {
-            let holder: Option<String> = redis::cmd("GET")
-                .arg(key)
-                .query_async(&mut redis.get().await?)
-                .await?;
+            let holder: Option<String> = redis.query(redis::cmd("GET").arg(key)).await?;
             if holder.as_deref() != Some(owner) {
                 return Ok(());
             }
@@ -318,10 +318,7 @@ impl Lab {
         // `setnx_owner`: between its GET and this delete the lease may run
         // out and another request take the lock.
         pause(stall, StallAt::Release).await;
-        let deleted: Option<String> = redis::cmd("GETDEL")
-            .arg(key)
-            .query_async(&mut redis.get().await?)
-            .await?;
+        let deleted: Option<String> = redis.query(redis::cmd("GETDEL").arg(key)).await?;
         if deleted.is_some_and(|d| d != owner) {
             tracing::warn!(
                 strategy = strategy.name(),

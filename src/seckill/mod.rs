@@ -1,82 +1,40 @@
 //! The flash sale itself: who may buy what and when, in the order that
 //! keeps stock and orders right. Knows nothing of HTTP.
 //!
-//! A purchase runs: voucher (short-lived cache) → time window → sold-out
-//! flag in Redis → the user's reentrant lock → "already bought?" → order id
-//! → one statement that decrements `stock > 0` and inserts the order →
-//! release. Each step is cheaper than the next, so the crowd that cannot
-//! buy is turned away before it reaches the voucher's row lock.
+//! A purchase runs: voucher (short-lived cache) → time window (by Redis's
+//! clock) → sold-out flag in Redis → the user's reentrant lock → "already
+//! bought?" → order id → one statement that decrements `stock > 0` and
+//! inserts the order → release. Each step is cheaper than the next, so the
+//! crowd that cannot buy is turned away before it reaches the voucher's row
+//! lock.
+//!
+//! Stages in their own files: [`clock`] (the shared clock of the window),
+//! [`soldout`] (the flags), [`user_lock`] (the per-user lock), [`error`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use deadpool_redis::redis::{self, Script};
-use deadpool_redis::{Pool, PoolError};
+use deadpool_redis::redis;
 
+mod clock;
+mod error;
+mod soldout;
 mod user_lock;
 
+pub use clock::SaleClock;
+pub use error::{Result, SeckillError};
 pub use user_lock::{UserGuard, UserLocks};
 
-use crate::id::{IdError, IdGenerator, OrderId};
-use crate::lock::LockError;
+use crate::id::{self, IdGenerator, OrderId};
+use crate::kv::Kv;
 use crate::store::{self, NewVoucher, Sale, StockLevel, Store, StoreError};
+use soldout::SoldOutFlags;
 
 pub use crate::store::{Order, Stats, Voucher};
 
-/// Longest life of a sold-out flag whose sale ends later than that; after
-/// it a single purchase attempt reads Postgres and sets the flag again.
-const MAX_SOLDOUT_FLAG: Duration = Duration::from_secs(86_400);
 const TITLE_MAX_CHARS: usize = 200;
-/// How long this instance trusts a "sold out" it read from Redis. A flood
-/// on a sold-out voucher then costs Redis one read per voucher per period
-/// instead of one per request; a restock elsewhere reaches this instance
-/// at most this late (a restock here clears it at once).
-const SOLDOUT_LOCAL_TTL: Duration = Duration::from_millis(200);
-
-#[derive(Debug, thiserror::Error)]
-pub enum SeckillError {
-    #[error("{0}")]
-    Invalid(String),
-    #[error("{0} not found")]
-    NotFound(&'static str),
-    #[error("the sale has not started yet")]
-    NotStarted,
-    #[error("the sale is over")]
-    Ended,
-    #[error("no stock left")]
-    SoldOut,
-    #[error("this user already holds an order for this voucher")]
-    AlreadyPurchased,
-    #[error("another purchase of this user is in progress")]
-    InProgress,
-    #[error("{dependency} is unavailable: {detail}")]
-    Unavailable {
-        dependency: &'static str,
-        detail: String,
-    },
-    #[error("internal error: {0}")]
-    Internal(String),
-}
-
-impl SeckillError {
-    /// The purchase outcome this error stands for, as metrics label it.
-    pub fn outcome(&self) -> &'static str {
-        match self {
-            Self::NotFound(_) => "not_found",
-            Self::NotStarted => "not_started",
-            Self::Ended => "ended",
-            Self::SoldOut => "sold_out",
-            Self::AlreadyPurchased => "already_purchased",
-            Self::InProgress => "purchase_in_progress",
-            Self::Unavailable { .. } => "unavailable",
-            Self::Invalid(_) | Self::Internal(_) => "error",
-        }
-    }
-}
-
-pub type Result<T, E = SeckillError> = std::result::Result<T, E>;
 
 /// A voucher's stock as asked for, in the range its column holds.
 pub fn stock_units(stock: i64) -> Result<i32> {
@@ -86,96 +44,17 @@ pub fn stock_units(stock: i64) -> Result<i32> {
         .ok_or_else(|| SeckillError::Invalid(format!("stock must be between 0 and {}", i32::MAX)))
 }
 
-impl From<StoreError> for SeckillError {
-    fn from(error: StoreError) -> Self {
-        match error {
-            StoreError::Unavailable(e) => Self::Unavailable {
-                dependency: "Postgres",
-                detail: e.to_string(),
-            },
-            StoreError::DuplicateOrder => Self::AlreadyPurchased,
-            e @ StoreError::DuplicateOrderId => Self::Internal(e.to_string()),
-            StoreError::OutOfRange(_) => Self::Invalid("the stock would exceed its maximum".into()),
-            StoreError::Other(e) => Self::Internal(e.to_string()),
-        }
-    }
-}
-
-impl From<LockError> for SeckillError {
-    fn from(error: LockError) -> Self {
-        match error {
-            LockError::Redis(e) => redis_error(e),
-            e @ LockError::NodesUnavailable { .. } => Self::Unavailable {
-                dependency: "Redis",
-                detail: e.to_string(),
-            },
-            e @ LockError::NotHeld { .. } => Self::Internal(e.to_string()),
-        }
-    }
-}
-
-impl From<IdError> for SeckillError {
-    fn from(error: IdError) -> Self {
-        match error {
-            IdError::Pool(e) => redis_pool_error(e),
-            IdError::Redis(e) => redis_error(e),
-            e => Self::Internal(e.to_string()),
-        }
-    }
-}
-
-impl From<redis::RedisError> for SeckillError {
-    fn from(error: redis::RedisError) -> Self {
-        redis_error(error)
-    }
-}
-
-impl From<PoolError> for SeckillError {
-    fn from(error: PoolError) -> Self {
-        redis_pool_error(error)
-    }
-}
-
-fn redis_pool_error(error: PoolError) -> SeckillError {
-    match error {
-        PoolError::Backend(e) => redis_error(e),
-        // No connection within the wait time, or none can be made.
-        e => SeckillError::Unavailable {
-            dependency: "Redis",
-            detail: e.to_string(),
-        },
-    }
-}
-
-fn redis_error(error: redis::RedisError) -> SeckillError {
-    use redis::ErrorKind as K;
-    let transient = error.is_io_error()
-        || error.is_connection_refusal()
-        || error.is_connection_dropped()
-        || error.is_timeout()
-        || matches!(
-            error.kind(),
-            K::BusyLoadingError | K::TryAgain | K::ClusterDown | K::MasterDown | K::ReadOnly
-        );
-    if transient {
-        SeckillError::Unavailable {
-            dependency: "Redis",
-            detail: error.to_string(),
-        }
-    } else {
-        SeckillError::Internal(format!("Redis: {error}"))
-    }
-}
-
 /// Tuning for [`Seckill`].
 #[derive(Debug, Clone)]
 pub struct SeckillSettings {
-    /// Prefix of every Redis key this service writes (tests use their own).
+    /// Prefix of every Redis key this service writes: the configured
+    /// prefix, then the database's namespace (see `startup`).
     pub redis_prefix: String,
     /// Lease of the per-user purchase lock: the longest a crashed instance
     /// can keep a user waiting. Far longer than a purchase takes.
     pub lock_lease: Duration,
-    /// How long a voucher's time window may be served from memory.
+    /// How long a voucher's time window may be served from memory: also
+    /// how late a restock made elsewhere reaches this instance.
     pub voucher_cache_ttl: Duration,
 }
 
@@ -213,23 +92,30 @@ pub struct Seckill {
 
 struct Inner {
     store: Store,
-    redis: Pool,
+    redis: Kv,
     locks: UserLocks,
     ids: IdGenerator,
-    /// Time windows of vouchers, so a crowd on one voucher does not read
-    /// its row once per request. Stock is never taken from here.
+    clock: SaleClock,
+    /// Vouchers as last read, so a crowd on one voucher does not read its
+    /// row once per request. Only the time window and the epoch of the
+    /// sold-out flag are taken from here, never the stock.
     windows: moka::future::Cache<i64, Arc<Voucher>>,
-    /// Vouchers this instance recently saw flagged sold out in Redis.
-    sold_out_here: moka::sync::Cache<i64, ()>,
-    soldout_mark: Script,
+    flags: SoldOutFlags,
     settings: SeckillSettings,
     /// Per-purchase lock owner ids, unique within this process.
     purchases: AtomicU64,
 }
 
 impl Seckill {
-    /// `redis` serves ids and the sold-out flags; `locks` the users' locks.
-    pub fn new(store: Store, redis: Pool, locks: UserLocks, settings: SeckillSettings) -> Self {
+    /// `redis` serves ids, the sold-out flags and the clock; `locks` the
+    /// users' locks.
+    pub fn new(
+        store: Store,
+        redis: Kv,
+        locks: UserLocks,
+        clock: SaleClock,
+        settings: SeckillSettings,
+    ) -> Self {
         let windows = moka::future::Cache::builder()
             .max_capacity(10_000)
             .time_to_live(settings.voucher_cache_ttl)
@@ -238,18 +124,20 @@ impl Seckill {
             inner: Arc::new(Inner {
                 locks,
                 ids: IdGenerator::new(redis.clone(), settings.redis_prefix.clone()),
+                flags: SoldOutFlags::new(redis.clone(), settings.redis_prefix.clone()),
                 store,
                 redis,
+                clock,
                 windows,
-                sold_out_here: moka::sync::Cache::builder()
-                    .max_capacity(10_000)
-                    .time_to_live(SOLDOUT_LOCAL_TTL)
-                    .build(),
-                soldout_mark: Script::new(include_str!("../../lua/soldout_mark.lua")),
                 settings,
                 purchases: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// The clock that judges every sale's window.
+    pub fn clock(&self) -> &SaleClock {
+        &self.inner.clock
     }
 
     /// Waits (at most `timeout`) for lock releases still under way.
@@ -269,14 +157,14 @@ impl Seckill {
 
     async fn try_purchase(&self, user_id: i64, voucher_id: i64) -> Result<OrderId> {
         let voucher = self.sale_window(voucher_id).await?;
-        let now = Utc::now();
+        let now = self.inner.clock.now();
         if now < voucher.begin_time {
             return Err(SeckillError::NotStarted);
         }
         if now >= voucher.end_time {
             return Err(SeckillError::Ended);
         }
-        if self.is_flagged_sold_out(voucher_id).await? {
+        if self.inner.flags.is_sold_out(&voucher).await? {
             return Err(SeckillError::SoldOut);
         }
 
@@ -307,26 +195,36 @@ impl Seckill {
     /// The part of a purchase that runs under the user's lock.
     async fn buy_locked(&self, user_id: i64, voucher: &Voucher, fence: i64) -> Result<OrderId> {
         let store = &self.inner.store;
-        if store.has_order(user_id, voucher.id).await? {
-            return Err(SeckillError::AlreadyPurchased);
+        if let Some(order_id) = store.order_of(user_id, voucher.id).await? {
+            return Err(already_purchased(order_id));
         }
-        let (order_id, sale) = self.sell_with_fresh_id(user_id, voucher.id, fence).await?;
+        let sale = match self.sell_with_fresh_id(user_id, voucher.id, fence).await {
+            Err(SeckillError::AlreadyPurchased { order_id: None }) => {
+                // The unique index caught an order that committed after our
+                // check (a lapsed lease): name it, as the check would have.
+                let existing = store.order_of(user_id, voucher.id).await?;
+                return Err(SeckillError::AlreadyPurchased {
+                    order_id: existing.and_then(OrderId::from_stored),
+                });
+            }
+            other => other?,
+        };
         match sale {
-            Sale::Sold(level) => {
+            (order_id, Sale::Sold(level)) => {
                 if level.stock == 0 {
-                    self.flag_stock(voucher, level).await;
+                    self.publish_stock(voucher, level).await;
                 }
                 Ok(order_id)
             }
-            Sale::SoldOut => {
+            (_, Sale::SoldOut) => {
                 if let Some(level) = store.stock_level(voucher.id).await? {
                     if level.stock == 0 {
-                        self.flag_stock(voucher, level).await;
+                        self.publish_stock(voucher, level).await;
                     }
                 }
                 Err(SeckillError::SoldOut)
             }
-            Sale::Fenced => {
+            (_, Sale::Fenced) => {
                 // Our lock's lease ran out and a newer holder has written:
                 // that request is the user's purchase in progress.
                 tracing::warn!(
@@ -342,17 +240,18 @@ impl Seckill {
 
     /// Sells one unit under a new order id. The id is drawn before the
     /// statement, so no Redis round trip happens while the voucher's row is
-    /// locked. An id already taken (the Redis counter lost its value and
-    /// started over within one second) is retried with the next one.
+    /// locked. An id that is taken already means Redis lost the day's
+    /// counter (a restart without persistence, a failover) and counts again
+    /// from where it restarted: the counter is raised past the highest id
+    /// Postgres holds for that day, and the sale draws again.
     async fn sell_with_fresh_id(
         &self,
         user_id: i64,
         voucher_id: i64,
         fence: i64,
     ) -> Result<(OrderId, Sale)> {
-        const ATTEMPTS: usize = 5;
-        let mut attempt = 1;
-        loop {
+        const ATTEMPTS: usize = 3;
+        for _ in 0..ATTEMPTS {
             let order_id = self.inner.ids.next_id().await?;
             match self
                 .inner
@@ -360,13 +259,31 @@ impl Seckill {
                 .sell_one(order_id.as_i64(), user_id, voucher_id, fence)
                 .await
             {
-                Err(StoreError::DuplicateOrderId) if attempt < ATTEMPTS => {
-                    tracing::warn!(%order_id, "order id already taken; drawing another");
-                    attempt += 1;
+                Err(StoreError::DuplicateOrderId) => {
+                    tracing::warn!(%order_id, "order id already taken: the id counter was lost");
+                    self.recover_id_counter(order_id).await?;
                 }
                 other => return Ok((order_id, other?)),
             }
         }
+        // Raised each time and still taken: Redis keeps losing the counter.
+        Err(SeckillError::redis_unavailable(
+            "the order-id counter keeps handing out ids that are taken",
+        ))
+    }
+
+    /// Raises the day's id counter of `taken` past every id Postgres holds
+    /// for that day.
+    async fn recover_id_counter(&self, taken: OrderId) -> Result<()> {
+        let day = taken.drawn_at();
+        let range = id::day_range(day).ok_or_else(|| {
+            SeckillError::redis_unavailable("Redis's clock is outside the order id range")
+        })?;
+        let highest = self.inner.store.highest_sequence(range).await?;
+        self.inner.ids.raise_day(day, highest).await?;
+        metrics::counter!("seckill_id_counter_recoveries_total").increment(1);
+        tracing::warn!(%day, highest, "raised the order-id counter past the ids already used");
+        Ok(())
     }
 
     async fn sale_window(&self, voucher_id: i64) -> Result<Arc<Voucher>> {
@@ -381,59 +298,16 @@ impl Seckill {
             .await
             .map_err(|error| match &*error {
                 LoadError::Missing => SeckillError::NotFound("voucher"),
-                LoadError::Store(StoreError::Unavailable(e)) => SeckillError::Unavailable {
-                    dependency: "Postgres",
-                    detail: e.to_string(),
-                },
+                LoadError::Store(e @ (StoreError::Unavailable(_) | StoreError::TimedOut(_))) => {
+                    SeckillError::postgres_unavailable(e)
+                }
                 LoadError::Store(e) => SeckillError::Internal(e.to_string()),
             })
     }
 
-    fn soldout_key(&self, voucher_id: i64) -> String {
-        format!(
-            "{}seckill:soldout:{voucher_id}",
-            self.inner.settings.redis_prefix
-        )
-    }
-
-    async fn is_flagged_sold_out(&self, voucher_id: i64) -> Result<bool> {
-        if self.inner.sold_out_here.contains_key(&voucher_id) {
-            return Ok(true);
-        }
-        let mut conn = self.inner.redis.get().await?;
-        let flag: Option<u8> = redis::cmd("HGET")
-            .arg(self.soldout_key(voucher_id))
-            .arg("sold_out")
-            .query_async(&mut conn)
-            .await?;
-        if flag == Some(1) {
-            self.inner.sold_out_here.insert(voucher_id, ());
-        }
-        Ok(flag == Some(1))
-    }
-
-    /// Publishes the stock state seen in Postgres to the Redis flag. A
-    /// failure only costs speed (later requests go to Postgres), so it is
-    /// logged, not returned.
-    async fn flag_stock(&self, voucher: &Voucher, level: StockLevel) {
-        let left = (voucher.end_time - Utc::now()).to_std().unwrap_or_default();
-        let ttl = left.clamp(Duration::from_secs(1), MAX_SOLDOUT_FLAG);
-        let result: Result<i64> = async {
-            let mut conn = self.inner.redis.get().await?;
-            Ok(self
-                .inner
-                .soldout_mark
-                .key(self.soldout_key(voucher.id))
-                .arg(level.initial_stock)
-                .arg(u8::from(level.stock == 0))
-                .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
-                .invoke_async(&mut conn)
-                .await?)
-        }
-        .await;
-        if let Err(error) = result {
-            tracing::warn!(voucher_id = voucher.id, %error, "could not update the sold-out flag");
-        }
+    async fn publish_stock(&self, voucher: &Voucher, level: StockLevel) {
+        let now = self.inner.clock.now();
+        self.inner.flags.publish(voucher, level, now).await;
     }
 
     pub async fn create_voucher(&self, draft: VoucherDraft) -> Result<i64> {
@@ -443,10 +317,17 @@ impl Seckill {
                 "title must have 1 to {TITLE_MAX_CHARS} characters"
             )));
         }
-        let stock = stock_units(draft.stock)?;
-        if draft.end_time <= draft.begin_time {
+        if title.chars().any(char::is_control) {
             return Err(SeckillError::Invalid(
-                "end_time must be after begin_time".into(),
+                "title must not hold control characters".into(),
+            ));
+        }
+        let stock = stock_units(draft.stock)?;
+        let begin_time = storable_time("begin_time", draft.begin_time)?;
+        let end_time = storable_time("end_time", draft.end_time)?;
+        if end_time <= begin_time {
+            return Err(SeckillError::Invalid(
+                "end_time must be after begin_time (to the microsecond)".into(),
             ));
         }
         Ok(self
@@ -455,8 +336,8 @@ impl Seckill {
             .create_voucher(&NewVoucher {
                 title: title.to_owned(),
                 stock,
-                begin_time: draft.begin_time,
-                end_time: draft.end_time,
+                begin_time,
+                end_time,
             })
             .await?)
     }
@@ -470,8 +351,11 @@ impl Seckill {
             .ok_or(SeckillError::NotFound("voucher"))
     }
 
-    /// Adds `units` to a voucher's stock and reopens its sale on every
-    /// instance.
+    /// Adds `units` to a voucher's stock. The sale reopens on every
+    /// instance without a word to Redis: the restock raises the voucher's
+    /// epoch, and a sold-out flag of an older epoch is ignored (see
+    /// [`soldout`]); here at once, elsewhere within the voucher cache's
+    /// lifetime.
     pub async fn restock(&self, voucher_id: i64, units: i64) -> Result<Voucher> {
         let units = i32::try_from(units)
             .ok()
@@ -485,12 +369,7 @@ impl Seckill {
             .restock(voucher_id, units)
             .await?
             .ok_or(SeckillError::NotFound("voucher"))?;
-        let level = StockLevel {
-            stock: voucher.stock,
-            initial_stock: voucher.initial_stock,
-        };
-        self.flag_stock(&voucher, level).await;
-        self.inner.sold_out_here.invalidate(&voucher_id);
+        self.inner.windows.invalidate(&voucher_id).await;
         Ok(voucher)
     }
 
@@ -521,8 +400,7 @@ impl Seckill {
     /// Whether Postgres and Redis both answer.
     pub async fn ready(&self) -> Result<()> {
         self.inner.store.ping().await?;
-        let mut conn = self.inner.redis.get().await?;
-        redis::cmd("PING").query_async::<()>(&mut conn).await?;
+        self.inner.redis.query::<()>(&redis::cmd("PING")).await?;
         Ok(())
     }
 
@@ -535,5 +413,47 @@ impl Seckill {
             redis_size: u32::try_from(redis.size).unwrap_or(u32::MAX),
             redis_available: u32::try_from(redis.available).unwrap_or(u32::MAX),
         }
+    }
+}
+
+fn already_purchased(order_id: i64) -> SeckillError {
+    SeckillError::AlreadyPurchased {
+        order_id: OrderId::from_stored(order_id),
+    }
+}
+
+/// A time as Postgres keeps it (to the microsecond, truncated as the
+/// driver sends it) and as RFC 3339 can write it back (years 0000 to 9999
+/// in UTC); anything else is refused rather than stored changed.
+fn storable_time(field: &str, time: DateTime<Utc>) -> Result<DateTime<Utc>> {
+    let micros = time.timestamp_micros();
+    let stored = DateTime::from_timestamp_micros(micros).unwrap_or(time);
+    let first = DateTime::parse_from_rfc3339("0000-01-01T00:00:00Z").map(|t| t.to_utc());
+    let last = DateTime::parse_from_rfc3339("9999-12-31T23:59:59.999999Z").map(|t| t.to_utc());
+    match (first, last) {
+        (Ok(first), Ok(last)) if (first..=last).contains(&stored) => Ok(stored),
+        _ => Err(SeckillError::Invalid(format!(
+            "{field} must fall between 0000-01-01T00:00:00Z and 9999-12-31T23:59:59Z in UTC"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_kept_to_the_microsecond_and_within_four_digit_years() {
+        let t = DateTime::parse_from_rfc3339("2026-01-01T00:00:00.0000009Z")
+            .unwrap()
+            .to_utc();
+        assert_eq!(
+            storable_time("t", t).unwrap(),
+            DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z").unwrap()
+        );
+        let late = DateTime::parse_from_rfc3339("9999-12-31T23:59:59-12:00")
+            .unwrap()
+            .to_utc();
+        assert!(storable_time("t", late).is_err());
     }
 }

@@ -2,8 +2,11 @@
 //! the real schema's safety constraints (see the lab migration), and the
 //! variants of the sale statement that the lab's strategies compare.
 
+use std::time::Duration;
+
 use sqlx::PgPool;
 
+use super::deadline::Within;
 use super::Result;
 
 /// The condition under which a strategy's sale decrements the stock. The
@@ -40,40 +43,42 @@ pub struct LabStats {
 #[derive(Clone)]
 pub struct LabStore {
     pool: PgPool,
+    timeout: Duration,
 }
 
 impl LabStore {
-    pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+    pub fn new(pool: PgPool, timeout: Duration) -> Self {
+        Self { pool, timeout }
     }
 
     pub async fn create_voucher(&self, stock: i32) -> Result<i64> {
-        Ok(sqlx::query_scalar(
+        sqlx::query_scalar(
             "INSERT INTO lab_vouchers (initial_stock, stock) VALUES ($1, $1) RETURNING id",
         )
         .bind(stock)
         .fetch_one(&self.pool)
-        .await?)
+        .within(self.timeout)
+        .await
     }
 
     /// The stock as committed now; `None` for an unknown voucher.
     pub async fn stock(&self, voucher_id: i64) -> Result<Option<i32>> {
-        Ok(
-            sqlx::query_scalar("SELECT stock FROM lab_vouchers WHERE id = $1")
-                .bind(voucher_id)
-                .fetch_optional(&self.pool)
-                .await?,
-        )
+        sqlx::query_scalar("SELECT stock FROM lab_vouchers WHERE id = $1")
+            .bind(voucher_id)
+            .fetch_optional(&self.pool)
+            .within(self.timeout)
+            .await
     }
 
     pub async fn has_order(&self, user_id: i64, voucher_id: i64) -> Result<bool> {
-        Ok(sqlx::query_scalar(
+        sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM lab_orders WHERE voucher_id = $1 AND user_id = $2)",
         )
         .bind(voucher_id)
         .bind(user_id)
         .fetch_one(&self.pool)
-        .await?)
+        .within(self.timeout)
+        .await
     }
 
     /// Decrements the stock under `decrement`'s condition and inserts the
@@ -106,7 +111,7 @@ impl LabStore {
         if let Decrement::IfUnchanged(seen) = decrement {
             query = query.bind(seen);
         }
-        Ok(query.fetch_optional(&self.pool).await?)
+        query.fetch_optional(&self.pool).within(self.timeout).await
     }
 
     /// The `stock > 0` sale behind a fence: refused when `token` is smaller
@@ -141,6 +146,7 @@ impl LabStore {
         .bind(strategy)
         .bind(token)
         .fetch_one(&self.pool)
+        .within(self.timeout)
         .await?;
         Ok(match (fenced_in, order) {
             (false, _) => LabSale::Fenced,
@@ -163,6 +169,7 @@ impl LabStore {
         .bind(user_id)
         .bind(token)
         .fetch_optional(&self.pool)
+        .within(self.timeout)
         .await?
         .is_some())
     }
@@ -174,12 +181,13 @@ impl LabStore {
         )
         .bind(voucher_id)
         .execute(&self.pool)
+        .within(self.timeout)
         .await?;
         Ok(())
     }
 
     pub async fn stats(&self, voucher_id: i64) -> Result<Option<LabStats>> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT v.initial_stock, v.stock,
                     (SELECT count(*) FROM lab_orders o WHERE o.voucher_id = v.id) AS orders,
                     (SELECT count(DISTINCT user_id) FROM lab_orders o WHERE o.voucher_id = v.id)
@@ -189,6 +197,7 @@ impl LabStore {
         )
         .bind(voucher_id)
         .fetch_optional(&self.pool)
-        .await?)
+        .within(self.timeout)
+        .await
     }
 }

@@ -12,8 +12,10 @@ use sqlx::{ConnectOptions, Connection, PgPool};
 use std::str::FromStr;
 use std::time::Duration;
 
+mod deadline;
 mod lab;
 
+use deadline::Within;
 pub use lab::{Decrement, LabSale, LabStats, LabStore};
 
 /// The unique index that allows one order per user and voucher.
@@ -26,6 +28,10 @@ pub enum StoreError {
     /// Postgres cannot be reached, or refuses connections for now.
     #[error("Postgres is unavailable: {0}")]
     Unavailable(#[source] sqlx::Error),
+    /// Postgres did not answer within the deadline (frozen, overloaded,
+    /// or a lock wait): unavailable too, as far as the caller can tell.
+    #[error("Postgres did not answer within {0:?}")]
+    TimedOut(Duration),
     /// The user already has an order for this voucher.
     #[error("the user already holds an order for this voucher")]
     DuplicateOrder,
@@ -159,14 +165,15 @@ pub struct Stats {
 #[derive(Debug, Clone)]
 pub struct PoolSettings {
     pub max_connections: u32,
-    /// How long a query waits for a connection (and a connection attempt
-    /// may take) before the store reports Postgres unavailable.
-    pub acquire_timeout: Duration,
+    /// The deadline of every query, including the wait for a connection
+    /// (and of a connection attempt): past it, Postgres is unavailable.
+    pub timeout: Duration,
 }
 
 #[derive(Clone)]
 pub struct Store {
     pool: PgPool,
+    timeout: Duration,
 }
 
 impl Store {
@@ -176,22 +183,52 @@ impl Store {
         let options = PgConnectOptions::from_str(url)?
             .log_statements(tracing::log::LevelFilter::Trace)
             .application_name("seckill");
-        create_database_if_missing(&options).await?;
+        create_database_if_missing(&options, settings.timeout).await?;
+        let timeout = settings.timeout;
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
-            .acquire_timeout(settings.acquire_timeout)
+            .acquire_timeout(timeout)
+            // A connection comes back unknown when its query was cut off
+            // by the deadline. sqlx pings it before lending it again, which
+            // drains the late answer; bounded here, so that a frozen server
+            // cannot hold it forever: one that does not answer is closed.
+            .after_release(move |conn, _| {
+                Box::pin(async move {
+                    match tokio::time::timeout(timeout, conn.ping()).await {
+                        Ok(answer) => answer.map(|()| true),
+                        Err(_) => Err(sqlx::Error::PoolTimedOut),
+                    }
+                })
+            })
             .connect_with(options)
             .await?;
         sqlx::migrate!("./migrations")
             .run(&pool)
             .await
             .map_err(|e| StoreError::Other(e.into()))?;
-        Ok(Self { pool })
+        Ok(Self { pool, timeout })
     }
 
-    /// A store on a pool whose database is migrated already.
-    pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+    /// A store on a pool whose database is migrated already; every query
+    /// ends within `timeout`.
+    pub fn from_pool(pool: PgPool, timeout: Duration) -> Self {
+        Self { pool, timeout }
+    }
+
+    /// A lab store on the same pool and deadline.
+    pub fn lab(&self) -> LabStore {
+        LabStore::new(self.pool.clone(), self.timeout)
+    }
+
+    /// The identity of this database, made when it was migrated: every key
+    /// the service writes in Redis lives under it, so that no Redis state
+    /// of another database (or of this one before a reset) is ever read as
+    /// this one's.
+    pub async fn namespace(&self) -> Result<uuid::Uuid> {
+        sqlx::query_scalar("SELECT namespace FROM deployment")
+            .fetch_one(&self.pool)
+            .within(self.timeout)
+            .await
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -199,7 +236,10 @@ impl Store {
     }
 
     pub async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .within(self.timeout)
+            .await?;
         Ok(())
     }
 
@@ -216,34 +256,35 @@ impl Store {
         .bind(new.begin_time)
         .bind(new.end_time)
         .fetch_one(&self.pool)
+        .within(self.timeout)
         .await?;
         Ok(id)
     }
 
     pub async fn voucher(&self, id: i64) -> Result<Option<Voucher>> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time
              FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id
              WHERE v.id = $1",
         )
         .bind(id)
         .fetch_optional(&self.pool)
-        .await?)
+        .within(self.timeout)
+        .await
     }
 
     pub async fn stock_level(&self, voucher_id: i64) -> Result<Option<StockLevel>> {
-        Ok(sqlx::query_as(
-            "SELECT stock, initial_stock FROM seckill_vouchers WHERE voucher_id = $1",
-        )
-        .bind(voucher_id)
-        .fetch_optional(&self.pool)
-        .await?)
+        sqlx::query_as("SELECT stock, initial_stock FROM seckill_vouchers WHERE voucher_id = $1")
+            .bind(voucher_id)
+            .fetch_optional(&self.pool)
+            .within(self.timeout)
+            .await
     }
 
     /// Adds `units` to both the stock and the initial stock; returns the
     /// voucher as the update left it.
     pub async fn restock(&self, voucher_id: i64, units: i32) -> Result<Option<Voucher>> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "UPDATE seckill_vouchers s
              SET stock = s.stock + $2, initial_stock = s.initial_stock + $2
              FROM vouchers v
@@ -253,17 +294,35 @@ impl Store {
         .bind(voucher_id)
         .bind(units)
         .fetch_optional(&self.pool)
-        .await?)
+        .within(self.timeout)
+        .await
     }
 
-    pub async fn has_order(&self, user_id: i64, voucher_id: i64) -> Result<bool> {
-        Ok(sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM voucher_orders WHERE user_id = $1 AND voucher_id = $2)",
+    /// The id of the user's order for this voucher, if there is one.
+    pub async fn order_of(&self, user_id: i64, voucher_id: i64) -> Result<Option<i64>> {
+        sqlx::query_scalar("SELECT id FROM voucher_orders WHERE user_id = $1 AND voucher_id = $2")
+            .bind(user_id)
+            .bind(voucher_id)
+            .fetch_optional(&self.pool)
+            .within(self.timeout)
+            .await
+    }
+
+    /// The highest per-day sequence among the order ids in `ids` (one UTC
+    /// day's range, see `id::day_range`), 0 when there is none. Read once
+    /// after Redis lost a day's counter; it walks that day's ids in the
+    /// primary key.
+    pub async fn highest_sequence(&self, ids: std::ops::Range<i64>) -> Result<u32> {
+        let highest: i64 = sqlx::query_scalar(
+            "SELECT coalesce(max(id & 4294967295), 0) FROM voucher_orders
+             WHERE id >= $1 AND id < $2",
         )
-        .bind(user_id)
-        .bind(voucher_id)
+        .bind(ids.start)
+        .bind(ids.end)
         .fetch_one(&self.pool)
-        .await?)
+        .within(self.timeout)
+        .await?;
+        Ok(u32::try_from(highest).unwrap_or(u32::MAX))
     }
 
     /// Sells one unit to `user_id`: decrements the stock if it is above
@@ -289,6 +348,7 @@ impl Store {
                 .bind(voucher_id)
                 .bind(fence)
                 .fetch_one(&self.pool)
+                .within(self.timeout)
                 .await?;
         Ok(match (fenced_in, stock, initial_stock) {
             (false, _, _) => Sale::Fenced,
@@ -301,26 +361,26 @@ impl Store {
     }
 
     pub async fn order(&self, order_id: i64) -> Result<Option<Order>> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT id, user_id, voucher_id, created_at FROM voucher_orders WHERE id = $1",
         )
         .bind(order_id)
         .fetch_optional(&self.pool)
-        .await?)
+        .within(self.timeout)
+        .await
     }
 
     /// Every order of a voucher as (order id, user id), oldest first.
     pub async fn orders_for_voucher(&self, voucher_id: i64) -> Result<Vec<(i64, i64)>> {
-        Ok(sqlx::query_as(
-            "SELECT id, user_id FROM voucher_orders WHERE voucher_id = $1 ORDER BY id",
-        )
-        .bind(voucher_id)
-        .fetch_all(&self.pool)
-        .await?)
+        sqlx::query_as("SELECT id, user_id FROM voucher_orders WHERE voucher_id = $1 ORDER BY id")
+            .bind(voucher_id)
+            .fetch_all(&self.pool)
+            .within(self.timeout)
+            .await
     }
 
     pub async fn stats(&self, voucher_id: i64) -> Result<Option<Stats>> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT s.initial_stock, s.stock,
                     (SELECT count(*) FROM voucher_orders o WHERE o.voucher_id = s.voucher_id) AS orders,
                     (SELECT count(DISTINCT user_id) FROM voucher_orders o WHERE o.voucher_id = s.voucher_id) AS distinct_users
@@ -328,36 +388,44 @@ impl Store {
         )
         .bind(voucher_id)
         .fetch_optional(&self.pool)
-        .await?)
+        .within(self.timeout)
+        .await
     }
 }
 
 /// Creates the database named in `options` when it does not exist yet.
 /// Two instances starting together may race; the loser's "already exists"
 /// is success too.
-async fn create_database_if_missing(options: &PgConnectOptions) -> Result<()> {
+async fn create_database_if_missing(options: &PgConnectOptions, timeout: Duration) -> Result<()> {
     let Some(name) = options.get_database().map(str::to_owned) else {
         return Ok(());
     };
-    let mut admin = options.clone().database("postgres").connect().await?;
+    let mut admin = options
+        .clone()
+        .database("postgres")
+        .connect()
+        .within(timeout)
+        .await?;
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
             .bind(&name)
             .fetch_one(&mut admin)
+            .within(timeout)
             .await?;
     if !exists {
         let quoted = format!("\"{}\"", name.replace('"', "\"\""));
-        match sqlx::query(&format!("CREATE DATABASE {quoted}"))
-            .execute(&mut admin)
-            .await
-        {
-            Ok(_) => tracing::info!(database = %name, "created the database"),
+        // CREATE DATABASE copies a template: seconds on a busy server.
+        let statement = format!("CREATE DATABASE {quoted}");
+        let create = sqlx::query(&statement).execute(&mut admin);
+        match tokio::time::timeout(timeout.max(Duration::from_secs(30)), create).await {
+            Err(_) => return Err(StoreError::TimedOut(timeout.max(Duration::from_secs(30)))),
+            Ok(Ok(_)) => tracing::info!(database = %name, "created the database"),
             // 42P04: it exists by now; 23505: a concurrent CREATE won the race.
-            Err(sqlx::Error::Database(db))
+            Ok(Err(sqlx::Error::Database(db)))
                 if matches!(db.code().as_deref(), Some("42P04" | "23505")) => {}
-            Err(error) => return Err(error.into()),
+            Ok(Err(error)) => return Err(error.into()),
         }
     }
-    admin.close().await?;
+    admin.close().within(timeout).await?;
     Ok(())
 }

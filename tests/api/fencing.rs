@@ -6,6 +6,7 @@ use std::time::Duration;
 use deadpool_redis::redis;
 use reqwest::StatusCode;
 use seckill::id::IdGenerator;
+use seckill::kv::Kv;
 use seckill::lock::{Acquired, LockClient};
 use seckill::store::{Sale, Store};
 
@@ -17,15 +18,13 @@ async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
     let voucher = app.open_voucher(5).await;
     let other_voucher = app.open_voucher(5).await;
     let user = 42;
-    let store = Store::from_pool(app.db.clone());
+    let store = Store::from_pool(app.db.clone(), Duration::from_secs(5));
     let pool = deadpool_redis::Config::from_url(redis_url())
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .unwrap();
-    let ids = IdGenerator::new(pool, app.prefix.clone());
-    let locks = LockClient::new(
-        redis::Client::open(redis_url()).unwrap(),
-        app.prefix.clone(),
-    );
+    let keyspace = app.keyspace().await;
+    let ids = IdGenerator::new(Kv::new(pool, Duration::from_secs(5)), keyspace.clone());
+    let locks = LockClient::new(redis::Client::open(redis_url()).unwrap(), keyspace);
     // The service's own lock for this user.
     let lock = locks.lock(&format!("order:{user}"));
 
@@ -37,7 +36,7 @@ async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
     else {
         panic!("A did not get the free lock");
     };
-    assert!(!store.has_order(user, voucher).await.unwrap());
+    assert!(store.order_of(user, voucher).await.unwrap().is_none());
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(a.is_lost(), "A's lease ran out while it stalled");
 

@@ -52,8 +52,10 @@ pub fn settings(db_url: &str, redis_url: &str, prefix: &str) -> Settings {
         "8",
         "--redis-pool",
         "8",
+        // Generous: tests run side by side on two cores. The tests of
+        // deadlines set their own.
         "--dependency-timeout-ms",
-        "1000",
+        "5000",
         "--startup-wait-ms",
         "0",
     ])
@@ -115,6 +117,16 @@ impl TestApp {
     /// Another instance of the service on the same database and Redis.
     pub async fn spawn_instance(&self) -> String {
         start(self.settings.clone()).await
+    }
+
+    /// The prefix of every Redis key this app writes: the test's prefix and
+    /// the database's namespace.
+    pub async fn keyspace(&self) -> String {
+        let namespace: Uuid = sqlx::query_scalar("SELECT namespace FROM deployment")
+            .fetch_one(&self.db)
+            .await
+            .unwrap();
+        format!("{}{}:", self.prefix, namespace.simple())
     }
 
     pub fn url(&self, path: &str) -> String {

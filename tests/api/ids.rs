@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use chrono::Utc;
 use deadpool_redis::redis;
 use seckill::id::{IdError, IdGenerator, EPOCH_UNIX};
+use seckill::kv::Kv;
 use uuid::Uuid;
 
 use crate::helpers::{delete_keys, redis_url};
@@ -26,7 +27,10 @@ impl Prefixed {
     }
 
     fn generator(&self) -> IdGenerator {
-        IdGenerator::new(self.pool.clone(), self.prefix.clone())
+        IdGenerator::new(
+            Kv::new(self.pool.clone(), std::time::Duration::from_secs(5)),
+            self.prefix.clone(),
+        )
     }
 
     async fn redis_time(&self) -> i64 {

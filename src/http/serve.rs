@@ -1,0 +1,129 @@
+//! Serving connections: HTTP/1.1 by hyper, with a deadline on reading a
+//! request's headers (which also ends keep-alive connections left idle), a
+//! bound on open connections, and a drain on shutdown that ends within its
+//! deadline whatever clients do.
+//!
+//! Slow clients (slowloris: headers sent a byte at a time, or never ended)
+//! each hold a connection for at most the header deadline, and at most
+//! `max_connections` are open at once, so they cannot use up the process's
+//! file descriptors and starve the clients that buy; past the bound, new
+//! connections wait in the listen backlog until one closes.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+/// How connections are served.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeSettings {
+    /// Longest time to read one request's headers, counted from when the
+    /// connection is ready for them (so also the longest idle keep-alive).
+    pub header_timeout: Duration,
+    /// Most connections open at once.
+    pub max_connections: usize,
+}
+
+/// Serves `router` on `listener` until `shutdown` completes, then lets the
+/// requests in flight finish for at most `drain` and closes whatever is
+/// still open after it. Returns when shutdown began, and how it ended.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    settings: ServeSettings,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+) -> (Instant, DrainOutcome) {
+    let permits = Arc::new(Semaphore::new(settings.max_connections.max(1)));
+    // Closed (dropped) when shutdown begins: every connection then finishes
+    // the request it is serving and closes.
+    let (draining, drain_signal) = watch::channel(());
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        while connections.try_join_next().is_some() {}
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+            () = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    accept_failed(&error).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let mut drain_signal = drain_signal.clone();
+        connections.spawn(async move {
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(settings.header_timeout);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = drain_signal.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(permit);
+        });
+    }
+    let began = Instant::now();
+    drop(listener);
+    drop(draining);
+    let open = connections.len();
+    let outcome = match tokio::time::timeout_at(began + drain, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await
+    {
+        Ok(()) => DrainOutcome::Drained,
+        Err(_) => {
+            let left = connections.len();
+            connections.shutdown().await;
+            DrainOutcome::CutOff { left }
+        }
+    };
+    tracing::info!(open_at_shutdown = open, ?outcome, "connections drained");
+    (began, outcome)
+}
+
+/// How the drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// Every connection finished by itself.
+    Drained,
+    /// The deadline came first: these connections were closed mid-way.
+    CutOff { left: usize },
+}
+
+/// An accept error: a connection that died in the backlog is nothing; out
+/// of file descriptors (or another resource) is worth a pause, or the loop
+/// would spin on it.
+async fn accept_failed(error: &std::io::Error) {
+    use std::io::ErrorKind as K;
+    if matches!(
+        error.kind(),
+        K::ConnectionAborted | K::ConnectionReset | K::ConnectionRefused | K::Interrupted
+    ) {
+        return;
+    }
+    tracing::warn!(%error, "accepting a connection failed; pausing");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}

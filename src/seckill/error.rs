@@ -1,0 +1,113 @@
+//! The domain's errors, and how the errors of the layers below become them:
+//! a dependency that is away or slow is `Unavailable` (503), never a bug.
+
+use crate::id::{IdError, OrderId};
+use crate::kv::KvError;
+use crate::lock::LockError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SeckillError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    #[error("the sale has not started yet")]
+    NotStarted,
+    #[error("the sale is over")]
+    Ended,
+    #[error("no stock left")]
+    SoldOut,
+    /// The user's order, when it is known: a client that lost the answer
+    /// of its purchase learns the order from its retry.
+    #[error("this user already holds an order for this voucher")]
+    AlreadyPurchased { order_id: Option<OrderId> },
+    #[error("another purchase of this user is in progress")]
+    InProgress,
+    #[error("{dependency} is unavailable: {detail}")]
+    Unavailable {
+        dependency: &'static str,
+        detail: String,
+    },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl SeckillError {
+    /// The purchase outcome this error stands for, as metrics label it.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Self::NotFound(_) => "not_found",
+            Self::NotStarted => "not_started",
+            Self::Ended => "ended",
+            Self::SoldOut => "sold_out",
+            Self::AlreadyPurchased { .. } => "already_purchased",
+            Self::InProgress => "purchase_in_progress",
+            Self::Unavailable { .. } => "unavailable",
+            Self::Invalid(_) | Self::Internal(_) => "error",
+        }
+    }
+
+    pub(super) fn redis_unavailable(detail: impl ToString) -> Self {
+        Self::Unavailable {
+            dependency: "Redis",
+            detail: detail.to_string(),
+        }
+    }
+
+    pub(super) fn postgres_unavailable(detail: impl ToString) -> Self {
+        Self::Unavailable {
+            dependency: "Postgres",
+            detail: detail.to_string(),
+        }
+    }
+}
+
+pub type Result<T, E = SeckillError> = std::result::Result<T, E>;
+
+impl From<StoreError> for SeckillError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            e @ (StoreError::Unavailable(_) | StoreError::TimedOut(_)) => {
+                Self::postgres_unavailable(e)
+            }
+            StoreError::DuplicateOrder => Self::AlreadyPurchased { order_id: None },
+            e @ StoreError::DuplicateOrderId => Self::Internal(e.to_string()),
+            StoreError::OutOfRange(_) => Self::Invalid("the stock would exceed its maximum".into()),
+            StoreError::Other(e) => Self::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<LockError> for SeckillError {
+    fn from(error: LockError) -> Self {
+        match error {
+            LockError::Redis(e) if crate::kv::is_transient(&e) => Self::redis_unavailable(e),
+            LockError::Redis(e) => Self::Internal(format!("Redis: {e}")),
+            e @ LockError::NodesUnavailable { .. } => Self::redis_unavailable(e),
+            e @ LockError::NotHeld { .. } => Self::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<KvError> for SeckillError {
+    fn from(error: KvError) -> Self {
+        if error.is_transient() {
+            Self::redis_unavailable(error)
+        } else {
+            Self::Internal(error.to_string())
+        }
+    }
+}
+
+impl From<IdError> for SeckillError {
+    fn from(error: IdError) -> Self {
+        match error {
+            IdError::Redis(e) => e.into(),
+            // Redis's clock out of range or unsettled, or a day's ids used
+            // up: Redis cannot give an id now; another moment (or another
+            // day) can.
+            e => Self::redis_unavailable(e),
+        }
+    }
+}

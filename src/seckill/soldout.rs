@@ -1,0 +1,97 @@
+//! The sold-out flags in Redis: once any instance sees a voucher's stock at
+//! 0, every instance refuses it without touching Postgres.
+//!
+//! A flag speaks for one state of one voucher and for nothing else. Its key
+//! lives under the database's namespace (see `startup`), so a flag written
+//! for a voucher of another database, or of this one before a reset, is
+//! never read. It carries the voucher's epoch, its `initial_stock`, which
+//! only grows and which every restock raises; a flag whose epoch is not the
+//! voucher's current one is ignored. A restock therefore reopens the sale
+//! on every instance by itself, as soon as each one has read the voucher
+//! again, even if Redis could not be told.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use deadpool_redis::redis::{self, Script};
+
+use crate::kv::{Kv, KvError};
+use crate::store::{StockLevel, Voucher};
+
+/// Longest life of a sold-out flag whose sale ends later than that; after
+/// it a single purchase attempt reads Postgres and sets the flag again.
+const MAX_FLAG_LIFE: Duration = Duration::from_secs(86_400);
+/// How long this instance trusts a "sold out" it read from Redis. A flood
+/// on a sold-out voucher then costs Redis one read per voucher per period
+/// instead of one per request. Keyed by epoch, so a restock seen here ends
+/// it at once.
+const LOCAL_TRUST: Duration = Duration::from_millis(200);
+
+pub(super) struct SoldOutFlags {
+    redis: Kv,
+    prefix: String,
+    mark: Script,
+    /// (voucher, epoch) pairs this instance recently saw flagged sold out.
+    seen_here: moka::sync::Cache<(i64, i32), ()>,
+}
+
+impl SoldOutFlags {
+    pub(super) fn new(redis: Kv, prefix: String) -> Self {
+        Self {
+            redis,
+            prefix,
+            mark: Script::new(include_str!("../../lua/soldout_mark.lua")),
+            seen_here: moka::sync::Cache::builder()
+                .max_capacity(10_000)
+                .time_to_live(LOCAL_TRUST)
+                .build(),
+        }
+    }
+
+    fn key(&self, voucher_id: i64) -> String {
+        format!("{}seckill:soldout:{voucher_id}", self.prefix)
+    }
+
+    /// Whether the voucher, in the state `voucher` describes, is flagged
+    /// sold out.
+    pub(super) async fn is_sold_out(&self, voucher: &Voucher) -> Result<bool, KvError> {
+        let here = (voucher.id, voucher.initial_stock);
+        if self.seen_here.contains_key(&here) {
+            return Ok(true);
+        }
+        let (epoch, sold_out): (Option<i64>, Option<u8>) = self
+            .redis
+            .query(
+                redis::cmd("HMGET")
+                    .arg(self.key(voucher.id))
+                    .arg("epoch")
+                    .arg("sold_out"),
+            )
+            .await?;
+        let flagged = sold_out == Some(1) && epoch == Some(i64::from(voucher.initial_stock));
+        if flagged {
+            self.seen_here.insert(here, ());
+        }
+        Ok(flagged)
+    }
+
+    /// Publishes the stock state seen in Postgres. A failure only costs
+    /// speed (later requests go to Postgres), so it is logged, not returned.
+    pub(super) async fn publish(&self, voucher: &Voucher, level: StockLevel, now: DateTime<Utc>) {
+        let left = (voucher.end_time - now).to_std().unwrap_or_default();
+        let ttl = left.clamp(Duration::from_secs(1), MAX_FLAG_LIFE);
+        let written: Result<i64, KvError> = self
+            .redis
+            .invoke(
+                self.mark
+                    .key(self.key(voucher.id))
+                    .arg(level.initial_stock)
+                    .arg(u8::from(level.stock == 0))
+                    .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+            )
+            .await;
+        if let Err(error) = written {
+            tracing::warn!(voucher_id = voucher.id, %error, "could not update the sold-out flag");
+        }
+    }
+}
