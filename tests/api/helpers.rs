@@ -113,7 +113,35 @@ pub async fn start(settings: Settings) -> String {
     format!("http://{addr}")
 }
 
+/// A running app whose shutdown the test triggers: `stop` starts it, and
+/// `stopped` ends when `run_until` returned.
+pub struct Stoppable {
+    pub base: String,
+    pub stop: tokio::sync::oneshot::Sender<()>,
+    pub stopped: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Builds and serves an app that stops when the test says so.
+pub async fn start_stoppable(settings: Settings) -> Stoppable {
+    let app = Application::build(settings).await.expect("the app builds");
+    let base = format!("http://{}", app.local_addr());
+    let (stop, signal) = tokio::sync::oneshot::channel::<()>();
+    let stopped = tokio::spawn(app.run_until(async move {
+        let _ = signal.await;
+    }));
+    Stoppable {
+        base,
+        stop,
+        stopped,
+    }
+}
+
 impl TestApp {
+    /// The settings this app was built with.
+    pub fn settings(&self) -> Settings {
+        self.settings.clone()
+    }
+
     /// Another instance of the service on the same database and Redis.
     pub async fn spawn_instance(&self) -> String {
         start(self.settings.clone()).await
@@ -387,8 +415,31 @@ impl OwnRedis {
         panic!("redis-server did not start on port {}", self.port);
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is
+    /// answered, as with a stuck process or a `DEBUG SLEEP`.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen server run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("the server is running");
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
             let _ = child.kill();
             let _ = child.wait();
         }

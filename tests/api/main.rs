@@ -3,6 +3,7 @@
 
 mod fairlock;
 mod fencing;
+mod hardening;
 mod helpers;
 mod ids;
 mod lab;

@@ -5,7 +5,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use seckill::config::Settings;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::helpers::{pg_server, spawn_app_with, TestApp};
@@ -48,6 +50,9 @@ pub struct Proxy {
     target: SocketAddr,
     accept: Mutex<Option<JoinHandle<()>>>,
     links: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// While true, no byte crosses: the server looks frozen (SIGSTOP)
+    /// to the app, its connections open but silent.
+    frozen: watch::Sender<bool>,
 }
 
 impl Proxy {
@@ -58,6 +63,7 @@ impl Proxy {
             target,
             accept: Mutex::new(None),
             links: Arc::new(Mutex::new(Vec::new())),
+            frozen: watch::channel(false).0,
         };
         proxy.restore();
         proxy
@@ -73,6 +79,15 @@ impl Proxy {
         }
     }
 
+    /// Holds every byte in both directions until [`Proxy::thaw`].
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    pub fn thaw(&self) {
+        self.frozen.send_replace(false);
+    }
+
     /// Listens again on the same port.
     pub fn restore(&self) {
         let socket = TcpSocket::new_v4().unwrap();
@@ -82,17 +97,45 @@ impl Proxy {
             .expect("the proxy's port is free again");
         let listener = socket.listen(1024).unwrap();
         let (target, links) = (self.target, self.links.clone());
+        let frozen = self.frozen.subscribe();
         let accept = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let frozen = frozen.clone();
                 let link = tokio::spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    if let Ok(outbound) = TcpStream::connect(target).await {
+                        let (in_read, in_write) = inbound.into_split();
+                        let (out_read, out_write) = outbound.into_split();
+                        tokio::join!(
+                            pump(in_read, out_write, frozen.clone()),
+                            pump(out_read, in_write, frozen),
+                        );
                     }
                 });
                 links.lock().unwrap().push(link);
             }
         });
         *self.accept.lock().unwrap() = Some(accept);
+    }
+}
+
+/// Copies `from` to `to`, holding each chunk while the proxy is frozen.
+async fn pump(
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+    mut frozen: watch::Receiver<bool>,
+) {
+    let mut buffer = vec![0; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if frozen.wait_for(|f| !*f).await.is_err() {
+            return;
+        }
+        if to.write_all(&buffer[..n]).await.is_err() {
+            return;
+        }
     }
 }
 

@@ -369,3 +369,136 @@ async fn health_readiness_and_metrics_answer() {
         );
     }
 }
+
+#[tokio::test]
+async fn times_titles_and_headers_that_once_slipped_through_are_refused() {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(5).await;
+    let admin = format!("Bearer {ADMIN_TOKEN}");
+    let before = app.snapshot().await;
+    let voucher_with = |begin: &str, end: &str, title: &str| {
+        json!({ "title": title, "stock": 5, "begin_time": begin, "end_time": end }).to_string()
+    };
+    let good_begin = "2030-01-01T00:00:00Z";
+    let good_end = "2030-01-02T00:00:00Z";
+    let bad = [
+        voucher_with(good_begin, good_end, "nul \u{0} inside"),
+        voucher_with(good_begin, good_end, "bell \u{7}"),
+        // Less than a microsecond apart: equal once Postgres keeps them.
+        voucher_with(
+            "2030-01-01T00:00:00.0000001Z",
+            "2030-01-01T00:00:00.0000009Z",
+            "t",
+        ),
+        voucher_with("2026-01-01 00:00:00Z", good_end, "t"),
+        voucher_with("2026-01-01T00:00:00+0530", good_end, "t"),
+        voucher_with(" 2026-01-01T00:00:00Z", good_end, "t"),
+        voucher_with("2026-01-01T00:00:00Z ", good_end, "t"),
+        voucher_with("+12026-01-01T00:00:00Z", "+12026-01-02T00:00:00Z", "t"),
+        // 9999-12-31T23:59:59-12:00 is in year 10000 in UTC, which RFC 3339
+        // cannot write back.
+        voucher_with(good_begin, "9999-12-31T23:59:59-12:00", "t"),
+    ];
+    for body in &bad {
+        expect(
+            &app,
+            Method::POST,
+            "/admin/vouchers",
+            Some(&admin),
+            Some(body),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        )
+        .await;
+    }
+
+    // The latest time that can be written back round-trips exactly.
+    let response = app
+        .client
+        .post(app.url("/admin/vouchers"))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("Content-Type", "application/json")
+        .body(voucher_with(good_begin, "9999-12-31T23:59:59+00:00", "t"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let id = response.json::<Value>().await.unwrap()["id"]
+        .as_i64()
+        .unwrap();
+    let stored: Value = app
+        .client
+        .get(app.url(&format!("/vouchers/{id}")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stored["end_time"], "9999-12-31T23:59:59Z");
+    let after_create = app.snapshot().await;
+
+    // Two Authorization headers: which caller is this? Refused.
+    let tokens = app.tokens([1, 2]).await;
+    let response = app
+        .client
+        .post(app.url(&format!("/seckill/{voucher}")))
+        .header("Authorization", format!("Bearer {}", tokens[&2]))
+        .header("Authorization", format!("Bearer {}", tokens[&1]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        response.json::<Value>().await.unwrap()["error"],
+        "bad_request"
+    );
+
+    // A purchase takes no body: a large one is 413, any other 400.
+    let token = format!("Bearer {}", tokens[&1]);
+    let huge = "x".repeat(3 * 1024 * 1024);
+    let response = app
+        .client
+        .post(app.url(&format!("/seckill/{voucher}")))
+        .header("Authorization", &token)
+        .body(huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        response.json::<Value>().await.unwrap()["error"],
+        "payload_too_large"
+    );
+    let response = app
+        .client
+        .post(app.url(&format!("/seckill/{voucher}")))
+        .header("Authorization", &token)
+        .header("Content-Type", "text/plain")
+        .body("buy it")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        app.snapshot().await,
+        after_create,
+        "a refused request changed data"
+    );
+    assert_ne!(before, after_create);
+
+    // What is echoed is bounded: a 60 KB id, an 8 KB request id.
+    let long_id = "9".repeat(60_000);
+    let response = app
+        .client
+        .get(app.url(&format!("/vouchers/{long_id}")))
+        .header("x-request-id", "r".repeat(8_192))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let echoed = response.headers()["x-request-id"].len();
+    assert!(echoed <= 64, "an {echoed}-byte request id came back");
+    let text = response.text().await.unwrap();
+    assert!(text.len() < 1_024, "a {}-byte answer", text.len());
+}
