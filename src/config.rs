@@ -52,6 +52,12 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_REDIS_POOL", default_value_t = 16)]
     pub redis_pool: usize,
 
+    /// Most purchases of one voucher committed in one transaction (group
+    /// commit); 1 restores one order per transaction.
+    #[arg(long, env = "SECKILL_SALE_BATCH_MAX", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub sale_batch_max: u64,
+
     /// Lease of the per-user purchase lock, in milliseconds.
     #[arg(long, env = "SECKILL_LOCK_LEASE_MS", default_value_t = 10_000)]
     pub lock_lease_ms: u64,

@@ -136,30 +136,44 @@ impl IdGenerator {
 
     /// The next order id.
     pub async fn next_id(&self) -> Result<OrderId, IdError> {
+        let ids = self.next_ids(1).await?;
+        Ok(ids[0])
+    }
+
+    /// `count` (at least 1) new order ids from one round trip, increasing,
+    /// all stamped with the same second.
+    pub async fn next_ids(&self, count: u32) -> Result<Vec<OrderId>, IdError> {
+        let count = count.max(1);
         let mut day = Utc::now();
         // The first try names the day from our clock; if Redis's clock is on
         // another day the script counts nothing and tells us its time.
         for _ in 0..3 {
             let key = self.day_key(day);
-            let (now, count): (i64, u64) = self
+            let (now, last): (i64, u64) = self
                 .redis
                 .invoke(
                     self.script
                         .key(&key)
                         .arg(day_start(day).timestamp())
-                        .arg(DAY_KEY_TTL_SECS),
+                        .arg(DAY_KEY_TTL_SECS)
+                        .arg(count),
                 )
                 .await?;
-            if count == 0 {
+            if last == 0 {
                 day = DateTime::from_timestamp(now, 0)
                     .ok_or(IdError::ClockOutOfRange { unix: now })?;
                 continue;
             }
-            if count > u64::from(u32::MAX) {
+            if last > u64::from(u32::MAX) {
                 return Err(IdError::Exhausted { day: key });
             }
-            return OrderId::from_parts(now - EPOCH_UNIX, count)
-                .ok_or(IdError::ClockOutOfRange { unix: now });
+            let first = last + 1 - u64::from(count);
+            return (first..=last)
+                .map(|sequence| {
+                    OrderId::from_parts(now - EPOCH_UNIX, sequence)
+                        .ok_or(IdError::ClockOutOfRange { unix: now })
+                })
+                .collect();
         }
         Err(IdError::DayUnsettled)
     }

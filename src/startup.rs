@@ -77,6 +77,7 @@ impl Application {
                 redis_prefix: prefix,
                 lock_lease: settings.lock_lease(),
                 voucher_cache_ttl: settings.voucher_cache_ttl(),
+                sale_batch_max: usize::try_from(settings.sale_batch_max).unwrap_or(1),
             },
         );
         let tokens = match &settings.token_secret {

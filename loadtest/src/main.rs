@@ -454,13 +454,20 @@ async fn throughput(
     match &target.database_url {
         Some(url) => match ceilings::postgres(url, pgbench_seconds).await {
             Ok(pg) => {
-                extra["pgbench_tps"] = json!(round(pg.one_statement.tps));
-                extra["pgbench_clients"] = json!(pg.one_statement.clients);
+                extra["pgbench_tps"] = json!(round(pg.single.tps));
+                extra["pgbench_clients"] = json!(pg.single.clients);
+                extra["pgbench_batch_orders_per_sec"] = json!(round(pg.batch.tps));
+                extra["pgbench_batch_clients"] = json!(pg.batch.clients);
+                extra["pgbench_batch_size"] = json!(ceilings::CEILING_BATCH);
                 extra["pgbench_naive_tps"] = json!(round(pg.naive.tps));
                 extra["pgbench_naive_clients"] = json!(pg.naive.clients);
                 ratios.insert(
                     "orders_vs_pgbench".into(),
-                    json!(round(orders_per_sec / pg.one_statement.tps)),
+                    json!(round(orders_per_sec / pg.single.tps)),
+                );
+                ratios.insert(
+                    "orders_vs_pgbench_batch".into(),
+                    json!(round(orders_per_sec / pg.batch.tps)),
                 );
                 ratios.insert(
                     "orders_vs_pgbench_naive".into(),

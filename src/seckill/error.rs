@@ -6,7 +6,7 @@ use crate::kv::KvError;
 use crate::lock::LockError;
 use crate::store::StoreError;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum SeckillError {
     #[error("{0}")]
     Invalid(String),
@@ -72,7 +72,9 @@ impl From<StoreError> for SeckillError {
                 Self::postgres_unavailable(e)
             }
             StoreError::DuplicateOrder => Self::AlreadyPurchased { order_id: None },
-            e @ StoreError::DuplicateOrderId => Self::Internal(e.to_string()),
+            // The id counter handed out a taken id again and again: Redis
+            // keeps losing it, which another moment may not.
+            e @ StoreError::DuplicateOrderId => Self::redis_unavailable(e),
             StoreError::OutOfRange(_) => Self::Invalid("the stock would exceed its maximum".into()),
             StoreError::Other(e) => Self::Internal(e.to_string()),
         }

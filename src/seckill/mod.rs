@@ -2,14 +2,16 @@
 //! keeps stock and orders right. Knows nothing of HTTP.
 //!
 //! A purchase runs: voucher (short-lived cache) → time window (by Redis's
-//! clock) → sold-out flag in Redis → the user's reentrant lock → "already
-//! bought?" → order id → one statement that decrements `stock > 0` and
-//! inserts the order → release. Each step is cheaper than the next, so the
-//! crowd that cannot buy is turned away before it reaches the voucher's row
-//! lock.
+//! clock) → sold-out flag in Redis → the user's reentrant lock → the
+//! voucher's next batch, where one statement checks "already bought?",
+//! decrements `stock > 0` by what it can grant and inserts the orders, under
+//! ids drawn for the whole batch → release. Each step is cheaper than the
+//! next, so the crowd that cannot buy is turned away before it reaches the
+//! voucher's row lock, and those who reach it share one commit.
 //!
 //! Stages in their own files: [`clock`] (the shared clock of the window),
-//! [`soldout`] (the flags), [`user_lock`] (the per-user lock), [`error`].
+//! [`soldout`] (the flags), [`user_lock`] (the per-user lock), [`batch`]
+//! (group commit), [`error`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use deadpool_redis::redis;
 
+mod batch;
 mod clock;
 mod error;
 mod soldout;
@@ -27,9 +30,10 @@ pub use clock::SaleClock;
 pub use error::{Result, SeckillError};
 pub use user_lock::{UserGuard, UserLocks};
 
-use crate::id::{self, IdGenerator, OrderId};
+use crate::id::{IdGenerator, OrderId};
 use crate::kv::Kv;
-use crate::store::{self, NewVoucher, Sale, StockLevel, Store, StoreError};
+use crate::store::{self, NewVoucher, Store, StoreError};
+use batch::{Batcher, Outcome};
 use soldout::SoldOutFlags;
 
 pub use crate::store::{Order, Stats, Voucher};
@@ -56,6 +60,9 @@ pub struct SeckillSettings {
     /// How long a voucher's time window may be served from memory: also
     /// how late a restock made elsewhere reaches this instance.
     pub voucher_cache_ttl: Duration,
+    /// Most purchases of one voucher committed together (1: one order per
+    /// transaction).
+    pub sale_batch_max: usize,
 }
 
 /// A voucher to create, as an admin sent it.
@@ -94,13 +101,13 @@ struct Inner {
     store: Store,
     redis: Kv,
     locks: UserLocks,
-    ids: IdGenerator,
+    batcher: Batcher,
     clock: SaleClock,
     /// Vouchers as last read, so a crowd on one voucher does not read its
     /// row once per request. Only the time window and the epoch of the
     /// sold-out flag are taken from here, never the stock.
     windows: moka::future::Cache<i64, Arc<Voucher>>,
-    flags: SoldOutFlags,
+    flags: Arc<SoldOutFlags>,
     settings: SeckillSettings,
     /// Per-purchase lock owner ids, unique within this process.
     purchases: AtomicU64,
@@ -120,11 +127,22 @@ impl Seckill {
             .max_capacity(10_000)
             .time_to_live(settings.voucher_cache_ttl)
             .build();
+        let flags = Arc::new(SoldOutFlags::new(
+            redis.clone(),
+            settings.redis_prefix.clone(),
+        ));
+        let batcher = Batcher::new(
+            store.clone(),
+            IdGenerator::new(redis.clone(), settings.redis_prefix.clone()),
+            flags.clone(),
+            clock.clone(),
+            settings.sale_batch_max,
+        );
         Self {
             inner: Arc::new(Inner {
                 locks,
-                ids: IdGenerator::new(redis.clone(), settings.redis_prefix.clone()),
-                flags: SoldOutFlags::new(redis.clone(), settings.redis_prefix.clone()),
+                batcher,
+                flags,
                 store,
                 redis,
                 clock,
@@ -181,7 +199,7 @@ impl Seckill {
             return Err(SeckillError::InProgress);
         };
 
-        let result = self.buy_locked(user_id, &voucher, guard.fence()).await;
+        let result = self.buy_locked(user_id, voucher, guard.fence()).await;
         // Released here on every path that returns; if this future is
         // dropped instead (client gone, panic), the guard's Drop releases.
         if let Err(error) = guard.unlock().await {
@@ -192,98 +210,26 @@ impl Seckill {
         result
     }
 
-    /// The part of a purchase that runs under the user's lock.
-    async fn buy_locked(&self, user_id: i64, voucher: &Voucher, fence: i64) -> Result<OrderId> {
-        let store = &self.inner.store;
-        if let Some(order_id) = store.order_of(user_id, voucher.id).await? {
-            return Err(already_purchased(order_id));
-        }
-        let sale = match self.sell_with_fresh_id(user_id, voucher.id, fence).await {
-            Err(SeckillError::AlreadyPurchased { order_id: None }) => {
-                // The unique index caught an order that committed after our
-                // check (a lapsed lease): name it, as the check would have.
-                let existing = store.order_of(user_id, voucher.id).await?;
-                return Err(SeckillError::AlreadyPurchased {
-                    order_id: existing.and_then(OrderId::from_stored),
-                });
-            }
-            other => other?,
-        };
-        match sale {
-            (order_id, Sale::Sold(level)) => {
-                if level.stock == 0 {
-                    self.publish_stock(voucher, level).await;
-                }
-                Ok(order_id)
-            }
-            (_, Sale::SoldOut) => {
-                if let Some(level) = store.stock_level(voucher.id).await? {
-                    if level.stock == 0 {
-                        self.publish_stock(voucher, level).await;
-                    }
-                }
-                Err(SeckillError::SoldOut)
-            }
-            (_, Sale::Fenced) => {
+    /// The part of a purchase that runs under the user's lock: a place in
+    /// the voucher's next batch.
+    async fn buy_locked(&self, user_id: i64, voucher: Arc<Voucher>, fence: i64) -> Result<OrderId> {
+        let voucher_id = voucher.id;
+        match self.inner.batcher.sell(voucher, user_id, fence).await? {
+            Outcome::Sold(order_id) => Ok(order_id),
+            Outcome::SoldOut => Err(SeckillError::SoldOut),
+            Outcome::Held(order_id) => Err(SeckillError::AlreadyPurchased { order_id }),
+            Outcome::Fenced => {
                 // Our lock's lease ran out and a newer holder has written:
                 // that request is the user's purchase in progress.
                 tracing::warn!(
                     user_id,
-                    voucher_id = voucher.id,
+                    voucher_id,
                     fence,
                     "purchase refused: a newer lock holder wrote first"
                 );
                 Err(SeckillError::InProgress)
             }
         }
-    }
-
-    /// Sells one unit under a new order id. The id is drawn before the
-    /// statement, so no Redis round trip happens while the voucher's row is
-    /// locked. An id that is taken already means Redis lost the day's
-    /// counter (a restart without persistence, a failover) and counts again
-    /// from where it restarted: the counter is raised past the highest id
-    /// Postgres holds for that day, and the sale draws again.
-    async fn sell_with_fresh_id(
-        &self,
-        user_id: i64,
-        voucher_id: i64,
-        fence: i64,
-    ) -> Result<(OrderId, Sale)> {
-        const ATTEMPTS: usize = 3;
-        for _ in 0..ATTEMPTS {
-            let order_id = self.inner.ids.next_id().await?;
-            match self
-                .inner
-                .store
-                .sell_one(order_id.as_i64(), user_id, voucher_id, fence)
-                .await
-            {
-                Err(StoreError::DuplicateOrderId) => {
-                    tracing::warn!(%order_id, "order id already taken: the id counter was lost");
-                    self.recover_id_counter(order_id).await?;
-                }
-                other => return Ok((order_id, other?)),
-            }
-        }
-        // Raised each time and still taken: Redis keeps losing the counter.
-        Err(SeckillError::redis_unavailable(
-            "the order-id counter keeps handing out ids that are taken",
-        ))
-    }
-
-    /// Raises the day's id counter of `taken` past every id Postgres holds
-    /// for that day.
-    async fn recover_id_counter(&self, taken: OrderId) -> Result<()> {
-        let day = taken.drawn_at();
-        let range = id::day_range(day).ok_or_else(|| {
-            SeckillError::redis_unavailable("Redis's clock is outside the order id range")
-        })?;
-        let highest = self.inner.store.highest_sequence(range).await?;
-        self.inner.ids.raise_day(day, highest).await?;
-        metrics::counter!("seckill_id_counter_recoveries_total").increment(1);
-        tracing::warn!(%day, highest, "raised the order-id counter past the ids already used");
-        Ok(())
     }
 
     async fn sale_window(&self, voucher_id: i64) -> Result<Arc<Voucher>> {
@@ -303,11 +249,6 @@ impl Seckill {
                 }
                 LoadError::Store(e) => SeckillError::Internal(e.to_string()),
             })
-    }
-
-    async fn publish_stock(&self, voucher: &Voucher, level: StockLevel) {
-        let now = self.inner.clock.now();
-        self.inner.flags.publish(voucher, level, now).await;
     }
 
     pub async fn create_voucher(&self, draft: VoucherDraft) -> Result<i64> {
@@ -413,12 +354,6 @@ impl Seckill {
             redis_size: u32::try_from(redis.size).unwrap_or(u32::MAX),
             redis_available: u32::try_from(redis.available).unwrap_or(u32::MAX),
         }
-    }
-}
-
-fn already_purchased(order_id: i64) -> SeckillError {
-    SeckillError::AlreadyPurchased {
-        order_id: OrderId::from_stored(order_id),
     }
 }
 

@@ -1,5 +1,5 @@
 //! Postgres: vouchers, their stock and their orders, and the one statement
-//! that sells a unit.
+//! that sells a batch of units (`sale`).
 //!
 //! Every query is here (the lab's in `lab`); nothing above this module
 //! writes SQL. Errors come out classified: the database being unreachable,
@@ -14,9 +14,11 @@ use std::time::Duration;
 
 mod deadline;
 mod lab;
+mod sale;
 
 use deadline::Within;
 pub use lab::{Decrement, LabSale, LabStats, LabStore};
+pub use sale::{BatchSale, Sale, SaleRequest, SELL_BATCH};
 
 /// The unique index that allows one order per user and voucher.
 const ONE_ORDER_PER_USER: &str = "voucher_orders_user_voucher";
@@ -112,46 +114,6 @@ pub struct StockLevel {
     pub stock: i32,
     pub initial_stock: i32,
 }
-
-/// The answer to an attempt to sell one unit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sale {
-    /// The order is committed; this is the stock right after it.
-    Sold(StockLevel),
-    /// No unit was left (or the voucher has no sale); nothing was written.
-    SoldOut,
-    /// The fencing token is older than the user's last one: the lock it
-    /// came from was lost and someone else has written since. Nothing was
-    /// written.
-    Fenced,
-}
-
-/// The sale: fence check, stock decrement, order insert, in one statement.
-///
-/// `fence` upserts the user's token only if it is not smaller than the
-/// stored one, and returns a row only then; `taken` decrements only if the
-/// fence let the purchase in and a unit is left; `placed` inserts the order
-/// only if a unit was taken. The final row says which step stopped it.
-/// (`loadtest` runs this same text through pgbench: keep them equal.)
-pub const SELL_ONE: &str = "\
-WITH fence AS (
-    INSERT INTO user_fences (user_id, token) VALUES ($2, $4)
-    ON CONFLICT (user_id) DO UPDATE SET token = EXCLUDED.token
-    WHERE user_fences.token <= EXCLUDED.token
-    RETURNING token
-), taken AS (
-    UPDATE seckill_vouchers SET stock = stock - 1
-    WHERE voucher_id = $3 AND stock > 0 AND EXISTS (SELECT 1 FROM fence)
-    RETURNING voucher_id, stock, initial_stock
-), placed AS (
-    INSERT INTO voucher_orders (id, user_id, voucher_id)
-    SELECT $1, $2, voucher_id FROM taken
-    RETURNING id
-)
-SELECT EXISTS (SELECT 1 FROM fence), taken.stock, taken.initial_stock
-FROM (SELECT 1) AS one
-LEFT JOIN taken ON true
-LEFT JOIN placed ON true";
 
 #[derive(Debug, Clone, Copy, sqlx::FromRow)]
 pub struct Stats {
@@ -323,41 +285,6 @@ impl Store {
         .within(self.timeout)
         .await?;
         Ok(u32::try_from(highest).unwrap_or(u32::MAX))
-    }
-
-    /// Sells one unit to `user_id`: decrements the stock if it is above
-    /// zero and inserts the order, atomically, unless `fence` (the token of
-    /// the user's lock) is smaller than the last one written for the user.
-    ///
-    /// It is one statement, so one transaction and one round trip: the
-    /// voucher's row lock, taken by the UPDATE, is held only while Postgres
-    /// itself works, never while a packet crosses the network. Either all
-    /// writes commit or none does; a duplicate order (the unique index)
-    /// rolls the decrement back with it.
-    pub async fn sell_one(
-        &self,
-        order_id: i64,
-        user_id: i64,
-        voucher_id: i64,
-        fence: i64,
-    ) -> Result<Sale> {
-        let (fenced_in, stock, initial_stock): (bool, Option<i32>, Option<i32>) =
-            sqlx::query_as(SELL_ONE)
-                .bind(order_id)
-                .bind(user_id)
-                .bind(voucher_id)
-                .bind(fence)
-                .fetch_one(&self.pool)
-                .within(self.timeout)
-                .await?;
-        Ok(match (fenced_in, stock, initial_stock) {
-            (false, _, _) => Sale::Fenced,
-            (true, Some(stock), Some(initial_stock)) => Sale::Sold(StockLevel {
-                stock,
-                initial_stock,
-            }),
-            (true, _, _) => Sale::SoldOut,
-        })
     }
 
     pub async fn order(&self, order_id: i64) -> Result<Option<Order>> {

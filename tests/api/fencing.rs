@@ -8,7 +8,7 @@ use reqwest::StatusCode;
 use seckill::id::IdGenerator;
 use seckill::kv::Kv;
 use seckill::lock::{Acquired, LockClient};
-use seckill::store::{Sale, Store};
+use seckill::store::{Sale, SaleRequest, Store};
 
 use crate::helpers::{buy, redis_url, spawn_app};
 
@@ -49,28 +49,23 @@ async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
         panic!("B did not get the expired lock");
     };
     assert!(b.fence() > a.fence());
-    let sold = store
-        .sell_one(
-            ids.next_id().await.unwrap().as_i64(),
-            user,
-            voucher,
-            b.fence(),
-        )
-        .await
-        .unwrap();
-    assert!(matches!(sold, Sale::Sold(_)), "{sold:?}");
+    let sell = |target: i64, fence: i64| {
+        let (store, ids) = (&store, &ids);
+        async move {
+            let order_id = ids.next_id().await.unwrap().as_i64();
+            let request = SaleRequest {
+                order_id,
+                user_id: user,
+                fence,
+            };
+            store.sell_batch(target, &[request]).await.unwrap().sales[0]
+        }
+    };
+    assert_eq!(sell(voucher, b.fence()).await, Sale::Sold);
 
     // A resumes: its writes are refused, for this voucher and any other.
     for target in [voucher, other_voucher] {
-        let late = store
-            .sell_one(
-                ids.next_id().await.unwrap().as_i64(),
-                user,
-                target,
-                a.fence(),
-            )
-            .await
-            .unwrap();
+        let late = sell(target, a.fence()).await;
         assert_eq!(late, Sale::Fenced, "A's stale write on voucher {target}");
     }
     b.unlock().await.unwrap();

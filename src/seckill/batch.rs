@@ -1,0 +1,340 @@
+//! Group commit: the sale batcher. Purchases of one voucher that passed the
+//! window, the sold-out flag and the user's lock join the voucher's next
+//! batch; one writer per voucher (in each instance) commits a batch in one
+//! statement (`store::SELL_BATCH`) and gives every purchase its own answer.
+//!
+//! Batching is natural, as in a database's group commit: a lone purchase
+//! is written at once; while a batch's commit is in flight, arrivals gather
+//! in the queue and form the next batch, up to a cap. No timer ever makes a
+//! buyer wait for company. One commit, so one WAL flush and one turn on the
+//! voucher's row lock, then serves the whole batch.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::clock::SaleClock;
+use super::error::{Result, SeckillError};
+use super::soldout::SoldOutFlags;
+use crate::id::{self, IdGenerator, OrderId};
+use crate::store::{BatchSale, Sale, SaleRequest, StockLevel, Store, StoreError, Voucher};
+
+/// A writer with nothing to do for this long stops (the next purchase of
+/// its voucher starts another).
+const IDLE: Duration = Duration::from_secs(30);
+/// Times a purchase may draw a new id because its id was taken already.
+const REDRAWS: u8 = 3;
+/// Times a batch is run again after a concurrent batch committed an order
+/// of one of its users (or one of its ids) after its snapshot.
+const RERUNS: usize = 3;
+
+/// What the batch did for one purchase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    Sold(OrderId),
+    SoldOut,
+    /// The user holds this order already.
+    Held(Option<OrderId>),
+    /// A newer holder of the user's lock wrote first.
+    Fenced,
+}
+
+/// A purchase waiting for its batch.
+struct Pending {
+    voucher: Arc<Voucher>,
+    user_id: i64,
+    fence: i64,
+    redraws: u8,
+    reply: oneshot::Sender<Result<Outcome>>,
+}
+
+/// The batchers of every voucher. Cheap to clone.
+#[derive(Clone)]
+pub(super) struct Batcher {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    ids: IdGenerator,
+    flags: Arc<SoldOutFlags>,
+    clock: SaleClock,
+    /// Most purchases in one batch; 1 is one order per transaction.
+    max: usize,
+    writers: Mutex<HashMap<i64, mpsc::UnboundedSender<Pending>>>,
+}
+
+impl Batcher {
+    pub(super) fn new(
+        store: Store,
+        ids: IdGenerator,
+        flags: Arc<SoldOutFlags>,
+        clock: SaleClock,
+        max: usize,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                ids,
+                flags,
+                clock,
+                max: max.max(1),
+                writers: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Sells one unit of `voucher` to `user_id`, who holds the lock whose
+    /// token is `fence`, in the voucher's next batch. If this future is
+    /// dropped while its batch commits, the order stands.
+    pub(super) async fn sell(
+        &self,
+        voucher: Arc<Voucher>,
+        user_id: i64,
+        fence: i64,
+    ) -> Result<Outcome> {
+        let (reply, answer) = oneshot::channel();
+        let mut pending = Pending {
+            voucher,
+            user_id,
+            fence,
+            redraws: 0,
+            reply,
+        };
+        loop {
+            let writer = self.writer(pending.voucher.id);
+            match writer.send(pending) {
+                Ok(()) => break,
+                // The writer retired between our lookup and the send.
+                Err(mpsc::error::SendError(back)) => {
+                    pending = back;
+                    let mut writers = self.inner.writers.lock().expect("writers lock");
+                    if writers
+                        .get(&pending.voucher.id)
+                        .is_some_and(|w| w.same_channel(&writer))
+                    {
+                        writers.remove(&pending.voucher.id);
+                    }
+                }
+            }
+        }
+        answer
+            .await
+            .map_err(|_| SeckillError::Internal("the sale writer stopped".into()))?
+    }
+
+    /// The queue of `voucher_id`'s writer, starting the writer if there is
+    /// none.
+    fn writer(&self, voucher_id: i64) -> mpsc::UnboundedSender<Pending> {
+        let mut writers = self.inner.writers.lock().expect("writers lock");
+        if let Some(writer) = writers.get(&voucher_id) {
+            if !writer.is_closed() {
+                return writer.clone();
+            }
+        }
+        let (queue, arrivals) = mpsc::unbounded_channel();
+        writers.insert(voucher_id, queue.clone());
+        tokio::spawn(write(self.inner.clone(), voucher_id, arrivals));
+        queue
+    }
+}
+
+/// One voucher's writer: takes what has arrived (up to the cap), commits
+/// it, answers, and again, until idle.
+async fn write(inner: Arc<Inner>, voucher_id: i64, mut arrivals: mpsc::UnboundedReceiver<Pending>) {
+    // Purchases held back from a batch: a second purchase of a user already
+    // in it, or one whose id was taken. They go first in the next batch.
+    let mut waiting: VecDeque<Pending> = VecDeque::new();
+    let mut retiring = false;
+    loop {
+        if waiting.is_empty() {
+            if retiring {
+                return;
+            }
+            match tokio::time::timeout(IDLE, arrivals.recv()).await {
+                Ok(Some(pending)) => waiting.push_back(pending),
+                Ok(None) => return,
+                Err(_) => {
+                    retiring = retire(&inner, voucher_id, &mut arrivals);
+                }
+            }
+        }
+        while waiting.len() < inner.max {
+            match arrivals.try_recv() {
+                Ok(pending) => waiting.push_back(pending),
+                Err(_) => break,
+            }
+        }
+        let batch = take_batch(&mut waiting, inner.max);
+        if !batch.is_empty() {
+            let redo = commit(&inner, voucher_id, batch).await;
+            for pending in redo.into_iter().rev() {
+                waiting.push_front(pending);
+            }
+        }
+    }
+}
+
+/// Stops taking purchases when the queue is empty: removes the writer from
+/// the map and closes its queue (a purchase that still gets through before
+/// the close is served by the last batches). `false`: not idle after all.
+fn retire(inner: &Inner, voucher_id: i64, arrivals: &mut mpsc::UnboundedReceiver<Pending>) -> bool {
+    let mut writers = inner.writers.lock().expect("writers lock");
+    if !arrivals.is_empty() {
+        return false;
+    }
+    writers.remove(&voucher_id);
+    arrivals.close();
+    true
+}
+
+/// The next batch: up to `max` purchases in arrival order, one per user (a
+/// second purchase of a user waits for the next batch, where it finds the
+/// first one's order). Purchases whose client left are dropped here: nobody
+/// waits for their answer and nothing was written for them.
+fn take_batch(waiting: &mut VecDeque<Pending>, max: usize) -> Vec<Pending> {
+    let mut batch = Vec::new();
+    let mut users = HashSet::new();
+    let mut later = VecDeque::new();
+    while let Some(pending) = waiting.pop_front() {
+        if pending.reply.is_closed() {
+            continue;
+        }
+        if batch.len() < max && users.insert(pending.user_id) {
+            batch.push(pending);
+        } else {
+            later.push_back(pending);
+        }
+    }
+    *waiting = later;
+    batch
+}
+
+/// Commits one batch and answers it; returns the purchases to put in the
+/// next batch (those whose drawn id was taken).
+async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pending> {
+    metrics::histogram!("seckill_sale_batch_size").record(batch.len() as f64);
+    let size = u32::try_from(batch.len()).unwrap_or(u32::MAX);
+    let ids = match inner.ids.next_ids(size).await {
+        Ok(ids) => ids,
+        Err(error) => {
+            let error = SeckillError::from(error);
+            answer_all(batch, &error);
+            return Vec::new();
+        }
+    };
+    let requests: Vec<SaleRequest> = batch
+        .iter()
+        .zip(&ids)
+        .map(|(pending, id)| SaleRequest {
+            order_id: id.as_i64(),
+            user_id: pending.user_id,
+            fence: pending.fence,
+        })
+        .collect();
+
+    let started = Instant::now();
+    let mut reruns = 0;
+    let sold = loop {
+        match inner.store.sell_batch(voucher_id, &requests).await {
+            // A batch elsewhere committed one of these users' orders (or
+            // ids) after this statement's snapshot: the next run sees it.
+            Err(StoreError::DuplicateOrder | StoreError::DuplicateOrderId) if reruns < RERUNS => {
+                reruns += 1;
+            }
+            other => break other,
+        }
+    };
+    metrics::histogram!("seckill_sale_commit_seconds").record(started.elapsed().as_secs_f64());
+    let BatchSale { sales, level } = match sold {
+        Ok(sold) => sold,
+        Err(error) => {
+            answer_all(batch, &SeckillError::from(error));
+            return Vec::new();
+        }
+    };
+
+    let voucher = batch[0].voucher.clone();
+    let mut redo = Vec::new();
+    let mut taken_id = None;
+    let mut sold_out = false;
+    for ((pending, sale), id) in batch.into_iter().zip(sales).zip(ids) {
+        let outcome = match sale {
+            Sale::Sold => Outcome::Sold(id),
+            Sale::SoldOut => {
+                sold_out = true;
+                Outcome::SoldOut
+            }
+            Sale::Held(order_id) => Outcome::Held(OrderId::from_stored(order_id)),
+            Sale::Fenced => Outcome::Fenced,
+            Sale::IdTaken => {
+                taken_id = Some(id);
+                redo.push(pending);
+                continue;
+            }
+        };
+        let _ = pending.reply.send(Ok(outcome));
+    }
+    if let Some(taken) = taken_id {
+        redo = redraw(inner, taken, redo).await;
+    }
+    publish(inner, &voucher, level, sold_out).await;
+    redo
+}
+
+/// The purchases whose ids were taken, after the day's counter was raised
+/// past the ids Postgres holds; those that drew too often are answered 503.
+async fn redraw(inner: &Inner, taken: OrderId, redo: Vec<Pending>) -> Vec<Pending> {
+    tracing::warn!(%taken, "order id already taken: the id counter was lost");
+    if let Err(error) = recover_id_counter(inner, taken).await {
+        answer_all(redo, &error);
+        return Vec::new();
+    }
+    let mut again = Vec::new();
+    for mut pending in redo {
+        pending.redraws += 1;
+        if pending.redraws > REDRAWS {
+            let _ = pending.reply.send(Err(SeckillError::redis_unavailable(
+                "the order-id counter keeps handing out ids that are taken",
+            )));
+        } else {
+            again.push(pending);
+        }
+    }
+    again
+}
+
+/// Raises the day's id counter of `taken` past every id Postgres holds for
+/// that day.
+async fn recover_id_counter(inner: &Inner, taken: OrderId) -> Result<()> {
+    let day = taken.drawn_at();
+    let range = id::day_range(day).ok_or_else(|| {
+        SeckillError::redis_unavailable("Redis's clock is outside the order id range")
+    })?;
+    let highest = inner.store.highest_sequence(range).await?;
+    inner.ids.raise_day(day, highest).await?;
+    metrics::counter!("seckill_id_counter_recoveries_total").increment(1);
+    tracing::warn!(%day, highest, "raised the order-id counter past the ids already used");
+    Ok(())
+}
+
+/// Tells every instance the voucher is sold out when this batch saw it so:
+/// the stock it left at 0, or (when it sold nothing) the stock read now.
+async fn publish(inner: &Inner, voucher: &Voucher, level: Option<StockLevel>, sold_out: bool) {
+    let level = match level {
+        Some(level) => Some(level),
+        None if sold_out => inner.store.stock_level(voucher.id).await.ok().flatten(),
+        None => None,
+    };
+    if let Some(level) = level.filter(|l| l.stock == 0) {
+        inner.flags.publish(voucher, level, inner.clock.now()).await;
+    }
+}
+
+fn answer_all(batch: Vec<Pending>, error: &SeckillError) {
+    for pending in batch {
+        let _ = pending.reply.send(Err(error.clone()));
+    }
+}
