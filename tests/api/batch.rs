@@ -1,0 +1,257 @@
+//! Group commit: the batch sale statement's answer per purchase, and the
+//! batcher's edges through the API (lapsed leases, a frozen Postgres, a
+//! client that leaves while its batch commits, one order per transaction).
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use seckill::store::{Sale, SaleRequest, Store};
+use tokio::task::JoinSet;
+
+use crate::helpers::{buy, client, spawn_app, spawn_app_with, TestApp};
+use crate::proxy::spawn_app_behind_pg_proxy;
+
+fn store(app: &TestApp) -> Store {
+    Store::from_pool(app.db.clone(), Duration::from_secs(10))
+}
+
+/// Requests for these users, with ids and fences of their own.
+fn requests(users: impl IntoIterator<Item = i64>, first_id: i64) -> Vec<SaleRequest> {
+    users
+        .into_iter()
+        .enumerate()
+        .map(|(i, user_id)| SaleRequest {
+            order_id: first_id + i as i64,
+            user_id,
+            fence: 1_000,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_batch_larger_than_the_stock_sells_the_stock_first_come_first_served() {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(3).await;
+    let sold = store(&app)
+        .sell_batch(voucher, &requests([5, 4, 3, 2, 1], 1 << 40))
+        .await
+        .unwrap();
+    assert_eq!(
+        sold.sales,
+        [
+            Sale::Sold,
+            Sale::Sold,
+            Sale::Sold,
+            Sale::SoldOut,
+            Sale::SoldOut
+        ]
+    );
+    let level = sold.level.unwrap();
+    assert_eq!((level.stock, level.initial_stock), (0, 3));
+    let buyers: Vec<i64> = sqlx::query_scalar(
+        "SELECT user_id FROM voucher_orders WHERE voucher_id = $1 ORDER BY user_id",
+    )
+    .bind(voucher)
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(buyers, [3, 4, 5], "the first three in the batch bought");
+    assert_eq!(app.check_invariants(voucher).await, 3);
+
+    // Sold out: nothing decremented, nothing to report as the stock.
+    let after = store(&app)
+        .sell_batch(voucher, &requests([6], 2 << 40))
+        .await
+        .unwrap();
+    assert_eq!(after.sales, [Sale::SoldOut]);
+    assert_eq!(after.level, None);
+}
+
+#[tokio::test]
+async fn a_batch_answers_holders_stale_fences_and_taken_ids_each_on_its_own() {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(10).await;
+    let store = store(&app);
+    // User 1 buys first; user 2's lock has moved on to token 5,000.
+    let first = store
+        .sell_batch(voucher, &requests([1], 7 << 40))
+        .await
+        .unwrap();
+    assert_eq!(first.sales, [Sale::Sold]);
+    let mut fresh = requests([2], 8 << 40);
+    fresh[0].fence = 5_000;
+    assert_eq!(
+        store.sell_batch(voucher, &fresh).await.unwrap().sales,
+        [Sale::Sold]
+    );
+
+    // One batch: user 1 again, user 2 with a stale token, user 3 under an
+    // id that is taken, user 4 as it should be.
+    let mut batch = requests([1, 2, 3, 4], 9 << 40);
+    batch[1].fence = 4_000;
+    batch[2].order_id = 7 << 40;
+    let sold = store.sell_batch(voucher, &batch).await.unwrap();
+    assert_eq!(
+        sold.sales,
+        [Sale::Held(7 << 40), Sale::Fenced, Sale::IdTaken, Sale::Sold]
+    );
+    assert_eq!(sold.level.unwrap().stock, 7);
+    assert_eq!(app.check_invariants(voucher).await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_user_whose_leases_lapse_at_once_still_gets_one_order() {
+    // A one-millisecond lease: the lock no longer keeps a user's purchases
+    // apart, so they meet in one batch; the batch and the unique index do.
+    let app = spawn_app_with(|mut s| {
+        s.lock_lease_ms = 1;
+        s
+    })
+    .await;
+    let voucher = app.open_voucher(10).await;
+    let token = app.token(9).await;
+    let client = client();
+    let mut tasks = JoinSet::new();
+    for _ in 0..60 {
+        let (client, base, token) = (client.clone(), app.base.clone(), token.clone());
+        tasks.spawn(async move { buy(&client, &base, &token, voucher).await });
+    }
+    let answers = tasks.join_all().await;
+    let orders: Vec<_> = answers.iter().filter(|a| a.1.starts_with("ok:")).collect();
+    assert_eq!(orders.len(), 1, "{answers:?}");
+    for (status, code) in &answers {
+        assert!(
+            code.starts_with("ok:")
+                || ["already_purchased", "purchase_in_progress"].contains(&code.as_str()),
+            "{status} {code}"
+        );
+    }
+    assert_eq!(app.check_invariants(voucher).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_on_a_frozen_postgres_answers_503_to_all_and_commits_nothing_halfway() {
+    let (app, proxy) = spawn_app_behind_pg_proxy(|mut s| {
+        s.dependency_timeout_ms = 700;
+        s
+    })
+    .await;
+    let voucher = app.open_voucher(100).await;
+    let tokens = app.tokens(1..=40).await;
+    // Warm: the voucher's window is cached, connections are open.
+    assert!(buy(&app.client, &app.base, &tokens[&1], voucher)
+        .await
+        .1
+        .starts_with("ok:"));
+
+    proxy.freeze();
+    let client = client();
+    let mut tasks = JoinSet::new();
+    for user in 2..=40 {
+        let (client, base, token) = (client.clone(), app.base.clone(), tokens[&user].clone());
+        tasks.spawn(async move { buy(&client, &base, &token, voucher).await });
+    }
+    let answers = tasks.join_all().await;
+    proxy.thaw();
+    for answer in &answers {
+        assert_eq!(answer.0, StatusCode::SERVICE_UNAVAILABLE, "{answer:?}");
+    }
+    // What reached Postgres before the freeze ran as whole batches: the
+    // books balance whatever committed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    app.check_invariants(voucher).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_whose_client_left_while_its_batch_committed_stands() {
+    let (app, proxy) = spawn_app_behind_pg_proxy(|s| s).await;
+    let voucher = app.open_voucher(5).await;
+    let tokens = app.tokens([1, 2]).await;
+    assert!(buy(&app.client, &app.base, &tokens[&1], voucher)
+        .await
+        .1
+        .starts_with("ok:"));
+
+    // Postgres stalls while user 2's batch is on its way; the client gives
+    // up; Postgres resumes within the service's deadline and commits.
+    proxy.freeze();
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let gave_up = impatient
+        .post(app.url(&format!("/seckill/{voucher}")))
+        .bearer_auth(&tokens[&2])
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the client was to give up: {gave_up:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.thaw();
+
+    // Its retry is as good as the lost answer.
+    let mut retry = (StatusCode::OK, String::new());
+    for _ in 0..50 {
+        let response = app
+            .client
+            .post(app.url(&format!("/seckill/{voucher}")))
+            .bearer_auth(&tokens[&2])
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let body: serde_json::Value = response.json().await.unwrap();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            // The lost request's lock is still being released.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        retry = (status, body.to_string());
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert_eq!(body["error"], "already_purchased");
+        let order_id = body["order_id"].as_str().unwrap().to_owned();
+        let (status, order) = app.admin_get(&format!("/orders/{order_id}")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(order["user_id"], 2);
+        break;
+    }
+    assert_eq!(
+        retry.0,
+        StatusCode::CONFLICT,
+        "never saw the order: {retry:?}"
+    );
+    assert_eq!(app.check_invariants(voucher).await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_order_per_transaction_still_holds_every_invariant() {
+    let app = spawn_app_with(|mut s| {
+        s.sale_batch_max = 1;
+        s
+    })
+    .await;
+    let second = app.spawn_instance().await;
+    let voucher = app.open_voucher(30).await;
+    let tokens = app.tokens(1..=80).await;
+    let client = client();
+    let mut tasks = JoinSet::new();
+    for (i, token) in tokens.values().enumerate() {
+        let base = if i % 2 == 0 {
+            app.base.clone()
+        } else {
+            second.clone()
+        };
+        let (client, token) = (client.clone(), token.clone());
+        tasks.spawn(async move { buy(&client, &base, &token, voucher).await });
+    }
+    let answers = tasks.join_all().await;
+    let sold = answers.iter().filter(|a| a.1.starts_with("ok:")).count();
+    assert_eq!(sold, 30, "{answers:?}");
+    assert_eq!(app.check_invariants(voucher).await, 30);
+    let metrics = app.metrics().await;
+    for series in [
+        "seckill_sale_batch_size_bucket",
+        "seckill_sale_commit_seconds_bucket",
+    ] {
+        assert!(metrics.contains(series), "no {series} in /metrics");
+    }
+}
