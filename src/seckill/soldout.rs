@@ -25,14 +25,22 @@ const MAX_FLAG_LIFE: Duration = Duration::from_secs(86_400);
 /// on a sold-out voucher then costs Redis one read per voucher per period
 /// instead of one per request. Keyed by epoch, so a restock seen here ends
 /// it at once.
-const LOCAL_TRUST: Duration = Duration::from_millis(200);
+const TRUST_SOLD_OUT: Duration = Duration::from_millis(200);
+/// How long this instance trusts an "open" it read. An open flag only lets
+/// a purchase on to its lock and its batch, where Postgres decides; trusting
+/// it a little costs at most this long of purchases that reach Postgres
+/// after the sell-out, and saves a Redis round trip on every purchase of a
+/// sale in full swing.
+const TRUST_OPEN: Duration = Duration::from_millis(100);
 
 pub(super) struct SoldOutFlags {
     redis: Kv,
     prefix: String,
     mark: Script,
-    /// (voucher, epoch) pairs this instance recently saw flagged sold out.
-    seen_here: moka::sync::Cache<(i64, i32), ()>,
+    /// (voucher, epoch) pairs this instance recently saw flagged sold out,
+    /// and those it recently saw open.
+    seen_sold_out: moka::sync::Cache<(i64, i32), ()>,
+    seen_open: moka::sync::Cache<(i64, i32), ()>,
 }
 
 impl SoldOutFlags {
@@ -41,9 +49,13 @@ impl SoldOutFlags {
             redis,
             prefix,
             mark: Script::new(include_str!("../../lua/soldout_mark.lua")),
-            seen_here: moka::sync::Cache::builder()
+            seen_sold_out: moka::sync::Cache::builder()
                 .max_capacity(10_000)
-                .time_to_live(LOCAL_TRUST)
+                .time_to_live(TRUST_SOLD_OUT)
+                .build(),
+            seen_open: moka::sync::Cache::builder()
+                .max_capacity(10_000)
+                .time_to_live(TRUST_OPEN)
                 .build(),
         }
     }
@@ -56,8 +68,11 @@ impl SoldOutFlags {
     /// sold out.
     pub(super) async fn is_sold_out(&self, voucher: &Voucher) -> Result<bool, KvError> {
         let here = (voucher.id, voucher.initial_stock);
-        if self.seen_here.contains_key(&here) {
+        if self.seen_sold_out.contains_key(&here) {
             return Ok(true);
+        }
+        if self.seen_open.contains_key(&here) {
+            return Ok(false);
         }
         let (epoch, sold_out): (Option<i64>, Option<u8>) = self
             .redis
@@ -70,7 +85,9 @@ impl SoldOutFlags {
             .await?;
         let flagged = sold_out == Some(1) && epoch == Some(i64::from(voucher.initial_stock));
         if flagged {
-            self.seen_here.insert(here, ());
+            self.seen_sold_out.insert(here, ());
+        } else {
+            self.seen_open.insert(here, ());
         }
         Ok(flagged)
     }
@@ -78,6 +95,12 @@ impl SoldOutFlags {
     /// Publishes the stock state seen in Postgres. A failure only costs
     /// speed (later requests go to Postgres), so it is logged, not returned.
     pub(super) async fn publish(&self, voucher: &Voucher, level: StockLevel, now: DateTime<Utc>) {
+        if level.stock == 0 {
+            // This instance knows first: no need to ask Redis again.
+            let here = (voucher.id, level.initial_stock);
+            self.seen_open.invalidate(&here);
+            self.seen_sold_out.insert(here, ());
+        }
         let left = (voucher.end_time - now).to_std().unwrap_or_default();
         let ttl = left.clamp(Duration::from_secs(1), MAX_FLAG_LIFE);
         let written: Result<i64, KvError> = self
