@@ -10,6 +10,7 @@
 mod api;
 mod ceilings;
 mod drive;
+mod groupcommit;
 mod invariants;
 mod lab;
 mod lockbench;
@@ -84,6 +85,9 @@ enum Scenario {
     /// Every lab strategy on one and two instances, with and without a
     /// stall past the lease: which anomalies appear (LAB.md).
     Lab(lab::LabArgs),
+    /// Group commit against one order per transaction, on one and two
+    /// instances, and with one of two instances killed mid-crowd.
+    Groupcommit(groupcommit::GroupCommitArgs),
 }
 
 #[derive(Args, Clone)]
@@ -172,6 +176,9 @@ async fn main() -> ExitCode {
     }
     if let Scenario::Lab(args) = &cli.scenario {
         return exit(run_lab(&cli.target, args).await);
+    }
+    if let Scenario::Groupcommit(args) = &cli.scenario {
+        return exit(groupcommit::run(&cli.target, args).await);
     }
     if let Scenario::Tokens(args) = &cli.scenario {
         return match write_tokens(&cli.target, args).await {
@@ -332,7 +339,7 @@ async fn run(
         Scenario::Hammer(args) => vec![hammer(target, args).await?],
         Scenario::Throughput(args) => vec![throughput(target, args, pgbench_seconds).await?],
         Scenario::Soldout(args) => vec![soldout(target, args).await?],
-        Scenario::Tokens(_) | Scenario::Lock(_) | Scenario::Lab(_) => {
+        Scenario::Tokens(_) | Scenario::Lock(_) | Scenario::Lab(_) | Scenario::Groupcommit(_) => {
             unreachable!("handled before a target starts")
         }
         Scenario::All => vec![

@@ -152,6 +152,11 @@ impl Target {
         Ok(target)
     }
 
+    /// The process id of instance `i` (0-based) of a service we started.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.children.get(i).map(Child::id)
+    }
+
     async fn wait_ready(&mut self, base: &str, limit: Duration) -> Result<(), String> {
         let client = reqwest::Client::new();
         let started = Instant::now();

@@ -215,6 +215,20 @@ fn take_batch(waiting: &mut VecDeque<Pending>, max: usize) -> Vec<Pending> {
 /// Commits one batch and answers it; returns the purchases to put in the
 /// next batch (those whose drawn id was taken).
 async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pending> {
+    // Purchases that passed the flag just before this instance saw the
+    // voucher sold out need no statement to learn it.
+    let mut open = Vec::with_capacity(batch.len());
+    for pending in batch {
+        if inner.flags.known_sold_out(&pending.voucher).await {
+            let _ = pending.reply.send(Ok(Outcome::SoldOut));
+        } else {
+            open.push(pending);
+        }
+    }
+    let batch = open;
+    if batch.is_empty() {
+        return Vec::new();
+    }
     metrics::histogram!("seckill_sale_batch_size").record(batch.len() as f64);
     let size = u32::try_from(batch.len()).unwrap_or(u32::MAX);
     let ids = match inner.ids.next_ids(size).await {

@@ -102,6 +102,17 @@ impl From<KvError> for SeckillError {
     }
 }
 
+/// A Redis error shared by the purchases that waited for one read.
+impl From<std::sync::Arc<KvError>> for SeckillError {
+    fn from(error: std::sync::Arc<KvError>) -> Self {
+        if error.is_transient() {
+            Self::redis_unavailable(&error)
+        } else {
+            Self::Internal(error.to_string())
+        }
+    }
+}
+
 impl From<IdError> for SeckillError {
     fn from(error: IdError) -> Self {
         match error {

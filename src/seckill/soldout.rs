@@ -10,7 +10,8 @@
 //! on every instance by itself, as soon as each one has read the voucher
 //! again, even if Redis could not be told.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use deadpool_redis::redis::{self, Script};
@@ -37,10 +38,37 @@ pub(super) struct SoldOutFlags {
     redis: Kv,
     prefix: String,
     mark: Script,
-    /// (voucher, epoch) pairs this instance recently saw flagged sold out,
-    /// and those it recently saw open.
-    seen_sold_out: moka::sync::Cache<(i64, i32), ()>,
-    seen_open: moka::sync::Cache<(i64, i32), ()>,
+    /// What this instance recently saw of each (voucher, epoch): `true`
+    /// sold out, `false` open, each trusted for its own time. Concurrent
+    /// misses share one Redis read (a crowd's first wave asks once).
+    seen: moka::future::Cache<(i64, i32), bool>,
+}
+
+/// How long a flag seen here is trusted, by what it said.
+struct Trust;
+
+impl moka::Expiry<(i64, i32), bool> for Trust {
+    fn expire_after_create(&self, _: &(i64, i32), sold_out: &bool, _: Instant) -> Option<Duration> {
+        Some(if *sold_out {
+            TRUST_SOLD_OUT
+        } else {
+            TRUST_OPEN
+        })
+    }
+
+    fn expire_after_update(
+        &self,
+        _: &(i64, i32),
+        sold_out: &bool,
+        _: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(if *sold_out {
+            TRUST_SOLD_OUT
+        } else {
+            TRUST_OPEN
+        })
+    }
 }
 
 impl SoldOutFlags {
@@ -49,13 +77,9 @@ impl SoldOutFlags {
             redis,
             prefix,
             mark: Script::new(include_str!("../../lua/soldout_mark.lua")),
-            seen_sold_out: moka::sync::Cache::builder()
+            seen: moka::future::Cache::builder()
                 .max_capacity(10_000)
-                .time_to_live(TRUST_SOLD_OUT)
-                .build(),
-            seen_open: moka::sync::Cache::builder()
-                .max_capacity(10_000)
-                .time_to_live(TRUST_OPEN)
+                .expire_after(Trust)
                 .build(),
         }
     }
@@ -66,30 +90,28 @@ impl SoldOutFlags {
 
     /// Whether the voucher, in the state `voucher` describes, is flagged
     /// sold out.
-    pub(super) async fn is_sold_out(&self, voucher: &Voucher) -> Result<bool, KvError> {
+    pub(super) async fn is_sold_out(&self, voucher: &Voucher) -> Result<bool, Arc<KvError>> {
         let here = (voucher.id, voucher.initial_stock);
-        if self.seen_sold_out.contains_key(&here) {
-            return Ok(true);
-        }
-        if self.seen_open.contains_key(&here) {
-            return Ok(false);
-        }
-        let (epoch, sold_out): (Option<i64>, Option<u8>) = self
-            .redis
-            .query(
-                redis::cmd("HMGET")
-                    .arg(self.key(voucher.id))
-                    .arg("epoch")
-                    .arg("sold_out"),
-            )
-            .await?;
-        let flagged = sold_out == Some(1) && epoch == Some(i64::from(voucher.initial_stock));
-        if flagged {
-            self.seen_sold_out.insert(here, ());
-        } else {
-            self.seen_open.insert(here, ());
-        }
-        Ok(flagged)
+        self.seen
+            .try_get_with(here, async {
+                let (epoch, sold_out): (Option<i64>, Option<u8>) = self
+                    .redis
+                    .query(
+                        redis::cmd("HMGET")
+                            .arg(self.key(voucher.id))
+                            .arg("epoch")
+                            .arg("sold_out"),
+                    )
+                    .await?;
+                Ok(sold_out == Some(1) && epoch == Some(i64::from(voucher.initial_stock)))
+            })
+            .await
+    }
+
+    /// Whether this instance knows, without asking, that the voucher in
+    /// this state is sold out.
+    pub(super) async fn known_sold_out(&self, voucher: &Voucher) -> bool {
+        self.seen.get(&(voucher.id, voucher.initial_stock)).await == Some(true)
     }
 
     /// Publishes the stock state seen in Postgres. A failure only costs
@@ -97,9 +119,9 @@ impl SoldOutFlags {
     pub(super) async fn publish(&self, voucher: &Voucher, level: StockLevel, now: DateTime<Utc>) {
         if level.stock == 0 {
             // This instance knows first: no need to ask Redis again.
-            let here = (voucher.id, level.initial_stock);
-            self.seen_open.invalidate(&here);
-            self.seen_sold_out.insert(here, ());
+            self.seen
+                .insert((voucher.id, level.initial_stock), true)
+                .await;
         }
         let left = (voucher.end_time - now).to_std().unwrap_or_default();
         let ttl = left.clamp(Duration::from_secs(1), MAX_FLAG_LIFE);

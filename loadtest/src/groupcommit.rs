@@ -1,0 +1,273 @@
+//! Group commit against one order per transaction, in one run: each design
+//! (`SECKILL_SALE_BATCH_MAX=1` and the default) on one and two instances,
+//! with a throughput run (distinct users, stock that cannot run out) and a
+//! flash crowd; then two batching instances, one of them killed with
+//! `kill -9` in the middle of a crowd. Every row's invariants are checked,
+//! and every order acknowledged with a 200 must exist.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use rand::seq::SliceRandom;
+use serde_json::{json, Value};
+
+use crate::api::Admin;
+use crate::drive::{drive, Plan, Request, Tally};
+use crate::invariants::Check;
+use crate::service::{Launch, Target};
+use crate::{check, round, TargetArgs};
+
+#[derive(Args, Clone)]
+pub struct GroupCommitArgs {
+    /// Seconds of each throughput run.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+    /// Distinct users of the throughput runs.
+    #[arg(long, default_value_t = 100_000)]
+    pub users: i64,
+    /// Connections of the throughput runs.
+    #[arg(long, default_value_t = 200)]
+    pub connections: usize,
+    /// The flash crowd: users (3 requests each), stock, connections.
+    #[arg(long, default_value_t = 10_000)]
+    pub flash_users: i64,
+    #[arg(long, default_value_t = 100)]
+    pub flash_stock: i64,
+    #[arg(long, default_value_t = 1_000)]
+    pub flash_connections: usize,
+    /// The batched design's cap (SECKILL_SALE_BATCH_MAX).
+    #[arg(long, default_value_t = 256)]
+    pub batch_max: u32,
+}
+
+/// One row of the comparison.
+pub struct Row {
+    pub design: &'static str,
+    pub instances: usize,
+    pub scenario: &'static str,
+    pub tally: Tally,
+    pub check: Check,
+    /// Committed orders per second of the run.
+    pub orders_per_sec: f64,
+}
+
+impl Row {
+    fn json(&self) -> Value {
+        json!({
+            "design": self.design,
+            "instances": self.instances,
+            "scenario": self.scenario,
+            "requests": self.tally.requests,
+            "orders": self.check.orders,
+            "orders_per_sec": round(self.orders_per_sec),
+            "rps": round(self.tally.rps()),
+            "p50_ms": round(self.tally.ms(0.50)),
+            "p99_ms": round(self.tally.ms(0.99)),
+            "invariants_ok": self.check.ok(),
+            "problems": self.check.problems,
+            "status": self.tally.statuses,
+        })
+    }
+}
+
+/// Runs every row; `Ok(false)` when an invariant broke somewhere.
+pub async fn run(target: &TargetArgs, args: &GroupCommitArgs) -> Result<bool, String> {
+    if target.url.is_some() {
+        return Err("groupcommit starts its own instances (one design each); drop --url".into());
+    }
+    let mut rows = Vec::new();
+    for (design, batch_max) in [("single", 1), ("batched", args.batch_max)] {
+        for instances in [1, 2] {
+            let service = Target::start(launch(target, instances, batch_max)).await?;
+            let result = async {
+                let throughput = throughput(&service, args).await?;
+                let flash = flash(&service, args, None).await?;
+                Ok::<_, String>([throughput, flash])
+            }
+            .await;
+            service.stop().await;
+            for (scenario, (tally, check, orders_per_sec)) in
+                ["throughput", "flash"].into_iter().zip(result?)
+            {
+                rows.push(Row {
+                    design,
+                    instances,
+                    scenario,
+                    tally,
+                    check,
+                    orders_per_sec,
+                });
+            }
+        }
+    }
+    // Two batching instances; the second is killed mid-crowd.
+    let service = Target::start(launch(target, 2, args.batch_max)).await?;
+    let result = flash(&service, args, Some(KILL_AFTER)).await;
+    let killed = result.map(|(tally, check, orders_per_sec)| Row {
+        design: "batched",
+        instances: 2,
+        scenario: "kill -9",
+        tally,
+        check,
+        orders_per_sec,
+    });
+    service.stop().await;
+    rows.push(killed?);
+
+    print_table(&rows);
+    let ok = rows.iter().all(|r| r.check.ok());
+    println!(
+        "{}",
+        json!({
+            "scenario": "groupcommit",
+            "batch_max": args.batch_max,
+            "ok": ok,
+            "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
+        })
+    );
+    Ok(ok)
+}
+
+fn launch(target: &TargetArgs, instances: usize, batch_max: u32) -> Launch {
+    Launch {
+        seckill_bin: target.seckill_bin.clone(),
+        pg_pool: target.pg_pool,
+        keep_db: target.keep_db,
+        instances,
+        env: vec![("SECKILL_SALE_BATCH_MAX".into(), batch_max.to_string())],
+    }
+}
+
+/// A purchase of `voucher` with `token`, on the instances in turn.
+fn purchases(target: &Target, voucher: i64, tokens: &[Arc<str>], per_user: usize) -> Vec<Request> {
+    let path = format!("/seckill/{voucher}");
+    let bases: Vec<Arc<str>> = target.bases.iter().map(|b| Arc::from(b.as_str())).collect();
+    tokens
+        .iter()
+        .enumerate()
+        .flat_map(|(i, token)| {
+            let base = bases[i % bases.len()].clone();
+            let path = path.clone();
+            (0..per_user).map(move |_| Request::post_to(base.clone(), path.clone(), token.clone()))
+        })
+        .collect()
+}
+
+async fn throughput(
+    target: &Target,
+    args: &GroupCommitArgs,
+) -> Result<(Tally, Check, f64), String> {
+    let admin = Admin::new(target);
+    let voucher = admin.create_voucher(i64::from(i32::MAX), 2).await?;
+    let tokens: Vec<Arc<str>> = admin
+        .tokens(1, args.users)
+        .await?
+        .into_iter()
+        .map(Arc::from)
+        .collect();
+    let plan = purchases(target, voucher, &tokens, 1);
+    let started = chrono::Utc::now().timestamp();
+    let label = format!("throughput x{}", target.bases.len());
+    let tally = drive(
+        &target.base,
+        Plan::Timed(Duration::from_secs(args.seconds), plan),
+        args.connections,
+        &label,
+    )
+    .await;
+    let check = check(target, voucher, &tally, started, None, 0).await?;
+    let rate = check.orders as f64 / tally.elapsed.as_secs_f64().max(1e-9);
+    Ok((tally, check, rate))
+}
+
+/// When the second instance is killed, counted from the crowd's start.
+const KILL_AFTER: Duration = Duration::from_millis(700);
+
+async fn flash(
+    target: &Target,
+    args: &GroupCommitArgs,
+    kill_after: Option<Duration>,
+) -> Result<(Tally, Check, f64), String> {
+    let admin = Admin::new(target);
+    // With a kill, a crowd that lasts: stock for half of the users.
+    let (users, stock) = match kill_after {
+        Some(_) => (args.flash_users * 2, args.flash_users),
+        None => (args.flash_users, args.flash_stock),
+    };
+    let voucher = admin.create_voucher(stock, 2).await?;
+    let tokens: Vec<Arc<str>> = admin
+        .tokens(1, users)
+        .await?
+        .into_iter()
+        .map(Arc::from)
+        .collect();
+    let mut plan = purchases(target, voucher, &tokens, 3);
+    plan.shuffle(&mut rand::rng());
+    let started = chrono::Utc::now().timestamp();
+    let clock = Instant::now();
+    let label = format!("flash x{}", target.bases.len());
+    let crowd = drive(
+        &target.base,
+        Plan::Fixed(plan),
+        args.flash_connections,
+        &label,
+    );
+    let tally = match kill_after {
+        None => crowd.await,
+        Some(after) => {
+            let victim = target.pid(1);
+            let kill = async {
+                tokio::time::sleep(after).await;
+                if let Some(pid) = victim {
+                    let _ = std::process::Command::new("kill")
+                        .args(["-KILL", &pid.to_string()])
+                        .status();
+                    eprintln!(
+                        "kill -9 of instance 2 (pid {pid}) after {:?}",
+                        clock.elapsed()
+                    );
+                }
+            };
+            tokio::join!(crowd, kill).0
+        }
+    };
+    // All the stock sells when every instance lived; after a kill, what
+    // sold is what sold, and every 200 must be among it.
+    let expected = kill_after.is_none().then_some(stock.min(users));
+    let check = check(target, voucher, &tally, started, expected, 0).await?;
+    let rate = check.orders as f64 / tally.elapsed.as_secs_f64().max(1e-9);
+    Ok((tally, check, rate))
+}
+
+pub fn print_table(rows: &[Row]) {
+    println!(
+        "{:<8} {:>5} {:<11} {:>9} {:>8} {:>11} {:>8} {:>8} {:>10}",
+        "design",
+        "inst",
+        "scenario",
+        "requests",
+        "orders",
+        "orders/s",
+        "p50 ms",
+        "p99 ms",
+        "invariants"
+    );
+    for r in rows {
+        println!(
+            "{:<8} {:>5} {:<11} {:>9} {:>8} {:>11.0} {:>8.2} {:>8.2} {:>10}",
+            r.design,
+            r.instances,
+            r.scenario,
+            r.tally.requests,
+            r.check.orders,
+            r.orders_per_sec,
+            r.tally.ms(0.50),
+            r.tally.ms(0.99),
+            if r.check.ok() { "ok" } else { "BROKEN" }
+        );
+        for problem in &r.check.problems {
+            println!("    {problem}");
+        }
+    }
+}
