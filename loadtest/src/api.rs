@@ -1,9 +1,11 @@
 //! The admin side of the API that the driver needs: vouchers, tokens,
 //! stats and order listings, and the lab's vouchers and stats.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+
 use serde_json::{json, Value};
 
 use crate::service::Target;
@@ -77,6 +79,16 @@ impl<'a> Admin<'a> {
         created["id"]
             .as_i64()
             .ok_or_else(|| format!("no id in {created}"))
+    }
+
+    /// [`Admin::tokens`], shared cheaply by the requests of a plan.
+    pub async fn shared_tokens(&self, first: i64, count: i64) -> Result<Vec<Arc<str>>, String> {
+        Ok(self
+            .tokens(first, count)
+            .await?
+            .into_iter()
+            .map(Arc::from)
+            .collect())
     }
 
     /// Tokens for users `first..first + count`, in order.

@@ -160,12 +160,7 @@ async fn throughput(
 ) -> Result<(Tally, Check, f64), String> {
     let admin = Admin::new(target);
     let voucher = admin.create_voucher(i64::from(i32::MAX), 2).await?;
-    let tokens: Vec<Arc<str>> = admin
-        .tokens(1, args.users)
-        .await?
-        .into_iter()
-        .map(Arc::from)
-        .collect();
+    let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
     let plan = purchases(target, voucher, &tokens, 1);
     let started = chrono::Utc::now().timestamp();
     let label = format!("throughput x{}", target.bases.len());
@@ -196,12 +191,7 @@ async fn flash(
         None => (args.flash_users, args.flash_stock),
     };
     let voucher = admin.create_voucher(stock, 2).await?;
-    let tokens: Vec<Arc<str>> = admin
-        .tokens(1, users)
-        .await?
-        .into_iter()
-        .map(Arc::from)
-        .collect();
+    let tokens: Vec<Arc<str>> = admin.shared_tokens(1, users).await?;
     let mut plan = purchases(target, voucher, &tokens, 3);
     plan.shuffle(&mut rand::rng());
     let started = chrono::Utc::now().timestamp();

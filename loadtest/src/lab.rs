@@ -206,12 +206,7 @@ pub async fn run(target: &Target, args: &LabArgs) -> Result<Vec<Row>, String> {
     let admin = Admin::new(target);
     let users = args.users.max(args.pairs);
     eprintln!("lab: minting {users} tokens");
-    let tokens: Vec<Arc<str>> = admin
-        .tokens(1, users)
-        .await?
-        .into_iter()
-        .map(Arc::from)
-        .collect();
+    let tokens: Vec<Arc<str>> = admin.shared_tokens(1, users).await?;
     let bases: Vec<Arc<str>> = target.bases.iter().map(|b| Arc::from(b.as_str())).collect();
 
     let total = strategies.len() * 2 * 3;

@@ -371,12 +371,7 @@ async fn flash(target: &Target, args: &FlashArgs) -> Result<Report, String> {
     let admin = Admin::new(target);
     let voucher = admin.create_voucher(args.stock, 2).await?;
     eprintln!("flash: minting {} tokens", args.users);
-    let tokens: Vec<Arc<str>> = admin
-        .tokens(1, args.users)
-        .await?
-        .into_iter()
-        .map(Arc::from)
-        .collect();
+    let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
     let mut plan: Vec<Request> = tokens
         .iter()
         .flat_map(|t| std::iter::repeat_n(Request::purchase(voucher, t.clone()), args.per_user))

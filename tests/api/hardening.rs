@@ -41,19 +41,6 @@ async fn purchase(
     (status, retry_after, body, started.elapsed())
 }
 
-/// Waits (bounded) until `/readyz` answers 200.
-async fn wait_ready(app: &TestApp) {
-    for _ in 0..150 {
-        if let Ok(r) = app.client.get(app.url("/readyz")).send().await {
-            if r.status() == StatusCode::OK {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the service did not become ready again");
-}
-
 async fn restock(app: &TestApp, voucher: i64, add: i64) -> StatusCode {
     app.client
         .post(app.url(&format!("/admin/vouchers/{voucher}/stock")))
@@ -147,7 +134,7 @@ async fn a_restock_reopens_the_sale_even_while_redis_cannot_hear_of_it() {
     let answered = tokio::time::timeout(Duration::from_secs(10), restock(&app, voucher, 1)).await;
     redis.thaw();
     assert_eq!(answered.expect("the restock answers"), StatusCode::OK);
-    wait_ready(&app).await;
+    app.wait_ready().await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         buy(&app.client, &app.base, &tokens[&2], voucher)
@@ -189,7 +176,7 @@ async fn a_counter_lost_within_the_second_is_raised_past_the_ids_taken() {
         }
         redis.stop();
         redis.restart();
-        wait_ready(&app).await;
+        app.wait_ready().await;
         let user = next_user;
         next_user += 1;
         let answer = buy(&app.client, &app.base, &tokens[&user], voucher).await;
@@ -248,7 +235,7 @@ async fn a_frozen_postgres_is_a_prompt_503_and_sales_resume_when_it_thaws() {
     );
     assert_eq!(ready, StatusCode::SERVICE_UNAVAILABLE);
 
-    wait_ready(&app).await;
+    app.wait_ready().await;
     let (status, _, body, _) = purchase(&app, &tokens[&3], voucher).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     // User 2's purchase may have committed after its 503: either way one
@@ -294,7 +281,7 @@ async fn a_frozen_redis_is_a_prompt_503_and_sales_resume_when_it_thaws() {
         );
     }
 
-    wait_ready(&app).await;
+    app.wait_ready().await;
     let mut last = None;
     for _ in 0..20 {
         let answer = purchase(&app, &tokens[&4], voucher).await;

@@ -137,6 +137,19 @@ pub async fn start_stoppable(settings: Settings) -> Stoppable {
 }
 
 impl TestApp {
+    /// Waits (bounded) until `/readyz` answers 200 again.
+    pub async fn wait_ready(&self) {
+        for _ in 0..150 {
+            if let Ok(r) = self.client.get(self.url("/readyz")).send().await {
+                if r.status() == StatusCode::OK {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the service did not become ready again");
+    }
+
     /// The settings this app was built with.
     pub fn settings(&self) -> Settings {
         self.settings.clone()

@@ -60,19 +60,6 @@ async fn expect_unavailable(app: &TestApp, token: &str, voucher: i64) {
     assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
 }
 
-/// Waits (bounded) until the service answers ready again.
-async fn wait_ready(app: &TestApp) {
-    for _ in 0..100 {
-        if let Ok(r) = app.client.get(app.url("/readyz")).send().await {
-            if r.status() == StatusCode::OK {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("the service did not become ready again");
-}
-
 /// Runs the outage scenario: a crowd before, during and after the
 /// dependency is away, then the invariants.
 async fn outage(app: TestApp, take_away: impl FnOnce(), bring_back: impl FnOnce()) {
@@ -108,7 +95,7 @@ async fn outage(app: TestApp, take_away: impl FnOnce(), bring_back: impl FnOnce(
     expect_unavailable(&app, &tokens[&300], voucher).await;
 
     bring_back();
-    wait_ready(&app).await;
+    app.wait_ready().await;
     let after = crowd(&app, &tokens, voucher, 1).await;
     for answer in &after {
         assert!(
