@@ -6,8 +6,8 @@
 #   3. Else they are installed from the OS packages (Debian/Ubuntu, apt-get)
 #      and started on loopback: Postgres with trust auth for loopback, Redis
 #      without persistence.
-# It also makes sure the `redis-server` binary exists: the tests start
-# private Redis servers of their own.
+# For the tests (SECKILL_TEST_TOOLS=1) it also makes sure that `redis-server`
+# and `pgbouncer` exist: the tests start private ones of their own.
 set -euo pipefail
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/seckill}"
@@ -85,6 +85,7 @@ if ! pg_answers || ! redis_answers; then
 fi
 say "Postgres at $PG_HOST:$PG_PORT and Redis at $REDIS_HOST:$REDIS_PORT answer"
 
-if [ "${SECKILL_NEEDS_REDIS_SERVER:-0}" = 1 ] && ! command -v redis-server >/dev/null; then
-    apt_install redis-server
+if [ "${SECKILL_TEST_TOOLS:-0}" = 1 ]; then
+    command -v redis-server >/dev/null || apt_install redis-server
+    [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null || apt_install pgbouncer
 fi

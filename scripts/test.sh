@@ -3,5 +3,5 @@
 # Extra arguments go to `cargo test` (a test name filters).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECKILL_NEEDS_REDIS_SERVER=1 source scripts/deps.sh
+SECKILL_TEST_TOOLS=1 source scripts/deps.sh
 exec cargo test --workspace "$@"

@@ -5,6 +5,15 @@ use std::time::Duration;
 
 use clap::Parser;
 
+/// What stands between the service and Postgres.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PgPooler {
+    /// Postgres itself, or a pooler in session mode.
+    None,
+    /// A pooler in transaction mode (pgbouncer's common production setup).
+    Transaction,
+}
+
 /// How the service is configured. `--help` lists each variable.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Settings {
@@ -15,6 +24,21 @@ pub struct Settings {
         default_value = "postgres://postgres@127.0.0.1:5432/seckill"
     )]
     pub database_url: String,
+
+    /// `DATABASE_URL` goes through a pooler in transaction mode (pgbouncer
+    /// `pool_mode = transaction`): no named prepared statements.
+    #[arg(
+        long,
+        env = "SECKILL_PG_POOLER",
+        value_enum,
+        default_value_t = PgPooler::None
+    )]
+    pub pg_pooler: PgPooler,
+
+    /// A direct Postgres URL for creating the database and migrating it,
+    /// when `DATABASE_URL` goes through a pooler (default: `DATABASE_URL`).
+    #[arg(long, env = "SECKILL_DATABASE_DIRECT_URL")]
+    pub database_direct_url: Option<String>,
 
     /// Redis for locks, order ids and the sold-out flags.
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]

@@ -11,7 +11,7 @@ use chrono::TimeDelta;
 use deadpool_redis::{PoolConfig, Runtime, Timeouts};
 use tokio::net::TcpListener;
 
-use crate::config::Settings;
+use crate::config::{PgPooler, Settings};
 use crate::http::serve::{serve, DrainOutcome, ServeSettings};
 use crate::http::{self, AppState};
 use crate::kv::Kv;
@@ -257,6 +257,11 @@ async fn connect_store(settings: &Settings) -> Result<Store, StoreError> {
     let pool = PoolSettings {
         max_connections: settings.pg_pool_size(),
         timeout: settings.dependency_timeout(),
+        transaction_pooler: settings.pg_pooler == PgPooler::Transaction,
+        direct_url: settings
+            .database_direct_url
+            .clone()
+            .filter(|url| !url.trim().is_empty()),
     };
     let started = Instant::now();
     loop {

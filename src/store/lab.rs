@@ -2,11 +2,7 @@
 //! the real schema's safety constraints (see the lab migration), and the
 //! variants of the sale statement that the lab's strategies compare.
 
-use std::time::Duration;
-
-use sqlx::PgPool;
-
-use super::deadline::Within;
+use super::db::Db;
 use super::Result;
 
 /// The condition under which a strategy's sale decrements the stock. The
@@ -42,43 +38,57 @@ pub struct LabStats {
 
 #[derive(Clone)]
 pub struct LabStore {
-    pool: PgPool,
-    timeout: Duration,
+    db: Db,
 }
 
 impl LabStore {
-    pub fn new(pool: PgPool, timeout: Duration) -> Self {
-        Self { pool, timeout }
+    pub(super) fn new(db: Db) -> Self {
+        Self { db }
     }
 
     pub async fn create_voucher(&self, stock: i32) -> Result<i64> {
-        sqlx::query_scalar(
+        self.db
+            .run(|c, persistent| {
+                Box::pin(
+sqlx::query_scalar(
             "INSERT INTO lab_vouchers (initial_stock, stock) VALUES ($1, $1) RETURNING id",
         )
         .bind(stock)
-        .fetch_one(&self.pool)
-        .within(self.timeout)
-        .await
+        .persistent(persistent)
+                .fetch_one(c),
+            )
+            })
+            .await
     }
 
     /// The stock as committed now; `None` for an unknown voucher.
     pub async fn stock(&self, voucher_id: i64) -> Result<Option<i32>> {
-        sqlx::query_scalar("SELECT stock FROM lab_vouchers WHERE id = $1")
-            .bind(voucher_id)
-            .fetch_optional(&self.pool)
-            .within(self.timeout)
+        self.db
+            .run(|c, persistent| {
+                Box::pin(
+                    sqlx::query_scalar("SELECT stock FROM lab_vouchers WHERE id = $1")
+                        .bind(voucher_id)
+                        .persistent(persistent)
+                        .fetch_optional(c),
+                )
+            })
             .await
     }
 
     pub async fn has_order(&self, user_id: i64, voucher_id: i64) -> Result<bool> {
-        sqlx::query_scalar(
+        self.db
+            .run(|c, persistent| {
+                Box::pin(
+sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM lab_orders WHERE voucher_id = $1 AND user_id = $2)",
         )
         .bind(voucher_id)
         .bind(user_id)
-        .fetch_one(&self.pool)
-        .within(self.timeout)
-        .await
+        .persistent(persistent)
+                .fetch_one(c),
+            )
+            })
+            .await
     }
 
     /// Decrements the stock under `decrement`'s condition and inserts the
@@ -104,19 +114,26 @@ impl LabStore {
              SELECT id, $2, $3 FROM taken
              RETURNING id"
         );
-        let mut query = sqlx::query_scalar::<_, i64>(&sql)
-            .bind(voucher_id)
-            .bind(user_id)
-            .bind(strategy);
-        if let Decrement::IfUnchanged(seen) = decrement {
-            query = query.bind(seen);
-        }
-        query.fetch_optional(&self.pool).within(self.timeout).await
+        let strategy = strategy.to_owned();
+        self.db
+            .run(move |c, persistent| {
+                Box::pin(async move {
+                    let mut query = sqlx::query_scalar::<_, i64>(&sql)
+                        .bind(voucher_id)
+                        .bind(user_id)
+                        .bind(strategy);
+                    if let Decrement::IfUnchanged(seen) = decrement {
+                        query = query.bind(seen);
+                    }
+                    query.persistent(persistent).fetch_optional(c).await
+                })
+            })
+            .await
     }
 
     /// The `stock > 0` sale behind a fence: refused when `token` is smaller
     /// than the last token written for this user and voucher (the shape of
-    /// `store::SELL_ONE`).
+    /// `store::SELL_BATCH`).
     pub async fn sell_fenced(
         &self,
         strategy: &str,
@@ -124,8 +141,13 @@ impl LabStore {
         voucher_id: i64,
         token: i64,
     ) -> Result<LabSale> {
-        let (fenced_in, order): (bool, Option<i64>) = sqlx::query_as(
-            "WITH fence AS (
+        let strategy = strategy.to_owned();
+        let (fenced_in, order): (bool, Option<i64>) = self
+            .db
+            .run(move |c, persistent| {
+                Box::pin(
+                    sqlx::query_as(
+                        "WITH fence AS (
                  INSERT INTO lab_fences (voucher_id, user_id, token) VALUES ($1, $2, $4)
                  ON CONFLICT (voucher_id, user_id) DO UPDATE SET token = EXCLUDED.token
                  WHERE lab_fences.token <= EXCLUDED.token
@@ -140,14 +162,16 @@ impl LabStore {
                  RETURNING id
              )
              SELECT EXISTS (SELECT 1 FROM fence), (SELECT id FROM placed)",
-        )
-        .bind(voucher_id)
-        .bind(user_id)
-        .bind(strategy)
-        .bind(token)
-        .fetch_one(&self.pool)
-        .within(self.timeout)
-        .await?;
+                    )
+                    .bind(voucher_id)
+                    .bind(user_id)
+                    .bind(strategy)
+                    .bind(token)
+                    .persistent(persistent)
+                    .fetch_one(c),
+                )
+            })
+            .await?;
         Ok(match (fenced_in, order) {
             (false, _) => LabSale::Fenced,
             (true, Some(id)) => LabSale::Sold(id),
@@ -159,45 +183,61 @@ impl LabStore {
     /// else: stored if it is not smaller than the last one. `false`: a
     /// newer holder has presented one already.
     pub async fn claim_fence(&self, user_id: i64, voucher_id: i64, token: i64) -> Result<bool> {
-        Ok(sqlx::query_scalar::<_, i64>(
-            "INSERT INTO lab_fences (voucher_id, user_id, token) VALUES ($1, $2, $3)
+        Ok(self
+            .db
+            .run(|c, persistent| {
+                Box::pin(
+                    sqlx::query_scalar::<_, i64>(
+                        "INSERT INTO lab_fences (voucher_id, user_id, token) VALUES ($1, $2, $3)
              ON CONFLICT (voucher_id, user_id) DO UPDATE SET token = EXCLUDED.token
              WHERE lab_fences.token <= EXCLUDED.token
              RETURNING token",
-        )
-        .bind(voucher_id)
-        .bind(user_id)
-        .bind(token)
-        .fetch_optional(&self.pool)
-        .within(self.timeout)
-        .await?
-        .is_some())
+                    )
+                    .bind(voucher_id)
+                    .bind(user_id)
+                    .bind(token)
+                    .persistent(persistent)
+                    .fetch_optional(c),
+                )
+            })
+            .await?
+            .is_some())
     }
 
     /// Counts a lock release that deleted another request's lock.
     pub async fn count_foreign_release(&self, voucher_id: i64) -> Result<()> {
-        sqlx::query(
+        self.db
+            .run(|c, persistent| {
+                Box::pin(
+sqlx::query(
             "UPDATE lab_vouchers SET foreign_releases = foreign_releases + 1 WHERE id = $1",
         )
         .bind(voucher_id)
-        .execute(&self.pool)
-        .within(self.timeout)
-        .await?;
+        .persistent(persistent)
+                .execute(c),
+            )
+            })
+            .await?;
         Ok(())
     }
 
     pub async fn stats(&self, voucher_id: i64) -> Result<Option<LabStats>> {
-        sqlx::query_as(
-            "SELECT v.initial_stock, v.stock,
+        self.db
+            .run(|c, persistent| {
+                Box::pin(
+                    sqlx::query_as(
+                        "SELECT v.initial_stock, v.stock,
                     (SELECT count(*) FROM lab_orders o WHERE o.voucher_id = v.id) AS orders,
                     (SELECT count(DISTINCT user_id) FROM lab_orders o WHERE o.voucher_id = v.id)
                         AS distinct_users,
                     v.foreign_releases
              FROM lab_vouchers v WHERE v.id = $1",
-        )
-        .bind(voucher_id)
-        .fetch_optional(&self.pool)
-        .within(self.timeout)
-        .await
+                    )
+                    .bind(voucher_id)
+                    .persistent(persistent)
+                    .fetch_optional(c),
+                )
+            })
+            .await
     }
 }

@@ -12,11 +12,11 @@ use sqlx::{ConnectOptions, Connection, PgPool};
 use std::str::FromStr;
 use std::time::Duration;
 
-mod deadline;
+mod db;
 mod lab;
 mod sale;
 
-use deadline::Within;
+use db::{Db, Within};
 pub use lab::{Decrement, LabSale, LabStats, LabStore};
 pub use sale::{BatchSale, Sale, SaleRequest, SELL_BATCH};
 
@@ -123,30 +123,49 @@ pub struct Stats {
     pub distinct_users: i64,
 }
 
-/// Pool sizes and timeouts for [`Store::connect`].
+/// Pool sizes, timeouts and the way to Postgres for [`Store::connect`].
 #[derive(Debug, Clone)]
 pub struct PoolSettings {
     pub max_connections: u32,
     /// The deadline of every query, including the wait for a connection
     /// (and of a connection attempt): past it, Postgres is unavailable.
     pub timeout: Duration,
+    /// The URL reaches Postgres through a pooler in transaction mode
+    /// (pgbouncer): a server connection is ours for one transaction only,
+    /// so no named prepared statement may outlive it.
+    pub transaction_pooler: bool,
+    /// A direct connection to Postgres, for what a transaction pooler
+    /// cannot carry: creating the database and the migrations (which hold
+    /// a session advisory lock). `None`: the pool's own URL.
+    pub direct_url: Option<String>,
 }
 
 #[derive(Clone)]
 pub struct Store {
-    pool: PgPool,
-    timeout: Duration,
+    db: Db,
 }
 
 impl Store {
     /// Creates the database if it is missing, applies the migrations and
     /// opens a pool.
     pub async fn connect(url: &str, settings: &PoolSettings) -> Result<Self> {
-        let options = PgConnectOptions::from_str(url)?
+        let timeout = settings.timeout;
+        let mut options = PgConnectOptions::from_str(url)?
             .log_statements(tracing::log::LevelFilter::Trace)
             .application_name("seckill");
-        create_database_if_missing(&options, settings.timeout).await?;
-        let timeout = settings.timeout;
+        if settings.transaction_pooler {
+            // Unnamed statements only, parsed anew each time; and no
+            // startup parameter that pgbouncer does not know.
+            options = options.statement_cache_capacity(0).extra_float_digits(None);
+        }
+        let direct = match &settings.direct_url {
+            Some(direct) => PgConnectOptions::from_str(direct)?
+                .log_statements(tracing::log::LevelFilter::Trace)
+                .application_name("seckill-migrate"),
+            None => options.clone(),
+        };
+        create_database_if_missing(&direct, timeout).await?;
+        migrate(&direct, timeout).await?;
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(timeout)
@@ -164,22 +183,30 @@ impl Store {
             })
             .connect_with(options)
             .await?;
-        sqlx::migrate!("./migrations")
-            .run(&pool)
-            .await
-            .map_err(|e| StoreError::Other(e.into()))?;
-        Ok(Self { pool, timeout })
+        Ok(Self {
+            db: Db {
+                pool,
+                timeout,
+                transaction_pooler: settings.transaction_pooler,
+            },
+        })
     }
 
     /// A store on a pool whose database is migrated already; every query
     /// ends within `timeout`.
     pub fn from_pool(pool: PgPool, timeout: Duration) -> Self {
-        Self { pool, timeout }
+        Self {
+            db: Db {
+                pool,
+                timeout,
+                transaction_pooler: false,
+            },
+        }
     }
 
     /// A lab store on the same pool and deadline.
     pub fn lab(&self) -> LabStore {
-        LabStore::new(self.pool.clone(), self.timeout)
+        LabStore::new(self.db.clone())
     }
 
     /// The identity of this database, made when it was migrated: every key
@@ -187,86 +214,123 @@ impl Store {
     /// of another database (or of this one before a reset) is ever read as
     /// this one's.
     pub async fn namespace(&self) -> Result<uuid::Uuid> {
-        sqlx::query_scalar("SELECT namespace FROM deployment")
-            .fetch_one(&self.pool)
-            .within(self.timeout)
+        self.db
+            .run(|c, persistent| {
+                Box::pin(
+                    sqlx::query_scalar("SELECT namespace FROM deployment")
+                        .persistent(persistent)
+                        .fetch_one(c),
+                )
+            })
             .await
     }
 
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        &self.db.pool
     }
 
     pub async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1")
-            .execute(&self.pool)
-            .within(self.timeout)
+        self.db
+            .run(|c, persistent| {
+                Box::pin(sqlx::query("SELECT 1").persistent(persistent).execute(c))
+            })
             .await?;
         Ok(())
     }
 
     pub async fn create_voucher(&self, new: &NewVoucher) -> Result<i64> {
         // One statement, so a voucher never exists without its sale.
-        let id = sqlx::query_scalar(
-            "WITH v AS (INSERT INTO vouchers (title) VALUES ($1) RETURNING id)
+        let title = new.title.clone();
+        let id = self
+            .db
+            .run(move |c, persistent| {
+                Box::pin(
+                    sqlx::query_scalar(
+                        "WITH v AS (INSERT INTO vouchers (title) VALUES ($1) RETURNING id)
              INSERT INTO seckill_vouchers (voucher_id, initial_stock, stock, begin_time, end_time)
              SELECT id, $2, $2, $3, $4 FROM v
              RETURNING voucher_id",
-        )
-        .bind(&new.title)
-        .bind(new.stock)
-        .bind(new.begin_time)
-        .bind(new.end_time)
-        .fetch_one(&self.pool)
-        .within(self.timeout)
-        .await?;
+                    )
+                    .bind(title)
+                    .bind(new.stock)
+                    .bind(new.begin_time)
+                    .bind(new.end_time)
+                    .persistent(persistent)
+                    .fetch_one(c),
+                )
+            })
+            .await?;
         Ok(id)
     }
 
     pub async fn voucher(&self, id: i64) -> Result<Option<Voucher>> {
-        sqlx::query_as(
-            "SELECT v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time
+        self.db
+            .run(|c, persistent| {
+                Box::pin(
+                    sqlx::query_as(
+                        "SELECT v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time
              FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id
              WHERE v.id = $1",
-        )
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .within(self.timeout)
-        .await
+                    )
+                    .bind(id)
+                    .persistent(persistent)
+                    .fetch_optional(c),
+                )
+            })
+            .await
     }
 
     pub async fn stock_level(&self, voucher_id: i64) -> Result<Option<StockLevel>> {
-        sqlx::query_as("SELECT stock, initial_stock FROM seckill_vouchers WHERE voucher_id = $1")
-            .bind(voucher_id)
-            .fetch_optional(&self.pool)
-            .within(self.timeout)
+        self.db
+            .run(|c, persistent| {
+                Box::pin(
+                    sqlx::query_as(
+                        "SELECT stock, initial_stock FROM seckill_vouchers WHERE voucher_id = $1",
+                    )
+                    .bind(voucher_id)
+                    .persistent(persistent)
+                    .fetch_optional(c),
+                )
+            })
             .await
     }
 
     /// Adds `units` to both the stock and the initial stock; returns the
     /// voucher as the update left it.
     pub async fn restock(&self, voucher_id: i64, units: i32) -> Result<Option<Voucher>> {
-        sqlx::query_as(
-            "UPDATE seckill_vouchers s
+        self.db
+            .run(|c, persistent| {
+                Box::pin(
+                    sqlx::query_as(
+                        "UPDATE seckill_vouchers s
              SET stock = s.stock + $2, initial_stock = s.initial_stock + $2
              FROM vouchers v
              WHERE s.voucher_id = $1 AND v.id = s.voucher_id
              RETURNING v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time",
-        )
-        .bind(voucher_id)
-        .bind(units)
-        .fetch_optional(&self.pool)
-        .within(self.timeout)
-        .await
+                    )
+                    .bind(voucher_id)
+                    .bind(units)
+                    .persistent(persistent)
+                    .fetch_optional(c),
+                )
+            })
+            .await
     }
 
     /// The id of the user's order for this voucher, if there is one.
     pub async fn order_of(&self, user_id: i64, voucher_id: i64) -> Result<Option<i64>> {
-        sqlx::query_scalar("SELECT id FROM voucher_orders WHERE user_id = $1 AND voucher_id = $2")
-            .bind(user_id)
-            .bind(voucher_id)
-            .fetch_optional(&self.pool)
-            .within(self.timeout)
+        self.db
+            .run(|c, persistent| {
+                Box::pin(
+                    sqlx::query_scalar(
+                        "SELECT id FROM voucher_orders WHERE user_id = $1 AND voucher_id = $2",
+                    )
+                    .bind(user_id)
+                    .bind(voucher_id)
+                    .persistent(persistent)
+                    .fetch_optional(c),
+                )
+            })
             .await
     }
 
@@ -275,49 +339,83 @@ impl Store {
     /// after Redis lost a day's counter; it walks that day's ids in the
     /// primary key.
     pub async fn highest_sequence(&self, ids: std::ops::Range<i64>) -> Result<u32> {
-        let highest: i64 = sqlx::query_scalar(
-            "SELECT coalesce(max(id & 4294967295), 0) FROM voucher_orders
+        let highest: i64 = self
+            .db
+            .run(|c, persistent| {
+                Box::pin(
+                    sqlx::query_scalar(
+                        "SELECT coalesce(max(id & 4294967295), 0) FROM voucher_orders
              WHERE id >= $1 AND id < $2",
-        )
-        .bind(ids.start)
-        .bind(ids.end)
-        .fetch_one(&self.pool)
-        .within(self.timeout)
-        .await?;
+                    )
+                    .bind(ids.start)
+                    .bind(ids.end)
+                    .persistent(persistent)
+                    .fetch_one(c),
+                )
+            })
+            .await?;
         Ok(u32::try_from(highest).unwrap_or(u32::MAX))
     }
 
     pub async fn order(&self, order_id: i64) -> Result<Option<Order>> {
-        sqlx::query_as(
+        self.db
+            .run(|c, persistent| {
+                Box::pin(
+sqlx::query_as(
             "SELECT id, user_id, voucher_id, created_at FROM voucher_orders WHERE id = $1",
         )
         .bind(order_id)
-        .fetch_optional(&self.pool)
-        .within(self.timeout)
-        .await
+        .persistent(persistent)
+                .fetch_optional(c),
+            )
+            })
+            .await
     }
 
     /// Every order of a voucher as (order id, user id), oldest first.
     pub async fn orders_for_voucher(&self, voucher_id: i64) -> Result<Vec<(i64, i64)>> {
-        sqlx::query_as("SELECT id, user_id FROM voucher_orders WHERE voucher_id = $1 ORDER BY id")
-            .bind(voucher_id)
-            .fetch_all(&self.pool)
-            .within(self.timeout)
+        self.db
+            .run(|c, persistent| {
+                Box::pin(
+                    sqlx::query_as(
+                        "SELECT id, user_id FROM voucher_orders WHERE voucher_id = $1 ORDER BY id",
+                    )
+                    .bind(voucher_id)
+                    .persistent(persistent)
+                    .fetch_all(c),
+                )
+            })
             .await
     }
 
     pub async fn stats(&self, voucher_id: i64) -> Result<Option<Stats>> {
-        sqlx::query_as(
+        self.db.run(|c, persistent| {
+            Box::pin(
+sqlx::query_as(
             "SELECT s.initial_stock, s.stock,
                     (SELECT count(*) FROM voucher_orders o WHERE o.voucher_id = s.voucher_id) AS orders,
                     (SELECT count(DISTINCT user_id) FROM voucher_orders o WHERE o.voucher_id = s.voucher_id) AS distinct_users
              FROM seckill_vouchers s WHERE s.voucher_id = $1",
         )
         .bind(voucher_id)
-        .fetch_optional(&self.pool)
-        .within(self.timeout)
+        .persistent(persistent)
+                .fetch_optional(c),
+            )
+        })
         .await
     }
+}
+
+/// Applies the migrations over one direct connection (they take a session
+/// advisory lock, so that instances starting together migrate once).
+async fn migrate(options: &PgConnectOptions, timeout: Duration) -> Result<()> {
+    let mut conn = options.connect().within(timeout).await?;
+    sqlx::migrate!("./migrations")
+        .run(&mut conn)
+        .await
+        .map_err(|e| StoreError::Other(e.into()))?;
+    conn.close().within(timeout).await?;
+    Ok(())
 }
 
 /// Creates the database named in `options` when it does not exist yet.

@@ -5,7 +5,6 @@
 
 use sqlx::FromRow;
 
-use super::deadline::Within;
 use super::{Result, StockLevel, Store};
 
 /// One purchase in a batch: a user who holds their lock (with its fencing
@@ -134,13 +133,19 @@ impl Store {
         let order_ids: Vec<i64> = batch.iter().map(|r| r.order_id).collect();
         let user_ids: Vec<i64> = batch.iter().map(|r| r.user_id).collect();
         let fences: Vec<i64> = batch.iter().map(|r| r.fence).collect();
-        let rows: Vec<Row> = sqlx::query_as(SELL_BATCH)
-            .bind(voucher_id)
-            .bind(&order_ids)
-            .bind(&user_ids)
-            .bind(&fences)
-            .fetch_all(&self.pool)
-            .within(self.timeout)
+        let rows: Vec<Row> = self
+            .db
+            .run(move |c, persistent| {
+                Box::pin(
+                    sqlx::query_as(SELL_BATCH)
+                        .bind(voucher_id)
+                        .bind(order_ids)
+                        .bind(user_ids)
+                        .bind(fences)
+                        .persistent(persistent)
+                        .fetch_all(c),
+                )
+            })
             .await?;
         let level = rows.first().and_then(|row| {
             Some(StockLevel {

@@ -10,6 +10,7 @@ mod ids;
 mod lab;
 mod lock;
 mod outage;
+mod pooler;
 mod proxy;
 mod purchase;
 mod redlock;

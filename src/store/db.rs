@@ -1,0 +1,65 @@
+//! How every query reaches Postgres: under a deadline, and in a form that a
+//! pooler in transaction mode (pgbouncer) can carry.
+//!
+//! A frozen or stuck Postgres costs a query at most the deadline, then the
+//! store reports it unavailable. Behind a transaction pooler a server
+//! connection is ours for one transaction only: sqlx parses a statement and
+//! runs it in two exchanges, and between them pgbouncer may hand the server
+//! to another client. There each query runs as an unnamed statement inside
+//! a transaction of its own, so both exchanges reach the same server.
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use sqlx::{PgConnection, PgPool};
+
+use super::{Result, StoreError};
+
+/// The pool, the deadline, and whether a transaction pooler is in between.
+#[derive(Clone)]
+pub(super) struct Db {
+    pub(super) pool: PgPool,
+    pub(super) timeout: Duration,
+    pub(super) transaction_pooler: bool,
+}
+
+impl Db {
+    /// Runs one query, built by `query` on the connection it is given and
+    /// marked persistent (a named, cached prepared statement) or not as
+    /// told, within the deadline. The connection of a query cut short is
+    /// checked before the pool lends it again (see `Store::connect`), so its
+    /// late answer reaches nobody.
+    pub(super) async fn run<T, F>(&self, query: F) -> Result<T>
+    where
+        T: Send,
+        F: for<'c> FnOnce(&'c mut PgConnection, bool) -> BoxFuture<'c, Result<T, sqlx::Error>>
+            + Send,
+    {
+        let work = async {
+            if self.transaction_pooler {
+                let mut tx = self.pool.begin().await?;
+                let answer = query(&mut tx, false).await?;
+                tx.commit().await?;
+                Ok(answer)
+            } else {
+                let mut conn = self.pool.acquire().await?;
+                query(&mut conn, true).await
+            }
+        };
+        work.within(self.timeout).await
+    }
+}
+
+/// `.within(timeout)` on any sqlx future: its answer, or
+/// [`StoreError::TimedOut`] once `timeout` has passed.
+pub(super) trait Within<T>: Future<Output = Result<T, sqlx::Error>> + Sized {
+    async fn within(self, timeout: Duration) -> Result<T, StoreError> {
+        match tokio::time::timeout(timeout, self).await {
+            Ok(answer) => answer.map_err(StoreError::from),
+            Err(_) => Err(StoreError::TimedOut(timeout)),
+        }
+    }
+}
+
+impl<T, F: Future<Output = Result<T, sqlx::Error>>> Within<T> for F {}
