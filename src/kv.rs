@@ -3,7 +3,10 @@
 //!
 //! A call that outlives its deadline answers [`KvError::TimedOut`] and its
 //! connection leaves the pool instead of going back to it: whatever the
-//! server does with the late command, no later call reads its answer.
+//! server does with the late command, no later call reads its answer. So
+//! does a connection that answers `READONLY` or `MASTERDOWN` (a failover
+//! left it on a replica): the next call connects afresh, through the proxy
+//! or managed endpoint, to whichever server is master now.
 
 use std::time::Duration;
 
@@ -46,6 +49,20 @@ pub fn is_transient(error: &redis::RedisError) -> bool {
         )
 }
 
+/// An answer, after which a connection that reaches no master leaves the
+/// pool.
+fn settle<T>(conn: Connection, answer: redis::RedisResult<T>) -> Result<T, KvError> {
+    if let Err(error) = &answer {
+        if matches!(
+            error.kind(),
+            redis::ErrorKind::ReadOnly | redis::ErrorKind::MasterDown
+        ) {
+            drop(Connection::take(conn));
+        }
+    }
+    Ok(answer?)
+}
+
 /// A Redis pool whose calls each end within `timeout`. Cheap to clone.
 #[derive(Clone)]
 pub struct Kv {
@@ -62,7 +79,7 @@ impl Kv {
     pub async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, KvError> {
         let mut conn = self.connection().await?;
         match tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await {
-            Ok(answer) => Ok(answer?),
+            Ok(answer) => settle(conn, answer),
             Err(_) => Err(self.abandon(conn)),
         }
     }
@@ -74,7 +91,7 @@ impl Kv {
     ) -> Result<T, KvError> {
         let mut conn = self.connection().await?;
         match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
-            Ok(answer) => Ok(answer?),
+            Ok(answer) => settle(conn, answer),
             Err(_) => Err(self.abandon(conn)),
         }
     }

@@ -2,20 +2,38 @@
 //! reconnects by itself (redis-rs `ConnectionManager`), shared by every
 //! lock of the client. A pool checkout would first send a health-check
 //! `PING` each time; this sends nothing but the commands.
+//!
+//! A connection that a failover left on a replica (`READONLY`) or on a
+//! master that lost its replicas (`MASTERDOWN`) is open but useless, and
+//! `ConnectionManager` only reconnects when a connection breaks: such an
+//! answer drops the connection here, so that the next command connects
+//! afresh (through the proxy or managed endpoint, to the new master).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use deadpool_redis::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use deadpool_redis::redis::{self};
-use tokio::sync::OnceCell;
+use deadpool_redis::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use deadpool_redis::redis::{self, Cmd, ErrorKind, Pipeline, RedisFuture, Value};
+use futures_util::FutureExt;
 
 use super::LockError;
 
 pub(super) struct Connection {
     client: redis::Client,
     timeout: Duration,
-    /// Made on first use, so a client can be built while Redis is down.
-    manager: OnceCell<ConnectionManager>,
+    /// Made on first use, so a client can be built while Redis is down;
+    /// made again after an answer says it reaches no master.
+    current: RwLock<Option<LockConn>>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
+/// A handle on the shared connection (cheap: the handles multiplex).
+#[derive(Clone)]
+pub(super) struct LockConn {
+    manager: ConnectionManager,
+    /// Set when this connection answered that it reaches no master.
+    stale: Arc<AtomicBool>,
 }
 
 impl Connection {
@@ -23,24 +41,95 @@ impl Connection {
         Self {
             client,
             timeout,
-            manager: OnceCell::new(),
+            current: RwLock::new(None),
+            connecting: tokio::sync::Mutex::new(()),
         }
     }
 
-    /// A handle on the shared connection (cheap: the handles multiplex).
-    pub(super) async fn get(&self) -> Result<ConnectionManager, LockError> {
+    pub(super) async fn get(&self) -> Result<LockConn, LockError> {
+        if let Some(conn) = self.usable() {
+            return Ok(conn);
+        }
+        let _one_at_a_time = self.connecting.lock().await;
+        if let Some(conn) = self.usable() {
+            return Ok(conn);
+        }
+        // Fail fast while Redis is away: the caller decides whether to
+        // resend; the manager reconnects in the background.
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout)
+            .set_number_of_retries(1);
         let manager = self
-            .manager
-            .get_or_try_init(|| async {
-                // Fail fast while Redis is away: the caller decides whether
-                // to resend; the manager reconnects in the background.
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(self.timeout)
-                    .set_response_timeout(self.timeout)
-                    .set_number_of_retries(1);
-                self.client.get_connection_manager_with_config(config).await
-            })
+            .client
+            .get_connection_manager_with_config(config)
             .await?;
-        Ok(manager.clone())
+        let conn = LockConn {
+            manager,
+            stale: Arc::new(AtomicBool::new(false)),
+        };
+        *self.current.write().expect("connection lock") = Some(conn.clone());
+        Ok(conn)
+    }
+
+    fn usable(&self) -> Option<LockConn> {
+        self.current
+            .read()
+            .expect("connection lock")
+            .as_ref()
+            .filter(|c| !c.stale.load(Ordering::Relaxed))
+            .cloned()
+    }
+}
+
+impl LockConn {
+    /// Marks the connection stale when an answer says it reaches no master.
+    /// Server errors arrive as values here; they become errors later.
+    fn check<'v>(&self, answer: Result<impl IntoIterator<Item = &'v Value>, &redis::RedisError>) {
+        let no_master = match answer {
+            Err(error) => matches!(error.kind(), ErrorKind::ReadOnly | ErrorKind::MasterDown),
+            Ok(values) => values.into_iter().any(reaches_no_master),
+        };
+        if no_master {
+            self.stale.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether an answer is (or holds) `READONLY` or `MASTERDOWN`.
+pub(crate) fn reaches_no_master(value: &Value) -> bool {
+    match value {
+        Value::ServerError(error) => matches!(error.code(), "READONLY" | "MASTERDOWN"),
+        Value::Array(items) => items.iter().any(reaches_no_master),
+        _ => false,
+    }
+}
+
+impl ConnectionLike for LockConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        async move {
+            let answer = self.manager.req_packed_command(cmd).await;
+            self.check(answer.as_ref().map(std::iter::once));
+            answer
+        }
+        .boxed()
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        async move {
+            let answer = self.manager.req_packed_commands(cmd, offset, count).await;
+            self.check(answer.as_ref());
+            answer
+        }
+        .boxed()
+    }
+
+    fn get_db(&self) -> i64 {
+        self.manager.get_db()
     }
 }

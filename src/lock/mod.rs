@@ -241,6 +241,25 @@ impl LockClient {
         }
     }
 
+    /// Whether this client's Redis takes writes now (a master that has its
+    /// replicas, not a replica left behind by a failover): a key of the
+    /// client's own, written with a short life.
+    pub async fn check_writable(&self) -> Result<(), LockError> {
+        let mut conn = self.shared.conn.get().await?;
+        let key = format!(
+            "{}lock-client:{}:writable",
+            self.shared.prefix, self.shared.process
+        );
+        redis::cmd("SET")
+            .arg(key)
+            .arg(1)
+            .arg("PX")
+            .arg(10_000)
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
     /// How many locks this client's watchdog is keeping alive now.
     pub fn watched_locks(&self) -> usize {
         self.shared.watchdog.watched()

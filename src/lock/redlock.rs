@@ -126,6 +126,27 @@ impl MultiNodeLocks {
         Ok(None)
     }
 
+    /// Whether enough nodes take writes now for a lock to be granted: each
+    /// node checked at once, within `node_timeout`.
+    pub async fn check_writable(&self, node_timeout: Duration) -> Result<(), LockError> {
+        let checks = self
+            .nodes
+            .iter()
+            .map(|node| tokio::time::timeout(node_timeout, node.check_writable()));
+        let answered = join_all(checks)
+            .await
+            .into_iter()
+            .filter(|answer| matches!(answer, Ok(Ok(()))))
+            .count();
+        if answered < self.needed() {
+            return Err(LockError::NodesUnavailable {
+                answered,
+                needed: self.needed(),
+            });
+        }
+        Ok(())
+    }
+
     /// Waits (at most `timeout`) for the releases of dropped guards on
     /// every node. Returns false if some were still running.
     pub async fn shutdown(&self, timeout: Duration) -> bool {

@@ -338,10 +338,29 @@ impl Seckill {
             .ok_or(SeckillError::NotFound("voucher"))
     }
 
-    /// Whether Postgres and Redis both answer.
+    /// Whether a purchase can be served now: Postgres and Redis take
+    /// writes, and so does the lock's Redis (with RedLock, a majority of its
+    /// nodes). Each check has the dependency deadline.
     pub async fn ready(&self) -> Result<()> {
-        self.inner.store.ping().await?;
-        self.inner.redis.query::<()>(&redis::cmd("PING")).await?;
+        let inner = &self.inner;
+        let mut write = redis::cmd("SET");
+        write
+            .arg(format!("{}seckill:ready", inner.settings.redis_prefix))
+            .arg(1)
+            .arg("PX")
+            .arg(10_000);
+        let (postgres, redis, locks) = tokio::join!(
+            inner.store.check_writable(),
+            inner.redis.query::<()>(&write),
+            inner.locks.check_writable(),
+        );
+        if !postgres? {
+            return Err(SeckillError::postgres_unavailable(
+                "Postgres is a standby: it takes no writes",
+            ));
+        }
+        redis?;
+        locks?;
         Ok(())
     }
 

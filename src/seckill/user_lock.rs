@@ -55,6 +55,18 @@ impl UserLocks {
         }
     }
 
+    /// Whether a lock can be taken now: its Redis takes writes, or, with
+    /// RedLock, a majority of the nodes do.
+    pub async fn check_writable(&self) -> Result<(), LockError> {
+        match self {
+            Self::Single(locks) => locks.check_writable().await,
+            Self::RedLock {
+                locks,
+                node_timeout,
+            } => locks.check_writable(*node_timeout).await,
+        }
+    }
+
     /// Waits (at most `timeout`) for releases started by dropped guards.
     pub async fn shutdown(&self, timeout: Duration) -> bool {
         match self {

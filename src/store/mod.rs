@@ -229,13 +229,18 @@ impl Store {
         &self.db.pool
     }
 
-    pub async fn ping(&self) -> Result<()> {
+    /// Whether Postgres takes writes now: it answers and is not a standby
+    /// (a failover may leave the URL on one).
+    pub async fn check_writable(&self) -> Result<bool> {
         self.db
             .run(|c, persistent| {
-                Box::pin(sqlx::query("SELECT 1").persistent(persistent).execute(c))
+                Box::pin(
+                    sqlx::query_scalar("SELECT NOT pg_is_in_recovery()")
+                        .persistent(persistent)
+                        .fetch_one(c),
+                )
             })
-            .await?;
-        Ok(())
+            .await
     }
 
     pub async fn create_voucher(&self, new: &NewVoucher) -> Result<i64> {

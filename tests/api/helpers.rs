@@ -395,14 +395,28 @@ pub async fn post_purchase(
 pub struct OwnRedis {
     pub port: u16,
     child: Option<Child>,
+    extra: Vec<String>,
 }
 
 impl OwnRedis {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A server started with these extra arguments (`--replicaof`, ...).
+    pub fn start_with(extra: &[&str]) -> Self {
         let port = free_port();
-        let mut redis = Self { port, child: None };
+        let mut redis = Self {
+            port,
+            child: None,
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
+        };
         redis.restart();
         redis
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
     pub fn url(&self) -> String {
@@ -414,6 +428,7 @@ impl OwnRedis {
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -47,7 +47,8 @@ pub async fn spawn_app_behind_pg_proxy(
 
 pub struct Proxy {
     pub addr: SocketAddr,
-    target: SocketAddr,
+    /// Where new connections go (open ones stay where they went).
+    target: Arc<Mutex<SocketAddr>>,
     accept: Mutex<Option<JoinHandle<()>>>,
     links: Arc<Mutex<Vec<JoinHandle<()>>>>,
     /// While true, no byte crosses: the server looks frozen (SIGSTOP)
@@ -60,7 +61,7 @@ impl Proxy {
         let port = super::helpers::free_port();
         let proxy = Self {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            target,
+            target: Arc::new(Mutex::new(target)),
             accept: Mutex::new(None),
             links: Arc::new(Mutex::new(Vec::new())),
             frozen: watch::channel(false).0,
@@ -77,6 +78,12 @@ impl Proxy {
         for link in self.links.lock().unwrap().drain(..) {
             link.abort();
         }
+    }
+
+    /// Sends new connections to `target` from now on; open ones stay, as
+    /// behind a load balancer or a managed endpoint after a failover.
+    pub fn retarget(&self, target: SocketAddr) {
+        *self.target.lock().unwrap() = target;
     }
 
     /// Holds every byte in both directions until [`Proxy::thaw`].
@@ -96,11 +103,12 @@ impl Proxy {
             .bind(self.addr)
             .expect("the proxy's port is free again");
         let listener = socket.listen(1024).unwrap();
-        let (target, links) = (self.target, self.links.clone());
+        let (target, links) = (self.target.clone(), self.links.clone());
         let frozen = self.frozen.subscribe();
         let accept = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let frozen = frozen.clone();
+                let target = *target.lock().unwrap();
                 let link = tokio::spawn(async move {
                     if let Ok(outbound) = TcpStream::connect(target).await {
                         let (in_read, in_write) = inbound.into_split();
