@@ -6,9 +6,12 @@
 //! plus 2 ms, as the RedLock description suggests): the hold is trusted only
 //! that long, whatever the nodes say.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::{Acquired, LockClient, LockError, LockGuard, Owner};
 
@@ -27,7 +30,15 @@ pub enum Quorum {
 pub struct MultiNodeLocks {
     nodes: Vec<LockClient>,
     quorum: Quorum,
+    /// Per node, until when (ms since `epoch`) it is known to be down: an
+    /// attempt skips it until then instead of waiting out its timeout, and
+    /// the first attempt after that asks it again.
+    down_until: Arc<Vec<AtomicU64>>,
+    epoch: Instant,
 }
+
+/// How long a node that failed to answer is skipped.
+const SKIP_DOWN_NODE: Duration = Duration::from_secs(1);
 
 enum Vote {
     Granted(LockGuard),
@@ -49,7 +60,30 @@ impl MultiNodeLocks {
             !nodes.is_empty(),
             "a multi-node lock needs at least one node"
         );
-        Self { nodes, quorum }
+        let down_until = Arc::new(nodes.iter().map(|_| AtomicU64::new(0)).collect());
+        Self {
+            nodes,
+            quorum,
+            down_until,
+            epoch: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn known_down(&self, node: usize) -> bool {
+        self.down_until[node].load(Ordering::Relaxed) > self.now_ms()
+    }
+
+    fn mark(&self, node: usize, answered: bool) {
+        let until = if answered {
+            0
+        } else {
+            self.now_ms() + u64::try_from(SKIP_DOWN_NODE.as_millis()).unwrap_or(1_000)
+        };
+        self.down_until[node].store(until, Ordering::Relaxed);
     }
 
     fn needed(&self) -> usize {
@@ -70,6 +104,12 @@ impl MultiNodeLocks {
     /// when too few granted it in time; what was granted is released.
     /// `Err(NodesUnavailable)` when so few nodes answered at all that no
     /// quorum was possible: the lock's state is unknown, not "held".
+    ///
+    /// It returns as soon as a quorum has granted the lock (after a short
+    /// grace for the other nodes: twice the time the quorum took), not
+    /// when the slowest node answers; a grant that comes later is released
+    /// in the background. Nodes that failed to answer lately are skipped
+    /// (counted as refusals) for a second, then asked again.
     pub async fn try_acquire(
         &self,
         name: &str,
@@ -79,23 +119,66 @@ impl MultiNodeLocks {
     ) -> Result<Option<MultiGuard>, LockError> {
         let started = Instant::now();
         let owners = self.owners(id);
-        let attempts = self
+        let mut asking: FuturesUnordered<_> = self
             .nodes
             .iter()
-            .zip(&owners)
-            .map(|(node, owner)| async move {
+            .zip(owners)
+            .enumerate()
+            .filter(|(i, _)| !self.known_down(*i))
+            .map(|(i, (node, owner))| {
                 let lock = node.lock(name);
-                match tokio::time::timeout(node_timeout, lock.try_acquire(owner, lease)).await {
-                    Ok(Ok(Acquired::Yes(guard))) => Vote::Granted(guard),
-                    Ok(Ok(Acquired::HeldByOther { .. })) => Vote::Held,
-                    Ok(Err(error)) => {
-                        tracing::debug!(%error, "a lock node failed; counted as a refusal");
-                        Vote::Silent
+                async move {
+                    let vote =
+                        match tokio::time::timeout(node_timeout, lock.try_acquire(&owner, lease))
+                            .await
+                        {
+                            Ok(Ok(Acquired::Yes(guard))) => Vote::Granted(guard),
+                            Ok(Ok(Acquired::HeldByOther { .. })) => Vote::Held,
+                            Ok(Err(error)) => {
+                                tracing::debug!(%error, "a lock node failed; counted as a refusal");
+                                Vote::Silent
+                            }
+                            Err(_) => Vote::Silent,
+                        };
+                    (i, vote)
+                }
+            })
+            .collect();
+        let mut votes = Vec::new();
+        let mut granted = 0;
+        let mut grace = None;
+        loop {
+            let next = match grace {
+                None => asking.next().await,
+                Some(until) => match tokio::time::timeout_at(until, asking.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+            };
+            let Some((node, vote)) = next else { break };
+            self.mark(node, !matches!(vote, Vote::Silent));
+            granted += usize::from(matches!(vote, Vote::Granted(_)));
+            votes.push(vote);
+            if granted >= self.needed() && grace.is_none() {
+                let took = started.elapsed();
+                let wait = (took * 2).max(Duration::from_millis(5)).min(node_timeout);
+                grace = Some(tokio::time::Instant::now() + wait);
+            }
+        }
+        if !asking.is_empty() {
+            // Nodes still out after the quorum and its grace: whatever they
+            // grant late is given back, and a node that never answers is
+            // skipped for a while.
+            let this = self.clone();
+            tokio::spawn(async move {
+                while let Some((node, vote)) = asking.next().await {
+                    this.mark(node, !matches!(vote, Vote::Silent));
+                    if let Vote::Granted(guard) = vote {
+                        let _ = guard.unlock().await;
                     }
-                    Err(_) => Vote::Silent,
                 }
             });
-        let votes = join_all(attempts).await;
+        }
         let answered = votes.iter().filter(|v| !matches!(v, Vote::Silent)).count();
         let guards: Vec<LockGuard> = votes
             .into_iter()

@@ -201,3 +201,32 @@ async fn the_service_guards_users_with_redlock_and_outlives_a_lock_node() {
     );
     assert_eq!(app.check_invariants(next).await, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_answers_once_a_majority_has_without_waiting_for_frozen_nodes() {
+    let servers: Vec<OwnRedis> = (0..5).map(|_| OwnRedis::start()).collect();
+    let locks = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::Majority);
+    // Two of five frozen: they hold their connections and answer nothing.
+    servers[3].freeze();
+    servers[4].freeze();
+    let node_timeout = Duration::from_secs(5);
+    for round in 0..3 {
+        let asked = std::time::Instant::now();
+        let held = locks
+            .try_acquire(&format!("order:{round}"), "a", LEASE, node_timeout)
+            .await
+            .unwrap()
+            .expect("three live nodes of five grant a free lock");
+        let took = asked.elapsed();
+        assert_eq!(held.nodes(), 3);
+        // Not the frozen nodes' timeout: the majority's answer, and after
+        // the first round the frozen nodes are not even asked.
+        assert!(
+            took < node_timeout / 2,
+            "round {round} took {took:?} with a {node_timeout:?} node timeout"
+        );
+        assert_eq!(held.unlock().await, 3);
+    }
+    servers[3].thaw();
+    servers[4].thaw();
+}
