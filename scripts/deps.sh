@@ -7,7 +7,8 @@
 #      and started on loopback: Postgres with trust auth for loopback, Redis
 #      without persistence.
 # For the tests (SECKILL_TEST_TOOLS=1) it also makes sure that `redis-server`
-# and `pgbouncer` exist: the tests start private ones of their own.
+# and `pgbouncer` exist (the tests start private ones of their own) and
+# Chromium (a test loads the API page in it, headless).
 set -euo pipefail
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/seckill}"
@@ -88,4 +89,5 @@ say "Postgres at $PG_HOST:$PG_PORT and Redis at $REDIS_HOST:$REDIS_PORT answer"
 if [ "${SECKILL_TEST_TOOLS:-0}" = 1 ]; then
     command -v redis-server >/dev/null || apt_install redis-server
     [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null || apt_install pgbouncer
+    command -v chromium >/dev/null || apt_install chromium
 fi

@@ -4,9 +4,41 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde::Serialize;
 
 use crate::seckill::SeckillError;
+
+/// Every error's body.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    error: ErrorCode,
+    /// For people; at most 200 characters (and `...` where it was cut).
+    #[schema(max_length = 203)]
+    message: String,
+    /// With `already_purchased`: the order the user holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[1-9][0-9]{0,18}$")]
+    order_id: Option<String>,
+}
+
+/// The machine-readable error codes.
+#[derive(Debug, Clone, Copy, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    BadRequest,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    NotStarted,
+    Ended,
+    SoldOut,
+    AlreadyPurchased,
+    PurchaseInProgress,
+    Unavailable,
+    Internal,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -27,30 +59,31 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    fn status_and_code(&self) -> (StatusCode, &'static str) {
+    fn status_and_code(&self) -> (StatusCode, ErrorCode) {
+        use ErrorCode as C;
         use SeckillError as S;
         match self {
             Self::BadRequest(_) | Self::Seckill(S::Invalid(_)) => {
-                (StatusCode::BAD_REQUEST, "bad_request")
+                (StatusCode::BAD_REQUEST, C::BadRequest)
             }
-            Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
-            Self::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
+            Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, C::Unauthorized),
+            Self::Forbidden => (StatusCode::FORBIDDEN, C::Forbidden),
             Self::NotFound(_) | Self::Seckill(S::NotFound(_)) => {
-                (StatusCode::NOT_FOUND, "not_found")
+                (StatusCode::NOT_FOUND, C::NotFound)
             }
-            Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
-            Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
-            Self::Seckill(S::NotStarted) => (StatusCode::CONFLICT, "not_started"),
-            Self::Seckill(S::Ended) => (StatusCode::CONFLICT, "ended"),
-            Self::Seckill(S::SoldOut) => (StatusCode::CONFLICT, "sold_out"),
+            Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, C::MethodNotAllowed),
+            Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, C::PayloadTooLarge),
+            Self::Seckill(S::NotStarted) => (StatusCode::CONFLICT, C::NotStarted),
+            Self::Seckill(S::Ended) => (StatusCode::CONFLICT, C::Ended),
+            Self::Seckill(S::SoldOut) => (StatusCode::CONFLICT, C::SoldOut),
             Self::Seckill(S::AlreadyPurchased { .. }) => {
-                (StatusCode::CONFLICT, "already_purchased")
+                (StatusCode::CONFLICT, C::AlreadyPurchased)
             }
-            Self::Seckill(S::InProgress) => (StatusCode::TOO_MANY_REQUESTS, "purchase_in_progress"),
+            Self::Seckill(S::InProgress) => (StatusCode::TOO_MANY_REQUESTS, C::PurchaseInProgress),
             Self::Seckill(S::Unavailable { .. }) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+                (StatusCode::SERVICE_UNAVAILABLE, C::Unavailable)
             }
-            Self::Seckill(S::Internal(_)) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            Self::Seckill(S::Internal(_)) => (StatusCode::INTERNAL_SERVER_ERROR, C::Internal),
         }
     }
 }
@@ -76,14 +109,18 @@ impl IntoResponse for ApiError {
             }
             other => bounded(other.to_string()),
         };
-        let mut body = json!({ "error": code, "message": message });
-        if let Self::Seckill(SeckillError::AlreadyPurchased {
-            order_id: Some(order_id),
-        }) = &self
-        {
-            // A retry after a lost answer learns its order from here.
-            body["order_id"] = json!(order_id.to_string());
-        }
+        // A retry after a lost answer learns its order from here.
+        let order_id = match &self {
+            Self::Seckill(SeckillError::AlreadyPurchased {
+                order_id: Some(order_id),
+            }) => Some(order_id.to_string()),
+            _ => None,
+        };
+        let body = ErrorBody {
+            error: code,
+            message,
+            order_id,
+        };
         let mut response = (status, Json(body)).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(

@@ -1,13 +1,14 @@
-//! The API's handlers: parse, make one service call, shape the answer.
+//! The API's handlers: parse, make one service call, shape the answer. Each
+//! one's `#[utoipa::path]` is its entry in `/openapi.json` (see `openapi`).
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use utoipa::ToSchema;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::extract::{rfc3339, Admin, AppJson, Caller, NoBody, OrderIdPath, User, VoucherIdPath};
 use super::AppState;
 use crate::seckill::{Order, Voucher, VoucherDraft};
@@ -17,22 +18,64 @@ pub const MAX_TOKENS_PER_CALL: usize = 10_000;
 const DEFAULT_TOKEN_TTL_SECS: i64 = 86_400;
 const MAX_TOKEN_TTL_SECS: i64 = 30 * 86_400;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateVoucher {
-    title: String,
-    stock: i64,
-    #[serde(deserialize_with = "rfc3339")]
-    begin_time: DateTime<Utc>,
-    #[serde(deserialize_with = "rfc3339")]
-    end_time: DateTime<Utc>,
+/// How a voucher is sold. Only `sync` is served by this build: the order is
+/// committed to Postgres before the answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SaleMode {
+    #[default]
+    Sync,
 }
 
+/// A flash sale to create.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVoucher {
+    /// 1 to 200 characters, no control characters.
+    #[schema(min_length = 1, max_length = 200, example = "Half-price coffee")]
+    title: String,
+    /// Units on sale.
+    #[schema(minimum = 0, maximum = 2147483647, example = 100)]
+    stock: i64,
+    /// Strict RFC 3339, years 0000 to 9999 in UTC.
+    #[serde(deserialize_with = "rfc3339")]
+    #[schema(value_type = String, format = DateTime, example = "2030-05-01T10:00:00Z")]
+    begin_time: DateTime<Utc>,
+    /// After `begin_time`, to the microsecond.
+    #[serde(deserialize_with = "rfc3339")]
+    #[schema(value_type = String, format = DateTime, example = "2030-05-01T11:00:00Z")]
+    end_time: DateTime<Utc>,
+    /// `sync` (the default).
+    #[serde(default)]
+    sale_mode: SaleMode,
+}
+
+/// A created voucher's id.
+#[derive(Serialize, ToSchema)]
+pub struct Created {
+    id: i64,
+}
+
+#[utoipa::path(
+    post,
+    path = "/admin/vouchers",
+    tag = "admin",
+    request_body = CreateVoucher,
+    security(("admin" = [])),
+    responses(
+        (status = 201, description = "Created", body = Created),
+        (status = 400, description = "bad_request: a malformed body or field", body = ErrorBody),
+        (status = 403, description = "forbidden: no admin token", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 503, description = "unavailable: Postgres cannot be reached", body = ErrorBody),
+    )
+)]
 pub async fn create_voucher(
     State(state): State<AppState>,
     _: Admin,
     AppJson(body): AppJson<CreateVoucher>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Created>), ApiError> {
+    let SaleMode::Sync = body.sale_mode;
     let id = state
         .seckill
         .create_voucher(VoucherDraft {
@@ -42,16 +85,22 @@ pub async fn create_voucher(
             end_time: body.end_time,
         })
         .await?;
-    Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
+    Ok((StatusCode::CREATED, Json(Created { id })))
 }
 
-#[derive(Serialize)]
+/// A voucher and its remaining stock.
+#[derive(Serialize, ToSchema)]
 pub struct VoucherBody {
     id: i64,
     title: String,
+    /// Units left.
+    #[schema(minimum = 0)]
     stock: i32,
+    #[schema(value_type = String, format = DateTime)]
     begin_time: DateTime<Utc>,
+    #[schema(value_type = String, format = DateTime)]
     end_time: DateTime<Utc>,
+    sale_mode: SaleMode,
 }
 
 impl From<Voucher> for VoucherBody {
@@ -62,10 +111,24 @@ impl From<Voucher> for VoucherBody {
             stock: v.stock,
             begin_time: v.begin_time,
             end_time: v.end_time,
+            sale_mode: SaleMode::Sync,
         }
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/vouchers/{id}",
+    tag = "sale",
+    params(("id" = i64, Path, minimum = 1, description = "The voucher id")),
+    responses(
+        (status = 200, description = "The voucher", body = VoucherBody),
+        (status = 400, description = "bad_request: a malformed id", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    )
+)]
 pub async fn get_voucher(
     State(state): State<AppState>,
     VoucherIdPath(id): VoucherIdPath,
@@ -73,12 +136,30 @@ pub async fn get_voucher(
     Ok(Json(state.seckill.voucher(id).await?.into()))
 }
 
-#[derive(Deserialize)]
+/// Units to add to a voucher.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Restock {
+    #[schema(minimum = 1, maximum = 2147483647, example = 10)]
     add: i64,
 }
 
+#[utoipa::path(
+    post,
+    path = "/admin/vouchers/{id}/stock",
+    tag = "admin",
+    params(("id" = i64, Path, minimum = 1, description = "The voucher id")),
+    request_body = Restock,
+    security(("admin" = [])),
+    responses(
+        (status = 200, description = "The voucher after the restock; the sale reopens on every instance", body = VoucherBody),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    )
+)]
 pub async fn restock(
     State(state): State<AppState>,
     _: Admin,
@@ -88,19 +169,49 @@ pub async fn restock(
     Ok(Json(state.seckill.restock(id, body.add).await?.into()))
 }
 
-#[derive(Deserialize)]
+/// Users to mint tokens for.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MintTokens {
+    #[schema(min_items = 1, max_items = 10000, value_type = Vec<i64>)]
     user_ids: Vec<i64>,
+    /// Lifetime of the tokens: 1 s to 30 days (default a day).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 2592000)]
     ttl_seconds: Option<i64>,
 }
 
+/// A user's token.
+#[derive(Serialize, ToSchema)]
+pub struct UserToken {
+    user_id: i64,
+    token: String,
+}
+
+/// Tokens, in the order of the ids asked for.
+#[derive(Serialize, ToSchema)]
+pub struct Tokens {
+    tokens: Vec<UserToken>,
+}
+
+#[utoipa::path(
+    post,
+    path = "/admin/tokens",
+    tag = "admin",
+    request_body = MintTokens,
+    security(("admin" = [])),
+    responses(
+        (status = 200, description = "Signed user tokens", body = Tokens),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+    )
+)]
 pub async fn mint_tokens(
     State(state): State<AppState>,
     _: Admin,
     AppJson(body): AppJson<MintTokens>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Tokens>, ApiError> {
     if body.user_ids.is_empty() || body.user_ids.len() > MAX_TOKENS_PER_CALL {
         return Err(ApiError::BadRequest(format!(
             "user_ids must hold 1 to {MAX_TOKENS_PER_CALL} ids"
@@ -118,30 +229,70 @@ pub async fn mint_tokens(
         )));
     }
     let expires = Utc::now().timestamp() + ttl;
-    let tokens: Vec<Value> = body
+    let tokens = body
         .user_ids
         .iter()
-        .map(|&user_id| json!({ "user_id": user_id, "token": state.tokens.sign(user_id, expires) }))
+        .map(|&user_id| UserToken {
+            user_id,
+            token: state.tokens.sign(user_id, expires),
+        })
         .collect();
-    Ok(Json(json!({ "tokens": tokens })))
+    Ok(Json(Tokens { tokens }))
 }
 
+/// A committed order's id, as a decimal string (it exceeds 2^53).
+#[derive(Serialize, ToSchema)]
+pub struct Purchased {
+    #[schema(pattern = "^[1-9][0-9]{0,18}$", example = "669711463081050113")]
+    order_id: String,
+}
+
+#[utoipa::path(
+    post,
+    path = "/seckill/{voucher_id}",
+    tag = "sale",
+    params(("voucher_id" = i64, Path, minimum = 1, description = "The voucher to buy one unit of")),
+    security(("user" = [])),
+    responses(
+        (status = 200, description = "The order is committed", body = Purchased),
+        (status = 400, description = "bad_request: a malformed id, a body, several Authorization headers", body = ErrorBody),
+        (status = 401, description = "unauthorized: a missing, malformed, forged or expired token", body = ErrorBody),
+        (status = 404, description = "not_found: no such voucher", body = ErrorBody),
+        (status = 409, description = "not_started, ended, sold_out, or already_purchased (with the user's order_id)", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 429, description = "purchase_in_progress: another request of this user holds its lock", body = ErrorBody),
+        (status = 503, description = "unavailable: Postgres or Redis cannot be reached; Retry-After is set", body = ErrorBody),
+    )
+)]
 pub async fn seckill(
     State(state): State<AppState>,
     User(user_id): User,
     VoucherIdPath(voucher_id): VoucherIdPath,
     NoBody: NoBody,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Purchased>, ApiError> {
     let order_id = state.seckill.purchase(user_id, voucher_id).await?;
-    Ok(Json(json!({ "order_id": order_id.to_string() })))
+    Ok(Json(Purchased {
+        order_id: order_id.to_string(),
+    }))
 }
 
-#[derive(Serialize)]
+/// Where an order stands: every order in Postgres is `confirmed`.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OrderStatus {
+    Confirmed,
+}
+
+/// An order.
+#[derive(Serialize, ToSchema)]
 pub struct OrderBody {
+    #[schema(pattern = "^[1-9][0-9]{0,18}$")]
     order_id: String,
     user_id: i64,
     voucher_id: i64,
+    #[schema(value_type = String, format = DateTime)]
     created_at: DateTime<Utc>,
+    status: OrderStatus,
 }
 
 impl From<Order> for OrderBody {
@@ -151,10 +302,26 @@ impl From<Order> for OrderBody {
             user_id: o.user_id,
             voucher_id: o.voucher_id,
             created_at: o.created_at,
+            status: OrderStatus::Confirmed,
         }
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/orders/{order_id}",
+    tag = "sale",
+    params(("order_id" = String, Path, pattern = "^[1-9][0-9]{0,18}$", description = "The order id, in decimal")),
+    security(("user" = []), ("admin" = [])),
+    responses(
+        (status = 200, description = "The order (a user sees only their own)", body = OrderBody),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 401, description = "unauthorized", body = ErrorBody),
+        (status = 404, description = "not_found: no such order, or another user's", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    )
+)]
 pub async fn get_order(
     State(state): State<AppState>,
     caller: Caller,
@@ -171,31 +338,87 @@ pub async fn get_order(
     }
 }
 
+/// One order of a voucher.
+#[derive(Serialize, ToSchema)]
+pub struct OrderLine {
+    #[schema(pattern = "^[1-9][0-9]{0,18}$")]
+    order_id: String,
+    user_id: i64,
+}
+
+/// Every order of a voucher, oldest first.
+#[derive(Serialize, ToSchema)]
+pub struct Orders {
+    orders: Vec<OrderLine>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/admin/vouchers/{id}/orders",
+    tag = "admin",
+    params(("id" = i64, Path, minimum = 1, description = "The voucher id")),
+    security(("admin" = [])),
+    responses(
+        (status = 200, description = "The voucher's orders", body = Orders),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    )
+)]
 pub async fn voucher_orders(
     State(state): State<AppState>,
     _: Admin,
     VoucherIdPath(id): VoucherIdPath,
-) -> Result<Json<Value>, ApiError> {
-    let orders: Vec<Value> = state
+) -> Result<Json<Orders>, ApiError> {
+    let orders = state
         .seckill
         .orders_for_voucher(id)
         .await?
         .into_iter()
-        .map(|(order_id, user_id)| json!({ "order_id": order_id.to_string(), "user_id": user_id }))
+        .map(|(order_id, user_id)| OrderLine {
+            order_id: order_id.to_string(),
+            user_id,
+        })
         .collect();
-    Ok(Json(json!({ "orders": orders })))
+    Ok(Json(Orders { orders }))
 }
 
+/// A voucher's books: `orders + stock = initial_stock` always.
+#[derive(Serialize, ToSchema)]
+pub struct StatsBody {
+    initial_stock: i32,
+    stock: i32,
+    orders: i64,
+    distinct_users: i64,
+}
+
+#[utoipa::path(
+    get,
+    path = "/admin/vouchers/{id}/stats",
+    tag = "admin",
+    params(("id" = i64, Path, minimum = 1, description = "The voucher id")),
+    security(("admin" = [])),
+    responses(
+        (status = 200, description = "The voucher's books", body = StatsBody),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    )
+)]
 pub async fn voucher_stats(
     State(state): State<AppState>,
     _: Admin,
     VoucherIdPath(id): VoucherIdPath,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<StatsBody>, ApiError> {
     let stats = state.seckill.stats(id).await?;
-    Ok(Json(json!({
-        "initial_stock": stats.initial_stock,
-        "stock": stats.stock,
-        "orders": stats.orders,
-        "distinct_users": stats.distinct_users,
-    })))
+    Ok(Json(StatsBody {
+        initial_stock: stats.initial_stock,
+        stock: stats.stock,
+        orders: stats.orders,
+        distinct_users: stats.distinct_users,
+    }))
 }

@@ -5,6 +5,7 @@ mod error;
 mod extract;
 mod handlers;
 mod lab;
+pub mod openapi;
 pub mod ops;
 mod screen;
 pub mod serve;
@@ -60,7 +61,11 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
         .route("/orders/{id}", get(handlers::get_order))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics));
+        .route("/metrics", get(ops::metrics))
+        .route("/openapi.json", get(openapi::openapi_json))
+        .route("/docs", get(openapi::docs))
+        .route("/docs/", get(openapi::docs))
+        .route("/docs/{*file}", get(openapi::docs_file));
     let api = if state.lab.is_some() {
         api.route("/lab", get(lab::info))
             .route("/lab/{strategy}/seckill/{id}", post(lab::purchase))

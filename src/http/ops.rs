@@ -42,15 +42,36 @@ pub fn prometheus() -> PrometheusHandle {
         .clone()
 }
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "ops",
+    responses((status = 200, description = "The process runs"))
+)]
 pub async fn healthz() -> StatusCode {
     StatusCode::OK
 }
 
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "ops",
+    responses(
+        (status = 200, description = "Postgres and Redis take writes (and a majority of lock nodes, with RedLock)"),
+        (status = 503, description = "unavailable: a dependency cannot take writes now", body = super::error::ErrorBody),
+    )
+)]
 pub async fn readyz(State(state): State<AppState>) -> Result<StatusCode, ApiError> {
     state.seckill.ready().await?;
     Ok(StatusCode::OK)
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "ops",
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain; version=0.0.4", body = String))
+)]
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let usage = state.seckill.pool_usage();
     metrics::gauge!("seckill_pool_connections", "pool" => "postgres", "state" => "open")

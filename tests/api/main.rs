@@ -10,6 +10,7 @@ mod helpers;
 mod ids;
 mod lab;
 mod lock;
+mod openapi;
 mod outage;
 mod pooler;
 mod proxy;

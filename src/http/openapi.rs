@@ -1,0 +1,126 @@
+//! The API's description, generated from the handlers' annotations and
+//! served at `/openapi.json` (OpenAPI 3.1), and the reference page that
+//! renders it at `/docs`: Swagger UI, whose files come inside a registry
+//! package at build time and are served from the binary, so the page works
+//! with no network.
+
+use std::sync::{Arc, OnceLock};
+
+use axum::extract::Path;
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::Json;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_swagger_ui::Config;
+
+use super::error::ApiError;
+use super::{handlers, ops};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "seckill",
+        description = "A flash-sale backend that never oversells. Every error is \
+                       `{\"error\": \"<code>\", \"message\": \"<text>\"}`; order ids travel \
+                       as decimal strings (they exceed 2^53).",
+        license(name = "MIT OR Apache-2.0")
+    ),
+    paths(
+        handlers::create_voucher,
+        handlers::get_voucher,
+        handlers::restock,
+        handlers::mint_tokens,
+        handlers::seckill,
+        handlers::get_order,
+        handlers::voucher_orders,
+        handlers::voucher_stats,
+        ops::healthz,
+        ops::readyz,
+        ops::metrics,
+    ),
+    modifiers(&Security),
+    tags(
+        (name = "sale", description = "Vouchers, purchases and orders"),
+        (name = "admin", description = "Needs the admin token (SECKILL_ADMIN_TOKEN)"),
+        (name = "ops", description = "Liveness, readiness and metrics"),
+    )
+)]
+struct ApiDoc;
+
+/// The two bearer tokens: the admin's, and a user's signed token.
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "admin",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("The admin token (SECKILL_ADMIN_TOKEN)"))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "user",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("v1.<user_id>.<expires_unix>.<HMAC-SHA256>")
+                    .description(Some("A user token minted by POST /admin/tokens"))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The description, built once.
+pub fn document() -> &'static utoipa::openapi::OpenApi {
+    static DOC: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut doc = ApiDoc::openapi();
+        doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+        doc
+    })
+}
+
+pub async fn openapi_json() -> Json<&'static utoipa::openapi::OpenApi> {
+    Json(document())
+}
+
+fn swagger_config() -> Arc<Config<'static>> {
+    static CONFIG: OnceLock<Arc<Config<'static>>> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| Arc::new(Config::from("/openapi.json")))
+        .clone()
+}
+
+/// The reference page itself, at `/docs` (its files under `/docs/`).
+pub async fn docs() -> Response {
+    match utoipa_swagger_ui::serve("index.html", swagger_config()) {
+        Ok(Some(file)) => {
+            let page = String::from_utf8_lossy(&file.bytes).replacen(
+                "<head>",
+                "<head>\n    <base href=\"/docs/\">",
+                1,
+            );
+            Html(page).into_response()
+        }
+        _ => ApiError::NotFound("the API page is not built in".into()).into_response(),
+    }
+}
+
+/// A file of the reference page.
+pub async fn docs_file(Path(file): Path<String>) -> Response {
+    match utoipa_swagger_ui::serve(&file, swagger_config()) {
+        Ok(Some(found)) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, found.content_type)],
+            found.bytes.into_owned(),
+        )
+            .into_response(),
+        _ => ApiError::NotFound("no such file".into()).into_response(),
+    }
+}

@@ -1,0 +1,166 @@
+//! The API's description at `/openapi.json` and its reference page at
+//! `/docs`: every route and error of the contract is described, and the
+//! page renders in a real browser with no network.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::helpers::spawn_app;
+
+/// Every (method, path) the router serves for clients, as the contract has
+/// them.
+const OPERATIONS: [(&str, &str); 11] = [
+    ("post", "/admin/vouchers"),
+    ("get", "/vouchers/{id}"),
+    ("post", "/admin/tokens"),
+    ("post", "/seckill/{voucher_id}"),
+    ("get", "/orders/{order_id}"),
+    ("get", "/admin/vouchers/{id}/orders"),
+    ("post", "/admin/vouchers/{id}/stock"),
+    ("get", "/admin/vouchers/{id}/stats"),
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/metrics"),
+];
+
+#[tokio::test]
+async fn openapi_json_describes_every_route_status_and_error_code() {
+    let app = spawn_app().await;
+    let response = app
+        .client
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let doc: Value = response.json().await.unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+
+    let described: BTreeSet<(String, String)> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, ops)| {
+            ops.as_object()
+                .unwrap()
+                .keys()
+                .map(move |method| (method.clone(), path.clone()))
+        })
+        .collect();
+    let expected: BTreeSet<(String, String)> = OPERATIONS
+        .iter()
+        .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+        .collect();
+    assert_eq!(described, expected);
+
+    for (method, path) in OPERATIONS {
+        let op = &doc["paths"][path][method];
+        let statuses: BTreeSet<&str> = op["responses"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let secured = op["security"].as_array().is_some_and(|s| !s.is_empty());
+        if path.starts_with("/admin") {
+            assert!(statuses.contains("403"), "{method} {path}: no 403");
+        }
+        if path == "/seckill/{voucher_id}" {
+            for status in ["200", "400", "401", "404", "409", "413", "429", "503"] {
+                assert!(statuses.contains(status), "{method} {path}: no {status}");
+            }
+        }
+        if secured {
+            assert!(
+                statuses.contains("401") || statuses.contains("403"),
+                "{method} {path}: secured without 401 or 403"
+            );
+        }
+        assert!(!statuses.contains("500"), "{method} {path} promises a 500");
+    }
+
+    let codes: BTreeSet<&str> = doc["components"]["schemas"]["ErrorCode"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    for code in [
+        "bad_request",
+        "unauthorized",
+        "forbidden",
+        "not_found",
+        "method_not_allowed",
+        "payload_too_large",
+        "not_started",
+        "ended",
+        "sold_out",
+        "already_purchased",
+        "purchase_in_progress",
+        "unavailable",
+    ] {
+        assert!(codes.contains(code), "no error code {code}");
+    }
+    let schemes = doc["components"]["securitySchemes"].as_object().unwrap();
+    assert!(schemes.contains_key("admin") && schemes.contains_key("user"));
+}
+
+/// Debian's Chromium, which scripts/deps.sh installs for the tests.
+fn chromium() -> &'static str {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("chromium is installed (scripts/deps.sh installs it)")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_docs_page_shows_the_purchase_operation_in_a_browser_without_network() {
+    let app = spawn_app().await;
+    let page = app.url("/docs");
+    let profile = std::env::temp_dir().join(format!(
+        "seckill-chromium-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    // Headless, with every request outside this service refused: the page
+    // must need nothing from a CDN.
+    let host = app.base.trim_start_matches("http://").to_owned();
+    let dom = tokio::task::spawn_blocking(move || {
+        let output = Command::new(chromium())
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--virtual-time-budget=15000",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg(format!(
+                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE {}",
+                host.split(':').next().unwrap()
+            ))
+            .arg("--dump-dom")
+            .arg(&page)
+            .output()
+            .expect("chromium runs");
+        let _ = std::fs::remove_dir_all(&profile);
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    })
+    .await
+    .unwrap();
+    assert!(
+        dom.contains("/seckill/{voucher_id}"),
+        "the purchase operation is not on the page: {}",
+        &dom[..dom.len().min(2_000)]
+    );
+    assert!(
+        dom.contains("opblock"),
+        "Swagger UI did not render its operations"
+    );
+}
