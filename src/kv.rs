@@ -10,8 +10,11 @@
 
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, Cmd, FromRedisValue, ScriptInvocation};
-use deadpool_redis::{Connection, Pool, PoolError, Status};
+use deadpool_redis::redis::aio::ConnectionLike;
+use deadpool_redis::redis::{
+    self, Cmd, FromRedisValue, Pipeline, RedisFuture, ScriptInvocation, Value,
+};
+use deadpool_redis::{sentinel, Connection, Pool, PoolError, Status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {
@@ -45,41 +48,156 @@ pub fn is_transient(error: &redis::RedisError) -> bool {
         || error.is_timeout()
         || matches!(
             error.kind(),
-            K::BusyLoadingError | K::TryAgain | K::ClusterDown | K::MasterDown | K::ReadOnly
+            K::BusyLoadingError
+                | K::TryAgain
+                | K::ClusterDown
+                | K::MasterDown
+                | K::ReadOnly
+                // Between a master's death and its replica's promotion.
+                | K::MasterNameNotFoundBySentinel
+                | K::NoValidReplicasFoundBySentinel
         )
 }
 
-/// An answer, after which a connection that reaches no master leaves the
-/// pool.
-fn settle<T>(conn: Connection, answer: redis::RedisResult<T>) -> Result<T, KvError> {
-    if let Err(error) = &answer {
-        if matches!(
-            error.kind(),
-            redis::ErrorKind::ReadOnly | redis::ErrorKind::MasterDown
-        ) {
-            drop(Connection::take(conn));
+/// Where the service's Redis is, as `REDIS_URL` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// `redis://host:port` (or `rediss://`, `unix://`): one Redis, or a
+    /// proxy or managed endpoint in front of several.
+    Server(String),
+    /// `redis+sentinel://host:port[,host:port...]/<master-name>`: the
+    /// master the sentinels name (as `redis://` URLs of the sentinels).
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+    },
+    /// `redis+cluster://host:port[,host:port...]`.
+    Cluster { nodes: Vec<String> },
+}
+
+impl RedisTarget {
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let url = url.trim();
+        let nodes = |list: &str| -> Result<Vec<String>, String> {
+            let nodes: Vec<String> = list
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(|n| format!("redis://{n}"))
+                .collect();
+            if nodes.is_empty() {
+                return Err(format!("{url:?} names no host:port"));
+            }
+            Ok(nodes)
+        };
+        if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            let (list, master) = rest
+                .split_once('/')
+                .filter(|(_, m)| !m.is_empty() && !m.contains('/'))
+                .ok_or_else(|| {
+                    format!(
+                        "{url:?}: expected redis+sentinel://host:port[,host:port...]/<master-name>"
+                    )
+                })?;
+            return Ok(Self::Sentinel {
+                sentinels: nodes(list)?,
+                master: master.to_owned(),
+            });
+        }
+        if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            return Ok(Self::Cluster {
+                nodes: nodes(rest.trim_end_matches('/'))?,
+            });
+        }
+        Ok(Self::Server(url.to_owned()))
+    }
+}
+
+/// A pooled connection to one Redis or to the Sentinel master.
+enum Pooled {
+    Server(Connection),
+    Sentinel(sentinel::Connection),
+}
+
+impl Pooled {
+    /// Takes the connection out of its pool: it is closed, not reused.
+    fn discard(self) {
+        match self {
+            Self::Server(conn) => drop(Connection::take(conn)),
+            Self::Sentinel(conn) => drop(sentinel::Connection::take(conn)),
         }
     }
-    Ok(answer?)
+}
+
+impl ConnectionLike for Pooled {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Server(conn) => conn.req_packed_command(cmd),
+            Self::Sentinel(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Server(conn) => conn.req_packed_commands(cmd, offset, count),
+            Self::Sentinel(conn) => conn.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Server(conn) => conn.get_db(),
+            Self::Sentinel(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// The pool behind a [`Kv`].
+#[derive(Clone)]
+pub enum Pools {
+    Server(Pool),
+    /// Each new connection asks the sentinels for the master.
+    Sentinel(sentinel::Pool),
 }
 
 /// A Redis pool whose calls each end within `timeout`. Cheap to clone.
 #[derive(Clone)]
 pub struct Kv {
-    pool: Pool,
+    pool: Pools,
     timeout: Duration,
+    /// Behind Sentinel a broken connection may mean the master moved: it is
+    /// dropped, and the next one asks the sentinels again.
+    follow_failover: bool,
 }
 
 impl Kv {
     pub fn new(pool: Pool, timeout: Duration) -> Self {
-        Self { pool, timeout }
+        Self {
+            pool: Pools::Server(pool),
+            timeout,
+            follow_failover: false,
+        }
+    }
+
+    /// A pool of connections to the master the sentinels name.
+    pub fn sentinel(pool: sentinel::Pool, timeout: Duration) -> Self {
+        Self {
+            pool: Pools::Sentinel(pool),
+            timeout,
+            follow_failover: true,
+        }
     }
 
     /// Runs one command (or a `MULTI`-less pipeline's worth, via `Cmd`).
     pub async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, KvError> {
         let mut conn = self.connection().await?;
         match tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await {
-            Ok(answer) => settle(conn, answer),
+            Ok(answer) => self.settle(conn, answer),
             Err(_) => Err(self.abandon(conn)),
         }
     }
@@ -91,19 +209,28 @@ impl Kv {
     ) -> Result<T, KvError> {
         let mut conn = self.connection().await?;
         match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
-            Ok(answer) => settle(conn, answer),
+            Ok(answer) => self.settle(conn, answer),
             Err(_) => Err(self.abandon(conn)),
         }
     }
 
     pub fn status(&self) -> Status {
-        self.pool.status()
+        match &self.pool {
+            Pools::Server(pool) => pool.status(),
+            Pools::Sentinel(pool) => pool.status(),
+        }
     }
 
-    async fn connection(&self) -> Result<Connection, KvError> {
+    async fn connection(&self) -> Result<Pooled, KvError> {
         // The pool's own wait and create timeouts bound this too; the outer
         // one also covers its health-check PING on a frozen server.
-        match tokio::time::timeout(self.timeout, self.pool.get()).await {
+        let get = async {
+            Ok::<_, PoolError>(match &self.pool {
+                Pools::Server(pool) => Pooled::Server(pool.get().await?),
+                Pools::Sentinel(pool) => Pooled::Sentinel(pool.get().await?),
+            })
+        };
+        match tokio::time::timeout(self.timeout, get).await {
             Ok(conn) => Ok(conn?),
             Err(_) => Err(KvError::TimedOut(self.timeout)),
         }
@@ -111,8 +238,60 @@ impl Kv {
 
     /// Drops a connection whose command is still out, so that its late
     /// answer cannot reach the next caller.
-    fn abandon(&self, conn: Connection) -> KvError {
-        drop(Connection::take(conn));
+    fn abandon(&self, conn: Pooled) -> KvError {
+        conn.discard();
         KvError::TimedOut(self.timeout)
+    }
+
+    /// An answer, after which a connection that reaches no master (or,
+    /// behind Sentinel, broke) leaves the pool.
+    fn settle<T>(&self, conn: Pooled, answer: redis::RedisResult<T>) -> Result<T, KvError> {
+        if let Err(error) = &answer {
+            let no_master = matches!(
+                error.kind(),
+                redis::ErrorKind::ReadOnly | redis::ErrorKind::MasterDown
+            );
+            let broke = error.is_io_error()
+                || error.is_connection_dropped()
+                || error.is_connection_refusal();
+            if no_master || (self.follow_failover && broke) {
+                conn.discard();
+            }
+        }
+        Ok(answer?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RedisTarget;
+
+    #[test]
+    fn redis_urls_name_a_server_the_sentinels_or_a_cluster() {
+        assert_eq!(
+            RedisTarget::parse("redis://127.0.0.1:6379"),
+            Ok(RedisTarget::Server("redis://127.0.0.1:6379".into()))
+        );
+        assert_eq!(
+            RedisTarget::parse("redis+sentinel://a:26379,b:26380/mymaster"),
+            Ok(RedisTarget::Sentinel {
+                sentinels: vec!["redis://a:26379".into(), "redis://b:26380".into()],
+                master: "mymaster".into()
+            })
+        );
+        assert_eq!(
+            RedisTarget::parse("redis+cluster://a:7000,b:7001"),
+            Ok(RedisTarget::Cluster {
+                nodes: vec!["redis://a:7000".into(), "redis://b:7001".into()]
+            })
+        );
+        for bad in [
+            "redis+sentinel://a:1",
+            "redis+sentinel://a:1/",
+            "redis+sentinel:///m",
+            "redis+cluster://",
+        ] {
+            assert!(RedisTarget::parse(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -14,9 +14,9 @@ use tokio::net::TcpListener;
 use crate::config::{PgPooler, Settings};
 use crate::http::serve::{serve, DrainOutcome, ServeSettings};
 use crate::http::{self, AppState};
-use crate::kv::Kv;
+use crate::kv::{Kv, RedisTarget};
 use crate::lab::{Lab, LabSettings};
-use crate::lock::{LockClient, LockOptions, MultiNodeLocks, Quorum};
+use crate::lock::{Endpoint, LockClient, LockOptions, MultiNodeLocks, Quorum};
 use crate::seckill::{SaleClock, Seckill, SeckillSettings, UserLocks};
 use crate::store::{PoolSettings, Store, StoreError};
 use crate::token::TokenSigner;
@@ -29,6 +29,10 @@ pub enum StartupError {
     Redis(#[from] deadpool_redis::CreatePoolError),
     #[error("Redis URL: {0}")]
     RedisUrl(deadpool_redis::redis::RedisError),
+    #[error("REDIS_URL: {0}")]
+    RedisTarget(String),
+    #[error("Redis Sentinel pool: {0}")]
+    SentinelPool(deadpool_redis::sentinel::CreatePoolError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: String,
@@ -54,10 +58,7 @@ impl Application {
             settings.redis_prefix,
             store.namespace().await?.simple()
         );
-        let redis = Kv::new(
-            redis_pool(&settings.redis_url, &settings)?,
-            settings.dependency_timeout(),
-        );
+        let redis = kv(&settings)?;
         let locks = user_locks(&settings, &prefix)?;
         let lab = lab(&settings, &prefix, &store, &redis)?;
         let clock = SaleClock::start(
@@ -201,10 +202,30 @@ fn lab(
     )))
 }
 
+/// Where `url` (a `REDIS_URL`) points; Cluster is not served yet.
+fn redis_target(url: &str) -> Result<RedisTarget, StartupError> {
+    match RedisTarget::parse(url).map_err(StartupError::RedisTarget)? {
+        RedisTarget::Cluster { .. } => Err(StartupError::RedisTarget(
+            "redis+cluster:// is not supported by this build yet; use one Redis, a proxy \
+             or managed endpoint (redis://), or Sentinel (redis+sentinel://)"
+                .into(),
+        )),
+        target => Ok(target),
+    }
+}
+
 /// A lock client on the Redis at `url`, its keys under `prefix`, its
 /// commands bounded by the dependency timeout.
 fn lock_client(settings: &Settings, url: &str, prefix: &str) -> Result<LockClient, StartupError> {
-    let redis = deadpool_redis::redis::Client::open(url).map_err(StartupError::RedisUrl)?;
+    let redis: Endpoint = match redis_target(url)? {
+        RedisTarget::Server(url) => deadpool_redis::redis::Client::open(url)
+            .map_err(StartupError::RedisUrl)?
+            .into(),
+        RedisTarget::Sentinel { sentinels, master } => {
+            Endpoint::sentinel(sentinels, &master).map_err(StartupError::RedisUrl)?
+        }
+        RedisTarget::Cluster { .. } => unreachable!("refused by redis_target"),
+    };
     let options = LockOptions {
         command_timeout: settings.dependency_timeout(),
         ..LockOptions::default()
@@ -236,19 +257,38 @@ fn user_locks(settings: &Settings, prefix: &str) -> Result<UserLocks, StartupErr
     })
 }
 
-fn redis_pool(url: &str, settings: &Settings) -> Result<deadpool_redis::Pool, StartupError> {
-    let timeout = Some(settings.dependency_timeout());
-    let mut config = deadpool_redis::Config::from_url(url);
-    config.pool = Some(PoolConfig {
+/// The service's own Redis commands, on the Redis `REDIS_URL` names.
+fn kv(settings: &Settings) -> Result<Kv, StartupError> {
+    let timeout = settings.dependency_timeout();
+    let pool = PoolConfig {
         max_size: settings.redis_pool,
         timeouts: Timeouts {
-            wait: timeout,
-            create: timeout,
-            recycle: timeout,
+            wait: Some(timeout),
+            create: Some(timeout),
+            recycle: Some(timeout),
         },
         ..PoolConfig::default()
-    });
-    Ok(config.create_pool(Some(Runtime::Tokio1))?)
+    };
+    Ok(match redis_target(&settings.redis_url)? {
+        RedisTarget::Server(url) => {
+            let mut config = deadpool_redis::Config::from_url(url);
+            config.pool = Some(pool);
+            Kv::new(config.create_pool(Some(Runtime::Tokio1))?, timeout)
+        }
+        RedisTarget::Sentinel { sentinels, master } => {
+            let mut config = deadpool_redis::sentinel::Config::from_urls(
+                sentinels,
+                master,
+                deadpool_redis::sentinel::SentinelServerType::Master,
+            );
+            config.pool = Some(pool);
+            let pool = config
+                .create_pool(Some(Runtime::Tokio1))
+                .map_err(StartupError::SentinelPool)?;
+            Kv::sentinel(pool, timeout)
+        }
+        RedisTarget::Cluster { .. } => unreachable!("refused by redis_target"),
+    })
 }
 
 /// Connects to Postgres, retrying while it is unreachable (it may still be

@@ -5,9 +5,11 @@
 //!
 //! A connection that a failover left on a replica (`READONLY`) or on a
 //! master that lost its replicas (`MASTERDOWN`) is open but useless, and
-//! `ConnectionManager` only reconnects when a connection breaks: such an
-//! answer drops the connection here, so that the next command connects
-//! afresh (through the proxy or managed endpoint, to the new master).
+//! `ConnectionManager` only reconnects when a connection breaks, and to the
+//! same address: such an answer (and behind Sentinel, any broken
+//! connection) drops the connection here, so that the next command connects
+//! afresh: through the proxy or managed endpoint, or to the master the
+//! sentinels name now.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -20,7 +22,7 @@ use futures_util::FutureExt;
 use super::LockError;
 
 pub(super) struct Connection {
-    client: redis::Client,
+    client: super::Endpoint,
     timeout: Duration,
     /// Made on first use, so a client can be built while Redis is down;
     /// made again after an answer says it reaches no master.
@@ -32,12 +34,14 @@ pub(super) struct Connection {
 #[derive(Clone)]
 pub(super) struct LockConn {
     manager: ConnectionManager,
-    /// Set when this connection answered that it reaches no master.
+    /// Set when this connection answered that it reaches no master (or,
+    /// behind Sentinel, when it broke: the master may have moved).
     stale: Arc<AtomicBool>,
+    follow_failover: bool,
 }
 
 impl Connection {
-    pub(super) fn new(client: redis::Client, timeout: Duration) -> Self {
+    pub(super) fn new(client: super::Endpoint, timeout: Duration) -> Self {
         Self {
             client,
             timeout,
@@ -62,11 +66,14 @@ impl Connection {
             .set_number_of_retries(1);
         let manager = self
             .client
+            .client()
+            .await?
             .get_connection_manager_with_config(config)
             .await?;
         let conn = LockConn {
             manager,
             stale: Arc::new(AtomicBool::new(false)),
+            follow_failover: self.client.follows_failover(),
         };
         *self.current.write().expect("connection lock") = Some(conn.clone());
         Ok(conn)
@@ -87,7 +94,14 @@ impl LockConn {
     /// Server errors arrive as values here; they become errors later.
     fn check<'v>(&self, answer: Result<impl IntoIterator<Item = &'v Value>, &redis::RedisError>) {
         let no_master = match answer {
-            Err(error) => matches!(error.kind(), ErrorKind::ReadOnly | ErrorKind::MasterDown),
+            Err(error) => {
+                matches!(error.kind(), ErrorKind::ReadOnly | ErrorKind::MasterDown)
+                    || (self.follow_failover
+                        && (error.is_io_error()
+                            || error.is_connection_dropped()
+                            || error.is_connection_refusal()
+                            || error.is_timeout()))
+            }
             Ok(values) => values.into_iter().any(reaches_no_master),
         };
         if no_master {

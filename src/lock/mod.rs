@@ -16,12 +16,14 @@
 //! connection) and a key prefix, and could be published alone.
 
 mod conn;
+mod endpoint;
 mod fairlock;
 mod pubsub;
 mod redlock;
 mod rwlock;
 mod watchdog;
 
+pub use endpoint::Endpoint;
 pub use fairlock::FairLock;
 pub use redlock::{MultiGuard, MultiNodeLocks, Quorum};
 pub use rwlock::{Hold, ReadWriteLock, RwGuard};
@@ -167,18 +169,20 @@ pub struct LockClient {
 
 impl LockClient {
     /// A client whose lock keys all start with `prefix` (may be empty). It
-    /// opens two connections to `client`'s Redis when first used: one for
+    /// opens two connections to the endpoint's Redis (a `redis::Client`, or
+    /// an [`Endpoint`] such as a Sentinel master) when first used: one for
     /// commands, one that waiters share to hear unlock messages.
-    pub fn new(client: redis::Client, prefix: impl Into<String>) -> Self {
-        Self::with_options(client, prefix, LockOptions::default())
+    pub fn new(endpoint: impl Into<Endpoint>, prefix: impl Into<String>) -> Self {
+        Self::with_options(endpoint, prefix, LockOptions::default())
     }
 
     /// Like [`LockClient::new`], with options.
     pub fn with_options(
-        client: redis::Client,
+        endpoint: impl Into<Endpoint>,
         prefix: impl Into<String>,
         options: LockOptions,
     ) -> Self {
+        let client = endpoint.into();
         let conn = Arc::new(conn::Connection::new(
             client.clone(),
             options.command_timeout,

@@ -19,7 +19,7 @@ use futures_util::StreamExt;
 use tokio::sync::{watch, OnceCell};
 
 pub(super) struct Subscriber {
-    client: redis::Client,
+    client: super::Endpoint,
     /// Every channel someone waits on, by name.
     channels: Mutex<HashMap<String, Channel>>,
     /// The live connection's sink. SUBSCRIBE and UNSUBSCRIBE are sent
@@ -58,7 +58,7 @@ pub(super) struct Subscription {
 }
 
 impl Subscriber {
-    pub(super) fn new(client: redis::Client) -> Arc<Self> {
+    pub(super) fn new(client: super::Endpoint) -> Arc<Self> {
         Arc::new(Self {
             client,
             channels: Mutex::new(HashMap::new()),
@@ -110,7 +110,13 @@ impl Subscriber {
         slot: &'a mut Option<PubSubSink>,
     ) -> redis::RedisResult<&'a mut PubSubSink> {
         if slot.is_none() {
-            let (sink, mut stream) = self.client.get_async_pubsub().await?.split();
+            let (sink, mut stream) = self
+                .client
+                .client()
+                .await?
+                .get_async_pubsub()
+                .await?
+                .split();
             let me = Arc::downgrade(self);
             tokio::spawn(async move {
                 while let Some(message) = stream.next().await {

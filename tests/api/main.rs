@@ -17,4 +17,5 @@ mod proxy;
 mod purchase;
 mod redlock;
 mod rwlock;
+mod sentinel;
 mod validation;

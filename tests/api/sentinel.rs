@@ -1,0 +1,147 @@
+//! Redis Sentinel: the service finds the master through the sentinels
+//! (`REDIS_URL=redis+sentinel://...`), and after the master dies and the
+//! sentinels promote its replica, sells again by itself: no 500, every
+//! invariant held.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+
+use crate::helpers::{buy, free_port, spawn_app_with, OwnRedis};
+
+/// Three sentinels watching `master` as "mymaster", on free ports.
+struct Sentinels {
+    ports: Vec<u16>,
+    dir: PathBuf,
+    children: Vec<Child>,
+}
+
+impl Sentinels {
+    fn start(master: &OwnRedis) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "seckill-sentinel-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut sentinels = Self {
+            ports: Vec::new(),
+            dir,
+            children: Vec::new(),
+        };
+        for i in 0..3 {
+            let port = free_port();
+            let conf = sentinels.dir.join(format!("sentinel-{i}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                     sentinel monitor mymaster 127.0.0.1 {master} 2\n\
+                     sentinel down-after-milliseconds mymaster 1000\n\
+                     sentinel failover-timeout mymaster 3000\n\
+                     sentinel parallel-syncs mymaster 1\n",
+                    dir = sentinels.dir.display(),
+                    master = master.port,
+                ),
+            )
+            .unwrap();
+            let child = Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server runs as a sentinel");
+            sentinels.children.push(child);
+            sentinels.ports.push(port);
+        }
+        for port in &sentinels.ports {
+            let started = Instant::now();
+            while std::net::TcpStream::connect(("127.0.0.1", *port)).is_err() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "a sentinel did not start"
+                );
+                std::thread::sleep(Duration::from_millis(25));
+            }
+        }
+        sentinels
+    }
+
+    fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+sentinel://{}/mymaster", hosts.join(","))
+    }
+}
+
+impl Drop for Sentinels {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_follows_a_sentinel_failover_by_itself() {
+    let mut master = OwnRedis::start();
+    let master_port = master.port.to_string();
+    let replica = OwnRedis::start_with(&["--replicaof", "127.0.0.1", &master_port]);
+    let sentinels = Sentinels::start(&master);
+    let url = sentinels.url();
+    let app = spawn_app_with(|mut s| {
+        s.redis_url = url;
+        s.dependency_timeout_ms = 1_000;
+        s
+    })
+    .await;
+    let second = app.spawn_instance().await;
+    let voucher = app.open_voucher(1_000).await;
+    let tokens = app.tokens(1..=2_000).await;
+    for user in 1..=10 {
+        let base = if user % 2 == 0 { &app.base } else { &second };
+        let (status, code) = buy(&app.client, base, &tokens[&user], voucher).await;
+        assert_eq!(status, StatusCode::OK, "{code}");
+    }
+    // Let the replica catch up, then the master dies.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    master.stop();
+    let died = Instant::now();
+    let mut user = 11;
+    let mut unavailable = 0;
+    let resumed = loop {
+        assert!(
+            died.elapsed() < Duration::from_secs(40),
+            "sales did not resume after the failover ({unavailable} answers 503)"
+        );
+        let base = if user % 2 == 0 { &app.base } else { &second };
+        let (status, code) = buy(&app.client, base, &tokens[&user], voucher).await;
+        user += 1;
+        assert_ne!(status, StatusCode::INTERNAL_SERVER_ERROR, "{code}");
+        if status == StatusCode::OK {
+            break died.elapsed();
+        }
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{code}");
+        unavailable += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!("sales resumed {resumed:?} after the master died ({unavailable} answers 503)");
+    // Both instances sell on the new master.
+    for _ in 0..10 {
+        for base in [&app.base, &second] {
+            let (status, code) = buy(&app.client, base, &tokens[&user], voucher).await;
+            user += 1;
+            assert_eq!(status, StatusCode::OK, "{code}");
+        }
+    }
+    app.wait_ready().await;
+    app.check_invariants(voucher).await;
+    drop(replica);
+}
