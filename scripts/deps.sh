@@ -8,7 +8,8 @@
 #      without persistence.
 # For the tests (SECKILL_TEST_TOOLS=1) it also makes sure that `redis-server`
 # and `pgbouncer` exist (the tests start private ones of their own) and
-# Chromium (a test loads the API page in it, headless).
+# Chromium (a test loads the API page in it, headless), and Prometheus (a
+# test runs the dashboard's queries against it).
 set -euo pipefail
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/seckill}"
@@ -90,4 +91,5 @@ if [ "${SECKILL_TEST_TOOLS:-0}" = 1 ]; then
     command -v redis-server >/dev/null || apt_install redis-server
     [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null || apt_install pgbouncer
     command -v chromium >/dev/null || apt_install chromium
+    command -v prometheus >/dev/null || apt_install prometheus
 fi

@@ -1,0 +1,134 @@
+//! The Grafana dashboard's queries, run against a real Prometheus that
+//! scrapes a running instance under a small load: every panel's query
+//! returns data. Also `promtool check config` on the shipped config.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::task::JoinSet;
+
+use crate::helpers::{buy, client, free_port, spawn_app};
+
+const DASHBOARD: &str = include_str!("../../deploy/grafana/seckill.json");
+
+struct Prometheus {
+    port: u16,
+    dir: std::path::PathBuf,
+    child: Child,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start_prometheus(target: &str) -> Prometheus {
+    let dir = std::env::temp_dir().join(format!("seckill-prom-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: seckill\n    \
+             static_configs:\n      - targets: [\"{target}\"]\n"
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let child = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("prometheus is installed (scripts/deps.sh installs it)");
+    Prometheus { port, dir, child }
+}
+
+/// Every query of the dashboard's panels.
+fn queries() -> Vec<String> {
+    let dashboard: Value = serde_json::from_str(DASHBOARD).expect("the dashboard is JSON");
+    dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .map(|t| t["expr"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn the_shipped_prometheus_config_is_valid() {
+    let status = Command::new("promtool")
+        .args([
+            "check",
+            "config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/prometheus.yml"),
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .expect("promtool is installed (scripts/deps.sh installs it)");
+    assert!(status.success(), "promtool check config failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dashboard_query_returns_data_from_a_scraped_instance() {
+    let app = spawn_app().await;
+    let prometheus = start_prometheus(app.base.trim_start_matches("http://"));
+    let api = format!("http://127.0.0.1:{}/api/v1", prometheus.port);
+    let http = client();
+
+    // A small sale for a few seconds while Prometheus scrapes every second:
+    // orders, sold-out answers, batches, and lock contention (each user
+    // sends two purchases at once).
+    let voucher = app.open_voucher(150).await;
+    let tokens = app.tokens(1..=300).await;
+    let started = Instant::now();
+    let mut users = tokens.values().cloned().cycle();
+    while started.elapsed() < Duration::from_secs(6) {
+        let mut tasks = JoinSet::new();
+        for _ in 0..20 {
+            let token = users.next().unwrap();
+            for _ in 0..2 {
+                let (http, base, token) = (http.clone(), app.base.clone(), token.clone());
+                tasks.spawn(async move { buy(&http, &base, &token, voucher).await });
+            }
+        }
+        tasks.join_all().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    for query in queries() {
+        let mut last = Value::Null;
+        let mut found = false;
+        for _ in 0..40 {
+            let answer = http
+                .get(format!("{api}/query"))
+                .query(&[("query", query.as_str())])
+                .send()
+                .await;
+            if let Ok(answer) = answer {
+                last = answer.json().await.unwrap_or(Value::Null);
+                if last["status"] == "success"
+                    && last["data"]["result"]
+                        .as_array()
+                        .is_some_and(|r| !r.is_empty())
+                {
+                    found = true;
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(found, "no data for {query}: {last}");
+    }
+    app.check_invariants(voucher).await;
+}
