@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The oha scripts (loadtest/oha/) against a service of their own: one user
+# hammering (exactly one order) and a sold-out flood (still one order). Each
+# script checks its voucher's orders through the admin API and fails if an
+# invariant broke. Installs oha (crates.io) if it is missing.
+#   REQUESTS (2000), DURATION (3s), CONNECTIONS (100)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/deps.sh
+if ! command -v oha >/dev/null; then
+    echo "oha: installing it (cargo install --locked oha)" >&2
+    cargo install --locked --quiet oha
+fi
+source scripts/service.sh
+start_service
+export BASE_URL="$BASE" ADMIN_TOKEN="$ADMIN"
+REQUESTS="${REQUESTS:-2000}" CONNECTIONS="${CONNECTIONS:-100}" loadtest/oha/hammer.sh
+DURATION="${DURATION:-3s}" CONNECTIONS="${CONNECTIONS:-100}" loadtest/oha/soldout.sh

@@ -1,0 +1,36 @@
+# Sourced by scripts that need a running service of their own (fuzz.sh,
+# oha.sh): `start_service` builds the release binary and starts it on a
+# free port against a database of its own, sets BASE (its URL) and ADMIN
+# (its admin token), and stops it and drops the database on exit.
+# Needs deps.sh sourced first (DATABASE_URL, REDIS_URL).
+
+start_service() {
+    local run server port
+    run="$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+    server="${DATABASE_URL%/*}"
+    SERVICE_DB="seckill_script_$run"
+    SERVICE_SERVER="$server"
+    port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+    ADMIN="script-admin-$run"
+    BASE="http://127.0.0.1:$port"
+    SERVICE_LOG="target/service-$run.log"
+    cargo build --quiet --release --bin seckill
+    DATABASE_URL="$server/$SERVICE_DB" SECKILL_ADDR="127.0.0.1:$port" SECKILL_ADMIN_TOKEN="$ADMIN" \
+        SECKILL_REDIS_PREFIX="script:$run:" RUST_LOG=warn \
+        target/release/seckill serve > "$SERVICE_LOG" 2>&1 &
+    SERVICE_PID=$!
+    trap stop_service EXIT
+    for _ in $(seq 1 100); do
+        curl -sf "$BASE/readyz" >/dev/null && return 0
+        sleep 0.2
+    done
+    echo "the service did not start:" >&2
+    cat "$SERVICE_LOG" >&2
+    return 1
+}
+
+stop_service() {
+    kill -TERM "$SERVICE_PID" 2>/dev/null || true
+    wait "$SERVICE_PID" 2>/dev/null || true
+    psql "$SERVICE_SERVER/postgres" -q -c "DROP DATABASE IF EXISTS \"$SERVICE_DB\" WITH (FORCE)" >/dev/null 2>&1 || true
+}
