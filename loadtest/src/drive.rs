@@ -68,6 +68,20 @@ pub struct Tally {
     pub elapsed: Duration,
     /// Order ids of the successful purchases.
     pub order_ids: Vec<String>,
+    /// Every answer: when it was sent, how long it took, whether it was a
+    /// 200. For the report's charts over time.
+    pub samples: Vec<Sample>,
+    /// What `Sample::at_ms` counts from: the start of the run.
+    pub origin: Instant,
+}
+
+/// One answer, for charts over time.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    /// Milliseconds from the start of the run to the request.
+    pub at_ms: u32,
+    pub micros: u32,
+    pub ok: bool,
 }
 
 impl Tally {
@@ -78,6 +92,16 @@ impl Tally {
             latency: Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid histogram bounds"),
             elapsed: Duration::ZERO,
             order_ids: Vec::new(),
+            samples: Vec::new(),
+            origin: Instant::now(),
+        }
+    }
+
+    /// An empty tally whose samples count from `origin`.
+    pub fn starting_at(origin: Instant) -> Self {
+        Self {
+            origin,
+            ..Self::new()
         }
     }
 
@@ -88,6 +112,7 @@ impl Tally {
         }
         self.latency.add(&other.latency).expect("same bounds");
         self.order_ids.extend(other.order_ids);
+        self.samples.extend(other.samples);
     }
 
     pub fn count(&self, key: &str) -> u64 {
@@ -137,7 +162,7 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
     let next = Arc::new(AtomicUsize::new(0));
     let client = client(connections);
     let started = Instant::now();
-    let tally = Arc::new(Mutex::new(Tally::new()));
+    let tally = Arc::new(Mutex::new(Tally::starting_at(started)));
     let mut workers = Vec::with_capacity(connections);
     for _ in 0..connections {
         let (client, requests, next, tally, progress) = (
@@ -149,7 +174,7 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
         );
         let base = base.to_owned();
         workers.push(tokio::spawn(async move {
-            let mut mine = Tally::new();
+            let mut mine = Tally::starting_at(started);
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let request = match deadline {
@@ -207,11 +232,13 @@ pub async fn send(
     }
     let sent = Instant::now();
     let result = builder.send().await;
+    let mut ok = false;
     let key = match result {
         Ok(response) => {
             let status = response.status();
             let body = response.bytes().await.unwrap_or_default();
             if status.is_success() {
+                ok = true;
                 if let Ok(json) = serde_json::from_slice::<Value>(&body) {
                     if let Some(id) = json["order_id"].as_str() {
                         tally.order_ids.push(id.to_owned());
@@ -234,6 +261,12 @@ pub async fn send(
         .unwrap_or(u64::MAX)
         .max(1);
     tally.latency.saturating_record(micros);
+    tally.samples.push(Sample {
+        at_ms: u32::try_from(sent.saturating_duration_since(tally.origin).as_millis())
+            .unwrap_or(u32::MAX),
+        micros: u32::try_from(micros).unwrap_or(u32::MAX),
+        ok,
+    });
     tally.requests += 1;
     *tally.statuses.entry(key.clone()).or_default() += 1;
     key

@@ -358,8 +358,12 @@ async fn pairs(
     })
 }
 
-pub fn print_table(rows: &[Row]) {
-    println!(
+/// The lab's table as text.
+pub fn table(rows: &[Row]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
         "{:<14} {:>4} {:>8} {:>7} {:>6} {:>9} {:>10} {:>10} {:>8} {:>8} {:>8}  {:<8} verdict",
         "strategy",
         "inst",
@@ -375,7 +379,8 @@ pub fn print_table(rows: &[Row]) {
         "expected",
     );
     for r in rows {
-        println!(
+        let _ = writeln!(
+            out,
             "{:<14} {:>4} {:>8} {:>7} {:>6} {:>9} {:>10} {:>10} {:>8} {:>8.0} {:>8.1}  {:<8} {}",
             r.strategy,
             r.instances,
@@ -396,6 +401,7 @@ pub fn print_table(rows: &[Row]) {
             r.verdict()
         );
     }
+    out
 }
 
 #[cfg(test)]

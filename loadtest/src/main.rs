@@ -14,6 +14,7 @@ mod groupcommit;
 mod invariants;
 mod lab;
 mod lockbench;
+mod report;
 mod service;
 
 use std::path::PathBuf;
@@ -217,6 +218,16 @@ async fn main() -> ExitCode {
     target.stop().await;
     exit(result.map(|reports| {
         print_table(&reports);
+        let sections: Vec<report::Section> = reports.iter().map(report_section).collect();
+        let name = if let [only] = reports.as_slice() {
+            only.scenario
+        } else {
+            "all"
+        };
+        save_report(
+            name,
+            &report::html(&format!("seckill load test: {name}"), &sections, None, &[]),
+        );
         let ok = reports.iter().all(|r| r.check.ok());
         let json = if let [only] = reports.as_slice() {
             report_json(only)
@@ -245,6 +256,68 @@ async fn main() -> ExitCode {
     }))
 }
 
+/// A scenario's part of the HTML report; `throughput` also charts its
+/// orders per second beside the ceilings measured in the same run.
+fn report_section(r: &Report) -> report::Section<'_> {
+    let mut facts = vec![
+        ("requests".to_owned(), r.tally.requests.to_string()),
+        ("orders".to_owned(), r.check.orders.to_string()),
+        (
+            "p50 / p99 ms".to_owned(),
+            format!("{:.2} / {:.2}", r.tally.ms(0.5), r.tally.ms(0.99)),
+        ),
+        (
+            "invariants".to_owned(),
+            if r.check.ok() {
+                "ok".to_owned()
+            } else {
+                r.check.problems.join("; ")
+            },
+        ),
+    ];
+    if let Value::Object(extra) = &r.extra {
+        facts.extend(extra.iter().map(|(k, v)| (k.clone(), v.to_string())));
+    }
+    let ceilings = (r.scenario == "throughput").then(|| {
+        [
+            ("pgbench, 1 order per transaction", "pgbench_tps"),
+            (
+                "pgbench, 100 orders per transaction",
+                "pgbench_batch_orders_per_sec",
+            ),
+            ("naive BEGIN/UPDATE/INSERT/COMMIT", "pgbench_naive_tps"),
+        ]
+        .iter()
+        .filter_map(|(label, key)| {
+            Some(report::Ceiling {
+                label: (*label).to_owned(),
+                per_sec: r.extra[key].as_f64()?,
+            })
+        })
+        .collect()
+    });
+    report::Section {
+        title: r.scenario.to_owned(),
+        tally: &r.tally,
+        facts,
+        ceilings,
+    }
+}
+
+/// Writes a report under `target/loadtest/` and says where.
+fn save_report(name: &str, page: &str) {
+    let dir = std::path::Path::new("target").join("loadtest");
+    let written = std::fs::create_dir_all(&dir).and_then(|()| {
+        let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+        let path = dir.join(format!("{name}-{stamp}.html"));
+        std::fs::write(&path, page).map(|()| path)
+    });
+    match written {
+        Ok(path) => eprintln!("report: {}", path.display()),
+        Err(error) => eprintln!("report not written: {error}"),
+    }
+}
+
 /// The lab starts its own two instances with the lab on: no deployment
 /// should serve it. `Ok(false)`: a design broke a guarantee it gives.
 async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, String> {
@@ -266,7 +339,30 @@ async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, Strin
     let result = lab::run(&target, args).await;
     target.stop().await;
     let rows = result?;
-    lab::print_table(&rows);
+    let table = lab::table(&rows);
+    print!("{table}");
+    let label = |r: &lab::Row| format!("{} x{} {}", r.strategy, r.instances, r.stall.name());
+    let anomaly = |title: &str, value: fn(&lab::Row) -> i64| report::Bars {
+        title: title.to_owned(),
+        rows: rows.iter().map(|r| (label(r), value(r) as f64)).collect(),
+    };
+    let bars = [
+        anomaly("Oversold units", lab::Row::oversold),
+        anomaly("Undersold units", lab::Row::undersold),
+        anomaly("Users with two orders", lab::Row::duplicate_users),
+        anomaly("Releases of another request's lock", |r| {
+            r.stats.foreign_releases
+        }),
+    ];
+    save_report(
+        "lab",
+        &report::html(
+            "seckill lab: every design, broken with real rows",
+            &[],
+            Some(&table),
+            &bars,
+        ),
+    );
     let failed: Vec<&lab::Row> = rows.iter().filter(|r| r.failed()).collect();
     for r in &failed {
         println!(
