@@ -236,24 +236,24 @@ fn bar_chart(bars: &Bars) -> String {
             .caption(&bars.title, ("sans-serif", 18))
             .margin(10)
             .x_label_area_size(30)
-            .y_label_area_size(220)
+            .y_label_area_size(10)
             .build_cartesian_2d(0f64..top, 0f64..rows.len().max(1) as f64)?;
         chart
             .configure_mesh()
             .disable_y_mesh()
-            .y_labels(rows.len().max(1))
-            .y_label_formatter(&|y| {
-                let i = (*y - 0.5).round();
-                if i >= 0.0 && (i as usize) < rows.len() && (*y - 0.5 - i).abs() < 0.01 {
-                    rows[i as usize].0.clone()
-                } else {
-                    String::new()
-                }
-            })
+            .disable_y_axis()
             .draw()?;
         chart.draw_series(rows.iter().enumerate().map(|(i, (_, v))| {
             let y = i as f64;
-            Rectangle::new([(0.0, y + 0.15), (*v, y + 0.85)], BLUE.mix(0.6).filled())
+            Rectangle::new([(0.0, y + 0.15), (*v, y + 0.85)], BLUE.mix(0.35).filled())
+        }))?;
+        // Each row's name and value, written over its bar.
+        chart.draw_series(rows.iter().enumerate().map(|(i, (label, v))| {
+            Text::new(
+                format!("{label}: {v}"),
+                (top * 0.005, i as f64 + 0.75),
+                ("sans-serif", 13),
+            )
         }))?;
         Ok(())
     })
