@@ -27,10 +27,19 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(Self(value)),
-            Err(rejection) => Err(json_rejection(rejection)),
+        let Json(value) = Json::<serde_json::Value>::from_request(req, state)
+            .await
+            .map_err(json_rejection)?;
+        // serde reads a struct from an array too (`[2]` as `{"add": 2}`):
+        // every body of this API is an object, so nothing else is.
+        if !value.is_object() {
+            return Err(ApiError::BadRequest(
+                "the body must be a JSON object".into(),
+            ));
         }
+        serde_json::from_value(value)
+            .map(Self)
+            .map_err(|e| ApiError::BadRequest(format!("invalid body: {e}")))
     }
 }
 

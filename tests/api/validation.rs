@@ -276,6 +276,8 @@ async fn malformed_bodies_are_refused() {
             json!((Utc::now() - Duration::hours(1)).to_rfc3339()),
         ),
         voucher_with("extra", json!(1)),
+        // A struct's fields as an array: serde would read it, the API must not.
+        json!(["t", 5, begin, end]).to_string(),
     ];
     for body in &bad_vouchers {
         expect(
@@ -298,6 +300,7 @@ async fn malformed_bodies_are_refused() {
         r#"{"user_ids":["1"]}"#.to_owned(),
         r#"{"user_ids":[1],"ttl_seconds":0}"#.to_owned(),
         r#"{"users":[1]}"#.to_owned(),
+        r#"[[1]]"#.to_owned(),
         json!({ "user_ids": too_many }).to_string(),
     ] {
         expect(
@@ -318,6 +321,7 @@ async fn malformed_bodies_are_refused() {
         r#"{"add":-1}"#,
         r#"{"add":2147483647}"#,
         r#"{}"#,
+        r#"[2]"#,
     ] {
         expect(
             &app,
