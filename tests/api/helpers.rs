@@ -396,6 +396,9 @@ pub struct OwnRedis {
     pub port: u16,
     child: Option<Child>,
     extra: Vec<String>,
+    /// Its working directory: a master writes its replication snapshot
+    /// there, not in the project.
+    dir: std::path::PathBuf,
 }
 
 impl OwnRedis {
@@ -406,10 +409,13 @@ impl OwnRedis {
     /// A server started with these extra arguments (`--replicaof`, ...).
     pub fn start_with(extra: &[&str]) -> Self {
         let port = free_port();
+        let dir = std::env::temp_dir().join(format!("seckill-redis-{}", Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
         let mut redis = Self {
             port,
             child: None,
             extra: extra.iter().map(|a| (*a).to_owned()).collect(),
+            dir,
         };
         redis.restart();
         redis
@@ -428,6 +434,8 @@ impl OwnRedis {
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -477,6 +485,7 @@ impl OwnRedis {
 impl Drop for OwnRedis {
     fn drop(&mut self) {
         self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
