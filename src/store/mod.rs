@@ -322,23 +322,6 @@ impl Store {
             .await
     }
 
-    /// The id of the user's order for this voucher, if there is one.
-    pub async fn order_of(&self, user_id: i64, voucher_id: i64) -> Result<Option<i64>> {
-        self.db
-            .run(|c, persistent| {
-                Box::pin(
-                    sqlx::query_scalar(
-                        "SELECT id FROM voucher_orders WHERE user_id = $1 AND voucher_id = $2",
-                    )
-                    .bind(user_id)
-                    .bind(voucher_id)
-                    .persistent(persistent)
-                    .fetch_optional(c),
-                )
-            })
-            .await
-    }
-
     /// The highest per-day sequence among the order ids in `ids` (one UTC
     /// day's range, see `id::day_range`), 0 when there is none. Read once
     /// after Redis lost a day's counter; it walks that day's ids in the

@@ -36,7 +36,14 @@ async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
     else {
         panic!("A did not get the free lock");
     };
-    assert!(store.order_of(user, voucher).await.unwrap().is_none());
+    let held: Option<i64> =
+        sqlx::query_scalar("SELECT id FROM voucher_orders WHERE user_id = $1 AND voucher_id = $2")
+            .bind(user)
+            .bind(voucher)
+            .fetch_optional(&app.db)
+            .await
+            .unwrap();
+    assert!(held.is_none(), "A checks: no order yet");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(a.is_lost(), "A's lease ran out while it stalled");
 
