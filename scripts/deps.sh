@@ -89,6 +89,8 @@ say "Postgres at $PG_HOST:$PG_PORT and Redis at $REDIS_HOST:$REDIS_PORT answer"
 
 if [ "${SECKILL_TEST_TOOLS:-0}" = 1 ]; then
     command -v redis-server >/dev/null || apt_install redis-server
+    # redis-cli builds the tests' private clusters (--cluster create).
+    command -v redis-cli >/dev/null || apt_install redis-tools
     [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null || apt_install pgbouncer
     command -v chromium >/dev/null || apt_install chromium
     command -v prometheus >/dev/null || apt_install prometheus

@@ -7,14 +7,22 @@
 //! does a connection that answers `READONLY` or `MASTERDOWN` (a failover
 //! left it on a replica): the next call connects afresh, through the proxy
 //! or managed endpoint, to whichever server is master now.
+//!
+//! On a Redis Cluster there is no pool: one multiplexed cluster connection
+//! routes each command to its key's master and follows `MOVED` and `ASK`
+//! by itself; a late answer on it cannot reach another caller, so nothing
+//! needs dropping.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis::aio::ConnectionLike;
+use deadpool_redis::redis::cluster::ClusterClient;
+use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::{
     self, Cmd, FromRedisValue, Pipeline, RedisFuture, ScriptInvocation, Value,
 };
-use deadpool_redis::{sentinel, Connection, Pool, PoolError, Status};
+use deadpool_redis::{sentinel, Connection, Pool, PoolError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {
@@ -53,6 +61,10 @@ pub fn is_transient(error: &redis::RedisError) -> bool {
                 | K::ClusterDown
                 | K::MasterDown
                 | K::ReadOnly
+                // A cluster in the middle of a resharding or a failover.
+                | K::Moved
+                | K::Ask
+                | K::ClusterConnectionNotFound
                 // Between a master's death and its replica's promotion.
                 | K::MasterNameNotFoundBySentinel
                 | K::NoValidReplicasFoundBySentinel
@@ -113,10 +125,12 @@ impl RedisTarget {
     }
 }
 
-/// A pooled connection to one Redis or to the Sentinel master.
+/// A pooled connection to one Redis or to the Sentinel master, or a
+/// handle on the cluster connection.
 enum Pooled {
     Server(Connection),
     Sentinel(sentinel::Connection),
+    Cluster(ClusterConnection),
 }
 
 impl Pooled {
@@ -125,6 +139,8 @@ impl Pooled {
         match self {
             Self::Server(conn) => drop(Connection::take(conn)),
             Self::Sentinel(conn) => drop(sentinel::Connection::take(conn)),
+            // Multiplexed: answers are matched to their callers.
+            Self::Cluster(_) => {}
         }
     }
 }
@@ -134,6 +150,7 @@ impl ConnectionLike for Pooled {
         match self {
             Self::Server(conn) => conn.req_packed_command(cmd),
             Self::Sentinel(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(conn) => conn.req_packed_command(cmd),
         }
     }
 
@@ -146,6 +163,7 @@ impl ConnectionLike for Pooled {
         match self {
             Self::Server(conn) => conn.req_packed_commands(cmd, offset, count),
             Self::Sentinel(conn) => conn.req_packed_commands(cmd, offset, count),
+            Self::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
         }
     }
 
@@ -153,6 +171,7 @@ impl ConnectionLike for Pooled {
         match self {
             Self::Server(conn) => conn.get_db(),
             Self::Sentinel(conn) => conn.get_db(),
+            Self::Cluster(conn) => conn.get_db(),
         }
     }
 }
@@ -163,6 +182,12 @@ pub enum Pools {
     Server(Pool),
     /// Each new connection asks the sentinels for the master.
     Sentinel(sentinel::Pool),
+    /// One cluster connection, made on first use (the service starts while
+    /// the cluster is down) and shared.
+    Cluster {
+        client: Arc<ClusterClient>,
+        conn: Arc<tokio::sync::Mutex<Option<ClusterConnection>>>,
+    },
 }
 
 /// A Redis pool whose calls each end within `timeout`. Cheap to clone.
@@ -193,6 +218,18 @@ impl Kv {
         }
     }
 
+    /// The cluster that `client` reaches, one connection for all calls.
+    pub fn cluster(client: ClusterClient, timeout: Duration) -> Self {
+        Self {
+            pool: Pools::Cluster {
+                client: Arc::new(client),
+                conn: Arc::default(),
+            },
+            timeout,
+            follow_failover: false,
+        }
+    }
+
     /// Runs one command (or a `MULTI`-less pipeline's worth, via `Cmd`).
     pub async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, KvError> {
         let mut conn = self.connection().await?;
@@ -214,20 +251,53 @@ impl Kv {
         }
     }
 
-    pub fn status(&self) -> Status {
-        match &self.pool {
+    /// Whether Redis takes writes now: `key` is written with a short life
+    /// (a replica or a master without its replicas refuses), and a cluster
+    /// must also say its state is `ok` (every slot served).
+    pub async fn check_writable(&self, key: &str) -> Result<(), KvError> {
+        let mut write = redis::cmd("SET");
+        write.arg(key).arg(1).arg("PX").arg(10_000);
+        self.query::<()>(&write).await?;
+        if matches!(self.pool, Pools::Cluster { .. }) {
+            let info: String = self.query(redis::cmd("CLUSTER").arg("INFO")).await?;
+            if !info.lines().any(|line| line.trim() == "cluster_state:ok") {
+                return Err(KvError::Redis(redis::RedisError::from((
+                    redis::ErrorKind::ClusterDown,
+                    "the cluster does not serve every slot",
+                ))));
+            }
+        }
+        Ok(())
+    }
+
+    /// Connections open and idle now (a cluster's one shared connection
+    /// counts as open and idle).
+    pub fn usage(&self) -> (usize, usize) {
+        let status = match &self.pool {
             Pools::Server(pool) => pool.status(),
             Pools::Sentinel(pool) => pool.status(),
-        }
+            Pools::Cluster { conn, .. } => {
+                let open = conn.try_lock().map_or(1, |c| usize::from(c.is_some()));
+                return (open, open);
+            }
+        };
+        (status.size, status.available)
     }
 
     async fn connection(&self) -> Result<Pooled, KvError> {
         // The pool's own wait and create timeouts bound this too; the outer
         // one also covers its health-check PING on a frozen server.
         let get = async {
-            Ok::<_, PoolError>(match &self.pool {
+            Ok::<_, KvError>(match &self.pool {
                 Pools::Server(pool) => Pooled::Server(pool.get().await?),
                 Pools::Sentinel(pool) => Pooled::Sentinel(pool.get().await?),
+                Pools::Cluster { client, conn } => {
+                    let mut conn = conn.lock().await;
+                    if conn.is_none() {
+                        *conn = Some(client.get_async_connection().await?);
+                    }
+                    Pooled::Cluster(conn.clone().expect("just connected"))
+                }
             })
         };
         match tokio::time::timeout(self.timeout, get).await {

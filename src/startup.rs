@@ -16,7 +16,7 @@ use crate::http::serve::{serve, DrainOutcome, ServeSettings};
 use crate::http::{self, AppState};
 use crate::kv::{Kv, RedisTarget};
 use crate::lab::{Lab, LabSettings};
-use crate::lock::{Endpoint, LockClient, LockOptions, MultiNodeLocks, Quorum};
+use crate::lock::{cluster_client, Endpoint, LockClient, LockOptions, MultiNodeLocks, Quorum};
 use crate::seckill::{SaleClock, Seckill, SeckillSettings, UserLocks};
 use crate::store::{PoolSettings, Store, StoreError};
 use crate::token::TokenSigner;
@@ -202,16 +202,9 @@ fn lab(
     )))
 }
 
-/// Where `url` (a `REDIS_URL`) points; Cluster is not served yet.
+/// Where `url` (a `REDIS_URL`) points.
 fn redis_target(url: &str) -> Result<RedisTarget, StartupError> {
-    match RedisTarget::parse(url).map_err(StartupError::RedisTarget)? {
-        RedisTarget::Cluster { .. } => Err(StartupError::RedisTarget(
-            "redis+cluster:// is not supported by this build yet; use one Redis, a proxy \
-             or managed endpoint (redis://), or Sentinel (redis+sentinel://)"
-                .into(),
-        )),
-        target => Ok(target),
-    }
+    RedisTarget::parse(url).map_err(StartupError::RedisTarget)
 }
 
 /// A lock client on the Redis at `url`, its keys under `prefix`, its
@@ -224,7 +217,9 @@ fn lock_client(settings: &Settings, url: &str, prefix: &str) -> Result<LockClien
         RedisTarget::Sentinel { sentinels, master } => {
             Endpoint::sentinel(sentinels, &master).map_err(StartupError::RedisUrl)?
         }
-        RedisTarget::Cluster { .. } => unreachable!("refused by redis_target"),
+        RedisTarget::Cluster { nodes } => {
+            Endpoint::cluster(nodes).map_err(StartupError::RedisUrl)?
+        }
     };
     let options = LockOptions {
         command_timeout: settings.dependency_timeout(),
@@ -287,7 +282,10 @@ fn kv(settings: &Settings) -> Result<Kv, StartupError> {
                 .map_err(StartupError::SentinelPool)?;
             Kv::sentinel(pool, timeout)
         }
-        RedisTarget::Cluster { .. } => unreachable!("refused by redis_target"),
+        RedisTarget::Cluster { nodes } => Kv::cluster(
+            cluster_client(nodes, timeout).map_err(StartupError::RedisUrl)?,
+            timeout,
+        ),
     })
 }
 

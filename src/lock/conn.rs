@@ -1,7 +1,8 @@
 //! The lock client's command connection: one multiplexed connection that
-//! reconnects by itself (redis-rs `ConnectionManager`), shared by every
-//! lock of the client. A pool checkout would first send a health-check
-//! `PING` each time; this sends nothing but the commands.
+//! reconnects by itself (redis-rs `ConnectionManager`, or on a cluster its
+//! `ClusterConnection`), shared by every lock of the client. A pool
+//! checkout would first send a health-check `PING` each time; this sends
+//! nothing but the commands.
 //!
 //! A connection that a failover left on a replica (`READONLY`) or on a
 //! master that lost its replicas (`MASTERDOWN`) is open but useless, and
@@ -15,10 +16,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use deadpool_redis::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use deadpool_redis::redis::aio::ConnectionLike;
 use deadpool_redis::redis::{self, Cmd, ErrorKind, Pipeline, RedisFuture, Value};
 use futures_util::FutureExt;
 
+use super::endpoint::Multiplexed;
 use super::LockError;
 
 pub(super) struct Connection {
@@ -33,7 +35,7 @@ pub(super) struct Connection {
 /// A handle on the shared connection (cheap: the handles multiplex).
 #[derive(Clone)]
 pub(super) struct LockConn {
-    manager: ConnectionManager,
+    manager: Multiplexed,
     /// Set when this connection answered that it reaches no master (or,
     /// behind Sentinel, when it broke: the master may have moved).
     stale: Arc<AtomicBool>,
@@ -58,18 +60,7 @@ impl Connection {
         if let Some(conn) = self.usable() {
             return Ok(conn);
         }
-        // Fail fast while Redis is away: the caller decides whether to
-        // resend; the manager reconnects in the background.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(self.timeout)
-            .set_response_timeout(self.timeout)
-            .set_number_of_retries(1);
-        let manager = self
-            .client
-            .client()
-            .await?
-            .get_connection_manager_with_config(config)
-            .await?;
+        let manager = self.client.connect(self.timeout).await?;
         let conn = LockConn {
             manager,
             stale: Arc::new(AtomicBool::new(false)),
@@ -77,6 +68,11 @@ impl Connection {
         };
         *self.current.write().expect("connection lock") = Some(conn.clone());
         Ok(conn)
+    }
+
+    /// Whether this client talks to a Redis Cluster.
+    pub(super) fn is_cluster(&self) -> bool {
+        self.client.is_cluster()
     }
 
     fn usable(&self) -> Option<LockConn> {

@@ -23,7 +23,7 @@ mod redlock;
 mod rwlock;
 mod watchdog;
 
-pub use endpoint::Endpoint;
+pub use endpoint::{cluster_client, Endpoint};
 pub use fairlock::FairLock;
 pub use redlock::{MultiGuard, MultiNodeLocks, Quorum};
 pub use rwlock::{Hold, ReadWriteLock, RwGuard};

@@ -112,7 +112,7 @@ impl Subscriber {
         if slot.is_none() {
             let (sink, mut stream) = self
                 .client
-                .client()
+                .subscriber_client()
                 .await?
                 .get_async_pubsub()
                 .await?

@@ -7,6 +7,9 @@
 //! the guard's `lost()` fires at the first renewal that finds the lock gone,
 //! or when renewals have failed for a whole lease (Redis unreachable: the
 //! lock has expired by then whatever happened).
+//!
+//! On a Redis Cluster a script may only touch keys of one slot, so the
+//! batches are made per slot there.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -135,10 +138,10 @@ impl Watchdog {
                 .map(|(id, w)| (*id, w.key.clone(), w.owner.clone(), w.renewal.clone()))
                 .partition(|(_, _, _, renewal)| matches!(renewal, Renewal::Plain))
         };
-        for chunk in plain.chunks(BATCH) {
+        for chunk in self.batches(&plain) {
             let mut invocation = self.renew.prepare_invoke();
             invocation.arg(lease_ms(self.lease));
-            for (_, key, owner, _) in chunk {
+            for (_, key, owner, _) in &chunk {
                 invocation.key(&**key).arg(owner.as_str());
             }
             let result: Result<Vec<i64>, String> = async {
@@ -159,7 +162,7 @@ impl Watchdog {
                 chunk
                     .iter()
                     .enumerate()
-                    .map(|(i, entry)| (entry, renewed(i))),
+                    .map(|(i, entry)| (*entry, renewed(i))),
             );
         }
         for entry in &rw {
@@ -184,6 +187,33 @@ impl Watchdog {
             self.settle(std::iter::once((entry, result)));
         }
         true
+    }
+
+    /// The plain holds in script calls of at most [`BATCH`] keys; on a
+    /// cluster, each call's keys in one slot (a script may only touch keys
+    /// of the node it runs on).
+    fn batches<'a>(&self, plain: &'a [Entry]) -> Vec<Vec<&'a Entry>> {
+        let mut groups: Vec<Vec<&Entry>> = if self.conn.is_cluster() {
+            let mut by_slot: HashMap<u16, Vec<&Entry>> = HashMap::new();
+            for entry in plain {
+                by_slot
+                    .entry(super::endpoint::slot(entry.1.as_bytes()))
+                    .or_default()
+                    .push(entry);
+            }
+            by_slot.into_values().collect()
+        } else {
+            vec![plain.iter().collect()]
+        };
+        groups
+            .drain(..)
+            .flat_map(|group| {
+                group
+                    .chunks(BATCH)
+                    .map(<[&Entry]>::to_vec)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     /// Records renewal results: `Ok(false)` means the hold is gone; an error

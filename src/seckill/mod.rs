@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use deadpool_redis::redis;
 
 mod batch;
 mod clock;
@@ -343,15 +342,10 @@ impl Seckill {
     /// nodes). Each check has the dependency deadline.
     pub async fn ready(&self) -> Result<()> {
         let inner = &self.inner;
-        let mut write = redis::cmd("SET");
-        write
-            .arg(format!("{}seckill:ready", inner.settings.redis_prefix))
-            .arg(1)
-            .arg("PX")
-            .arg(10_000);
+        let ready_key = format!("{}seckill:ready", inner.settings.redis_prefix);
         let (postgres, redis, locks) = tokio::join!(
             inner.store.check_writable(),
-            inner.redis.query::<()>(&write),
+            inner.redis.check_writable(&ready_key),
             inner.locks.check_writable(),
         );
         if !postgres? {
@@ -366,12 +360,12 @@ impl Seckill {
 
     pub fn pool_usage(&self) -> PoolUsage {
         let pg = self.inner.store.pool();
-        let redis = self.inner.redis.status();
+        let (redis_size, redis_available) = self.inner.redis.usage();
         PoolUsage {
             postgres_size: pg.size(),
             postgres_idle: u32::try_from(pg.num_idle()).unwrap_or(u32::MAX),
-            redis_size: u32::try_from(redis.size).unwrap_or(u32::MAX),
-            redis_available: u32::try_from(redis.available).unwrap_or(u32::MAX),
+            redis_size: u32::try_from(redis_size).unwrap_or(u32::MAX),
+            redis_available: u32::try_from(redis_available).unwrap_or(u32::MAX),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! own database and Redis key prefix (see `helpers`).
 
 mod batch;
+mod cluster;
 mod dashboard;
 mod failover;
 mod fairlock;
