@@ -78,6 +78,7 @@ async fn demo(app: &Application) -> Result<(), Box<dyn std::error::Error>> {
             stock: 100,
             begin_time: now - Duration::minutes(1),
             end_time: now + Duration::hours(1),
+            sale_mode: Default::default(),
         })
         .await?;
     let user_id = 1;

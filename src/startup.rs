@@ -79,8 +79,10 @@ impl Application {
                 lock_lease: settings.lock_lease(),
                 voucher_cache_ttl: settings.voucher_cache_ttl(),
                 sale_batch_max: usize::try_from(settings.sale_batch_max).unwrap_or(1),
+                async_claim_idle: (settings.dependency_timeout() * 3).max(Duration::from_secs(5)),
             },
         );
+        seckill.start_writers();
         let tokens = match &settings.token_secret {
             Some(secret) if !secret.is_empty() => TokenSigner::new(secret.as_bytes()),
             _ => TokenSigner::random(),

@@ -3,6 +3,7 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -11,20 +12,40 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{rfc3339, Admin, AppJson, Caller, NoBody, OrderIdPath, User, VoucherIdPath};
 use super::AppState;
-use crate::seckill::{Order, Voucher, VoucherDraft};
+use crate::seckill::{self, Order, Purchase, Voucher, VoucherDraft};
 
 /// Most tokens one `POST /admin/tokens` may mint.
 pub const MAX_TOKENS_PER_CALL: usize = 10_000;
 const DEFAULT_TOKEN_TTL_SECS: i64 = 86_400;
 const MAX_TOKEN_TTL_SECS: i64 = 30 * 86_400;
 
-/// How a voucher is sold. Only `sync` is served by this build: the order is
-/// committed to Postgres before the answer.
+/// How a voucher is sold: `sync`, the order is committed to Postgres
+/// before the answer (200); `async`, Redis accepts it (202, `pending`) and
+/// the stream writers commit it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SaleMode {
     #[default]
     Sync,
+    Async,
+}
+
+impl From<SaleMode> for seckill::SaleMode {
+    fn from(mode: SaleMode) -> Self {
+        match mode {
+            SaleMode::Sync => Self::Sync,
+            SaleMode::Async => Self::Async,
+        }
+    }
+}
+
+impl From<seckill::SaleMode> for SaleMode {
+    fn from(mode: seckill::SaleMode) -> Self {
+        match mode {
+            seckill::SaleMode::Sync => Self::Sync,
+            seckill::SaleMode::Async => Self::Async,
+        }
+    }
 }
 
 /// A flash sale to create.
@@ -45,7 +66,7 @@ pub struct CreateVoucher {
     #[serde(deserialize_with = "rfc3339")]
     #[schema(value_type = String, format = DateTime, example = "2030-05-01T11:00:00Z")]
     end_time: DateTime<Utc>,
-    /// `sync` (the default).
+    /// `sync` (the default) or `async`.
     #[serde(default)]
     sale_mode: SaleMode,
 }
@@ -75,7 +96,6 @@ pub async fn create_voucher(
     _: Admin,
     AppJson(body): AppJson<CreateVoucher>,
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
-    let SaleMode::Sync = body.sale_mode;
     let id = state
         .seckill
         .create_voucher(VoucherDraft {
@@ -83,6 +103,7 @@ pub async fn create_voucher(
             stock: body.stock,
             begin_time: body.begin_time,
             end_time: body.end_time,
+            sale_mode: body.sale_mode.into(),
         })
         .await?;
     Ok((StatusCode::CREATED, Json(Created { id })))
@@ -105,13 +126,14 @@ pub struct VoucherBody {
 
 impl From<Voucher> for VoucherBody {
     fn from(v: Voucher) -> Self {
+        let sale_mode = seckill::SaleMode::of(&v).into();
         Self {
             id: v.id,
             title: v.title,
             stock: v.stock,
             begin_time: v.begin_time,
             end_time: v.end_time,
-            sale_mode: SaleMode::Sync,
+            sale_mode,
         }
     }
 }
@@ -167,6 +189,67 @@ pub async fn restock(
     AppJson(body): AppJson<Restock>,
 ) -> Result<Json<VoucherBody>, ApiError> {
     Ok(Json(state.seckill.restock(id, body.add).await?.into()))
+}
+
+#[utoipa::path(
+    post,
+    path = "/admin/vouchers/{id}/reconcile",
+    tag = "admin",
+    params(("id" = i64, Path, minimum = 1, description = "The voucher id (an async sale)")),
+    security(("admin" = [])),
+    responses(
+        (status = 200, description = "Redis's stock and buyers rebuilt from Postgres and the unwritten stream entries; the orders Postgres refused are listed", body = ReconcileBody),
+        (status = 400, description = "bad_request: a malformed id, or a sync voucher", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    )
+)]
+pub async fn reconcile(
+    State(state): State<AppState>,
+    _: Admin,
+    VoucherIdPath(id): VoucherIdPath,
+    NoBody: NoBody,
+) -> Result<Json<ReconcileBody>, ApiError> {
+    let done = state.seckill.reconcile(id).await?;
+    Ok(Json(ReconcileBody {
+        voucher_id: done.voucher_id,
+        stock: done.stock,
+        pending: done.pending,
+        buyers: done.buyers,
+        unstored: done
+            .unstored
+            .into_iter()
+            .map(|u| UnstoredBody {
+                order_id: u.order_id,
+                reason: u.reason,
+            })
+            .collect(),
+    }))
+}
+
+/// What a reconciliation found and set.
+#[derive(Serialize, ToSchema)]
+pub struct ReconcileBody {
+    voucher_id: i64,
+    /// The stock Redis sells from now: Postgres's, less the accepted
+    /// orders still waiting to be written.
+    stock: i64,
+    /// Accepted orders not yet in Postgres.
+    pending: usize,
+    /// Users recorded as buyers (stored or pending).
+    buyers: usize,
+    /// Orders Redis accepted and Postgres refused, with the reason.
+    unstored: Vec<UnstoredBody>,
+}
+
+/// An accepted order that Postgres refused.
+#[derive(Serialize, ToSchema)]
+pub struct UnstoredBody {
+    order_id: String,
+    /// `sold_out`, `already_purchased` or `id_taken`.
+    reason: String,
 }
 
 /// Users to mint tokens for.
@@ -247,6 +330,15 @@ pub struct Purchased {
     order_id: String,
 }
 
+/// An async sale's order that Redis accepted; `GET /orders/{id}` says
+/// `pending` until it is in Postgres, then `confirmed`.
+#[derive(Serialize, ToSchema)]
+pub struct Accepted {
+    #[schema(pattern = "^[1-9][0-9]{0,18}$", example = "669711463081050113")]
+    order_id: String,
+    status: OrderStatus,
+}
+
 #[utoipa::path(
     post,
     path = "/seckill/{voucher_id}",
@@ -254,14 +346,15 @@ pub struct Purchased {
     params(("voucher_id" = i64, Path, minimum = 1, description = "The voucher to buy one unit of")),
     security(("user" = [])),
     responses(
-        (status = 200, description = "The order is committed", body = Purchased),
+        (status = 200, description = "The order is committed (sync sale)", body = Purchased),
+        (status = 202, description = "Redis accepted the order; it is pending until written (async sale)", body = Accepted),
         (status = 400, description = "bad_request: a malformed id, a body, several Authorization headers", body = ErrorBody),
         (status = 401, description = "unauthorized: a missing, malformed, forged or expired token", body = ErrorBody),
         (status = 404, description = "not_found: no such voucher", body = ErrorBody),
         (status = 409, description = "not_started, ended, sold_out, or already_purchased (with the user's order_id)", body = ErrorBody),
         (status = 413, description = "payload_too_large", body = ErrorBody),
         (status = 429, description = "purchase_in_progress: another request of this user holds its lock", body = ErrorBody),
-        (status = 503, description = "unavailable: Postgres or Redis cannot be reached; Retry-After is set", body = ErrorBody),
+        (status = 503, description = "unavailable: Postgres or Redis cannot be reached, or an async sale is paused until reconciled; Retry-After is set", body = ErrorBody),
     )
 )]
 pub async fn seckill(
@@ -269,17 +362,29 @@ pub async fn seckill(
     User(user_id): User,
     VoucherIdPath(voucher_id): VoucherIdPath,
     NoBody: NoBody,
-) -> Result<Json<Purchased>, ApiError> {
-    let order_id = state.seckill.purchase(user_id, voucher_id).await?;
-    Ok(Json(Purchased {
-        order_id: order_id.to_string(),
-    }))
+) -> Result<Response, ApiError> {
+    Ok(match state.seckill.purchase(user_id, voucher_id).await? {
+        Purchase::Confirmed(order_id) => Json(Purchased {
+            order_id: order_id.to_string(),
+        })
+        .into_response(),
+        Purchase::Pending(order_id) => (
+            StatusCode::ACCEPTED,
+            Json(Accepted {
+                order_id: order_id.to_string(),
+                status: OrderStatus::Pending,
+            }),
+        )
+            .into_response(),
+    })
 }
 
-/// Where an order stands: every order in Postgres is `confirmed`.
+/// Where an order stands: `pending` while an async sale's order is only
+/// in Redis, `confirmed` once it is in Postgres.
 #[derive(Debug, Clone, Copy, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OrderStatus {
+    Pending,
     Confirmed,
 }
 
@@ -295,14 +400,17 @@ pub struct OrderBody {
     status: OrderStatus,
 }
 
-impl From<Order> for OrderBody {
-    fn from(o: Order) -> Self {
+impl From<(Order, seckill::OrderStatus)> for OrderBody {
+    fn from((o, status): (Order, seckill::OrderStatus)) -> Self {
         Self {
             order_id: o.id.to_string(),
             user_id: o.user_id,
             voucher_id: o.voucher_id,
             created_at: o.created_at,
-            status: OrderStatus::Confirmed,
+            status: match status {
+                seckill::OrderStatus::Pending => OrderStatus::Pending,
+                seckill::OrderStatus::Confirmed => OrderStatus::Confirmed,
+            },
         }
     }
 }
@@ -329,7 +437,7 @@ pub async fn get_order(
 ) -> Result<Json<OrderBody>, ApiError> {
     let order = state.seckill.order(order_id).await?;
     match caller {
-        Caller::User(user_id) if user_id != order.user_id => {
+        Caller::User(user_id) if user_id != order.0.user_id => {
             // Someone else's order looks like no order at all: ids are
             // guessable, their existence is not to be confirmed.
             Err(ApiError::NotFound("order not found".into()))

@@ -55,6 +55,7 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
         .route("/admin/vouchers/{id}/orders", get(handlers::voucher_orders))
         .route("/admin/vouchers/{id}/stats", get(handlers::voucher_stats))
         .route("/admin/vouchers/{id}/stock", post(handlers::restock))
+        .route("/admin/vouchers/{id}/reconcile", post(handlers::reconcile))
         .route("/admin/tokens", post(handlers::mint_tokens))
         .route("/vouchers/{id}", get(handlers::get_voucher))
         .route("/seckill/{id}", post(handlers::seckill))

@@ -30,6 +30,7 @@ use super::{handlers, ops};
         handlers::create_voucher,
         handlers::get_voucher,
         handlers::restock,
+        handlers::reconcile,
         handlers::mint_tokens,
         handlers::seckill,
         handlers::get_order,

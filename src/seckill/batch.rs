@@ -245,24 +245,11 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
         .map(|(pending, id)| SaleRequest {
             order_id: id.as_i64(),
             user_id: pending.user_id,
-            fence: pending.fence,
+            fence: Some(pending.fence),
         })
         .collect();
 
-    let started = Instant::now();
-    let mut reruns = 0;
-    let sold = loop {
-        match inner.store.sell_batch(voucher_id, &requests).await {
-            // A batch elsewhere committed one of these users' orders (or
-            // ids) after this statement's snapshot: the next run sees it.
-            Err(StoreError::DuplicateOrder | StoreError::DuplicateOrderId) if reruns < RERUNS => {
-                reruns += 1;
-            }
-            other => break other,
-        }
-    };
-    metrics::histogram!("seckill_sale_commit_seconds").record(started.elapsed().as_secs_f64());
-    let BatchSale { sales, level } = match sold {
+    let BatchSale { sales, level } = match sell_batch(&inner.store, voucher_id, &requests).await {
         Ok(sold) => sold,
         Err(error) => {
             answer_all(batch, &SeckillError::from(error));
@@ -296,6 +283,29 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
     }
     publish(inner, &voucher, level, sold_out).await;
     redo
+}
+
+/// Commits one batch of `voucher_id` (`store::SELL_BATCH`), running it
+/// again if a concurrent batch committed one of its users' orders (or ids)
+/// after the statement's snapshot: the next run sees it. The sync writer
+/// above and the async sale's stream writer both write through here.
+pub(super) async fn sell_batch(
+    store: &Store,
+    voucher_id: i64,
+    requests: &[SaleRequest],
+) -> std::result::Result<BatchSale, StoreError> {
+    let started = Instant::now();
+    let mut reruns = 0;
+    let sold = loop {
+        match store.sell_batch(voucher_id, requests).await {
+            Err(StoreError::DuplicateOrder | StoreError::DuplicateOrderId) if reruns < RERUNS => {
+                reruns += 1;
+            }
+            other => break other,
+        }
+    };
+    metrics::histogram!("seckill_sale_commit_seconds").record(started.elapsed().as_secs_f64());
+    sold
 }
 
 /// The purchases whose ids were taken, after the day's counter was raised

@@ -11,7 +11,9 @@
 //!
 //! Stages in their own files: [`clock`] (the shared clock of the window),
 //! [`soldout`] (the flags), [`user_lock`] (the per-user lock), [`batch`]
-//! (group commit), [`error`].
+//! (group commit), [`error`]. A voucher created with `sale_mode: async`
+//! is sold by [`async_sale`] instead: stock in Redis, orders through a
+//! stream that a consumer group writes with group commit's statement.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,12 +21,14 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
+mod async_sale;
 mod batch;
 mod clock;
 mod error;
 mod soldout;
 mod user_lock;
 
+pub use async_sale::Reconciled;
 pub use clock::SaleClock;
 pub use error::{Result, SeckillError};
 pub use user_lock::{UserGuard, UserLocks};
@@ -32,6 +36,7 @@ pub use user_lock::{UserGuard, UserLocks};
 use crate::id::{IdGenerator, OrderId};
 use crate::kv::Kv;
 use crate::store::{self, NewVoucher, Store, StoreError};
+use async_sale::AsyncSales;
 use batch::{Batcher, Outcome};
 use soldout::SoldOutFlags;
 
@@ -60,8 +65,56 @@ pub struct SeckillSettings {
     /// how late a restock made elsewhere reaches this instance.
     pub voucher_cache_ttl: Duration,
     /// Most purchases of one voucher committed together (1: one order per
-    /// transaction).
+    /// transaction); also the most stream entries an async writer takes.
     pub sale_batch_max: usize,
+    /// How long an async sale's entry may stay unacknowledged with one
+    /// writer before another claims it.
+    pub async_claim_idle: Duration,
+}
+
+/// How a voucher is sold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SaleMode {
+    /// Committed to Postgres before the buyer hears 200.
+    #[default]
+    Sync,
+    /// Accepted by Redis (202, pending), written to Postgres by the stream
+    /// writers.
+    Async,
+}
+
+impl SaleMode {
+    fn stored(self) -> &'static str {
+        match self {
+            Self::Sync => "sync",
+            Self::Async => "async",
+        }
+    }
+
+    /// A voucher's mode as stored.
+    pub fn of(voucher: &Voucher) -> Self {
+        if voucher.sale_mode == "async" {
+            Self::Async
+        } else {
+            Self::Sync
+        }
+    }
+}
+
+/// A purchase that went through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purchase {
+    /// The order is committed.
+    Confirmed(OrderId),
+    /// Redis accepted the order; the writers will commit it.
+    Pending(OrderId),
+}
+
+/// Where an order stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderStatus {
+    Pending,
+    Confirmed,
 }
 
 /// A voucher to create, as an admin sent it.
@@ -71,6 +124,7 @@ pub struct VoucherDraft {
     pub stock: i64,
     pub begin_time: DateTime<Utc>,
     pub end_time: DateTime<Utc>,
+    pub sale_mode: SaleMode,
 }
 
 /// Connection counts, for the metrics page.
@@ -101,6 +155,7 @@ struct Inner {
     redis: Kv,
     locks: UserLocks,
     batcher: Batcher,
+    async_sales: AsyncSales,
     clock: SaleClock,
     /// Vouchers as last read, so a crowd on one voucher does not read its
     /// row once per request. Only the time window and the epoch of the
@@ -130,17 +185,28 @@ impl Seckill {
             redis.clone(),
             settings.redis_prefix.clone(),
         ));
+        let ids = IdGenerator::new(redis.clone(), settings.redis_prefix.clone());
         let batcher = Batcher::new(
             store.clone(),
-            IdGenerator::new(redis.clone(), settings.redis_prefix.clone()),
+            ids.clone(),
             flags.clone(),
             clock.clone(),
             settings.sale_batch_max,
+        );
+        let async_sales = AsyncSales::new(
+            store.clone(),
+            redis.clone(),
+            ids,
+            clock.clone(),
+            settings.redis_prefix.clone(),
+            settings.sale_batch_max,
+            settings.async_claim_idle,
         );
         Self {
             inner: Arc::new(Inner {
                 locks,
                 batcher,
+                async_sales,
                 flags,
                 store,
                 redis,
@@ -150,6 +216,12 @@ impl Seckill {
                 purchases: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// Starts the async sales' writers (and their loading at start); runs
+    /// for the life of the process.
+    pub fn start_writers(&self) {
+        tokio::spawn(self.inner.async_sales.clone().supervise());
     }
 
     /// The clock that judges every sale's window.
@@ -163,17 +235,34 @@ impl Seckill {
     }
 
     /// Buys one unit of `voucher_id` for `user_id`.
-    pub async fn purchase(&self, user_id: i64, voucher_id: i64) -> Result<OrderId> {
-        let result = self.try_purchase(user_id, voucher_id).await;
-        let outcome = result
-            .as_ref()
-            .map_or_else(SeckillError::outcome, |_| "ordered");
+    pub async fn purchase(&self, user_id: i64, voucher_id: i64) -> Result<Purchase> {
+        let result = async {
+            let voucher = self.sale_window(voucher_id).await?;
+            match SaleMode::of(&voucher) {
+                SaleMode::Sync => self
+                    .try_purchase(user_id, voucher)
+                    .await
+                    .map(Purchase::Confirmed),
+                SaleMode::Async => self
+                    .inner
+                    .async_sales
+                    .purchase(&voucher, user_id)
+                    .await
+                    .map(Purchase::Pending),
+            }
+        }
+        .await;
+        let outcome = match &result {
+            Ok(Purchase::Confirmed(_)) => "ordered",
+            Ok(Purchase::Pending(_)) => "accepted",
+            Err(error) => error.outcome(),
+        };
         metrics::counter!("seckill_purchases_total", "outcome" => outcome).increment(1);
         result
     }
 
-    async fn try_purchase(&self, user_id: i64, voucher_id: i64) -> Result<OrderId> {
-        let voucher = self.sale_window(voucher_id).await?;
+    async fn try_purchase(&self, user_id: i64, voucher: Arc<Voucher>) -> Result<OrderId> {
+        let voucher_id = voucher.id;
         let now = self.inner.clock.now();
         if now < voucher.begin_time {
             return Err(SeckillError::NotStarted);
@@ -270,7 +359,7 @@ impl Seckill {
                 "end_time must be after begin_time (to the microsecond)".into(),
             ));
         }
-        Ok(self
+        let id = self
             .inner
             .store
             .create_voucher(&NewVoucher {
@@ -278,8 +367,23 @@ impl Seckill {
                 stock,
                 begin_time,
                 end_time,
+                sale_mode: draft.sale_mode.stored(),
             })
-            .await?)
+            .await?;
+        if draft.sale_mode == SaleMode::Async {
+            // Loaded here at once; if Redis cannot take it now, every
+            // instance's writer supervisor loads it when it first sees it.
+            if let Err(error) = self.inner.async_sales.reconcile(id).await {
+                tracing::warn!(voucher_id = id, %error, "loading a new async sale into Redis failed");
+            }
+        }
+        Ok(id)
+    }
+
+    /// Rebuilds Redis's side of an async sale from Postgres and the
+    /// stream's unwritten orders (see `async_sale::reconcile`).
+    pub async fn reconcile(&self, voucher_id: i64) -> Result<Reconciled> {
+        self.inner.async_sales.reconcile(voucher_id).await
     }
 
     /// The voucher with its stock as committed now (never cached).
@@ -310,15 +414,27 @@ impl Seckill {
             .await?
             .ok_or(SeckillError::NotFound("voucher"))?;
         self.inner.windows.invalidate(&voucher_id).await;
+        if SaleMode::of(&voucher) == SaleMode::Async {
+            // Redis sells from its own stock: rebuilt from Postgres's.
+            self.inner.async_sales.reconcile(voucher_id).await?;
+        }
         Ok(voucher)
     }
 
-    pub async fn order(&self, order_id: OrderId) -> Result<Order> {
-        self.inner
-            .store
-            .order(order_id.as_i64())
-            .await?
-            .ok_or(SeckillError::NotFound("order"))
+    /// An order: committed, or accepted by an async sale and not written
+    /// yet.
+    pub async fn order(&self, order_id: OrderId) -> Result<(Order, OrderStatus)> {
+        if let Some(order) = self.inner.store.order(order_id.as_i64()).await? {
+            return Ok((order, OrderStatus::Confirmed));
+        }
+        match self.inner.async_sales.pending(order_id.as_i64()).await? {
+            // Written meanwhile: the pending lookup outlives the write.
+            Some(pending) => match self.inner.store.order(order_id.as_i64()).await? {
+                Some(order) => Ok((order, OrderStatus::Confirmed)),
+                None => Ok((pending, OrderStatus::Pending)),
+            },
+            None => Err(SeckillError::NotFound("order")),
+        }
     }
 
     pub async fn orders_for_voucher(&self, voucher_id: i64) -> Result<Vec<(i64, i64)>> {

@@ -14,10 +14,12 @@ use std::time::Duration;
 
 mod db;
 mod lab;
+mod reconcile;
 mod sale;
 
 use db::{Db, Within};
 pub use lab::{Decrement, LabSale, LabStats, LabStore};
+pub use reconcile::SaleSnapshot;
 pub use sale::{BatchSale, Sale, SaleRequest, SELL_BATCH};
 
 /// The unique index that allows one order per user and voucher.
@@ -90,6 +92,8 @@ pub struct Voucher {
     pub stock: i32,
     pub begin_time: DateTime<Utc>,
     pub end_time: DateTime<Utc>,
+    /// `sync` or `async` (see the `sale_mode` migration).
+    pub sale_mode: String,
 }
 
 #[derive(Debug, Clone)]
@@ -98,6 +102,7 @@ pub struct NewVoucher {
     pub stock: i32,
     pub begin_time: DateTime<Utc>,
     pub end_time: DateTime<Utc>,
+    pub sale_mode: &'static str,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -252,14 +257,15 @@ impl Store {
                 Box::pin(
                     sqlx::query_scalar(
                         "WITH v AS (INSERT INTO vouchers (title) VALUES ($1) RETURNING id)
-             INSERT INTO seckill_vouchers (voucher_id, initial_stock, stock, begin_time, end_time)
-             SELECT id, $2, $2, $3, $4 FROM v
+             INSERT INTO seckill_vouchers (voucher_id, initial_stock, stock, begin_time, end_time, sale_mode)
+             SELECT id, $2, $2, $3, $4, $5 FROM v
              RETURNING voucher_id",
                     )
                     .bind(title)
                     .bind(new.stock)
                     .bind(new.begin_time)
                     .bind(new.end_time)
+                    .bind(new.sale_mode)
                     .persistent(persistent)
                     .fetch_one(c),
                 )
@@ -273,7 +279,7 @@ impl Store {
             .run(|c, persistent| {
                 Box::pin(
                     sqlx::query_as(
-                        "SELECT v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time
+                        "SELECT v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time, s.sale_mode
              FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id
              WHERE v.id = $1",
                     )
@@ -311,7 +317,7 @@ impl Store {
              SET stock = s.stock + $2, initial_stock = s.initial_stock + $2
              FROM vouchers v
              WHERE s.voucher_id = $1 AND v.id = s.voucher_id
-             RETURNING v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time",
+             RETURNING v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time, s.sale_mode",
                     )
                     .bind(voucher_id)
                     .bind(units)

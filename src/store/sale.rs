@@ -8,12 +8,13 @@ use sqlx::FromRow;
 use super::{Result, StockLevel, Store};
 
 /// One purchase in a batch: a user who holds their lock (with its fencing
-/// token) and the order id drawn for them.
+/// token) and the order id drawn for them; or, from an async sale's
+/// stream, an order Redis accepted, which has no lock and no token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SaleRequest {
     pub order_id: i64,
     pub user_id: i64,
-    pub fence: i64,
+    pub fence: Option<i64>,
 }
 
 /// What the batch did for one purchase.
@@ -46,7 +47,8 @@ pub struct BatchSale {
 /// - `req`: the purchases, numbered in arrival order.
 /// - `fence`: each user's token is stored if it is not smaller than the
 ///   stored one (in user order, so two batches lock fence rows alike);
-///   only those users may buy.
+///   only those users may buy. A request without a token (an async sale's
+///   order) is not fenced.
 /// - `held`: users who already hold an order for this voucher; `used`:
 ///   order ids that are taken.
 /// - `eligible`: the rest, ranked by arrival.
@@ -67,7 +69,7 @@ WITH req AS (
          WITH ORDINALITY AS r(order_id, user_id, fence, pos)
 ), fence AS (
     INSERT INTO user_fences (user_id, token)
-    SELECT user_id, fence FROM req ORDER BY user_id
+    SELECT user_id, fence FROM req WHERE fence IS NOT NULL ORDER BY user_id
     ON CONFLICT (user_id) DO UPDATE SET token = EXCLUDED.token
     WHERE user_fences.token <= EXCLUDED.token
     RETURNING user_id
@@ -79,7 +81,7 @@ WITH req AS (
 ), eligible AS (
     SELECT r.pos, r.order_id, r.user_id, row_number() OVER (ORDER BY r.pos) AS rank
     FROM req r
-    WHERE r.user_id IN (SELECT user_id FROM fence)
+    WHERE (r.fence IS NULL OR r.user_id IN (SELECT user_id FROM fence))
       AND r.user_id NOT IN (SELECT user_id FROM held)
       AND r.order_id NOT IN (SELECT id FROM used)
 ), locked AS (
@@ -101,7 +103,7 @@ WITH req AS (
 )
 SELECT
     CASE
-        WHEN r.user_id NOT IN (SELECT user_id FROM fence) THEN 'fenced'
+        WHEN r.fence IS NOT NULL AND r.user_id NOT IN (SELECT user_id FROM fence) THEN 'fenced'
         WHEN h.id IS NOT NULL THEN 'held'
         WHEN r.order_id IN (SELECT id FROM used) THEN 'id_taken'
         WHEN e.rank <= (SELECT n FROM granted) THEN 'sold'
@@ -132,7 +134,7 @@ impl Store {
     pub async fn sell_batch(&self, voucher_id: i64, batch: &[SaleRequest]) -> Result<BatchSale> {
         let order_ids: Vec<i64> = batch.iter().map(|r| r.order_id).collect();
         let user_ids: Vec<i64> = batch.iter().map(|r| r.user_id).collect();
-        let fences: Vec<i64> = batch.iter().map(|r| r.fence).collect();
+        let fences: Vec<Option<i64>> = batch.iter().map(|r| r.fence).collect();
         let rows: Vec<Row> = self
             .db
             .run(move |c, persistent| {

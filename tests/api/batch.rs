@@ -23,7 +23,7 @@ fn requests(users: impl IntoIterator<Item = i64>, first_id: i64) -> Vec<SaleRequ
         .map(|(i, user_id)| SaleRequest {
             order_id: first_id + i as i64,
             user_id,
-            fence: 1_000,
+            fence: Some(1_000),
         })
         .collect()
 }
@@ -79,7 +79,7 @@ async fn a_batch_answers_holders_stale_fences_and_taken_ids_each_on_its_own() {
         .unwrap();
     assert_eq!(first.sales, [Sale::Sold]);
     let mut fresh = requests([2], 8 << 40);
-    fresh[0].fence = 5_000;
+    fresh[0].fence = Some(5_000);
     assert_eq!(
         store.sell_batch(voucher, &fresh).await.unwrap().sales,
         [Sale::Sold]
@@ -88,7 +88,7 @@ async fn a_batch_answers_holders_stale_fences_and_taken_ids_each_on_its_own() {
     // One batch: user 1 again, user 2 with a stale token, user 3 under an
     // id that is taken, user 4 as it should be.
     let mut batch = requests([1, 2, 3, 4], 9 << 40);
-    batch[1].fence = 4_000;
+    batch[1].fence = Some(4_000);
     batch[2].order_id = 7 << 40;
     let sold = store.sell_batch(voucher, &batch).await.unwrap();
     assert_eq!(

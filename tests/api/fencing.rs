@@ -63,7 +63,7 @@ async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
             let request = SaleRequest {
                 order_id,
                 user_id: user,
-                fence,
+                fence: Some(fence),
             };
             store.sell_batch(target, &[request]).await.unwrap().sales[0]
         }

@@ -12,7 +12,7 @@ use crate::helpers::spawn_app;
 
 /// Every (method, path) the router serves for clients, as the contract has
 /// them.
-const OPERATIONS: [(&str, &str); 11] = [
+const OPERATIONS: [(&str, &str); 12] = [
     ("post", "/admin/vouchers"),
     ("get", "/vouchers/{id}"),
     ("post", "/admin/tokens"),
@@ -20,6 +20,7 @@ const OPERATIONS: [(&str, &str); 11] = [
     ("get", "/orders/{order_id}"),
     ("get", "/admin/vouchers/{id}/orders"),
     ("post", "/admin/vouchers/{id}/stock"),
+    ("post", "/admin/vouchers/{id}/reconcile"),
     ("get", "/admin/vouchers/{id}/stats"),
     ("get", "/healthz"),
     ("get", "/readyz"),
@@ -69,7 +70,9 @@ async fn openapi_json_describes_every_route_status_and_error_code() {
             assert!(statuses.contains("403"), "{method} {path}: no 403");
         }
         if path == "/seckill/{voucher_id}" {
-            for status in ["200", "400", "401", "404", "409", "413", "429", "503"] {
+            for status in [
+                "200", "202", "400", "401", "404", "409", "413", "429", "503",
+            ] {
                 assert!(statuses.contains(status), "{method} {path}: no {status}");
             }
         }

@@ -1,0 +1,250 @@
+//! Async (Redis-first) sales: the stock lives in Redis, one Lua script
+//! (`lua/async_purchase.lua`) checks the window, the user's earlier order
+//! and the stock, decrements and appends the order to the voucher's
+//! stream, and the buyer hears `202 pending` at once; a consumer group in
+//! every instance writes the stream to Postgres through group commit's
+//! statement ([`writer`]); [`reconcile`] rebuilds Redis's side from
+//! Postgres plus the stream's unwritten orders.
+//!
+//! No per-user lock on this path: the script reads the user's earlier
+//! order and records this one in the same atomic step, so two concurrent
+//! purchases of one user cannot both pass it; Postgres's unique index is
+//! still behind it.
+
+mod reconcile;
+mod writer;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use deadpool_redis::redis::{self, Script};
+
+use super::clock::SaleClock;
+use super::error::{Result, SeckillError};
+use crate::id::{IdGenerator, OrderId};
+use crate::kv::Kv;
+use crate::store::{Order, Store, Voucher};
+
+pub use reconcile::Reconciled;
+
+/// How long the lookup of a pending order by its id is kept: far longer
+/// than any writer lag.
+const PENDING_TTL_SECS: u64 = 2 * 86_400;
+/// How often each instance looks for async vouchers to write.
+const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
+
+/// The Redis keys of one voucher's async sale, all in one cluster slot.
+struct SaleKeys {
+    /// Hash {stock, begin_ms, end_ms}; missing = paused.
+    sale: String,
+    /// Hash user id -> order id.
+    buyers: String,
+    /// Stream of accepted orders not yet written (entries are deleted once
+    /// committed).
+    orders: String,
+    /// Hash order id -> why Postgres refused an accepted order.
+    unstored: String,
+}
+
+/// The consumer group that writes every voucher's stream.
+const GROUP: &str = "writers";
+
+/// The async sales of this instance. Cheap to clone.
+#[derive(Clone)]
+pub(super) struct AsyncSales {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    redis: Kv,
+    ids: IdGenerator,
+    clock: SaleClock,
+    prefix: String,
+    /// This process's consumer name in every group.
+    consumer: String,
+    purchase: Script,
+    batch_max: usize,
+    /// How long an entry may stay unacknowledged with another consumer
+    /// before this one claims it (that one died or hangs).
+    claim_idle: Duration,
+    /// Vouchers this instance runs a writer for.
+    writing: Mutex<HashSet<i64>>,
+}
+
+impl AsyncSales {
+    pub(super) fn new(
+        store: Store,
+        redis: Kv,
+        ids: IdGenerator,
+        clock: SaleClock,
+        prefix: String,
+        batch_max: usize,
+        claim_idle: Duration,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                redis,
+                ids,
+                clock,
+                prefix,
+                consumer: uuid::Uuid::new_v4().to_string(),
+                purchase: Script::new(include_str!("../../../lua/async_purchase.lua")),
+                batch_max: batch_max.max(1),
+                claim_idle,
+                writing: Mutex::new(HashSet::new()),
+            }),
+        }
+    }
+
+    fn keys(&self, voucher_id: i64) -> SaleKeys {
+        let base = format!("{}async:{{{voucher_id}}}", self.inner.prefix);
+        SaleKeys {
+            sale: format!("{base}:sale"),
+            buyers: format!("{base}:buyers"),
+            orders: format!("{base}:orders"),
+            unstored: format!("{base}:unstored"),
+        }
+    }
+
+    fn pending_key(&self, order_id: i64) -> String {
+        format!("{}async-order:{order_id}", self.inner.prefix)
+    }
+
+    /// Accepts one unit of `voucher` for `user_id` in Redis: once this
+    /// returns, the order is in the voucher's stream and will be written.
+    pub(super) async fn purchase(&self, voucher: &Voucher, user_id: i64) -> Result<OrderId> {
+        let inner = &self.inner;
+        let order_id = inner
+            .ids
+            .next_ids(1)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| SeckillError::Internal("no order id drawn".into()))?;
+        let keys = self.keys(voucher.id);
+        let answer: Vec<String> = inner
+            .redis
+            .invoke(
+                inner
+                    .purchase
+                    .key(&keys.sale)
+                    .key(&keys.buyers)
+                    .key(&keys.orders)
+                    .arg(user_id)
+                    .arg(order_id.as_i64()),
+            )
+            .await?;
+        let code: i64 = answer.first().and_then(|c| c.parse().ok()).unwrap_or(0);
+        match code {
+            1 => {}
+            -1 => return Err(SeckillError::NotStarted),
+            -2 => return Err(SeckillError::Ended),
+            -3 => return Err(SeckillError::SoldOut),
+            -4 => {
+                let held = answer.get(1).and_then(|id| id.parse::<i64>().ok());
+                return Err(SeckillError::AlreadyPurchased {
+                    order_id: held.and_then(OrderId::from_stored),
+                });
+            }
+            -5 => {
+                return Err(SeckillError::redis_unavailable(
+                    "the sale is paused until Redis's side of it is reconciled",
+                ))
+            }
+            _ => {
+                return Err(SeckillError::Internal(format!(
+                    "unexpected answer of the purchase script: {answer:?}"
+                )))
+            }
+        }
+        let at_ms: i64 = answer.get(1).and_then(|t| t.parse().ok()).unwrap_or(0);
+        // The lookup by id for GET /orders while the order is pending. The
+        // order is accepted whatever happens here: a lost lookup only
+        // means 404 until the writer has stored it.
+        let mut remember = redis::cmd("SET");
+        remember
+            .arg(self.pending_key(order_id.as_i64()))
+            .arg(format!("{}:{user_id}:{at_ms}", voucher.id))
+            .arg("EX")
+            .arg(PENDING_TTL_SECS);
+        if let Err(error) = inner.redis.query::<()>(&remember).await {
+            tracing::warn!(%order_id, %error, "could not record a pending order's lookup");
+        }
+        metrics::counter!("seckill_async_accepted_total").increment(1);
+        Ok(order_id)
+    }
+
+    /// An order Redis accepted and Postgres does not hold yet.
+    pub(super) async fn pending(&self, order_id: i64) -> Result<Option<Order>> {
+        let value: Option<String> = self
+            .inner
+            .redis
+            .query(redis::cmd("GET").arg(self.pending_key(order_id)))
+            .await?;
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let mut parts = value.splitn(3, ':').map(str::parse::<i64>);
+        let (Some(Ok(voucher_id)), Some(Ok(user_id)), Some(Ok(at_ms))) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Order {
+            id: order_id,
+            user_id,
+            voucher_id,
+            created_at: DateTime::from_timestamp_millis(at_ms).unwrap_or_else(Utc::now),
+        }))
+    }
+
+    /// Runs for the life of the process: every second, starts a writer for
+    /// each async voucher still in sale (or ended within a day) that has
+    /// none here, and loads into Redis the sale of a voucher seen for the
+    /// first time whose Redis side is missing (at start, or just created).
+    pub(super) async fn supervise(self) {
+        let mut seen = HashSet::new();
+        loop {
+            let since = Utc::now() - TimeDelta::days(1);
+            match self.inner.store.async_vouchers(since).await {
+                Ok(vouchers) => {
+                    for voucher_id in vouchers {
+                        if seen.insert(voucher_id) {
+                            self.load_if_missing(voucher_id).await;
+                        }
+                        self.ensure_writer(voucher_id);
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "cannot list the async vouchers"),
+            }
+            tokio::time::sleep(SUPERVISE_EVERY).await;
+        }
+    }
+
+    async fn load_if_missing(&self, voucher_id: i64) {
+        let keys = self.keys(voucher_id);
+        let loaded: Result<bool> = self
+            .inner
+            .redis
+            .query(redis::cmd("EXISTS").arg(&keys.sale))
+            .await
+            .map_err(Into::into);
+        if let Ok(false) = loaded {
+            match self.reconcile(voucher_id).await {
+                Ok(done) => tracing::info!(voucher_id, ?done, "loaded an async sale into Redis"),
+                Err(error) => tracing::warn!(voucher_id, %error, "loading an async sale failed"),
+            }
+        }
+    }
+
+    fn ensure_writer(&self, voucher_id: i64) {
+        let mut writing = self.inner.writing.lock().expect("writers lock");
+        if writing.insert(voucher_id) {
+            tokio::spawn(writer::write(self.clone(), voucher_id));
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! The stream writer: one task per async voucher in every instance, all of
+//! them consumers of the voucher's group. Each reads up to a batch of
+//! accepted orders, commits them in one statement (group commit's, via
+//! `batch::sell_batch`), and only then acknowledges and deletes them.
+//!
+//! Idempotent by order id: a batch written twice (a consumer that died
+//! after the commit and before the acknowledgement, its entries claimed by
+//! another) finds each order held already under the same id and stores
+//! nothing twice. Entries of a consumer that died or hangs are claimed by
+//! the others (`XAUTOCLAIM`) once idle for `claim_idle`. While Postgres is
+//! away the writer keeps its entries and tries them again.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis::{self, streams::StreamId};
+
+use super::{AsyncSales, SaleKeys, GROUP};
+use crate::seckill::batch::sell_batch;
+use crate::store::{Sale, SaleRequest};
+
+/// Pause when the stream had nothing new.
+const POLL: Duration = Duration::from_millis(10);
+/// Pause after a failed commit or Redis call before trying again.
+const BACKOFF: Duration = Duration::from_millis(200);
+/// How often a writer looks for entries idle with other consumers.
+const CLAIM_EVERY: Duration = Duration::from_secs(1);
+
+/// An accepted order as the stream holds it.
+struct Entry {
+    stream_id: String,
+    order_id: i64,
+    user_id: i64,
+    at_ms: i64,
+}
+
+/// What to read next.
+enum Read {
+    /// Entries delivered to this consumer and not acknowledged (a commit
+    /// that failed): they go first.
+    Own,
+    /// Entries idle too long with another consumer.
+    Claim,
+    /// New entries.
+    New,
+}
+
+pub(super) async fn write(sales: AsyncSales, voucher_id: i64) {
+    let keys = sales.keys(voucher_id);
+    let mut group_ready = false;
+    let mut retry_own = false;
+    let mut last_claim = Instant::now();
+    loop {
+        if !group_ready {
+            group_ready = ensure_group(&sales, &keys).await;
+            if !group_ready {
+                tokio::time::sleep(BACKOFF).await;
+                continue;
+            }
+        }
+        let read = if retry_own {
+            Read::Own
+        } else if last_claim.elapsed() >= CLAIM_EVERY {
+            last_claim = Instant::now();
+            Read::Claim
+        } else {
+            Read::New
+        };
+        let entries = match next_entries(&sales, &keys, &read).await {
+            Ok(entries) => entries,
+            Err(error) => {
+                if error.to_string().contains("NOGROUP") {
+                    group_ready = false;
+                } else {
+                    tracing::warn!(voucher_id, %error, "reading an async sale's stream failed");
+                }
+                tokio::time::sleep(BACKOFF).await;
+                continue;
+            }
+        };
+        if entries.is_empty() {
+            retry_own = false;
+            if matches!(read, Read::New) {
+                tokio::time::sleep(POLL).await;
+            }
+            continue;
+        }
+        match commit(&sales, voucher_id, &keys, entries).await {
+            Ok(()) => retry_own = matches!(read, Read::Own),
+            Err(error) => {
+                tracing::warn!(voucher_id, %error, "writing accepted orders failed; retrying");
+                metrics::counter!("seckill_async_write_failures_total").increment(1);
+                retry_own = true;
+                tokio::time::sleep(BACKOFF).await;
+            }
+        }
+    }
+}
+
+/// Creates the voucher's consumer group (from the stream's start) unless
+/// it exists.
+pub(super) async fn ensure_group(sales: &AsyncSales, keys: &SaleKeys) -> bool {
+    let mut create = redis::cmd("XGROUP");
+    create
+        .arg("CREATE")
+        .arg(&keys.orders)
+        .arg(GROUP)
+        .arg("0")
+        .arg("MKSTREAM");
+    match sales.inner.redis.query::<()>(&create).await {
+        Ok(()) => true,
+        Err(error) if error.to_string().contains("BUSYGROUP") => true,
+        Err(error) => {
+            tracing::warn!(%error, "cannot create an async sale's consumer group");
+            false
+        }
+    }
+}
+
+async fn next_entries(
+    sales: &AsyncSales,
+    keys: &SaleKeys,
+    read: &Read,
+) -> Result<Vec<Entry>, crate::kv::KvError> {
+    let inner = &sales.inner;
+    let ids: Vec<StreamId> = match read {
+        Read::Claim => {
+            let mut claim = redis::cmd("XAUTOCLAIM");
+            claim
+                .arg(&keys.orders)
+                .arg(GROUP)
+                .arg(&inner.consumer)
+                .arg(u64::try_from(inner.claim_idle.as_millis()).unwrap_or(u64::MAX))
+                .arg("0-0")
+                .arg("COUNT")
+                .arg(inner.batch_max);
+            let reply: redis::streams::StreamAutoClaimReply = inner.redis.query(&claim).await?;
+            if !reply.claimed.is_empty() {
+                tracing::info!(
+                    claimed = reply.claimed.len(),
+                    "claimed accepted orders left by another writer"
+                );
+                metrics::counter!("seckill_async_claimed_total")
+                    .increment(reply.claimed.len() as u64);
+            }
+            reply.claimed
+        }
+        Read::Own | Read::New => {
+            let mut read_group = redis::cmd("XREADGROUP");
+            read_group
+                .arg("GROUP")
+                .arg(GROUP)
+                .arg(&inner.consumer)
+                .arg("COUNT")
+                .arg(inner.batch_max)
+                .arg("STREAMS")
+                .arg(&keys.orders)
+                .arg(if matches!(read, Read::Own) { "0" } else { ">" });
+            let reply: Option<redis::streams::StreamReadReply> =
+                inner.redis.query(&read_group).await?;
+            reply
+                .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect())
+                .unwrap_or_default()
+        }
+    };
+    Ok(ids.iter().map(parse).collect())
+}
+
+/// An entry's fields; a malformed one (never written by our script) gets
+/// order id 0 and is reported, not written.
+fn parse(id: &StreamId) -> Entry {
+    let field = |name: &str| id.get::<i64>(name).unwrap_or(0);
+    Entry {
+        stream_id: id.id.clone(),
+        order_id: field("order"),
+        user_id: field("user"),
+        at_ms: field("at"),
+    }
+}
+
+/// Writes `entries` to Postgres, reports the orders it refused, and then
+/// acknowledges and deletes them all. An error leaves them pending with
+/// this consumer, to be tried again.
+async fn commit(
+    sales: &AsyncSales,
+    voucher_id: i64,
+    keys: &SaleKeys,
+    entries: Vec<Entry>,
+) -> Result<(), String> {
+    let inner = &sales.inner;
+    let (valid, malformed): (Vec<Entry>, Vec<Entry>) = entries
+        .into_iter()
+        .partition(|e| e.order_id > 0 && e.user_id > 0);
+    let mut refused: Vec<(i64, &'static str)> = Vec::new();
+    for entry in &malformed {
+        tracing::error!(stream_id = %entry.stream_id, "a malformed entry in an async sale's stream");
+    }
+    // The statement takes distinct users: a second order of one user (only
+    // possible if Redis lost its buyers) goes in a later round, where it
+    // meets the first.
+    let mut rounds: Vec<Vec<&Entry>> = Vec::new();
+    for entry in &valid {
+        match rounds
+            .iter_mut()
+            .find(|round| round.iter().all(|e| e.user_id != entry.user_id))
+        {
+            Some(round) => round.push(entry),
+            None => rounds.push(vec![entry]),
+        }
+    }
+    let now_ms = inner.clock.now().timestamp_millis();
+    for round in rounds {
+        let requests: Vec<SaleRequest> = round
+            .iter()
+            .map(|e| SaleRequest {
+                order_id: e.order_id,
+                user_id: e.user_id,
+                fence: None,
+            })
+            .collect();
+        metrics::histogram!("seckill_async_batch_size").record(requests.len() as f64);
+        let sold = sell_batch(&inner.store, voucher_id, &requests)
+            .await
+            .map_err(|e| e.to_string())?;
+        for (entry, sale) in round.iter().zip(sold.sales) {
+            let reason = match sale {
+                Sale::Sold => None,
+                Sale::Held(id) if id == entry.order_id => None,
+                Sale::Held(_) => Some("already_purchased"),
+                Sale::SoldOut => Some("sold_out"),
+                Sale::IdTaken => Some("id_taken"),
+                Sale::Fenced => Some("fenced"),
+            };
+            match reason {
+                None => {
+                    metrics::histogram!("seckill_async_confirm_seconds")
+                        .record((now_ms - entry.at_ms).max(0) as f64 / 1000.0);
+                }
+                Some(reason) => refused.push((entry.order_id, reason)),
+            }
+        }
+    }
+    for (order_id, reason) in &refused {
+        tracing::error!(order_id, reason, "Postgres refused an order Redis accepted");
+        metrics::counter!("seckill_async_unstored_total", "reason" => *reason).increment(1);
+    }
+    if !refused.is_empty() {
+        let mut report = redis::cmd("HSET");
+        report.arg(&keys.unstored);
+        for (order_id, reason) in &refused {
+            report.arg(order_id).arg(*reason);
+        }
+        inner
+            .redis
+            .query::<()>(&report)
+            .await
+            .map_err(|e| e.to_string())?;
+        for (order_id, _) in &refused {
+            let forget = redis::cmd("DEL").arg(sales.pending_key(*order_id)).clone();
+            let _ = inner.redis.query::<()>(&forget).await;
+        }
+    }
+    let stream_ids: Vec<&str> = valid
+        .iter()
+        .chain(&malformed)
+        .map(|e| e.stream_id.as_str())
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let mut ack = redis::cmd("XACK");
+    ack.arg(&keys.orders).arg(GROUP).arg(&stream_ids);
+    inner
+        .redis
+        .query::<()>(&ack)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut delete = redis::cmd("XDEL");
+    delete.arg(&keys.orders).arg(&stream_ids);
+    inner
+        .redis
+        .query::<()>(&delete)
+        .await
+        .map_err(|e| e.to_string())?;
+    metrics::counter!("seckill_async_written_total").increment(valid.len() as u64);
+    Ok(())
+}

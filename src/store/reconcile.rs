@@ -1,0 +1,89 @@
+//! What an async sale reads from Postgres: the vouchers whose streams may
+//! still hold orders, and, for reconciliation, one snapshot of a voucher's
+//! stock, its buyers and which of a list of order ids are stored.
+
+use chrono::{DateTime, Utc};
+use sqlx::FromRow;
+
+use super::{Result, Store, Voucher};
+
+/// A voucher as one snapshot saw it, for rebuilding its Redis state.
+#[derive(Debug, Clone)]
+pub struct SaleSnapshot {
+    pub voucher: Voucher,
+    /// Every stored order of the voucher, as (user, order id).
+    pub buyers: Vec<(i64, i64)>,
+    /// Those of the asked order ids that are stored (for any voucher).
+    pub stored: Vec<i64>,
+}
+
+#[derive(FromRow)]
+struct Row {
+    #[sqlx(flatten)]
+    voucher: Voucher,
+    users: Option<Vec<i64>>,
+    orders: Option<Vec<i64>>,
+    stored: Option<Vec<i64>>,
+}
+
+impl Store {
+    /// Async vouchers whose sale ended after `since` (or has not ended).
+    pub async fn async_vouchers(&self, since: DateTime<Utc>) -> Result<Vec<i64>> {
+        self.db
+            .run(move |c, persistent| {
+                Box::pin(
+                    sqlx::query_scalar(
+                        "SELECT voucher_id FROM seckill_vouchers
+                         WHERE sale_mode = 'async' AND end_time > $1 ORDER BY voucher_id",
+                    )
+                    .bind(since)
+                    .persistent(persistent)
+                    .fetch_all(c),
+                )
+            })
+            .await
+    }
+
+    /// The voucher, its buyers and which of `order_ids` are stored, in one
+    /// statement, so one snapshot: an order committed meanwhile is in all
+    /// three or in none.
+    pub async fn sale_snapshot(
+        &self,
+        voucher_id: i64,
+        order_ids: Vec<i64>,
+    ) -> Result<Option<SaleSnapshot>> {
+        let row: Option<Row> = self
+            .db
+            .run(move |c, persistent| {
+                Box::pin(
+                    sqlx::query_as(
+                        "SELECT v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time,
+                                s.sale_mode,
+                                (SELECT array_agg(o.user_id ORDER BY o.id) FROM voucher_orders o
+                                 WHERE o.voucher_id = s.voucher_id) AS users,
+                                (SELECT array_agg(o.id ORDER BY o.id) FROM voucher_orders o
+                                 WHERE o.voucher_id = s.voucher_id) AS orders,
+                                (SELECT array_agg(o.id) FROM voucher_orders o
+                                 WHERE o.id = ANY($2)) AS stored
+                         FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id
+                         WHERE v.id = $1",
+                    )
+                    .bind(voucher_id)
+                    .bind(order_ids.clone())
+                    .persistent(persistent)
+                    .fetch_optional(c),
+                )
+            })
+            .await?;
+        Ok(row.map(|row| SaleSnapshot {
+            voucher: row.voucher,
+            buyers: row
+                .users
+                .unwrap_or_default()
+                .into_iter()
+                .zip(row.orders.unwrap_or_default())
+                .collect(),
+            stored: row.stored.unwrap_or_default(),
+        }))
+    }
+}
