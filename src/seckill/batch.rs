@@ -333,14 +333,25 @@ async fn redraw(inner: &Inner, taken: OrderId, redo: Vec<Pending>) -> Vec<Pendin
 /// Raises the day's id counter of `taken` past every id Postgres holds for
 /// that day.
 async fn recover_id_counter(inner: &Inner, taken: OrderId) -> Result<()> {
-    let day = taken.drawn_at();
+    raise_id_counter(&inner.store, &inner.ids, taken.drawn_at(), 0).await?;
+    metrics::counter!("seckill_id_counter_recoveries_total").increment(1);
+    Ok(())
+}
+
+/// Raises the id counter of `day` past every id Postgres holds for that
+/// day and past `at_least` (ids known to be handed out but not stored).
+pub(super) async fn raise_id_counter(
+    store: &Store,
+    ids: &IdGenerator,
+    day: chrono::DateTime<chrono::Utc>,
+    at_least: u32,
+) -> Result<()> {
     let range = id::day_range(day).ok_or_else(|| {
         SeckillError::redis_unavailable("Redis's clock is outside the order id range")
     })?;
-    let highest = inner.store.highest_sequence(range).await?;
-    inner.ids.raise_day(day, highest).await?;
-    metrics::counter!("seckill_id_counter_recoveries_total").increment(1);
-    tracing::warn!(%day, highest, "raised the order-id counter past the ids already used");
+    let highest = store.highest_sequence(range).await?.max(at_least);
+    ids.raise_day(day, highest).await?;
+    tracing::info!(%day, highest, "raised the order-id counter past the ids already used");
     Ok(())
 }
 

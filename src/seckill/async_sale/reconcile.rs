@@ -14,6 +14,8 @@ use deadpool_redis::redis::{self, streams::StreamRangeReply};
 use serde::Serialize;
 
 use super::{writer, AsyncSales};
+use crate::id::OrderId;
+use crate::seckill::batch::raise_id_counter;
 use crate::seckill::error::{Result, SeckillError};
 
 /// Most field-value pairs in one HSET of the buyers.
@@ -84,6 +86,19 @@ impl AsyncSales {
             }
         }
         let stock = (i64::from(snapshot.voucher.stock) - pending).max(0);
+        // A Redis that lost the sale lost the day's id counter too: it
+        // would hand out ids that orders hold already. Raised past those
+        // stored and those accepted before the sale reopens.
+        let today = inner.clock.now();
+        let day = crate::id::day_range(today);
+        let accepted_today = accepted
+            .iter()
+            .filter(|(order, _)| day.as_ref().is_some_and(|d| d.contains(order)))
+            .filter_map(|(order, _)| OrderId::from_stored(*order))
+            .map(OrderId::sequence)
+            .max()
+            .unwrap_or(0);
+        raise_id_counter(&inner.store, &inner.ids, today, accepted_today).await?;
 
         inner
             .redis

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis::{self, streams::StreamId};
 
 use super::{AsyncSales, SaleKeys, GROUP};
-use crate::seckill::batch::sell_batch;
+use crate::seckill::batch::{raise_id_counter, sell_batch};
 use crate::store::{Sale, SaleRequest};
 
 /// Pause when the stream had nothing new.
@@ -237,6 +237,16 @@ async fn commit(
                         .record((now_ms - entry.at_ms).max(0) as f64 / 1000.0);
                 }
                 Some(reason) => refused.push((entry.order_id, reason)),
+            }
+        }
+    }
+    // Ids taken already: the day's counter was lost (a Redis or a cluster
+    // node that failed over without it); raised so that the next ids are
+    // free. The orders accepted under taken ids are reported.
+    if let Some((taken, _)) = refused.iter().find(|(_, reason)| *reason == "id_taken") {
+        if let Some(day) = crate::id::OrderId::from_stored(*taken).map(|id| id.drawn_at()) {
+            if let Err(error) = raise_id_counter(&inner.store, &inner.ids, day, 0).await {
+                tracing::warn!(%error, "raising the order-id counter failed");
             }
         }
     }
