@@ -35,6 +35,15 @@ pub enum KvError {
 }
 
 impl KvError {
+    /// The error code of Redis's answer (`BUSYGROUP`, `NOGROUP`, ...), if
+    /// Redis answered with an error.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Self::Redis(error) | Self::Pool(PoolError::Backend(error)) => error.code(),
+            _ => None,
+        }
+    }
+
     /// Whether Redis is away, slow or between masters, so that the same
     /// call may succeed later (the service answers 503), rather than a bug.
     pub fn is_transient(&self) -> bool {

@@ -227,12 +227,11 @@ impl AsyncSales {
 
     async fn load_if_missing(&self, voucher_id: i64) {
         let keys = self.keys(voucher_id);
-        let loaded: Result<bool> = self
+        let loaded = self
             .inner
             .redis
-            .query(redis::cmd("EXISTS").arg(&keys.sale))
-            .await
-            .map_err(Into::into);
+            .query::<bool>(redis::cmd("EXISTS").arg(&keys.sale))
+            .await;
         if let Ok(false) = loaded {
             match self.reconcile(voucher_id).await {
                 Ok(done) => tracing::info!(voucher_id, ?done, "loaded an async sale into Redis"),

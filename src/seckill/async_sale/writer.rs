@@ -10,7 +10,6 @@
 //! the others (`XAUTOCLAIM`) once idle for `claim_idle`. While Postgres is
 //! away the writer keeps its entries and tries them again.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, streams::StreamId};
@@ -69,7 +68,7 @@ pub(super) async fn write(sales: AsyncSales, voucher_id: i64) {
         let entries = match next_entries(&sales, &keys, &read).await {
             Ok(entries) => entries,
             Err(error) => {
-                if error.to_string().contains("NOGROUP") {
+                if error.code() == Some("NOGROUP") {
                     group_ready = false;
                 } else {
                     tracing::warn!(voucher_id, %error, "reading an async sale's stream failed");
@@ -109,7 +108,7 @@ pub(super) async fn ensure_group(sales: &AsyncSales, keys: &SaleKeys) -> bool {
         .arg("MKSTREAM");
     match sales.inner.redis.query::<()>(&create).await {
         Ok(()) => true,
-        Err(error) if error.to_string().contains("BUSYGROUP") => true,
+        Err(error) if error.code() == Some("BUSYGROUP") => true,
         Err(error) => {
             tracing::warn!(%error, "cannot create an async sale's consumer group");
             false
@@ -274,8 +273,6 @@ async fn commit(
         .iter()
         .chain(&malformed)
         .map(|e| e.stream_id.as_str())
-        .collect::<HashSet<_>>()
-        .into_iter()
         .collect();
     let mut ack = redis::cmd("XACK");
     ack.arg(&keys.orders).arg(GROUP).arg(&stream_ids);
