@@ -11,8 +11,14 @@
 --          under way): the sale pauses rather than sell stock twice
 -- KEYS[2]  the buyers: a hash user id -> order id
 -- KEYS[3]  the stream of accepted orders
+-- KEYS[4]  optional: the order's lookup key ("<voucher>:<user>:<now_ms>",
+--          for GET /orders/{id} while pending); given on a single Redis,
+--          where it saves a round trip (on a cluster it is in another
+--          slot and the caller writes it)
 -- ARGV[1]  the user id
 -- ARGV[2]  the order id drawn for this purchase (lua/order_id.lua)
+-- ARGV[3]  with KEYS[4]: the voucher id
+-- ARGV[4]  with KEYS[4]: the lookup key's life in seconds
 --
 -- Returns {1, now_ms}       accepted: the order is in the stream
 --         {-1}              the sale has not begun (Redis's clock)
@@ -42,4 +48,7 @@ end
 redis.call('hincrby', KEYS[1], 'stock', -1)
 redis.call('hset', KEYS[2], ARGV[1], ARGV[2])
 redis.call('xadd', KEYS[3], '*', 'order', ARGV[2], 'user', ARGV[1], 'at', now)
+if KEYS[4] then
+    redis.call('set', KEYS[4], ARGV[3] .. ':' .. ARGV[1] .. ':' .. now, 'EX', ARGV[4])
+end
 return {1, now}

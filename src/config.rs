@@ -82,6 +82,13 @@ pub struct Settings {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub sale_batch_max: u64,
 
+    /// Most accepted orders an async sale's writer takes from the stream
+    /// and commits in one transaction. Larger than group commit's cap: no
+    /// buyer waits on this batch, and a backlog drains faster in big ones.
+    #[arg(long, env = "SECKILL_ASYNC_BATCH_MAX", default_value_t = 1024,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub async_batch_max: u64,
+
     /// Lease of the per-user purchase lock, in milliseconds.
     #[arg(long, env = "SECKILL_LOCK_LEASE_MS", default_value_t = 10_000)]
     pub lock_lease_ms: u64,

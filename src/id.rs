@@ -7,12 +7,18 @@
 //! Redis served them. A counter past 2^32 - 1 is an error, never a wrap.
 //! A counter that Redis lost (a restart without persistence, a failover)
 //! is raised past the ids already used with [`IdGenerator::raise_day`].
+//!
+//! [`IdGenerator::next_id`] batches naturally, as group commit does: the
+//! callers that arrive while a draw is in flight share the next one
+//! (`INCRBY n`), so a crowd costs one round trip per draw, not per id.
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, NaiveTime, Utc};
 use deadpool_redis::redis::Script;
+use tokio::sync::oneshot;
 
 use crate::kv::{Kv, KvError};
 
@@ -109,13 +115,24 @@ pub enum IdError {
     DayUnsettled,
 }
 
-/// Draws order ids from Redis.
+/// Draws order ids from Redis. Cheap to clone; clones share their
+/// waiting callers.
 #[derive(Clone)]
 pub struct IdGenerator {
     redis: Kv,
     prefix: String,
     script: Script,
     raise: Script,
+    queue: Arc<Mutex<Queue>>,
+}
+
+/// Callers of [`IdGenerator::next_id`] waiting for the next draw. `None`
+/// tells a caller that the shared draw failed.
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<oneshot::Sender<Option<OrderId>>>,
+    /// A draw is in flight: new callers wait for the one after it.
+    drawing: bool,
 }
 
 impl IdGenerator {
@@ -126,6 +143,7 @@ impl IdGenerator {
             prefix: prefix.into(),
             script: Script::new(include_str!("../lua/order_id.lua")),
             raise: Script::new(include_str!("../lua/order_id_raise.lua")),
+            queue: Arc::default(),
         }
     }
 
@@ -134,10 +152,58 @@ impl IdGenerator {
         format!("{}icr:order:{}", self.prefix, at.format("%Y:%m:%d"))
     }
 
-    /// The next order id.
+    /// The next order id, drawn together with those of the callers that
+    /// wait beside this one. If the shared draw fails, this caller draws
+    /// alone and hears its own answer.
     pub async fn next_id(&self) -> Result<OrderId, IdError> {
-        let ids = self.next_ids(1).await?;
-        Ok(ids[0])
+        let (reply, answer) = oneshot::channel();
+        let lead = {
+            let mut queue = self.queue.lock().expect("id queue lock");
+            queue.waiting.push(reply);
+            !std::mem::replace(&mut queue.drawing, true)
+        };
+        if lead {
+            // Its own task: a caller that gives up must not strand the
+            // others (every draw is bounded by the Redis deadline).
+            tokio::spawn(self.clone().draw_for_waiting());
+        }
+        match answer.await {
+            Ok(Some(id)) => Ok(id),
+            _ => Ok(self.next_ids(1).await?[0]),
+        }
+    }
+
+    /// Draws for everyone waiting, again and again, until nobody is.
+    async fn draw_for_waiting(self) {
+        loop {
+            let waiting: Vec<_> = {
+                let mut queue = self.queue.lock().expect("id queue lock");
+                if queue.waiting.is_empty() {
+                    queue.drawing = false;
+                    return;
+                }
+                std::mem::take(&mut queue.waiting)
+            };
+            let waiting: Vec<_> = waiting.into_iter().filter(|w| !w.is_closed()).collect();
+            let Ok(count) = u32::try_from(waiting.len()) else {
+                continue;
+            };
+            if count == 0 {
+                continue;
+            }
+            match self.next_ids(count).await {
+                Ok(ids) => {
+                    for (reply, id) in waiting.into_iter().zip(ids) {
+                        let _ = reply.send(Some(id));
+                    }
+                }
+                Err(_) => {
+                    for reply in waiting {
+                        let _ = reply.send(None);
+                    }
+                }
+            }
+        }
     }
 
     /// `count` (at least 1) new order ids from one round trip, increasing,

@@ -239,6 +239,12 @@ impl Kv {
         }
     }
 
+    /// Whether this is a Redis Cluster (a script's keys must then share a
+    /// slot).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.pool, Pools::Cluster { .. })
+    }
+
     /// Runs one command (or a `MULTI`-less pipeline's worth, via `Cmd`).
     pub async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, KvError> {
         let mut conn = self.connection().await?;
@@ -267,7 +273,7 @@ impl Kv {
         let mut write = redis::cmd("SET");
         write.arg(key).arg(1).arg("PX").arg(10_000);
         self.query::<()>(&write).await?;
-        if matches!(self.pool, Pools::Cluster { .. }) {
+        if self.is_cluster() {
             let info: String = self.query(redis::cmd("CLUSTER").arg("INFO")).await?;
             if !info.lines().any(|line| line.trim() == "cluster_state:ok") {
                 return Err(KvError::Redis(redis::RedisError::from((

@@ -79,6 +79,7 @@ impl Application {
                 lock_lease: settings.lock_lease(),
                 voucher_cache_ttl: settings.voucher_cache_ttl(),
                 sale_batch_max: usize::try_from(settings.sale_batch_max).unwrap_or(1),
+                async_batch_max: usize::try_from(settings.async_batch_max).unwrap_or(1),
                 async_claim_idle: (settings.dependency_timeout() * 3).max(Duration::from_secs(5)),
             },
         );

@@ -10,6 +10,24 @@ use serde_json::{json, Value};
 
 use crate::service::Target;
 
+/// How a voucher sells (the contract's `sale_mode`).
+#[derive(Debug, Clone, Copy)]
+pub enum SaleMode {
+    /// The order is in Postgres when the buyer hears `200`.
+    Sync,
+    /// Redis accepts (`202 pending`); the stream writers store it.
+    Async,
+}
+
+impl SaleMode {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Sync => "sync",
+            Self::Async => "async",
+        }
+    }
+}
+
 pub struct Admin<'a> {
     client: reqwest::Client,
     target: &'a Target,
@@ -65,11 +83,17 @@ impl<'a> Admin<'a> {
     }
 
     /// A voucher on sale from a minute ago for `hours`.
-    pub async fn create_voucher(&self, stock: i64, hours: i64) -> Result<i64, String> {
+    pub async fn create_voucher(
+        &self,
+        mode: SaleMode,
+        stock: i64,
+        hours: i64,
+    ) -> Result<i64, String> {
         let now = Utc::now();
         let body = json!({
             "title": "load test",
             "stock": stock,
+            "sale_mode": mode.name(),
             "begin_time": now - chrono::Duration::minutes(1),
             "end_time": now + chrono::Duration::hours(hours),
         });

@@ -12,7 +12,7 @@ use clap::Args;
 use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
-use crate::api::Admin;
+use crate::api::{Admin, SaleMode};
 use crate::drive::{drive, Plan, Request, Tally};
 use crate::invariants::Check;
 use crate::service::{Launch, Target};
@@ -159,7 +159,9 @@ async fn throughput(
     args: &GroupCommitArgs,
 ) -> Result<(Tally, Check, f64), String> {
     let admin = Admin::new(target);
-    let voucher = admin.create_voucher(i64::from(i32::MAX), 2).await?;
+    let voucher = admin
+        .create_voucher(SaleMode::Sync, i64::from(i32::MAX), 2)
+        .await?;
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
     let plan = purchases(target, voucher, &tokens, 1);
     let started = chrono::Utc::now().timestamp();
@@ -190,7 +192,7 @@ async fn flash(
         Some(_) => (args.flash_users * 2, args.flash_users),
         None => (args.flash_users, args.flash_stock),
     };
-    let voucher = admin.create_voucher(stock, 2).await?;
+    let voucher = admin.create_voucher(SaleMode::Sync, stock, 2).await?;
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, users).await?;
     let mut plan = purchases(target, voucher, &tokens, 3);
     plan.shuffle(&mut rand::rng());

@@ -8,7 +8,9 @@
 //! invariant failed.
 
 mod api;
+mod asyncsale;
 mod ceilings;
+mod cpu;
 mod drive;
 mod groupcommit;
 mod invariants;
@@ -26,7 +28,7 @@ use clap::{Args, Parser, Subcommand};
 use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
-use api::Admin;
+use api::{Admin, SaleMode};
 use drive::{drive, Plan, Request, Tally};
 use invariants::{Check, Observed};
 use service::{Launch, Target};
@@ -89,6 +91,10 @@ enum Scenario {
     /// Group commit against one order per transaction, on one and two
     /// instances, and with one of two instances killed mid-crowd.
     Groupcommit(groupcommit::GroupCommitArgs),
+    /// Async (Redis-first) sales beside the sync path: accepted/s against
+    /// /healthz, accepted -> confirmed, the writers' drain rate against
+    /// group commit's, an async flash crowd; the goals judged.
+    Async(asyncsale::AsyncArgs),
 }
 
 #[derive(Args, Clone)]
@@ -219,10 +225,10 @@ async fn main() -> ExitCode {
     exit(result.map(|reports| {
         print_table(&reports);
         let sections: Vec<report::Section> = reports.iter().map(report_section).collect();
-        let name = if let [only] = reports.as_slice() {
-            only.scenario
-        } else {
-            "all"
+        let name = match (&cli.scenario, reports.as_slice()) {
+            (Scenario::Async(_), _) => "async",
+            (_, [only]) => only.scenario,
+            _ => "all",
         };
         save_report(
             name,
@@ -240,7 +246,7 @@ async fn main() -> ExitCode {
                 }
             }
             json!({
-                "scenario": "all",
+                "scenario": name,
                 "requests": reports.iter().map(|r| r.tally.requests).sum::<u64>(),
                 "status": status,
                 "orders": reports.iter().map(|r| r.check.orders).sum::<i64>(),
@@ -435,6 +441,7 @@ async fn run(
         Scenario::Hammer(args) => vec![hammer(target, args).await?],
         Scenario::Throughput(args) => vec![throughput(target, args, pgbench_seconds).await?],
         Scenario::Soldout(args) => vec![soldout(target, args).await?],
+        Scenario::Async(args) => asyncsale::run(target, args).await?,
         Scenario::Tokens(_) | Scenario::Lock(_) | Scenario::Lab(_) | Scenario::Groupcommit(_) => {
             unreachable!("handled before a target starts")
         }
@@ -465,7 +472,7 @@ async fn run(
 
 async fn flash(target: &Target, args: &FlashArgs) -> Result<Report, String> {
     let admin = Admin::new(target);
-    let voucher = admin.create_voucher(args.stock, 2).await?;
+    let voucher = admin.create_voucher(SaleMode::Sync, args.stock, 2).await?;
     eprintln!("flash: minting {} tokens", args.users);
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
     let mut plan: Vec<Request> = tokens
@@ -511,7 +518,7 @@ async fn flash(target: &Target, args: &FlashArgs) -> Result<Report, String> {
 
 async fn hammer(target: &Target, args: &HammerArgs) -> Result<Report, String> {
     let admin = Admin::new(target);
-    let voucher = admin.create_voucher(10, 2).await?;
+    let voucher = admin.create_voucher(SaleMode::Sync, 10, 2).await?;
     let token: Arc<str> = admin.tokens(1, 1).await?.remove(0).into();
     let plan = vec![Request::purchase(voucher, token); args.requests];
     let started = chrono::Utc::now().timestamp();
@@ -533,7 +540,9 @@ async fn throughput(
 ) -> Result<Report, String> {
     let admin = Admin::new(target);
     let seconds = args.seconds.unwrap_or(20);
-    let voucher = admin.create_voucher(i64::from(i32::MAX), 2).await?;
+    let voucher = admin
+        .create_voucher(SaleMode::Sync, i64::from(i32::MAX), 2)
+        .await?;
     eprintln!("throughput: minting {} tokens", args.users);
     let plan: Vec<Request> = admin
         .tokens(1, args.users)
@@ -600,7 +609,7 @@ async fn throughput(
 async fn soldout(target: &Target, args: &TimedArgs) -> Result<Report, String> {
     let admin = Admin::new(target);
     let seconds = args.seconds.unwrap_or(10);
-    let voucher = admin.create_voucher(1, 2).await?;
+    let voucher = admin.create_voucher(SaleMode::Sync, 1, 2).await?;
     let buyer = admin.tokens(args.users + 1, 1).await?.remove(0);
     admin.buy_out(voucher, &buyer).await?;
     let users = args.users.min(10_000);

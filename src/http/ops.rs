@@ -17,7 +17,8 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 
-/// Purchases per group commit.
+/// Purchases per group commit (both writers: `seckill_sale_batch_size`,
+/// `seckill_async_batch_size`).
 const BATCH_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
 ];
@@ -31,10 +32,7 @@ pub fn prometheus() -> PrometheusHandle {
             PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
                 .expect("the bucket list is not empty")
-                .set_buckets_for_metric(
-                    Matcher::Full("seckill_sale_batch_size".into()),
-                    BATCH_BUCKETS,
-                )
+                .set_buckets_for_metric(Matcher::Suffix("_batch_size".into()), BATCH_BUCKETS)
                 .expect("the bucket list is not empty")
                 .install_recorder()
                 .expect("no other metrics recorder is installed")

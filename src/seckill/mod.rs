@@ -65,8 +65,10 @@ pub struct SeckillSettings {
     /// how late a restock made elsewhere reaches this instance.
     pub voucher_cache_ttl: Duration,
     /// Most purchases of one voucher committed together (1: one order per
-    /// transaction); also the most stream entries an async writer takes.
+    /// transaction).
     pub sale_batch_max: usize,
+    /// Most stream entries an async writer takes and commits together.
+    pub async_batch_max: usize,
     /// How long an async sale's entry may stay unacknowledged with one
     /// writer before another claims it.
     pub async_claim_idle: Duration,
@@ -199,7 +201,7 @@ impl Seckill {
             ids,
             clock.clone(),
             settings.redis_prefix.clone(),
-            settings.sale_batch_max,
+            settings.async_batch_max,
             settings.async_claim_idle,
         );
         Self {

@@ -118,26 +118,22 @@ impl AsyncSales {
     /// returns, the order is in the voucher's stream and will be written.
     pub(super) async fn purchase(&self, voucher: &Voucher, user_id: i64) -> Result<OrderId> {
         let inner = &self.inner;
-        let order_id = inner
-            .ids
-            .next_ids(1)
-            .await?
-            .into_iter()
-            .next()
-            .ok_or_else(|| SeckillError::Internal("no order id drawn".into()))?;
+        let order_id = inner.ids.next_id().await?;
         let keys = self.keys(voucher.id);
-        let answer: Vec<String> = inner
-            .redis
-            .invoke(
-                inner
-                    .purchase
-                    .key(&keys.sale)
-                    .key(&keys.buyers)
-                    .key(&keys.orders)
-                    .arg(user_id)
-                    .arg(order_id.as_i64()),
-            )
-            .await?;
+        let pending_key = self.pending_key(order_id.as_i64());
+        // On a single Redis the script records the lookup by id too; on a
+        // cluster that key lives in another slot and is written below.
+        let lookup_in_script = !inner.redis.is_cluster();
+        let mut purchase = inner.purchase.prepare_invoke();
+        purchase.key(&keys.sale).key(&keys.buyers).key(&keys.orders);
+        purchase.arg(user_id).arg(order_id.as_i64());
+        if lookup_in_script {
+            purchase
+                .key(&pending_key)
+                .arg(voucher.id)
+                .arg(PENDING_TTL_SECS);
+        }
+        let answer: Vec<String> = inner.redis.invoke(&purchase).await?;
         let code: i64 = answer.first().and_then(|c| c.parse().ok()).unwrap_or(0);
         match code {
             1 => {}
@@ -161,18 +157,19 @@ impl AsyncSales {
                 )))
             }
         }
-        let at_ms: i64 = answer.get(1).and_then(|t| t.parse().ok()).unwrap_or(0);
-        // The lookup by id for GET /orders while the order is pending. The
-        // order is accepted whatever happens here: a lost lookup only
-        // means 404 until the writer has stored it.
-        let mut remember = redis::cmd("SET");
-        remember
-            .arg(self.pending_key(order_id.as_i64()))
-            .arg(format!("{}:{user_id}:{at_ms}", voucher.id))
-            .arg("EX")
-            .arg(PENDING_TTL_SECS);
-        if let Err(error) = inner.redis.query::<()>(&remember).await {
-            tracing::warn!(%order_id, %error, "could not record a pending order's lookup");
+        if !lookup_in_script {
+            let at_ms: i64 = answer.get(1).and_then(|t| t.parse().ok()).unwrap_or(0);
+            // The order is accepted whatever happens here: a lost lookup
+            // only means 404 until the writer has stored it.
+            let mut remember = redis::cmd("SET");
+            remember
+                .arg(&pending_key)
+                .arg(format!("{}:{user_id}:{at_ms}", voucher.id))
+                .arg("EX")
+                .arg(PENDING_TTL_SECS);
+            if let Err(error) = inner.redis.query::<()>(&remember).await {
+                tracing::warn!(%order_id, %error, "could not record a pending order's lookup");
+            }
         }
         metrics::counter!("seckill_async_accepted_total").increment(1);
         Ok(order_id)

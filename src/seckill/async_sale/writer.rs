@@ -207,7 +207,6 @@ async fn commit(
             None => rounds.push(vec![entry]),
         }
     }
-    let now_ms = inner.clock.now().timestamp_millis();
     for round in rounds {
         let requests: Vec<SaleRequest> = round
             .iter()
@@ -221,6 +220,8 @@ async fn commit(
         let sold = sell_batch(&inner.store, voucher_id, &requests)
             .await
             .map_err(|e| e.to_string())?;
+        // Confirmed when committed: measured from the script's clock.
+        let now_ms = inner.clock.now().timestamp_millis();
         for (entry, sale) in round.iter().zip(sold.sales) {
             let reason = match sale {
                 Sale::Sold => None,
