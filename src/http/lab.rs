@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::extract::{voucher_id, Admin, AppJson, User, VoucherIdPath};
 use super::AppState;
-use crate::lab::{Lab, Stall, StallAt, Strategy, MAX_STALL};
+use crate::lab::{Lab, LabOrder, Stall, StallAt, Strategy, MAX_STALL};
 
 fn lab(state: &AppState) -> Result<&Lab, ApiError> {
     // The routes exist only when the lab does; this is for the type.
@@ -31,7 +31,7 @@ pub async fn info(State(state): State<AppState>) -> Result<Json<Value>, ApiError
     Ok(Json(json!({
         "strategies": names,
         "lease_ms": u64::try_from(lab.lease().as_millis()).unwrap_or(u64::MAX),
-        "stall_at": [StallAt::Sale.name(), StallAt::Release.name()],
+        "stall_at": [StallAt::Sale.name(), StallAt::Release.name(), StallAt::Crash.name()],
     })))
 }
 
@@ -55,8 +55,12 @@ pub async fn stats(
     _: Admin,
     VoucherIdPath(id): VoucherIdPath,
 ) -> Result<Json<Value>, ApiError> {
-    let stats = lab(&state)?.stats(id).await?;
+    let lab = lab(&state)?;
+    let stats = lab.stats(id).await?;
+    // Stats come from Postgres; the Redis stock is null while Redis is away.
+    let redis_stock = lab.redis_stock(id).await.ok().flatten();
     Ok(Json(json!({
+        "redis_stock": redis_stock,
         "initial_stock": stats.initial_stock,
         "stock": stats.stock,
         "orders": stats.orders,
@@ -93,7 +97,8 @@ impl<S: Send + Sync> FromRequestParts<S> for LabPath {
 pub struct StallQuery {
     /// How long to pause while holding the guard; none or 0: no pause.
     stall_ms: Option<u64>,
-    /// Where: `sale` (the default) or `release`.
+    /// Where: `sale` (the default) or `release`; or `crash` (the
+    /// Redis-stock designs: the request dies after the Redis step).
     stall_at: Option<String>,
 }
 
@@ -102,9 +107,17 @@ impl StallQuery {
         let at = match self.stall_at.as_deref() {
             None => StallAt::Sale,
             Some(name) => StallAt::from_name(name).ok_or_else(|| {
-                ApiError::BadRequest(format!("stall_at must be sale or release, not {name:?}"))
+                ApiError::BadRequest(format!(
+                    "stall_at must be sale, release or crash, not {name:?}"
+                ))
             })?,
         };
+        if at == StallAt::Crash {
+            return Ok(Some(Stall {
+                at,
+                duration: Duration::ZERO,
+            }));
+        }
         let duration = Duration::from_millis(self.stall_ms.unwrap_or(0));
         if duration > MAX_STALL {
             return Err(ApiError::BadRequest(format!(
@@ -121,11 +134,14 @@ pub async fn purchase(
     User(user_id): User,
     path: LabPath,
     query: Result<Query<StallQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
     let stall = query.stall()?;
-    let order_id = lab(&state)?
+    let order = lab(&state)?
         .purchase(path.strategy, user_id, path.voucher_id, stall)
         .await?;
-    Ok(Json(json!({ "order_id": order_id.to_string() })))
+    Ok(match order {
+        LabOrder::Stored(id) => (StatusCode::OK, Json(json!({ "order_id": id.to_string() }))),
+        LabOrder::Pending => (StatusCode::ACCEPTED, Json(json!({ "status": "pending" }))),
+    })
 }

@@ -1,6 +1,7 @@
-//! The lab: eight purchase strategies, from the naive one that oversells to
-//! the fenced one that holds in every case, run side by side on the lab's
-//! own tables so that each one's failure lands in real rows (LAB.md).
+//! The lab: eleven purchase strategies, from the naive one that oversells to
+//! the fenced one that holds in every case, then the Redis-stock designs
+//! ([`redis_stock`]), run side by side on the lab's own tables so that each
+//! one's failure lands in real rows (LAB.md).
 //!
 //! Each strategy is a small, honest implementation of one design; the only
 //! artificial thing is the [`Stall`] a request may ask for, which pauses it
@@ -12,12 +13,14 @@
 //! "already bought?", then the `stock > 0` sale; the strategies differ only
 //! in the guard (and `fenced` in the sale's fence).
 
+mod redis_stock;
 mod strategy;
 
 pub use strategy::{Stall, StallAt, Strategy};
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_redis::redis;
@@ -57,6 +60,17 @@ struct Inner {
     settings: LabSettings,
     /// Ids of this process's `SET NX` lock owners.
     owners: AtomicU64,
+    /// Lab vouchers whose stream this process runs a writer for.
+    stream_writers: Mutex<HashSet<i64>>,
+}
+
+/// A lab purchase's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabOrder {
+    /// The lab order, in Postgres: its id.
+    Stored(i64),
+    /// `redis_stream`: accepted into the stream; a writer stores it.
+    Pending,
 }
 
 impl Lab {
@@ -71,6 +85,7 @@ impl Lab {
                     .build(),
                 settings,
                 owners: AtomicU64::new(0),
+                stream_writers: Mutex::default(),
             }),
         }
     }
@@ -85,7 +100,10 @@ impl Lab {
     }
 
     pub async fn create_voucher(&self, stock: i64) -> Result<i64> {
-        Ok(self.inner.store.create_voucher(stock_units(stock)?).await?)
+        let units = stock_units(stock)?;
+        let id = self.inner.store.create_voucher(units).await?;
+        self.load_redis_stock(id, units).await?;
+        Ok(id)
     }
 
     pub async fn stats(&self, voucher_id: i64) -> Result<LabStats> {
@@ -97,14 +115,14 @@ impl Lab {
     }
 
     /// Buys one unit of lab voucher `voucher_id` for `user_id` the way
-    /// `strategy` does; the lab order's id.
+    /// `strategy` does.
     pub async fn purchase(
         &self,
         strategy: Strategy,
         user_id: i64,
         voucher_id: i64,
         stall: Option<Stall>,
-    ) -> Result<i64> {
+    ) -> Result<LabOrder> {
         let result = self
             .try_purchase(strategy, user_id, voucher_id, stall)
             .await;
@@ -126,7 +144,15 @@ impl Lab {
         user_id: i64,
         voucher_id: i64,
         stall: Option<Stall>,
-    ) -> Result<i64> {
+    ) -> Result<LabOrder> {
+        if strategy.redis_stock() {
+            if self.inner.store.stock(voucher_id).await?.is_none() {
+                return Err(SeckillError::NotFound("lab voucher"));
+            }
+            return self
+                .redis_stock_purchase(strategy, user_id, voucher_id, stall)
+                .await;
+        }
         let result = match strategy {
             Strategy::Naive | Strategy::Version | Strategy::StockGtZero => {
                 self.unguarded(strategy, user_id, voucher_id, stall).await
@@ -138,13 +164,16 @@ impl Lab {
             Strategy::Reentrant | Strategy::Fenced => {
                 self.reentrant(strategy, user_id, voucher_id, stall).await
             }
+            Strategy::RedisDecr | Strategy::RedisLua | Strategy::RedisStream => {
+                unreachable!("the Redis-stock designs returned above")
+            }
         };
         // A refused sale on an unknown voucher is "not found", not "sold out".
         match result {
             Err(SeckillError::SoldOut) if self.inner.store.stock(voucher_id).await?.is_none() => {
                 Err(SeckillError::NotFound("lab voucher"))
             }
-            other => other,
+            other => other.map(LabOrder::Stored),
         }
     }
 

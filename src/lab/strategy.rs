@@ -24,10 +24,19 @@ pub enum Strategy {
     Reentrant,
     /// `reentrant` plus a fencing token that Postgres checks.
     Fenced,
+    /// Stock in Redis: `GET` it, `DECR` it, then insert the order: goes
+    /// below zero, and a crash between the two loses the order.
+    RedisDecr,
+    /// One Lua script checks the stock and the buyer and decrements; the
+    /// order is inserted inline after it: a crash in between loses it.
+    RedisLua,
+    /// The script also appends the order to a stream that a consumer group
+    /// writes; a writer that dies mid-batch is recovered by a claim.
+    RedisStream,
 }
 
 impl Strategy {
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 11] = [
         Self::Naive,
         Self::Version,
         Self::StockGtZero,
@@ -36,6 +45,9 @@ impl Strategy {
         Self::SetnxOwner,
         Self::Reentrant,
         Self::Fenced,
+        Self::RedisDecr,
+        Self::RedisLua,
+        Self::RedisStream,
     ];
 
     /// The name in routes and tables.
@@ -49,7 +61,15 @@ impl Strategy {
             Self::SetnxOwner => "setnx_owner",
             Self::Reentrant => "reentrant",
             Self::Fenced => "fenced",
+            Self::RedisDecr => "redis_decr",
+            Self::RedisLua => "redis_lua",
+            Self::RedisStream => "redis_stream",
         }
+    }
+
+    /// Whether the stock lives in Redis (the last three designs).
+    pub fn redis_stock(self) -> bool {
+        matches!(self, Self::RedisDecr | Self::RedisLua | Self::RedisStream)
     }
 
     pub fn from_name(name: &str) -> Option<Self> {
@@ -73,6 +93,11 @@ pub enum StallAt {
     /// `setnx_owner`, between its `GET` and its delete): the pause that
     /// lets a release land on someone else's lock.
     Release,
+    /// The Redis-stock designs only: the process "dies" right after the
+    /// Redis step (the request answers 503 and does nothing more); for
+    /// `redis_stream`, the first writer that reads the order dies with its
+    /// batch unacknowledged.
+    Crash,
 }
 
 impl StallAt {
@@ -80,11 +105,12 @@ impl StallAt {
         match self {
             Self::Sale => "sale",
             Self::Release => "release",
+            Self::Crash => "crash",
         }
     }
 
     pub fn from_name(name: &str) -> Option<Self> {
-        [Self::Sale, Self::Release]
+        [Self::Sale, Self::Release, Self::Crash]
             .into_iter()
             .find(|s| s.name() == name)
     }
@@ -106,7 +132,7 @@ mod tests {
         for strategy in Strategy::ALL {
             assert_eq!(Strategy::from_name(strategy.name()), Some(strategy));
         }
-        for at in [StallAt::Sale, StallAt::Release] {
+        for at in [StallAt::Sale, StallAt::Release, StallAt::Crash] {
             assert_eq!(StallAt::from_name(at.name()), Some(at));
         }
         assert_eq!(Strategy::from_name("Naive"), None);

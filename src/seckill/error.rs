@@ -48,7 +48,7 @@ impl SeckillError {
         }
     }
 
-    pub(super) fn redis_unavailable(detail: impl ToString) -> Self {
+    pub(crate) fn redis_unavailable(detail: impl ToString) -> Self {
         Self::Unavailable {
             dependency: "Redis",
             detail: detail.to_string(),

@@ -134,6 +134,41 @@ sqlx::query_scalar(
     /// The `stock > 0` sale behind a fence: refused when `token` is smaller
     /// than the last token written for this user and voucher (the shape of
     /// `store::SELL_BATCH`).
+    /// Stores an order a Redis-stock design accepted: once per user (a
+    /// writer may store an entry twice), decrementing the stock as Redis
+    /// did. `None` when the user has the order already.
+    pub async fn store_accepted(
+        &self,
+        strategy: &str,
+        user_id: i64,
+        voucher_id: i64,
+    ) -> Result<Option<i64>> {
+        let strategy = strategy.to_owned();
+        self.db
+            .run(move |c, persistent| {
+                Box::pin(
+                    sqlx::query_scalar(
+                        "WITH taken AS (
+                             UPDATE lab_vouchers SET stock = stock - 1
+                             WHERE id = $1 AND NOT EXISTS (
+                                 SELECT 1 FROM lab_orders WHERE voucher_id = $1 AND user_id = $2
+                             )
+                             RETURNING id
+                         )
+                         INSERT INTO lab_orders (voucher_id, user_id, strategy)
+                         SELECT id, $2, $3 FROM taken
+                         RETURNING id",
+                    )
+                    .bind(voucher_id)
+                    .bind(user_id)
+                    .bind(strategy)
+                    .persistent(persistent)
+                    .fetch_optional(c),
+                )
+            })
+            .await
+    }
+
     pub async fn sell_fenced(
         &self,
         strategy: &str,

@@ -284,7 +284,7 @@ async fn lab_rejects_bad_input_and_changes_nothing() {
     assert_eq!(vouchers, 1);
     let (status, info) = app.admin_get("/lab").await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(info["strategies"].as_array().unwrap().len(), 8);
+    assert_eq!(info["strategies"].as_array().unwrap().len(), 11);
     assert_eq!(info["lease_ms"], LEASE_MS);
 }
 
@@ -508,4 +508,108 @@ async fn lab_answers_503_while_redis_is_away_and_recovers() {
     let after = rows(&app, voucher).await;
     after.assert_consistent();
     assert_eq!((after.orders, after.users), (4, 4));
+}
+
+/// The Redis stock of a lab voucher, from its stats.
+async fn redis_stock(app: &TestApp, voucher: i64) -> i64 {
+    let (status, body) = app
+        .admin_get(&format!("/admin/lab/vouchers/{voucher}/stats"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["redis_stock"]
+        .as_i64()
+        .expect("a lab voucher has a Redis stock")
+}
+
+#[tokio::test]
+async fn redis_decr_takes_the_redis_stock_below_zero_and_oversells() {
+    let app = lab_app().await;
+    let bases = [app.base.clone()];
+    let seen = until_seen(
+        5,
+        || crowd(&app, &bases, "redis_decr", 200, 1, 20),
+        |r| r.oversold() > 0,
+        "redis_decr's oversell",
+    )
+    .await;
+    assert!(seen.last().unwrap().stock < 0);
+}
+
+#[tokio::test]
+async fn redis_lua_holds_the_stock_and_the_user_under_a_crowd() {
+    let app = lab_app().await;
+    let bases = [app.base.clone()];
+    let rows = crowd(&app, &bases, "redis_lua", 150, 3, 100).await;
+    rows.assert_consistent();
+    assert_eq!((rows.orders, rows.users, rows.stock), (100, 100, 0));
+}
+
+/// `users` users buy one unit each of a `users`-unit voucher with
+/// `strategy`; every other user's request crashes between Redis and
+/// Postgres. Returns the voucher, and the answers by status.
+async fn crash_every_other(app: &TestApp, strategy: &str, users: i64) -> (i64, Vec<StatusCode>) {
+    let voucher = lab_voucher(app, users).await;
+    let tokens = app.tokens(1..=users).await;
+    let answers = join_all(tokens.iter().map(|(user, token)| {
+        let mut url = lab_url(&app.base, strategy, voucher, None);
+        if user % 2 == 0 {
+            url.push_str("?stall_at=crash");
+        }
+        let client = app.client.clone();
+        async move { post_purchase(&client, &url, token).await.0 }
+    }))
+    .await;
+    (voucher, answers)
+}
+
+#[tokio::test]
+async fn a_crash_between_redis_and_postgres_loses_what_redis_lua_accepted() {
+    let app = lab_app().await;
+    let (voucher, answers) = crash_every_other(&app, "redis_lua", 20).await;
+    let crashed = answers
+        .iter()
+        .filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE)
+        .count();
+    assert_eq!(crashed, 10, "{answers:?}");
+    let rows = rows(&app, voucher).await;
+    rows.assert_consistent();
+    // Redis took all 20 units; Postgres got the 10 that did not crash.
+    assert_eq!(redis_stock(&app, voucher).await, 0);
+    assert_eq!(rows.orders, 10);
+    // The 10 crashed users are Redis's buyers: they cannot buy again.
+    let tokens = app.tokens(2..=2).await;
+    let (status, code) = post_purchase(
+        &app.client,
+        &lab_url(&app.base, "redis_lua", voucher, None),
+        &tokens[&2],
+    )
+    .await;
+    assert_eq!(
+        (status, code.as_str()),
+        (StatusCode::CONFLICT, "sold_out"),
+        "the units are gone in Redis"
+    );
+}
+
+#[tokio::test]
+async fn a_writer_that_dies_mid_batch_loses_nothing_of_redis_stream() {
+    let app = lab_app().await;
+    let (voucher, answers) = crash_every_other(&app, "redis_stream", 20).await;
+    assert!(
+        answers.iter().all(|s| *s == StatusCode::ACCEPTED),
+        "{answers:?}"
+    );
+    assert_eq!(redis_stock(&app, voucher).await, 0);
+    // The first writer to read a marked order drops its batch unacknowledged;
+    // a claim after the lease (500 ms) stores it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let rows = loop {
+        let rows = rows(&app, voucher).await;
+        if rows.orders == 20 || std::time::Instant::now() > deadline {
+            break rows;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    rows.assert_consistent();
+    assert_eq!((rows.orders, rows.users, rows.stock), (20, 20, 0));
 }

@@ -1,0 +1,286 @@
+//! The lab's Redis-stock designs: `redis_decr`, `redis_lua` and
+//! `redis_stream`, each the form teams copy, with a crash injectable
+//! between the Redis step and the Postgres step ([`StallAt::Crash`]).
+//!
+//! Every lab voucher has its Redis side from birth (its stock, its buyers,
+//! its stream, under the voucher's hash tag); the lab's stats read the
+//! Redis stock back, so that orders Redis accepted and Postgres never got
+//! show as a count. `redis_stream`'s writer is the production design in
+//! miniature: a consumer group, acknowledgement after the insert,
+//! `XAUTOCLAIM` of a dead consumer's entries, and an insert that stores a
+//! user's order once however often it is written.
+
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis::{self, streams::StreamId, Script};
+
+use super::{Lab, LabOrder, Stall, StallAt, Strategy};
+use crate::seckill::{Result, SeckillError};
+use crate::store::Decrement;
+
+/// The check-and-decrement of `redis_lua` and `redis_stream`.
+///
+/// KEYS[1] stock, KEYS[2] buyers (a set), KEYS[3] the stream or, for
+/// `redis_lua`, nothing; ARGV[1] the user, ARGV[2] "1" when this order is
+/// marked to crash its first writer. Returns 1 (accepted), -1 (sold out),
+/// -2 (this user bought already).
+const CHECK_AND_DECREMENT: &str = r"
+local stock = tonumber(redis.call('get', KEYS[1]) or '0')
+if stock <= 0 then return -1 end
+if redis.call('sismember', KEYS[2], ARGV[1]) == 1 then return -2 end
+redis.call('decr', KEYS[1])
+redis.call('sadd', KEYS[2], ARGV[1])
+if KEYS[3] then
+    redis.call('xadd', KEYS[3], '*', 'user', ARGV[1], 'crash', ARGV[2])
+end
+return 1
+";
+
+/// The consumer group of every lab stream.
+const GROUP: &str = "lab-writers";
+/// A lab writer with nothing to do for this long stops; the next purchase
+/// of its voucher in this instance starts another.
+const WRITER_IDLE: Duration = Duration::from_secs(30);
+
+/// A lab voucher's Redis keys, in one cluster slot.
+pub(super) struct Keys {
+    pub stock: String,
+    pub buyers: String,
+    pub orders: String,
+}
+
+pub(super) fn keys(prefix: &str, voucher_id: i64) -> Keys {
+    let base = format!("{prefix}stock:{{{voucher_id}}}");
+    Keys {
+        stock: format!("{base}:units"),
+        buyers: format!("{base}:buyers"),
+        orders: format!("{base}:orders"),
+    }
+}
+
+/// The request's "death" right after the Redis step.
+fn crashed(stall: Option<Stall>) -> bool {
+    stall.is_some_and(|s| s.at == StallAt::Crash)
+}
+
+fn crash_error() -> SeckillError {
+    SeckillError::redis_unavailable("the lab crashed this request between Redis and Postgres")
+}
+
+impl Lab {
+    /// Puts a new lab voucher's stock into Redis.
+    pub(super) async fn load_redis_stock(&self, voucher_id: i64, stock: i32) -> Result<()> {
+        let keys = keys(&self.inner.settings.redis_prefix, voucher_id);
+        let _: () = self
+            .inner
+            .redis
+            .query(redis::cmd("SET").arg(&keys.stock).arg(stock))
+            .await?;
+        Ok(())
+    }
+
+    /// The Redis stock of a lab voucher, if it has one.
+    pub async fn redis_stock(&self, voucher_id: i64) -> Result<Option<i64>> {
+        let keys = keys(&self.inner.settings.redis_prefix, voucher_id);
+        Ok(self
+            .inner
+            .redis
+            .query(redis::cmd("GET").arg(&keys.stock))
+            .await?)
+    }
+
+    /// `redis_decr`, `redis_lua` and `redis_stream`.
+    pub(super) async fn redis_stock_purchase(
+        &self,
+        strategy: Strategy,
+        user_id: i64,
+        voucher_id: i64,
+        stall: Option<Stall>,
+    ) -> Result<LabOrder> {
+        let inner = &self.inner;
+        let keys = keys(&inner.settings.redis_prefix, voucher_id);
+        let store = &inner.store;
+        if strategy == Strategy::RedisDecr {
+            // Check, then act, in two round trips: the race is between them.
+            let stock: Option<i64> = inner
+                .redis
+                .query(redis::cmd("GET").arg(&keys.stock))
+                .await?;
+            if stock.unwrap_or(0) <= 0 {
+                return Err(SeckillError::SoldOut);
+            }
+            if store.has_order(user_id, voucher_id).await? {
+                return Err(SeckillError::AlreadyPurchased { order_id: None });
+            }
+            let _: i64 = inner
+                .redis
+                .query(redis::cmd("DECR").arg(&keys.stock))
+                .await?;
+        } else {
+            let script = Script::new(CHECK_AND_DECREMENT);
+            let mut call = script.prepare_invoke();
+            call.key(&keys.stock).key(&keys.buyers);
+            if strategy == Strategy::RedisStream {
+                call.key(&keys.orders);
+            }
+            call.arg(user_id)
+                .arg(if crashed(stall) { "1" } else { "0" });
+            let answer: i64 = inner.redis.invoke(&call).await?;
+            match answer {
+                1 => {}
+                -1 => return Err(SeckillError::SoldOut),
+                _ => return Err(SeckillError::AlreadyPurchased { order_id: None }),
+            }
+        }
+        if strategy == Strategy::RedisStream {
+            self.ensure_stream_writer(voucher_id);
+            return Ok(LabOrder::Pending);
+        }
+        if crashed(stall) {
+            return Err(crash_error());
+        }
+        store
+            .sell(strategy.name(), user_id, voucher_id, Decrement::Always)
+            .await?
+            .map(LabOrder::Stored)
+            .ok_or(SeckillError::NotFound("lab voucher"))
+    }
+
+    fn ensure_stream_writer(&self, voucher_id: i64) {
+        let started = self
+            .inner
+            .stream_writers
+            .lock()
+            .expect("lab writers lock")
+            .insert(voucher_id);
+        if started {
+            tokio::spawn(self.clone().write_stream(voucher_id));
+        }
+    }
+
+    /// One lab writer: claims entries idle past the lease (a dead writer's),
+    /// reads new ones, stores them, acknowledges; a batch holding an order
+    /// marked to crash, read for the first time, is dropped unacknowledged
+    /// (the writer "died" with it) and recovered by a later claim.
+    async fn write_stream(self, voucher_id: i64) {
+        let inner = &self.inner;
+        let keys = keys(&inner.settings.redis_prefix, voucher_id);
+        let mut create = redis::cmd("XGROUP");
+        create
+            .arg("CREATE")
+            .arg(&keys.orders)
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM");
+        if let Err(error) = inner.redis.query::<()>(&create).await {
+            if error.code() != Some("BUSYGROUP") {
+                tracing::warn!(voucher_id, %error, "lab stream group");
+            }
+        }
+        let consumer = format!("{}:{voucher_id}", inner.locks.process_id());
+        let idle_ms = u64::try_from(inner.settings.lease.as_millis()).unwrap_or(u64::MAX);
+        let mut last_work = Instant::now();
+        while last_work.elapsed() < WRITER_IDLE {
+            let claimed = self.claim(&keys, &consumer, idle_ms).await;
+            let fresh = self.read_new(&keys, &consumer).await;
+            let (claimed, fresh) = match (claimed, fresh) {
+                (Ok(c), Ok(f)) => (c, f),
+                (Err(error), _) | (_, Err(error)) => {
+                    tracing::warn!(voucher_id, %error, "lab stream writer");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            if claimed.is_empty() && fresh.is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            last_work = Instant::now();
+            let dies = fresh
+                .iter()
+                .any(|e| e.get::<String>("crash").as_deref() == Some("1"));
+            if dies {
+                tracing::info!(
+                    voucher_id,
+                    entries = fresh.len(),
+                    "lab writer crashed with its batch unacknowledged"
+                );
+            }
+            let batches = if dies {
+                vec![claimed]
+            } else {
+                vec![claimed, fresh]
+            };
+            for entries in batches {
+                if let Err(error) = self.store_entries(voucher_id, &keys, &entries).await {
+                    tracing::warn!(voucher_id, %error, "lab stream writer: not stored yet");
+                }
+            }
+        }
+        inner
+            .stream_writers
+            .lock()
+            .expect("lab writers lock")
+            .remove(&voucher_id);
+    }
+
+    async fn claim(&self, keys: &Keys, consumer: &str, idle_ms: u64) -> Result<Vec<StreamId>> {
+        let mut claim = redis::cmd("XAUTOCLAIM");
+        claim
+            .arg(&keys.orders)
+            .arg(GROUP)
+            .arg(consumer)
+            .arg(idle_ms)
+            .arg("0-0")
+            .arg("COUNT")
+            .arg(100);
+        let reply: redis::streams::StreamAutoClaimReply = self.inner.redis.query(&claim).await?;
+        Ok(reply.claimed)
+    }
+
+    async fn read_new(&self, keys: &Keys, consumer: &str) -> Result<Vec<StreamId>> {
+        let mut read = redis::cmd("XREADGROUP");
+        read.arg("GROUP")
+            .arg(GROUP)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(100)
+            .arg("STREAMS")
+            .arg(&keys.orders)
+            .arg(">");
+        let reply: Option<redis::streams::StreamReadReply> = self.inner.redis.query(&read).await?;
+        Ok(reply
+            .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect())
+            .unwrap_or_default())
+    }
+
+    /// Stores each entry's order (once per user), then acknowledges and
+    /// deletes the entries.
+    async fn store_entries(
+        &self,
+        voucher_id: i64,
+        keys: &Keys,
+        entries: &[StreamId],
+    ) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let name = Strategy::RedisStream.name();
+        for entry in entries {
+            if let Some(user_id) = entry.get::<i64>("user") {
+                self.inner
+                    .store
+                    .store_accepted(name, user_id, voucher_id)
+                    .await?;
+            }
+        }
+        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        let mut ack = redis::cmd("XACK");
+        ack.arg(&keys.orders).arg(GROUP).arg(&ids);
+        let _: i64 = self.inner.redis.query(&ack).await?;
+        let mut delete = redis::cmd("XDEL");
+        delete.arg(&keys.orders).arg(&ids);
+        let _: i64 = self.inner.redis.query(&delete).await?;
+        Ok(())
+    }
+}
