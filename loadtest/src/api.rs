@@ -49,6 +49,8 @@ pub struct LabStats {
     pub orders: i64,
     pub distinct_users: i64,
     pub foreign_releases: i64,
+    /// The lab voucher's stock in Redis (the Redis-stock designs).
+    pub redis_stock: Option<i64>,
 }
 
 impl<'a> Admin<'a> {
@@ -218,6 +220,7 @@ impl<'a> Admin<'a> {
             orders: field("orders")?,
             distinct_users: field("distinct_users")?,
             foreign_releases: field("foreign_releases")?,
+            redis_stock: s["redis_stock"].as_i64(),
         })
     }
 

@@ -20,7 +20,7 @@ use crate::drive::{self, drive, Plan, Request, Tally};
 use crate::service::Target;
 
 /// The strategies, in the order LAB.md tells them.
-pub const STRATEGIES: [&str; 8] = [
+pub const STRATEGIES: [&str; 11] = [
     "naive",
     "version",
     "stock_gt_zero",
@@ -29,7 +29,16 @@ pub const STRATEGIES: [&str; 8] = [
     "setnx_owner",
     "reentrant",
     "fenced",
+    "redis_decr",
+    "redis_lua",
+    "redis_stream",
 ];
+
+/// The designs whose stock lives in Redis: their rows are a crowd and a
+/// crowd in which every other request crashes between Redis and Postgres.
+fn redis_stock(strategy: &str) -> bool {
+    strategy.starts_with("redis_")
+}
 
 #[derive(clap::Args, Clone)]
 pub struct LabArgs {
@@ -66,6 +75,8 @@ pub enum Stall {
     None,
     Sale,
     Release,
+    /// Every other request dies between the Redis step and Postgres.
+    Crash,
 }
 
 impl Stall {
@@ -74,6 +85,7 @@ impl Stall {
             Self::None => "none",
             Self::Sale => "sale",
             Self::Release => "release",
+            Self::Crash => "crash",
         }
     }
 }
@@ -91,6 +103,8 @@ pub enum Expect {
 pub fn expect(strategy: &str, instances: usize, stall: Stall) -> Expect {
     use Expect::{Breaks, Holds, Nothing};
     match (strategy, instances, stall) {
+        ("redis_decr", _, _) | ("redis_lua", _, Stall::Crash) => Breaks,
+        ("redis_lua" | "redis_stream", _, _) => Holds,
         ("naive" | "version" | "stock_gt_zero", _, Stall::None) => Breaks,
         ("naive" | "version" | "stock_gt_zero", _, _) => Nothing,
         ("process_mutex", 1, _) => Holds,
@@ -128,11 +142,23 @@ impl Row {
         self.stats.orders - self.stats.distinct_users
     }
 
+    /// Units Redis handed out that Postgres holds no order for (the
+    /// Redis-stock designs; 0 for the others).
+    pub fn lost(&self) -> i64 {
+        match self.stats.redis_stock {
+            Some(left) if redis_stock(self.strategy) => {
+                (self.stats.initial_stock - left - self.stats.orders).max(0)
+            }
+            _ => 0,
+        }
+    }
+
     pub fn broke(&self) -> bool {
         self.oversold() > 0
             || self.undersold() > 0
             || self.duplicate_users() > 0
             || self.stats.foreign_releases > 0
+            || self.lost() > 0
     }
 
     pub fn expected(&self) -> Expect {
@@ -142,7 +168,7 @@ impl Row {
     /// A row that broke a guarantee its design gives: every design after
     /// `naive` keeps stock right, and the rows LAB.md says hold must hold.
     pub fn failed(&self) -> bool {
-        (self.strategy != "naive" && self.oversold() > 0)
+        (!["naive", "redis_decr"].contains(&self.strategy) && self.oversold() > 0)
             || (self.expected() == Expect::Holds && self.broke())
     }
 
@@ -171,6 +197,7 @@ impl Row {
             "undersold": self.undersold(),
             "duplicate_users": self.duplicate_users(),
             "foreign_releases": self.stats.foreign_releases,
+            "lost": self.lost(),
             "rps": round(self.tally.rps()),
             "p99_ms": round(self.tally.ms(0.99)),
             "expected": match self.expected() {
@@ -209,17 +236,24 @@ pub async fn run(target: &Target, args: &LabArgs) -> Result<Vec<Row>, String> {
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, users).await?;
     let bases: Vec<Arc<str>> = target.bases.iter().map(|b| Arc::from(b.as_str())).collect();
 
-    let total = strategies.len() * 2 * 3;
+    let stalls = |strategy: &str| {
+        if redis_stock(strategy) {
+            vec![Stall::None, Stall::Crash]
+        } else {
+            vec![Stall::None, Stall::Sale, Stall::Release]
+        }
+    };
+    let total: usize = strategies.iter().map(|s| 2 * stalls(s).len()).sum();
     let mut rows = Vec::with_capacity(total);
     for strategy in strategies {
         for instances in [1, 2] {
-            for stall in [Stall::None, Stall::Sale, Stall::Release] {
+            for stall in stalls(strategy) {
                 let started = Instant::now();
                 let label = format!("{strategy} x{instances} {}", stall.name());
                 let on = &bases[..instances];
                 let row = match stall {
-                    Stall::None => {
-                        crowd(target, &admin, on, &tokens, strategy, args, &label).await?
+                    Stall::None | Stall::Crash => {
+                        crowd(target, &admin, on, &tokens, strategy, stall, args, &label).await?
                     }
                     _ => pairs(&admin, on, &tokens, strategy, stall, args, &label).await?,
                 };
@@ -246,6 +280,7 @@ fn lab_path(strategy: &str, voucher: i64, stall: Stall, lease: Duration) -> Stri
     let path = format!("/lab/{strategy}/seckill/{voucher}");
     match stall {
         Stall::None => path,
+        Stall::Crash => format!("{path}?stall_at=crash"),
         at => format!(
             "{path}?stall_at={}&stall_ms={}",
             at.name(),
@@ -255,18 +290,23 @@ fn lab_path(strategy: &str, voucher: i64, stall: Stall, lease: Duration) -> Stri
 }
 
 /// Each user's requests at once, spread over the instances, for scarce
-/// stock.
+/// stock. With `Stall::Crash`, every other user's requests crash between
+/// Redis and Postgres; a stream design's writers are then given time to
+/// recover what their dead consumer left.
+#[allow(clippy::too_many_arguments)]
 async fn crowd(
     target: &Target,
     admin: &Admin<'_>,
     bases: &[Arc<str>],
     tokens: &[Arc<str>],
     strategy: &'static str,
+    stall: Stall,
     args: &LabArgs,
     label: &str,
 ) -> Result<Row, String> {
     let voucher = admin.lab_voucher(args.stock).await?;
-    let path = lab_path(strategy, voucher, Stall::None, args.lease());
+    let plain = lab_path(strategy, voucher, Stall::None, args.lease());
+    let crashing = lab_path(strategy, voucher, stall, args.lease());
     // A user's requests stand next to each other in the plan, so that
     // different connections send them at the same moment.
     let users = usize::try_from(args.users).unwrap_or(0);
@@ -275,16 +315,31 @@ async fn crowd(
         .enumerate()
         .flat_map(|(u, token)| (0..args.per_user).map(move |i| (u, i, token.clone())))
         .map(|(u, i, token)| {
+            let path = if u % 2 == 1 { &crashing } else { &plain };
             Request::post_to(bases[(u + i) % bases.len()].clone(), path.clone(), token)
         })
         .collect();
     let tally = drive(&target.base, Plan::Fixed(plan), args.connections, label).await;
+    let mut stats = admin.lab_stats(voucher).await?;
+    if strategy == "redis_stream" {
+        // Accepted orders are written by the stream's writers: wait (at
+        // most 20 leases) until every unit Redis handed out is stored.
+        let deadline = Instant::now() + args.lease() * 20;
+        while stats
+            .redis_stock
+            .is_some_and(|left| stats.initial_stock - left > stats.orders)
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            stats = admin.lab_stats(voucher).await?;
+        }
+    }
     Ok(Row {
         strategy,
         instances: bases.len(),
-        stall: Stall::None,
+        stall,
         users: args.users,
-        stats: admin.lab_stats(voucher).await?,
+        stats,
         tally,
     })
 }
@@ -364,7 +419,7 @@ pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<14} {:>4} {:>8} {:>7} {:>6} {:>9} {:>10} {:>10} {:>8} {:>8} {:>8}  {:<8} verdict",
+        "{:<14} {:>4} {:>8} {:>7} {:>6} {:>9} {:>10} {:>10} {:>8} {:>6} {:>8} {:>8}  {:<8} verdict",
         "strategy",
         "inst",
         "stall",
@@ -374,6 +429,7 @@ pub fn table(rows: &[Row]) -> String {
         "undersold",
         "dup users",
         "foreign",
+        "lost",
         "rps",
         "p99 ms",
         "expected",
@@ -381,7 +437,7 @@ pub fn table(rows: &[Row]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<14} {:>4} {:>8} {:>7} {:>6} {:>9} {:>10} {:>10} {:>8} {:>8.0} {:>8.1}  {:<8} {}",
+            "{:<14} {:>4} {:>8} {:>7} {:>6} {:>9} {:>10} {:>10} {:>8} {:>6} {:>8.0} {:>8.1}  {:<8} {}",
             r.strategy,
             r.instances,
             r.stall.name(),
@@ -391,6 +447,7 @@ pub fn table(rows: &[Row]) -> String {
             r.undersold(),
             r.duplicate_users(),
             r.stats.foreign_releases,
+            r.lost(),
             r.tally.rps(),
             r.tally.ms(0.99),
             match r.expected() {
@@ -426,6 +483,7 @@ mod tests {
             orders,
             distinct_users: users,
             foreign_releases: foreign,
+            redis_stock: None,
         }
     }
 

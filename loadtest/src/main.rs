@@ -359,6 +359,7 @@ async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, Strin
         anomaly("Releases of another request's lock", |r| {
             r.stats.foreign_releases
         }),
+        anomaly("Accepted by Redis, never stored", lab::Row::lost),
     ];
     save_report(
         "lab",
