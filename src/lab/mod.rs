@@ -145,27 +145,26 @@ impl Lab {
         voucher_id: i64,
         stall: Option<Stall>,
     ) -> Result<LabOrder> {
-        if strategy.redis_stock() {
-            if self.inner.store.stock(voucher_id).await?.is_none() {
-                return Err(SeckillError::NotFound("lab voucher"));
-            }
-            return self
-                .redis_stock_purchase(strategy, user_id, voucher_id, stall)
-                .await;
-        }
         let result = match strategy {
-            Strategy::Naive | Strategy::Version | Strategy::StockGtZero => {
-                self.unguarded(strategy, user_id, voucher_id, stall).await
-            }
-            Strategy::ProcessMutex => self.process_mutex(user_id, voucher_id, stall).await,
-            Strategy::Setnx | Strategy::SetnxOwner => {
-                self.setnx(strategy, user_id, voucher_id, stall).await
-            }
-            Strategy::Reentrant | Strategy::Fenced => {
-                self.reentrant(strategy, user_id, voucher_id, stall).await
-            }
+            Strategy::Naive | Strategy::Version | Strategy::StockGtZero => self
+                .unguarded(strategy, user_id, voucher_id, stall)
+                .await
+                .map(LabOrder::Stored),
+            Strategy::ProcessMutex => self
+                .process_mutex(user_id, voucher_id, stall)
+                .await
+                .map(LabOrder::Stored),
+            Strategy::Setnx | Strategy::SetnxOwner => self
+                .setnx(strategy, user_id, voucher_id, stall)
+                .await
+                .map(LabOrder::Stored),
+            Strategy::Reentrant | Strategy::Fenced => self
+                .reentrant(strategy, user_id, voucher_id, stall)
+                .await
+                .map(LabOrder::Stored),
             Strategy::RedisDecr | Strategy::RedisLua | Strategy::RedisStream => {
-                unreachable!("the Redis-stock designs returned above")
+                self.redis_stock_purchase(strategy, user_id, voucher_id, stall)
+                    .await
             }
         };
         // A refused sale on an unknown voucher is "not found", not "sold out".
@@ -173,7 +172,7 @@ impl Lab {
             Err(SeckillError::SoldOut) if self.inner.store.stock(voucher_id).await?.is_none() => {
                 Err(SeckillError::NotFound("lab voucher"))
             }
-            other => other.map(LabOrder::Stored),
+            other => other,
         }
     }
 

@@ -10,6 +10,7 @@
 //! `XAUTOCLAIM` of a dead consumer's entries, and an insert that stores a
 //! user's order once however often it is written.
 
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, streams::StreamId, Script};
@@ -18,23 +19,10 @@ use super::{Lab, LabOrder, Stall, StallAt, Strategy};
 use crate::seckill::{Result, SeckillError};
 use crate::store::Decrement;
 
-/// The check-and-decrement of `redis_lua` and `redis_stream`.
-///
-/// KEYS[1] stock, KEYS[2] buyers (a set), KEYS[3] the stream or, for
-/// `redis_lua`, nothing; ARGV[1] the user, ARGV[2] "1" when this order is
-/// marked to crash its first writer. Returns 1 (accepted), -1 (sold out),
-/// -2 (this user bought already).
-const CHECK_AND_DECREMENT: &str = r"
-local stock = tonumber(redis.call('get', KEYS[1]) or '0')
-if stock <= 0 then return -1 end
-if redis.call('sismember', KEYS[2], ARGV[1]) == 1 then return -2 end
-redis.call('decr', KEYS[1])
-redis.call('sadd', KEYS[2], ARGV[1])
-if KEYS[3] then
-    redis.call('xadd', KEYS[3], '*', 'user', ARGV[1], 'crash', ARGV[2])
-end
-return 1
-";
+/// The check-and-decrement of `redis_lua` and `redis_stream`
+/// (`lua/lab_check_and_decrement.lua`), hashed once.
+static CHECK_AND_DECREMENT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/lab_check_and_decrement.lua")));
 
 /// The consumer group of every lab stream.
 const GROUP: &str = "lab-writers";
@@ -117,8 +105,7 @@ impl Lab {
                 .query(redis::cmd("DECR").arg(&keys.stock))
                 .await?;
         } else {
-            let script = Script::new(CHECK_AND_DECREMENT);
-            let mut call = script.prepare_invoke();
+            let mut call = CHECK_AND_DECREMENT.prepare_invoke();
             call.key(&keys.stock).key(&keys.buyers);
             if strategy == Strategy::RedisStream {
                 call.key(&keys.orders);

@@ -67,11 +67,6 @@ impl Strategy {
         }
     }
 
-    /// Whether the stock lives in Redis (the last three designs).
-    pub fn redis_stock(self) -> bool {
-        matches!(self, Self::RedisDecr | Self::RedisLua | Self::RedisStream)
-    }
-
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|s| s.name() == name)
     }
