@@ -167,6 +167,17 @@ impl<'a> Admin<'a> {
         })
     }
 
+    /// Reconciles an async voucher's Redis side with Postgres; its report
+    /// (`stock`, `pending`, `buyers`, `unstored`).
+    pub async fn reconcile(&self, voucher: i64) -> Result<Value, String> {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/admin/vouchers/{voucher}/reconcile"),
+            None,
+        )
+        .await
+    }
+
     /// (order id, user id) of every order of a voucher.
     pub async fn orders(&self, voucher: i64) -> Result<Vec<(String, i64)>, String> {
         let listing = self

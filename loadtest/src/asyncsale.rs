@@ -4,7 +4,9 @@
 //! writers take to store every accepted order; `/healthz` at the same
 //! concurrency; an async flash crowd over scarce stock. The issue's goals
 //! are judged from those figures, and every voucher's invariants are
-//! checked once its accepted orders are stored.
+//! checked once its accepted orders are stored. Then, on two instances of
+//! its own, a crowd during which one instance is killed with `kill -9`:
+//! every `202` it gave must be stored once the survivor claimed its batch.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +20,7 @@ use crate::cpu::Usage;
 use crate::drive::{drive, Plan, Request, Tally};
 use crate::invariants::Check;
 use crate::service::Target;
-use crate::{check, round, Report};
+use crate::{check, round, CrowdArgs, Report, TargetArgs};
 
 #[derive(Args, Clone)]
 pub struct AsyncArgs {
@@ -31,13 +33,8 @@ pub struct AsyncArgs {
     pub users: i64,
     #[arg(long, default_value_t = 200)]
     pub connections: usize,
-    /// The async flash crowd: users (3 requests each), stock, connections.
-    #[arg(long, default_value_t = 10_000)]
-    pub flash_users: i64,
-    #[arg(long, default_value_t = 100)]
-    pub flash_stock: i64,
-    #[arg(long, default_value_t = 1_000)]
-    pub flash_connections: usize,
+    #[command(flatten)]
+    pub crowd: CrowdArgs,
     /// How long the writers may take, after the load, to store every
     /// accepted order before the run says some were lost.
     #[arg(long, default_value_t = 120)]
@@ -59,7 +56,7 @@ pub async fn run(target: &Target, args: &AsyncArgs) -> Result<Vec<Report>, Strin
         .create_voucher(SaleMode::Sync, i64::from(i32::MAX), 2)
         .await?;
     let started = chrono::Utc::now().timestamp();
-    let plan = purchases(voucher, &tokens);
+    let plan = target.purchases(voucher, &tokens, 1);
     let sync = drive(
         &target.base,
         Plan::Timed(seconds, plan),
@@ -78,7 +75,7 @@ pub async fn run(target: &Target, args: &AsyncArgs) -> Result<Vec<Report>, Strin
     let cpu_before = Usage::now(target).await;
     let started = chrono::Utc::now().timestamp();
     let clock = Instant::now();
-    let plan = purchases(voucher, &tokens);
+    let plan = target.purchases(voucher, &tokens, 1);
     let accepted_run = drive(
         &target.base,
         Plan::Timed(seconds, plan),
@@ -197,19 +194,12 @@ pub async fn run(target: &Target, args: &AsyncArgs) -> Result<Vec<Report>, Strin
             check: flash_check,
             ratios: None,
             extra: json!({
-                "users": args.flash_users,
-                "stock": args.flash_stock,
+                "users": args.crowd.users,
+                "stock": args.crowd.stock,
                 "stored_after_load_s": round(flash_drain.after_load.as_secs_f64()),
             }),
         },
     ])
-}
-
-fn purchases(voucher: i64, tokens: &[Arc<str>]) -> Vec<Request> {
-    tokens
-        .iter()
-        .map(|t| Request::purchase(voucher, t.clone()))
-        .collect()
 }
 
 /// A crowd three times each over scarce async stock: exactly the stock
@@ -217,28 +207,25 @@ fn purchases(voucher: i64, tokens: &[Arc<str>]) -> Vec<Request> {
 async fn flash(target: &Target, args: &AsyncArgs) -> Result<(Tally, Check, Drain), String> {
     let admin = Admin::new(target);
     let voucher = admin
-        .create_voucher(SaleMode::Async, args.flash_stock, 2)
+        .create_voucher(SaleMode::Async, args.crowd.stock, 2)
         .await?;
     let tokens: Vec<Arc<str>> = admin
-        .shared_tokens(args.users + 1, args.flash_users)
+        .shared_tokens(args.users + 1, args.crowd.users)
         .await?;
-    let mut plan: Vec<Request> = tokens
-        .iter()
-        .flat_map(|t| std::iter::repeat_n(Request::purchase(voucher, t.clone()), 3))
-        .collect();
+    let mut plan = target.purchases(voucher, &tokens, 3);
     plan.shuffle(&mut rand::rng());
     let started = chrono::Utc::now().timestamp();
     let clock = Instant::now();
     let tally = drive(
         &target.base,
         Plan::Fixed(plan),
-        args.flash_connections,
+        args.crowd.connections,
         "async flash",
     )
     .await;
     let accepted = tally.count("202");
     let drain = drain(&admin, voucher, accepted, clock, args.drain_timeout).await?;
-    let expected = args.flash_stock.min(args.flash_users);
+    let expected = args.crowd.stock.min(args.crowd.users);
     let mut check = check(target, voucher, &tally, started, Some(expected), 0).await?;
     if accepted != expected as u64 {
         check
@@ -246,6 +233,180 @@ async fn flash(target: &Target, args: &AsyncArgs) -> Result<(Tally, Check, Drain
             .push(format!("{accepted} purchases accepted of {expected} units"));
     }
     Ok((tally, check, drain))
+}
+
+/// When the second instance is killed, counted from the crowd's start.
+const KILL_AFTER: Duration = Duration::from_millis(300);
+
+/// The counter of entries a writer claimed from another consumer.
+const CLAIMED_METRIC: &str = "seckill_async_claimed_total";
+/// The gauge of entries an instance's writers read and have not acknowledged.
+const IN_FLIGHT_METRIC: &str = "seckill_async_in_flight";
+
+/// Two instances of our own on one async voucher (stock for half the
+/// users); the second is killed with `kill -9` in the middle of a crowd,
+/// its writer as good as always holding a batch read and not acknowledged.
+/// Every `202` must be stored once the survivor claimed what it held.
+pub async fn killed(target: &TargetArgs, args: &AsyncArgs) -> Result<Report, String> {
+    let service = Target::start(target.launch(2, Vec::new())).await?;
+    let result = killed_crowd(&service, args).await;
+    service.stop().await;
+    result
+}
+
+async fn killed_crowd(target: &Target, args: &AsyncArgs) -> Result<Report, String> {
+    let admin = Admin::new(target);
+    let users = args.crowd.users * 2;
+    let voucher = admin
+        .create_voucher(SaleMode::Async, args.crowd.users, 2)
+        .await?;
+    let tokens: Vec<Arc<str>> = admin.shared_tokens(1, users).await?;
+    let mut plan = target.purchases(voucher, &tokens, 3);
+    plan.shuffle(&mut rand::rng());
+    let claimed_before = metric_sum(&target.bases[0], CLAIMED_METRIC).await?;
+    let started = chrono::Utc::now().timestamp();
+    let clock = Instant::now();
+    let crowd = drive(
+        &target.base,
+        Plan::Fixed(plan),
+        args.crowd.connections,
+        "async kill -9",
+    );
+    let kill = async {
+        tokio::time::sleep(KILL_AFTER).await;
+        // Mid-batch: once its writer holds entries it has not acknowledged.
+        let watching = Instant::now();
+        while watching.elapsed() < Duration::from_secs(3) {
+            match metric_sum(&target.bases[1], IN_FLIGHT_METRIC).await {
+                Ok(held) if held > 0.0 => break,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        (target.kill(1), clock.elapsed())
+    };
+    let (tally, (pid, killed_at)) = tokio::join!(crowd, kill);
+    let pid = pid.ok_or("the second instance could not be killed")?;
+    eprintln!("kill -9 of instance 2 (pid {pid}) after {killed_at:?}");
+    if killed_at >= tally.elapsed {
+        eprintln!(
+            "async kill -9: the crowd ended before the kill; raise --flash-users \
+             for a kill under load"
+        );
+    }
+    let stored = stored(&admin, voucher, &tally.order_ids, clock, args.drain_timeout).await?;
+    // A batch the dead instance committed and never acknowledged is
+    // stored already, and waits in the stream until the survivor claims it
+    // (after max(5 s, 3 x the dependency deadline)), finds it held and
+    // acknowledges it: until then reconciliation reports it pending.
+    let settled = settled(&admin, voucher, args.drain_timeout).await;
+    let claimed = metric_sum(&target.bases[0], CLAIMED_METRIC).await? - claimed_before;
+    let mut check = check(target, voucher, &tally, started, None, 0).await?;
+    if stored.lost > 0 {
+        check.problems.push(format!(
+            "{} orders answered 202 not stored {} s after the load",
+            stored.lost, args.drain_timeout
+        ));
+    }
+    match &settled {
+        Ok(report) if report["unstored"].as_array().is_some_and(Vec::is_empty) => {}
+        Ok(report) => check
+            .problems
+            .push(format!("reconciliation lists unstored orders: {report}")),
+        Err(e) => check.problems.push(e.clone()),
+    }
+    eprintln!(
+        "async kill -9: {} accepted, every 202 stored {:.2} s after the load ({} lost); \
+         {} entries claimed by the survivor, the stream empty {:.2} s after the load",
+        tally.count("202"),
+        stored.after_load.as_secs_f64(),
+        stored.lost,
+        claimed,
+        settled.as_ref().map_or(f64::NAN, |_| clock
+            .elapsed()
+            .saturating_sub(tally.elapsed)
+            .as_secs_f64()),
+    );
+    Ok(Report {
+        scenario: "async-kill",
+        extra: json!({
+            "users": users,
+            "stock": args.crowd.users,
+            "instances": 2,
+            "killed_after_s": round(killed_at.as_secs_f64()),
+            "accepted": tally.count("202"),
+            "claimed_by_survivor": claimed,
+            "stored_after_load_s": round(stored.after_load.as_secs_f64()),
+            "reconciled": settled.ok(),
+            "lost": stored.lost,
+        }),
+        tally,
+        check,
+        ratios: None,
+    })
+}
+
+/// Reconciles the voucher until no accepted order waits in its stream;
+/// the last report.
+async fn settled(admin: &Admin<'_>, voucher: i64, timeout_s: u64) -> Result<Value, String> {
+    let deadline = Instant::now() + Duration::from_secs(timeout_s);
+    loop {
+        let report = admin.reconcile(voucher).await;
+        if let Ok(report) = &report {
+            if report["pending"].as_u64() == Some(0) {
+                return Ok(report.clone());
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "accepted orders still in the stream {timeout_s} s after the load: {report:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Polls the voucher's orders until every one of `answered` is stored (or
+/// the timeout passes). `clock` started with the load.
+async fn stored(
+    admin: &Admin<'_>,
+    voucher: i64,
+    answered: &[String],
+    clock: Instant,
+    timeout_s: u64,
+) -> Result<Drain, String> {
+    let look = || async move {
+        let orders = admin.orders(voucher).await?;
+        let ids: std::collections::HashSet<&str> =
+            orders.iter().map(|(id, _)| id.as_str()).collect();
+        let missing = answered
+            .iter()
+            .filter(|id| !ids.contains(id.as_str()))
+            .count();
+        Ok((count(orders.len()), count(missing)))
+    };
+    wait_stored(clock, timeout_s, Duration::from_millis(200), look).await
+}
+
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A counter's or gauge's value on the instance at `base`.
+async fn metric_sum(base: &str, name: &str) -> Result<f64, String> {
+    Ok(sum_of(&metrics_text(base).await?, name))
+}
+
+/// `name`'s value in Prometheus text, summed over its series (0 before
+/// its first change: the exporter shows it only then).
+fn sum_of(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))
+        })
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
 }
 
 /// How the writers caught up with what was accepted.
@@ -272,24 +433,43 @@ async fn drain(
     timeout_s: u64,
 ) -> Result<Drain, String> {
     let accepted = i64::try_from(accepted).unwrap_or(i64::MAX);
+    let look = || async move {
+        let stored = admin.stats(voucher).await?.orders;
+        Ok((stored, (accepted - stored).max(0)))
+    };
+    wait_stored(clock, timeout_s, Duration::from_millis(20), look).await
+}
+
+/// Asks `look` for (orders stored, accepted orders not stored yet) every
+/// `every` until none is missing or `timeout_s` passed. `clock` started
+/// with the load, which has just ended.
+async fn wait_stored<F, Fut>(
+    clock: Instant,
+    timeout_s: u64,
+    every: Duration,
+    mut look: F,
+) -> Result<Drain, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(i64, i64), String>>,
+{
     let load_ended = clock.elapsed();
     let deadline = Instant::now() + Duration::from_secs(timeout_s);
     let mut backlog_at_end = None;
     loop {
-        let stored = admin.stats(voucher).await?.orders;
-        let backlog = (accepted - stored).max(0);
-        backlog_at_end.get_or_insert(backlog);
-        if backlog == 0 || Instant::now() >= deadline {
+        let (stored, missing) = look().await?;
+        backlog_at_end.get_or_insert(missing);
+        if missing == 0 || Instant::now() >= deadline {
             let until_stored = clock.elapsed();
             return Ok(Drain {
                 stored,
-                backlog_at_end: backlog_at_end.unwrap_or(backlog),
+                backlog_at_end: backlog_at_end.unwrap_or(missing),
                 after_load: until_stored.saturating_sub(load_ended),
                 until_stored,
-                lost: backlog,
+                lost: missing,
             });
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -342,22 +522,9 @@ impl Histogram {
 
 /// Reads [`CONFIRM_METRIC`] off every instance's `/metrics`.
 async fn confirm_histogram(target: &Target) -> Result<Histogram, String> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| e.to_string())?;
     let mut total = Histogram::default();
     for base in &target.bases {
-        let text = client
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .and_then(reqwest::Response::error_for_status)
-            .map_err(|e| format!("{base}/metrics: {e}"))?
-            .text()
-            .await
-            .map_err(|e| format!("{base}/metrics: {e}"))?;
-        let one = parse_histogram(&text, CONFIRM_METRIC);
+        let one = parse_histogram(&metrics_text(base).await?, CONFIRM_METRIC);
         for (le, n) in one.buckets {
             match total.buckets.iter_mut().find(|(bound, _)| *bound == le) {
                 Some((_, sum)) => *sum += n,
@@ -368,6 +535,23 @@ async fn confirm_histogram(target: &Target) -> Result<Histogram, String> {
     }
     total.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     Ok(total)
+}
+
+/// The instance's `/metrics` page.
+async fn metrics_text(base: &str) -> Result<String, String> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| e.to_string())?;
+    client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .map_err(|e| format!("{base}/metrics: {e}"))?
+        .text()
+        .await
+        .map_err(|e| format!("{base}/metrics: {e}"))
 }
 
 /// `name`'s buckets and count in Prometheus text (empty when absent: no
@@ -471,6 +655,21 @@ seckill_sale_commit_seconds_count 7
         assert!(parse_histogram("", CONFIRM_METRIC)
             .quantile_bound(0.99)
             .is_none());
+    }
+
+    #[test]
+    fn a_metric_is_summed_over_its_series_and_no_other() {
+        let text = "\
+# TYPE seckill_async_claimed_total counter
+seckill_async_claimed_total 7
+seckill_async_claimed_total{voucher=\"2\"} 3
+seckill_async_claimed_total_other 100
+# TYPE seckill_async_in_flight gauge
+seckill_async_in_flight 0
+";
+        assert_eq!(sum_of(text, CLAIMED_METRIC), 10.0);
+        assert_eq!(sum_of(text, IN_FLIGHT_METRIC), 0.0);
+        assert_eq!(sum_of("", CLAIMED_METRIC), 0.0);
     }
 
     #[test]

@@ -102,8 +102,7 @@ fn postgres_seconds(tick: f64) -> Option<f64> {
 
 /// `used_cpu_sys + used_cpu_user` of the Redis at `REDIS_URL`.
 async fn redis_seconds() -> Option<f64> {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let client = redis::Client::open(url).ok()?;
+    let client = redis::Client::open(crate::service::redis_url()).ok()?;
     let mut conn = client.get_multiplexed_async_connection().await.ok()?;
     let info: String = redis::cmd("INFO")
         .arg("cpu")

@@ -13,10 +13,10 @@ use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
 use crate::api::{Admin, SaleMode};
-use crate::drive::{drive, Plan, Request, Tally};
+use crate::drive::{drive, Plan, Tally};
 use crate::invariants::Check;
 use crate::service::{Launch, Target};
-use crate::{check, round, TargetArgs};
+use crate::{check, round, CrowdArgs, TargetArgs};
 
 #[derive(Args, Clone)]
 pub struct GroupCommitArgs {
@@ -29,13 +29,8 @@ pub struct GroupCommitArgs {
     /// Connections of the throughput runs.
     #[arg(long, default_value_t = 200)]
     pub connections: usize,
-    /// The flash crowd: users (3 requests each), stock, connections.
-    #[arg(long, default_value_t = 10_000)]
-    pub flash_users: i64,
-    #[arg(long, default_value_t = 100)]
-    pub flash_stock: i64,
-    #[arg(long, default_value_t = 1_000)]
-    pub flash_connections: usize,
+    #[command(flatten)]
+    pub crowd: CrowdArgs,
     /// The batched design's cap (SECKILL_SALE_BATCH_MAX).
     #[arg(long, default_value_t = 256)]
     pub batch_max: u32,
@@ -130,28 +125,10 @@ pub async fn run(target: &TargetArgs, args: &GroupCommitArgs) -> Result<bool, St
 }
 
 fn launch(target: &TargetArgs, instances: usize, batch_max: u32) -> Launch {
-    Launch {
-        seckill_bin: target.seckill_bin.clone(),
-        pg_pool: target.pg_pool,
-        keep_db: target.keep_db,
+    target.launch(
         instances,
-        env: vec![("SECKILL_SALE_BATCH_MAX".into(), batch_max.to_string())],
-    }
-}
-
-/// A purchase of `voucher` with `token`, on the instances in turn.
-fn purchases(target: &Target, voucher: i64, tokens: &[Arc<str>], per_user: usize) -> Vec<Request> {
-    let path = format!("/seckill/{voucher}");
-    let bases: Vec<Arc<str>> = target.bases.iter().map(|b| Arc::from(b.as_str())).collect();
-    tokens
-        .iter()
-        .enumerate()
-        .flat_map(|(i, token)| {
-            let base = bases[i % bases.len()].clone();
-            let path = path.clone();
-            (0..per_user).map(move |_| Request::post_to(base.clone(), path.clone(), token.clone()))
-        })
-        .collect()
+        vec![("SECKILL_SALE_BATCH_MAX".into(), batch_max.to_string())],
+    )
 }
 
 async fn throughput(
@@ -163,7 +140,7 @@ async fn throughput(
         .create_voucher(SaleMode::Sync, i64::from(i32::MAX), 2)
         .await?;
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
-    let plan = purchases(target, voucher, &tokens, 1);
+    let plan = target.purchases(voucher, &tokens, 1);
     let started = chrono::Utc::now().timestamp();
     let label = format!("throughput x{}", target.bases.len());
     let tally = drive(
@@ -189,12 +166,12 @@ async fn flash(
     let admin = Admin::new(target);
     // With a kill, a crowd that lasts: stock for half of the users.
     let (users, stock) = match kill_after {
-        Some(_) => (args.flash_users * 2, args.flash_users),
-        None => (args.flash_users, args.flash_stock),
+        Some(_) => (args.crowd.users * 2, args.crowd.users),
+        None => (args.crowd.users, args.crowd.stock),
     };
     let voucher = admin.create_voucher(SaleMode::Sync, stock, 2).await?;
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, users).await?;
-    let mut plan = purchases(target, voucher, &tokens, 3);
+    let mut plan = target.purchases(voucher, &tokens, 3);
     plan.shuffle(&mut rand::rng());
     let started = chrono::Utc::now().timestamp();
     let clock = Instant::now();
@@ -202,19 +179,15 @@ async fn flash(
     let crowd = drive(
         &target.base,
         Plan::Fixed(plan),
-        args.flash_connections,
+        args.crowd.connections,
         &label,
     );
     let tally = match kill_after {
         None => crowd.await,
         Some(after) => {
-            let victim = target.pid(1);
             let kill = async {
                 tokio::time::sleep(after).await;
-                if let Some(pid) = victim {
-                    let _ = std::process::Command::new("kill")
-                        .args(["-KILL", &pid.to_string()])
-                        .status();
+                if let Some(pid) = target.kill(1) {
                     eprintln!(
                         "kill -9 of instance 2 (pid {pid}) after {:?}",
                         clock.elapsed()

@@ -21,7 +21,7 @@ pub struct LockArgs {
 
 /// Runs the benchmark; returns the JSON line (and prints a table).
 pub async fn run(args: &LockArgs) -> Result<Value, String> {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = crate::service::redis_url();
     let prefix = format!("loadtest:{}:", uuid::Uuid::new_v4().simple());
     let client = deadpool_redis::redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
     let client_for_cleanup = client.clone();
@@ -107,7 +107,9 @@ pub async fn run(args: &LockArgs) -> Result<Value, String> {
         guard.unlock().await.map_err(|e| e.to_string())?;
     }
     let _ = locks.shutdown(Duration::from_secs(5)).await;
-    remove_keys(&client_for_cleanup, &prefix).await;
+    // Fencing-token keys outlive their locks on purpose; the benchmark's
+    // need not.
+    crate::service::remove_keys(&client_for_cleanup, &prefix).await;
 
     let ms = |q: f64| (wake.value_at_quantile(q) as f64 / 10.0).round() / 100.0;
     println!("{:<34} {:>12}", "lock", "");
@@ -146,35 +148,4 @@ pub async fn run(args: &LockArgs) -> Result<Value, String> {
             json!({ "pairs_vs_evalsha": ((pairs_per_sec / rate) * 100.0).round() / 100.0 });
     }
     Ok(out)
-}
-
-/// Deletes what the benchmark left under its prefix (fencing-token keys
-/// outlive their locks on purpose; the benchmark's need not).
-async fn remove_keys(client: &deadpool_redis::redis::Client, prefix: &str) {
-    use deadpool_redis::redis;
-    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-        return;
-    };
-    let mut cursor: u64 = 0;
-    loop {
-        let Ok((next, keys)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-        else {
-            return;
-        };
-        if !keys.is_empty() {
-            let _: redis::RedisResult<()> =
-                redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
-        }
-        if next == 0 {
-            return;
-        }
-        cursor = next;
-    }
 }

@@ -56,7 +56,7 @@ struct TargetArgs {
     /// SECKILL_PG_POOL for the service this driver starts.
     #[arg(long, global = true)]
     pg_pool: Option<u32>,
-    /// Keep the database of the service this driver starts.
+    /// Keep the database and the Redis keys of the service this driver starts.
     #[arg(long, global = true)]
     keep_db: bool,
     /// The database of the service given by --url, for pgbench and SQL
@@ -66,6 +66,50 @@ struct TargetArgs {
     /// Seconds of each pgbench run (one per client count).
     #[arg(long, global = true, default_value_t = 3)]
     pgbench_seconds: u64,
+}
+
+impl TargetArgs {
+    /// `instances` of the service this driver starts, with `env` added.
+    fn launch(&self, instances: usize, env: Vec<(String, String)>) -> Launch {
+        Launch {
+            seckill_bin: self.seckill_bin.clone(),
+            pg_pool: self.pg_pool,
+            keep_db: self.keep_db,
+            instances,
+            env,
+        }
+    }
+}
+
+/// The flash crowd of a comparison (`groupcommit`, `async`): users with
+/// three requests each, in random order, for scarce stock. Their kill runs
+/// take twice the users, with stock for half of them.
+#[derive(Args, Clone)]
+pub struct CrowdArgs {
+    /// Users of the flash crowd (three requests each).
+    #[arg(
+        id = "flash_users",
+        long = "flash-users",
+        value_name = "USERS",
+        default_value_t = 10_000
+    )]
+    pub users: i64,
+    /// Units on sale to the flash crowd.
+    #[arg(
+        id = "flash_stock",
+        long = "flash-stock",
+        value_name = "UNITS",
+        default_value_t = 100
+    )]
+    pub stock: i64,
+    /// Connections of the flash crowd.
+    #[arg(
+        id = "flash_connections",
+        long = "flash-connections",
+        value_name = "CONNECTIONS",
+        default_value_t = 1_000
+    )]
+    pub connections: usize,
 }
 
 #[derive(Subcommand)]
@@ -203,25 +247,26 @@ async fn main() -> ExitCode {
             target.database_url = cli.target.database_url.clone();
             target
         }
-        None => {
-            let launch = Launch {
-                seckill_bin: cli.target.seckill_bin.clone(),
-                pg_pool: cli.target.pg_pool,
-                keep_db: cli.target.keep_db,
-                instances: 1,
-                env: Vec::new(),
-            };
-            match Target::start(launch).await {
-                Ok(target) => target,
-                Err(e) => {
-                    eprintln!("loadtest: {e}");
-                    return ExitCode::FAILURE;
-                }
+        None => match Target::start(cli.target.launch(1, Vec::new())).await {
+            Ok(target) => target,
+            Err(e) => {
+                eprintln!("loadtest: {e}");
+                return ExitCode::FAILURE;
             }
-        }
+        },
     };
     let result = run(&cli.scenario, &target, cli.target.pgbench_seconds).await;
     target.stop().await;
+    // Killing an instance takes instances of our own.
+    let result = match (&cli.scenario, result) {
+        (Scenario::Async(args), Ok(mut reports)) if cli.target.url.is_none() => {
+            asyncsale::killed(&cli.target, args).await.map(|killed| {
+                reports.push(killed);
+                reports
+            })
+        }
+        (_, result) => result,
+    };
     exit(result.map(|reports| {
         print_table(&reports);
         let sections: Vec<report::Section> = reports.iter().map(report_section).collect();
@@ -331,16 +376,13 @@ async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, Strin
         return Err("lab starts its own two instances (SECKILL_LAB=1); drop --url".into());
     }
     let lease = args.lease();
-    let launch = Launch {
-        seckill_bin: target.seckill_bin.clone(),
-        pg_pool: target.pg_pool,
-        keep_db: target.keep_db,
-        instances: 2,
-        env: vec![
+    let launch = target.launch(
+        2,
+        vec![
             ("SECKILL_LAB".into(), "1".into()),
             ("SECKILL_LAB_LEASE_MS".into(), lease.as_millis().to_string()),
         ],
-    };
+    );
     let target = Target::start(launch).await?;
     let result = lab::run(&target, args).await;
     target.stop().await;
@@ -794,5 +836,33 @@ fn print_table(reports: &[Report]) {
         for p in &r.check.problems {
             println!("    INVARIANT BROKEN: {p}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        // Clap checks every subcommand's arguments only when one is used:
+        // two flattened flags with one id would panic at that moment.
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from([
+            "loadtest",
+            "async",
+            "--flash-users",
+            "7",
+            "--flash-stock",
+            "3",
+        ])
+        .expect("async parses");
+        let Scenario::Async(args) = cli.scenario else {
+            panic!("not the async scenario")
+        };
+        assert_eq!((args.crowd.users, args.crowd.stock), (7, 3));
+        assert_eq!(args.crowd.connections, 1_000);
     }
 }

@@ -5,9 +5,12 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::{Connection, PgConnection};
+
+use crate::drive::Request;
 
 pub struct Target {
     /// The first (or only) instance.
@@ -18,8 +21,13 @@ pub struct Target {
     /// The database of a service we started: its invariants are checked in
     /// SQL too, and it is dropped afterwards.
     pub database_url: Option<String>,
-    children: Vec<Child>,
+    /// Behind a lock so that an instance can be killed (a direct signal,
+    /// no `kill` process to wait for) while requests use the target.
+    children: Mutex<Vec<Child>>,
     db_name: Option<String>,
+    /// The Redis prefix of a service we started, its keys deleted
+    /// afterwards (kept with `--keep-db`).
+    redis_prefix: Option<String>,
 }
 
 /// How to start our own service.
@@ -92,8 +100,9 @@ impl Target {
             bases: vec![url.trim_end_matches('/').to_owned()],
             admin_token: admin_token.to_owned(),
             database_url: None,
-            children: Vec::new(),
+            children: Mutex::new(Vec::new()),
             db_name: None,
+            redis_prefix: None,
         }
     }
 
@@ -103,13 +112,15 @@ impl Target {
         let db_name = format!("seckill_load_{run}");
         let database_url = format!("{}/{db_name}", pg_server());
         let admin_token = format!("load-{run}");
+        let prefix = format!("load:{run}:");
         let mut target = Self {
             base: String::new(),
             bases: Vec::new(),
             admin_token,
             database_url: Some(database_url.clone()),
-            children: Vec::new(),
+            children: Mutex::new(Vec::new()),
             db_name: (!launch.keep_db).then_some(db_name),
+            redis_prefix: (!launch.keep_db).then(|| prefix.clone()),
         };
         // One at a time: the first creates the database and migrates it.
         for _ in 0..launch.instances.max(1) {
@@ -122,7 +133,7 @@ impl Target {
                 .env("SECKILL_ADMIN_TOKEN", &target.admin_token)
                 // Instances of one run share the token key and the prefix.
                 .env("SECKILL_TOKEN_SECRET", format!("secret-{run}"))
-                .env("SECKILL_REDIS_PREFIX", format!("load:{run}:"))
+                .env("SECKILL_REDIS_PREFIX", &prefix)
                 .env(
                     "RUST_LOG",
                     std::env::var("SECKILL_LOG").unwrap_or_else(|_| "warn".into()),
@@ -141,7 +152,11 @@ impl Target {
                 }
             };
             let base = format!("http://127.0.0.1:{port}");
-            target.children.push(child);
+            target
+                .children
+                .get_mut()
+                .expect("children lock")
+                .push(child);
             target.bases.push(base.clone());
             if let Err(e) = target.wait_ready(&base, Duration::from_secs(60)).await {
                 target.stop().await;
@@ -154,14 +169,43 @@ impl Target {
 
     /// The process id of instance `i` (0-based) of a service we started.
     pub fn pid(&self, i: usize) -> Option<u32> {
-        self.children.get(i).map(Child::id)
+        self.children
+            .lock()
+            .expect("children lock")
+            .get(i)
+            .map(Child::id)
+    }
+
+    /// `kill -9` of instance `i` (0-based) of a service we started: no
+    /// shutdown, nothing drained or acknowledged. Its pid, once sent.
+    pub fn kill(&self, i: usize) -> Option<u32> {
+        let mut children = self.children.lock().expect("children lock");
+        let child = children.get_mut(i)?;
+        child.kill().ok().map(|()| child.id())
+    }
+
+    /// `per_user` purchases of `voucher` by each token's user, the users
+    /// spread over the instances in turn.
+    pub fn purchases(&self, voucher: i64, tokens: &[Arc<str>], per_user: usize) -> Vec<Request> {
+        let path = format!("/seckill/{voucher}");
+        let bases: Vec<Arc<str>> = self.bases.iter().map(|b| Arc::from(b.as_str())).collect();
+        tokens
+            .iter()
+            .enumerate()
+            .flat_map(|(i, token)| {
+                let base = bases[i % bases.len()].clone();
+                let path = path.clone();
+                (0..per_user)
+                    .map(move |_| Request::post_to(base.clone(), path.clone(), token.clone()))
+            })
+            .collect()
     }
 
     async fn wait_ready(&mut self, base: &str, limit: Duration) -> Result<(), String> {
         let client = reqwest::Client::new();
         let started = Instant::now();
         while started.elapsed() < limit {
-            if let Some(child) = self.children.last_mut() {
+            if let Some(child) = self.children.get_mut().expect("children lock").last_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
                     return Err(format!("seckill exited at start-up: {status}"));
                 }
@@ -179,7 +223,8 @@ impl Target {
     /// Stops a service we started (SIGTERM, so it drains) and drops its
     /// database. A remote target is left alone.
     pub async fn stop(mut self) {
-        for mut child in self.children.drain(..) {
+        let children = std::mem::take(self.children.get_mut().expect("children lock"));
+        for mut child in children {
             let _ = Command::new("kill")
                 .arg("-TERM")
                 .arg(child.id().to_string())
@@ -194,6 +239,11 @@ impl Target {
             let _ = child.kill();
             let _ = child.wait();
         }
+        if let Some(prefix) = self.redis_prefix.take() {
+            if let Ok(client) = deadpool_redis::redis::Client::open(redis_url()) {
+                remove_keys(&client, &prefix).await;
+            }
+        }
         if let Some(db_name) = self.db_name.take() {
             if let Ok(mut conn) = PgConnection::connect(&format!("{}/postgres", pg_server())).await
             {
@@ -204,5 +254,40 @@ impl Target {
                 .await;
             }
         }
+    }
+}
+
+/// The Redis the services this driver starts use (theirs by default too).
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// Deletes every key under `prefix`.
+pub async fn remove_keys(client: &deadpool_redis::redis::Client, prefix: &str) {
+    use deadpool_redis::redis;
+    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+        return;
+    };
+    let mut cursor: u64 = 0;
+    loop {
+        let Ok((next, keys)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+        else {
+            return;
+        };
+        if !keys.is_empty() {
+            let _: redis::RedisResult<()> =
+                redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
+        }
+        if next == 0 {
+            return;
+        }
+        cursor = next;
     }
 }

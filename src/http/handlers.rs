@@ -203,7 +203,7 @@ pub async fn restock(
         (status = 403, description = "forbidden", body = ErrorBody),
         (status = 404, description = "not_found", body = ErrorBody),
         (status = 413, description = "payload_too_large", body = ErrorBody),
-        (status = 503, description = "unavailable", body = ErrorBody),
+        (status = 503, description = "unavailable: Postgres or Redis cannot be reached, or a reconciliation started later took over (it reopens the sale; ask again for the result)", body = ErrorBody),
     )
 )]
 pub async fn reconcile(

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis::{self, streams::StreamId, Script};
 
 use super::{Lab, LabOrder, Stall, StallAt, Strategy};
+use crate::kv::{Consumer, Delivery};
 use crate::seckill::{Result, SeckillError};
 use crate::store::Decrement;
 
@@ -29,6 +30,8 @@ const GROUP: &str = "lab-writers";
 /// A lab writer with nothing to do for this long stops; the next purchase
 /// of its voucher in this instance starts another.
 const WRITER_IDLE: Duration = Duration::from_secs(30);
+/// Most entries a lab writer reads or claims at a time.
+const BATCH: usize = 100;
 
 /// A lab voucher's Redis keys, in one cluster slot.
 pub(super) struct Keys {
@@ -152,24 +155,22 @@ impl Lab {
     async fn write_stream(self, voucher_id: i64) {
         let inner = &self.inner;
         let keys = keys(&inner.settings.redis_prefix, voucher_id);
-        let mut create = redis::cmd("XGROUP");
-        create
-            .arg("CREATE")
-            .arg(&keys.orders)
-            .arg(GROUP)
-            .arg("0")
-            .arg("MKSTREAM");
-        if let Err(error) = inner.redis.query::<()>(&create).await {
-            if error.code() != Some("BUSYGROUP") {
-                tracing::warn!(voucher_id, %error, "lab stream group");
-            }
+        if let Err(error) = inner.redis.create_group(&keys.orders, GROUP).await {
+            tracing::warn!(voucher_id, %error, "lab stream group");
         }
-        let consumer = format!("{}:{voucher_id}", inner.locks.process_id());
-        let idle_ms = u64::try_from(inner.settings.lease.as_millis()).unwrap_or(u64::MAX);
+        let name = format!("{}:{voucher_id}", inner.locks.process_id());
+        let consumer = Consumer {
+            stream: &keys.orders,
+            group: GROUP,
+            name: &name,
+        };
         let mut last_work = Instant::now();
         while last_work.elapsed() < WRITER_IDLE {
-            let claimed = self.claim(&keys, &consumer, idle_ms).await;
-            let fresh = self.read_new(&keys, &consumer).await;
+            let claimed = inner
+                .redis
+                .claim_idle(consumer, inner.settings.lease, BATCH)
+                .await;
+            let fresh = inner.redis.read_group(consumer, Delivery::New, BATCH).await;
             let (claimed, fresh) = match (claimed, fresh) {
                 (Ok(c), Ok(f)) => (c, f),
                 (Err(error), _) | (_, Err(error)) => {
@@ -209,36 +210,15 @@ impl Lab {
             .lock()
             .expect("lab writers lock")
             .remove(&voucher_id);
-    }
-
-    async fn claim(&self, keys: &Keys, consumer: &str, idle_ms: u64) -> Result<Vec<StreamId>> {
-        let mut claim = redis::cmd("XAUTOCLAIM");
-        claim
-            .arg(&keys.orders)
-            .arg(GROUP)
-            .arg(consumer)
-            .arg(idle_ms)
-            .arg("0-0")
-            .arg("COUNT")
-            .arg(100);
-        let reply: redis::streams::StreamAutoClaimReply = self.inner.redis.query(&claim).await?;
-        Ok(reply.claimed)
-    }
-
-    async fn read_new(&self, keys: &Keys, consumer: &str) -> Result<Vec<StreamId>> {
-        let mut read = redis::cmd("XREADGROUP");
-        read.arg("GROUP")
-            .arg(GROUP)
-            .arg(consumer)
-            .arg("COUNT")
-            .arg(100)
-            .arg("STREAMS")
-            .arg(&keys.orders)
-            .arg(">");
-        let reply: Option<redis::streams::StreamReadReply> = self.inner.redis.query(&read).await?;
-        Ok(reply
-            .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect())
-            .unwrap_or_default())
+        // A purchase between the last read and the line above found this
+        // writer still running and started none: look once more.
+        let left: std::result::Result<i64, _> = inner
+            .redis
+            .query(redis::cmd("XLEN").arg(&keys.orders))
+            .await;
+        if !matches!(left, Ok(0)) {
+            self.ensure_stream_writer(voucher_id);
+        }
     }
 
     /// Stores each entry's order (once per user), then acknowledges and
@@ -262,12 +242,10 @@ impl Lab {
             }
         }
         let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
-        let mut ack = redis::cmd("XACK");
-        ack.arg(&keys.orders).arg(GROUP).arg(&ids);
-        let _: i64 = self.inner.redis.query(&ack).await?;
-        let mut delete = redis::cmd("XDEL");
-        delete.arg(&keys.orders).arg(&ids);
-        let _: i64 = self.inner.redis.query(&delete).await?;
+        self.inner
+            .redis
+            .ack_and_delete(&keys.orders, GROUP, &ids)
+            .await?;
         Ok(())
     }
 }

@@ -29,6 +29,7 @@ mod soldout;
 mod user_lock;
 
 pub use async_sale::Reconciled;
+use async_sale::{Pause, Reconciliation};
 pub use clock::SaleClock;
 pub use error::{Result, SeckillError};
 pub use user_lock::{UserGuard, UserLocks};
@@ -375,7 +376,8 @@ impl Seckill {
         if draft.sale_mode == SaleMode::Async {
             // Loaded here at once; if Redis cannot take it now, every
             // instance's writer supervisor loads it when it first sees it.
-            if let Err(error) = self.inner.async_sales.reconcile(id).await {
+            // (A supervisor that saw it first loads it instead: skipped.)
+            if let Err(error) = self.inner.async_sales.reconcile(id, Pause::IfMissing).await {
                 tracing::warn!(voucher_id = id, %error, "loading a new async sale into Redis failed");
             }
         }
@@ -385,7 +387,20 @@ impl Seckill {
     /// Rebuilds Redis's side of an async sale from Postgres and the
     /// stream's unwritten orders (see `async_sale::reconcile`).
     pub async fn reconcile(&self, voucher_id: i64) -> Result<Reconciled> {
-        self.inner.async_sales.reconcile(voucher_id).await
+        match self
+            .inner
+            .async_sales
+            .reconcile(voucher_id, Pause::Always)
+            .await?
+        {
+            Reconciliation::Done(done) => Ok(done),
+            // Its report is the later one's to give.
+            Reconciliation::Superseded | Reconciliation::Skipped => {
+                Err(SeckillError::redis_unavailable(
+                    "another reconciliation of this voucher took over; ask again for its result",
+                ))
+            }
+        }
     }
 
     /// The voucher with its stock as committed now (never cached).
@@ -417,8 +432,12 @@ impl Seckill {
             .ok_or(SeckillError::NotFound("voucher"))?;
         self.inner.windows.invalidate(&voucher_id).await;
         if SaleMode::of(&voucher) == SaleMode::Async {
-            // Redis sells from its own stock: rebuilt from Postgres's.
-            self.inner.async_sales.reconcile(voucher_id).await?;
+            // Redis sells from its own stock: rebuilt from Postgres's (by
+            // this reconciliation, or by a later one that took over).
+            self.inner
+                .async_sales
+                .reconcile(voucher_id, Pause::Always)
+                .await?;
         }
         Ok(voucher)
     }

@@ -6,37 +6,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{spawn_app_with, OwnRedis, TestApp, ADMIN_TOKEN};
-use crate::proxy::spawn_app_behind_pg_proxy;
+use crate::helpers::{
+    free_port, redis_url, send_purchase, setting_args, spawn_app_with, OwnRedis, TestApp,
+    ADMIN_TOKEN,
+};
+use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy};
 
 impl TestApp {
-    /// An async voucher on sale from a minute ago for an hour.
-    async fn open_async_voucher(&self, stock: i64) -> i64 {
-        let now = Utc::now();
-        let response = self
-            .client
-            .post(self.url("/admin/vouchers"))
-            .bearer_auth(ADMIN_TOKEN)
-            .json(&json!({
-                "title": "async voucher",
-                "stock": stock,
-                "begin_time": now - chrono::Duration::minutes(1),
-                "end_time": now + chrono::Duration::hours(1),
-                "sale_mode": "async",
-            }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::CREATED);
-        response.json::<Value>().await.unwrap()["id"]
-            .as_i64()
-            .unwrap()
-    }
-
     async fn reconcile(&self, voucher: i64) -> (StatusCode, Value) {
         let response = self
             .client
@@ -74,15 +53,16 @@ impl TestApp {
 
 /// Sends a purchase; returns the status and the body.
 async fn post(app: &TestApp, base: &str, token: &str, voucher: i64) -> (StatusCode, Value) {
-    let response = app
-        .client
-        .post(format!("{base}/seckill/{voucher}"))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status();
-    (status, response.json().await.unwrap_or(Value::Null))
+    let url = format!("{base}/seckill/{voucher}");
+    let answer = send_purchase(&app.client, &url, token).await;
+    (answer.status, answer.body)
+}
+
+/// Sends a purchase that must be accepted (`202`); its order id.
+async fn accept(app: &TestApp, base: &str, token: &str, voucher: i64) -> String {
+    let (status, body) = post(app, base, token, voucher).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    order_of(&body)
 }
 
 fn order_of(body: &Value) -> String {
@@ -175,6 +155,102 @@ async fn an_async_crowd_is_accepted_then_confirmed_with_every_invariant_held() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_reconciliations_during_a_crowd_never_sell_a_unit_twice() {
+    let app = spawn_app_with(|s| s).await;
+    let second = app.spawn_instance().await;
+    let voucher = app.open_async_voucher(100).await;
+    let tokens = Arc::new(app.tokens(1..=300).await);
+    let bases = [app.base.clone(), second];
+    // Reconciliations on both instances, three at a time, for as long as
+    // the crowd buys: each pauses the sale and rebuilds it from its
+    // snapshot; they overlap often, and the sale is open now and then.
+    let crowd_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut reconcilers = Vec::new();
+    for i in 0..3 {
+        let (client, base, done) = (app.client.clone(), bases[i % 2].clone(), crowd_done.clone());
+        reconcilers.push(tokio::spawn(async move {
+            let mut finished = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let response = client
+                    .post(format!("{base}/admin/vouchers/{voucher}/reconcile"))
+                    .bearer_auth(ADMIN_TOKEN)
+                    .send()
+                    .await
+                    .unwrap();
+                match response.status() {
+                    StatusCode::OK => finished += 1,
+                    // Another one took over, or Redis was busy.
+                    StatusCode::SERVICE_UNAVAILABLE => {}
+                    other => panic!("reconcile: {other}"),
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            finished
+        }));
+    }
+    // The crowd: a user asks again while the sale is paused (503).
+    let mut crowd = Vec::new();
+    for user in 1..=300_i64 {
+        let (client, base, tokens) = (
+            app.client.clone(),
+            bases[user as usize % 2].clone(),
+            tokens.clone(),
+        );
+        crowd.push(tokio::spawn(async move {
+            loop {
+                let url = format!("{base}/seckill/{voucher}");
+                let answer = send_purchase(&client, &url, &tokens[&user]).await;
+                if answer.status != StatusCode::SERVICE_UNAVAILABLE {
+                    return (answer.status, answer.body);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }));
+    }
+    let mut orders = Vec::new();
+    let mut sold_out = 0;
+    for buyer in crowd {
+        match buyer.await.unwrap() {
+            (StatusCode::ACCEPTED, body) => orders.push(order_of(&body)),
+            (StatusCode::CONFLICT, body) if body["error"] == "sold_out" => sold_out += 1,
+            (status, body) => panic!("{status}: {body}"),
+        }
+    }
+    crowd_done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut finished = 0;
+    for reconciler in reconcilers {
+        finished += reconciler.await.unwrap();
+    }
+    assert!(finished > 0, "no reconciliation finished during the crowd");
+    assert_eq!(
+        orders.len(),
+        100,
+        "accepted exactly the stock ({finished} reconciliations)"
+    );
+    assert_eq!(sold_out, 200);
+    app.wait_confirmed(&orders).await;
+    assert_eq!(app.check_invariants(voucher).await, 100);
+    let (status, report) = app.reconcile(voucher).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["stock"], 0);
+    assert_eq!(report["buyers"], 100);
+    assert_eq!(report["unstored"], json!([]));
+    // Every reconciliation's rebuilt buyers were swapped in or deleted.
+    let keyspace = app.keyspace().await;
+    let mut conn = redis::Client::open(redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let staged: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{keyspace}async:{{{voucher}}}:buyers:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(staged, Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_left_with_a_dead_consumer_are_claimed_and_written() {
     let redis = OwnRedis::start();
     let url = redis.url();
@@ -194,9 +270,7 @@ async fn entries_left_with_a_dead_consumer_are_claimed_and_written() {
     let mut orders = Vec::new();
     let mut stranded = 0;
     for user in 1..=400_i64 {
-        let (status, body) = post(&app, &app.base, &tokens[&user], voucher).await;
-        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-        orders.push(order_of(&body));
+        orders.push(accept(&app, &app.base, &tokens[&user], voucher).await);
         let taken: redis::Value = redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg("writers")
@@ -243,6 +317,193 @@ async fn entries_left_with_a_dead_consumer_are_claimed_and_written() {
     );
 }
 
+/// The service's binary run as a process of its own, killed with the test.
+struct Process {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Process {
+    /// Runs `seckill` on `app`'s Redis prefix, with its Postgres at
+    /// `db_url`, and waits until it is ready.
+    async fn start(app: &TestApp, db_url: &str) -> Self {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+            .args(setting_args(&addr, db_url, &redis_url(), &app.prefix))
+            // The window stays cached while its Postgres hangs.
+            .args(["--voucher-cache-ms", "600000"])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("the seckill binary starts");
+        let mut process = Self {
+            child,
+            base: format!("http://{addr}"),
+        };
+        let started = Instant::now();
+        loop {
+            if let Ok(r) = app
+                .client
+                .get(format!("{}/readyz", process.base))
+                .send()
+                .await
+            {
+                if r.status() == StatusCode::OK {
+                    return process;
+                }
+            }
+            let exited = process.child.try_wait().unwrap();
+            assert!(exited.is_none(), "the seckill process exited: {exited:?}");
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the seckill process did not become ready"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `kill -9`: no shutdown, nothing flushed or acknowledged.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Entries delivered to, and not acknowledged by, each consumer of the
+/// voucher's group: (name, pending).
+async fn consumers(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+) -> Vec<(String, usize)> {
+    redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(stream)
+        .arg("writers")
+        .query_async::<redis::streams::StreamInfoConsumersReply>(conn)
+        .await
+        .map(|info| {
+            info.consumers
+                .into_iter()
+                .map(|c| (c.name, c.pending))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_killed_mid_batch_loses_none_of_its_accepted_orders() {
+    // The instance that survives (in this test's process) claims what the
+    // killed one held after max(5 s, 3 x its dependency deadline).
+    let app = spawn_app_with(|mut s| {
+        s.dependency_timeout_ms = 1_000;
+        s
+    })
+    .await;
+    // The instance to kill: the service's binary, its Postgres through a
+    // proxy that will hold its commit in the air.
+    let (proxy, via_proxy) = pg_proxy().await;
+    let mut victim = Process::start(&app, &format!("{via_proxy}/{}", app.db_name)).await;
+    let voucher = app.open_async_voucher(500).await;
+    let keyspace = app.keyspace().await;
+    let stream = format!("{keyspace}async:{{{voucher}}}:orders");
+    let mut conn = redis::Client::open(redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let tokens = app.tokens(1..=500).await;
+    let victim_consumer = format!("pid{}-", victim.child.id());
+
+    // Sell through it until its writer has read an entry (a consumer
+    // shows in the group once it was delivered one): it caches the voucher
+    // and runs a writer for it.
+    let mut orders = Vec::new();
+    let mut users = 1..=500_i64;
+    let started = Instant::now();
+    loop {
+        let user = users.next().expect("users enough");
+        orders.push(accept(&app, &victim.base, &tokens[&user], voucher).await);
+        if consumers(&mut conn, &stream)
+            .await
+            .iter()
+            .any(|(name, _)| name.starts_with(&victim_consumer))
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "its writer never read"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Its Postgres hangs: it accepts, reads a batch, and its commit waits.
+    // Sell until it holds entries read and not acknowledged: mid-batch.
+    proxy.freeze();
+    let mut held = 0;
+    for user in users {
+        orders.push(accept(&app, &victim.base, &tokens[&user], voucher).await);
+        held = consumers(&mut conn, &stream)
+            .await
+            .into_iter()
+            .find(|(name, _)| name.starts_with(&victim_consumer))
+            .map_or(0, |(_, pending)| pending);
+        if held >= 5 {
+            break;
+        }
+    }
+    assert!(held > 0, "the instance never read a batch");
+    victim.kill();
+    // What it had sent before dying reaches Postgres now (a transaction
+    // whose client is gone rolls back, or a commit that was already on its
+    // way lands): either way each order is stored once.
+    proxy.thaw();
+
+    app.wait_confirmed(&orders).await;
+    assert_eq!(
+        app.check_invariants(voucher).await,
+        i64::try_from(orders.len()).unwrap()
+    );
+    // Confirmed may come first: an order the dead instance's commit stored
+    // stays pending in the stream until the survivor claims, finds it held
+    // under its id, and acknowledges it.
+    let started = Instant::now();
+    loop {
+        let left = consumers(&mut conn, &stream).await;
+        if left.iter().all(|(_, pending)| *pending == 0) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "entries left pending: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        app.metrics().await.contains("seckill_async_claimed_total"),
+        "the survivor claimed nothing: {held} entries were held"
+    );
+    // The dead instance leaves no consumer behind in the group.
+    let started = Instant::now();
+    while consumers(&mut conn, &stream)
+        .await
+        .iter()
+        .any(|(name, _)| name.starts_with(&victim_consumer))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the dead instance's consumer is still in the group"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_without_persistence_pauses_the_sale_until_reconciled() {
     let mut redis = OwnRedis::start();
@@ -256,9 +517,7 @@ async fn a_redis_restart_without_persistence_pauses_the_sale_until_reconciled() 
     let tokens = app.tokens(1..=40).await;
     let mut orders = Vec::new();
     for user in 1..=10 {
-        let (status, body) = post(&app, &app.base, &tokens[&user], voucher).await;
-        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-        orders.push(order_of(&body));
+        orders.push(accept(&app, &app.base, &tokens[&user], voucher).await);
     }
     app.wait_confirmed(&orders).await;
 
@@ -309,14 +568,10 @@ async fn orders_accepted_while_postgres_is_down_are_written_when_it_returns() {
     let voucher = app.open_async_voucher(50).await;
     let tokens = app.tokens(1..=30).await;
     // The voucher's window is cached by the first purchase.
-    let (status, body) = post(&app, &app.base, &tokens[&1], voucher).await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    let mut orders = vec![order_of(&body)];
+    let mut orders = vec![accept(&app, &app.base, &tokens[&1], voucher).await];
     proxy.cut();
     for user in 2..=30 {
-        let (status, body) = post(&app, &app.base, &tokens[&user], voucher).await;
-        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-        orders.push(order_of(&body));
+        orders.push(accept(&app, &app.base, &tokens[&user], voucher).await);
     }
     // Pending while Postgres is away.
     let (status, body) = app.admin_get(&format!("/orders/{}", orders[29])).await;
@@ -344,15 +599,11 @@ async fn with_aof_always_a_redis_killed_with_orders_pending_loses_none_of_them()
     .await;
     let voucher = app.open_async_voucher(40).await;
     let tokens = app.tokens(1..=40).await;
-    let (status, body) = post(&app, &app.base, &tokens[&1], voucher).await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    let mut orders = vec![order_of(&body)];
+    let mut orders = vec![accept(&app, &app.base, &tokens[&1], voucher).await];
     // Postgres away: the accepted orders wait in the stream.
     proxy.cut();
     for user in 2..=20 {
-        let (status, body) = post(&app, &app.base, &tokens[&user], voucher).await;
-        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-        orders.push(order_of(&body));
+        orders.push(accept(&app, &app.base, &tokens[&user], voucher).await);
     }
     // Redis is killed (SIGKILL) and comes back from its append-only file.
     redis.stop();
@@ -361,9 +612,7 @@ async fn with_aof_always_a_redis_killed_with_orders_pending_loses_none_of_them()
     app.wait_confirmed(&orders).await;
     // Nothing to repair: the sale went on from where it was.
     for user in 21..=40 {
-        let (status, body) = post(&app, &app.base, &tokens[&user], voucher).await;
-        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-        orders.push(order_of(&body));
+        orders.push(accept(&app, &app.base, &tokens[&user], voucher).await);
     }
     app.wait_confirmed(&orders).await;
     assert_eq!(app.check_invariants(voucher).await, 40);

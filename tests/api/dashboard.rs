@@ -88,8 +88,9 @@ async fn every_dashboard_query_returns_data_from_a_scraped_instance() {
 
     // A small sale for a few seconds while Prometheus scrapes every second:
     // orders, sold-out answers, batches, and lock contention (each user
-    // sends two purchases at once).
+    // sends two purchases at once); and an async sale beside it.
     let voucher = app.open_voucher(150).await;
+    let async_voucher = app.open_async_voucher(1_000).await;
     let tokens = app.tokens(1..=300).await;
     let started = Instant::now();
     let mut users = tokens.values().cloned().cycle();
@@ -97,9 +98,9 @@ async fn every_dashboard_query_returns_data_from_a_scraped_instance() {
         let mut tasks = JoinSet::new();
         for _ in 0..20 {
             let token = users.next().unwrap();
-            for _ in 0..2 {
+            for sold in [voucher, voucher, async_voucher] {
                 let (http, base, token) = (http.clone(), app.base.clone(), token.clone());
-                tasks.spawn(async move { buy(&http, &base, &token, voucher).await });
+                tasks.spawn(async move { buy(&http, &base, &token, sold).await });
             }
         }
         tasks.join_all().await;
@@ -131,4 +132,5 @@ async fn every_dashboard_query_returns_data_from_a_scraped_instance() {
         assert!(found, "no data for {query}: {last}");
     }
     app.check_invariants(voucher).await;
+    app.check_invariants(async_voucher).await;
 }

@@ -13,7 +13,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::helpers::{
-    buy, client, spawn_app, spawn_app_with, start_stoppable, OwnRedis, TestApp, ADMIN_TOKEN,
+    buy, client, send_purchase, spawn_app, spawn_app_with, start_stoppable, Answer, OwnRedis,
+    TestApp, ADMIN_TOKEN,
 };
 use crate::proxy::spawn_app_behind_pg_proxy;
 
@@ -24,21 +25,14 @@ async fn purchase(
     token: &str,
     voucher: i64,
 ) -> (StatusCode, Option<String>, Value, Duration) {
-    let started = Instant::now();
-    let response = app
-        .client
-        .post(app.url(&format!("/seckill/{voucher}")))
-        .bearer_auth(token)
-        .send()
-        .await
-        .expect("the service answers");
-    let status = response.status();
-    let retry_after = response
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().unwrap().to_owned());
-    let body = response.json().await.expect("every answer is JSON");
-    (status, retry_after, body, started.elapsed())
+    let url = app.url(&format!("/seckill/{voucher}"));
+    let Answer {
+        status,
+        retry_after,
+        body,
+        took,
+    } = send_purchase(&app.client, &url, token).await;
+    (status, retry_after, body, took)
 }
 
 async fn restock(app: &TestApp, voucher: i64, add: i64) -> StatusCode {

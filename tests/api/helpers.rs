@@ -35,9 +35,15 @@ pub fn redis_url() -> String {
 
 /// Settings for one test app; `db_url` and `redis_url` say where to go.
 pub fn settings(db_url: &str, redis_url: &str, prefix: &str) -> Settings {
-    Settings::from_args([
+    Settings::from_args(setting_args("127.0.0.1:0", db_url, redis_url, prefix))
+        .expect("test settings parse")
+}
+
+/// The command-line flags of a test app (also of one run as a process).
+pub fn setting_args(addr: &str, db_url: &str, redis_url: &str, prefix: &str) -> Vec<String> {
+    [
         "--addr",
-        "127.0.0.1:0",
+        addr,
         "--database-url",
         db_url,
         "--redis-url",
@@ -58,8 +64,9 @@ pub fn settings(db_url: &str, redis_url: &str, prefix: &str) -> Settings {
         "5000",
         "--startup-wait-ms",
         "0",
-    ])
-    .expect("test settings parse")
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }
 
 pub struct TestApp {
@@ -203,6 +210,29 @@ impl TestApp {
             now + chrono::Duration::hours(1),
         )
         .await
+    }
+
+    /// An async voucher on sale from a minute ago for an hour.
+    pub async fn open_async_voucher(&self, stock: i64) -> i64 {
+        let now = Utc::now();
+        let response = self
+            .client
+            .post(self.url("/admin/vouchers"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({
+                "title": "async voucher",
+                "stock": stock,
+                "begin_time": now - chrono::Duration::minutes(1),
+                "end_time": now + chrono::Duration::hours(1),
+                "sale_mode": "async",
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED);
+        response.json::<Value>().await.unwrap()["id"]
+            .as_i64()
+            .unwrap()
     }
 
     /// Tokens for these users, minted through the admin API.
@@ -363,13 +393,18 @@ pub async fn buy(
     post_purchase(client, &format!("{base}/seckill/{voucher_id}"), token).await
 }
 
-/// Sends a purchase to `url` (the real route or a lab route) and returns
-/// the status and the error code (or `"ok"` with the order id).
-pub async fn post_purchase(
-    client: &reqwest::Client,
-    url: &str,
-    token: &str,
-) -> (StatusCode, String) {
+/// How one purchase was answered.
+pub struct Answer {
+    pub status: StatusCode,
+    pub retry_after: Option<String>,
+    pub body: Value,
+    pub took: Duration,
+}
+
+/// Sends a purchase to `url` (the real route or a lab route) as the
+/// token's user; every answer must be JSON.
+pub async fn send_purchase(client: &reqwest::Client, url: &str, token: &str) -> Answer {
+    let started = std::time::Instant::now();
     let response = client
         .post(url)
         .bearer_auth(token)
@@ -377,7 +412,27 @@ pub async fn post_purchase(
         .await
         .expect("the purchase request completes");
     let status = response.status();
-    let body: Value = response.json().await.expect("every answer is JSON");
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().expect("a plain Retry-After").to_owned());
+    let body = response.json().await.expect("every answer is JSON");
+    Answer {
+        status,
+        retry_after,
+        body,
+        took: started.elapsed(),
+    }
+}
+
+/// Sends a purchase to `url` (the real route or a lab route) and returns
+/// the status and the error code (or `"ok"` with the order id).
+pub async fn post_purchase(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+) -> (StatusCode, String) {
+    let Answer { status, body, .. } = send_purchase(client, url, token).await;
     match body["order_id"].as_str() {
         Some(id) if status == StatusCode::OK => (status, format!("ok:{id}")),
         _ => (
@@ -390,8 +445,6 @@ pub async fn post_purchase(
     }
 }
 
-/// A `redis-server` owned by one test, on a free loopback port; killed
-/// when dropped.
 pub struct OwnRedis {
     pub port: u16,
     child: Option<Child>,

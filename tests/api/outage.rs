@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use tokio::task::JoinSet;
 
-use crate::helpers::{buy, client, spawn_app_with, OwnRedis, TestApp};
+use crate::helpers::{buy, client, send_purchase, spawn_app_with, OwnRedis, TestApp};
 use crate::proxy::spawn_app_behind_pg_proxy;
 
 const DURING_OUTAGE: [&str; 5] = [
@@ -45,17 +45,11 @@ fn code(answer: &(StatusCode, String)) -> &str {
 }
 
 async fn expect_unavailable(app: &TestApp, token: &str, voucher: i64) {
-    let response = app
-        .client
-        .post(app.url(&format!("/seckill/{voucher}")))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(response.headers()["retry-after"], "1");
-    let body: serde_json::Value = response.json().await.unwrap();
-    assert_eq!(body["error"], "unavailable");
+    let url = app.url(&format!("/seckill/{voucher}"));
+    let answer = send_purchase(&app.client, &url, token).await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.retry_after.as_deref(), Some("1"));
+    assert_eq!(answer.body["error"], "unavailable");
     let ready = app.client.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
 }

@@ -17,6 +17,19 @@ use crate::helpers::{pg_server, spawn_app_with, TestApp};
 pub async fn spawn_app_behind_pg_proxy(
     adjust: impl FnOnce(Settings) -> Settings,
 ) -> (TestApp, Proxy) {
+    let (proxy, via_proxy) = pg_proxy().await;
+    let app = spawn_app_with(|mut s| {
+        let database = s.database_url.rsplit('/').next().unwrap().to_owned();
+        s.database_url = format!("{via_proxy}/{database}");
+        adjust(s)
+    })
+    .await;
+    (app, proxy)
+}
+
+/// A proxy to the tests' Postgres server, and the server's URL through it
+/// (without a database name).
+pub async fn pg_proxy() -> (Proxy, String) {
     let server = pg_server();
     let hostport = server
         .rsplit('@')
@@ -36,13 +49,7 @@ pub async fn spawn_app_behind_pg_proxy(
         .map(|(user, _)| user.to_owned());
     let credentials = user.map(|u| format!("{u}@")).unwrap_or_default();
     let via_proxy = format!("postgres://{credentials}{}", proxy.addr);
-    let app = spawn_app_with(|mut s| {
-        let database = s.database_url.rsplit('/').next().unwrap().to_owned();
-        s.database_url = format!("{via_proxy}/{database}");
-        adjust(s)
-    })
-    .await;
-    (app, proxy)
+    (proxy, via_proxy)
 }
 
 pub struct Proxy {

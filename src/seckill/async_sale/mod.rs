@@ -27,7 +27,7 @@ use crate::id::{IdGenerator, OrderId};
 use crate::kv::Kv;
 use crate::store::{Order, Store, Voucher};
 
-pub use reconcile::Reconciled;
+pub use reconcile::{Pause, Reconciled, Reconciliation};
 
 /// How long the lookup of a pending order by its id is kept: far longer
 /// than any writer lag.
@@ -46,6 +46,8 @@ struct SaleKeys {
     orders: String,
     /// Hash order id -> why Postgres refused an accepted order.
     unstored: String,
+    /// The token of the reconciliation under way, if one is.
+    reconciling: String,
 }
 
 /// The consumer group that writes every voucher's stream.
@@ -63,7 +65,9 @@ struct Inner {
     ids: IdGenerator,
     clock: SaleClock,
     prefix: String,
-    /// This process's consumer name in every group.
+    /// This process's consumer name in every group: its pid, so that
+    /// `XINFO CONSUMERS` tells an operator which process holds what, and a
+    /// random part, unique across hosts and restarts.
     consumer: String,
     purchase: Script,
     batch_max: usize,
@@ -91,7 +95,11 @@ impl AsyncSales {
                 ids,
                 clock,
                 prefix,
-                consumer: uuid::Uuid::new_v4().to_string(),
+                consumer: format!(
+                    "pid{}-{}",
+                    std::process::id(),
+                    uuid::Uuid::new_v4().simple()
+                ),
                 purchase: Script::new(include_str!("../../../lua/async_purchase.lua")),
                 batch_max: batch_max.max(1),
                 claim_idle,
@@ -107,6 +115,7 @@ impl AsyncSales {
             buyers: format!("{base}:buyers"),
             orders: format!("{base}:orders"),
             unstored: format!("{base}:unstored"),
+            reconciling: format!("{base}:reconciling"),
         }
     }
 
@@ -223,17 +232,12 @@ impl AsyncSales {
     }
 
     async fn load_if_missing(&self, voucher_id: i64) {
-        let keys = self.keys(voucher_id);
-        let loaded = self
-            .inner
-            .redis
-            .query::<bool>(redis::cmd("EXISTS").arg(&keys.sale))
-            .await;
-        if let Ok(false) = loaded {
-            match self.reconcile(voucher_id).await {
-                Ok(done) => tracing::info!(voucher_id, ?done, "loaded an async sale into Redis"),
-                Err(error) => tracing::warn!(voucher_id, %error, "loading an async sale failed"),
+        match self.reconcile(voucher_id, Pause::IfMissing).await {
+            Ok(Reconciliation::Done(done)) => {
+                tracing::info!(voucher_id, ?done, "loaded an async sale into Redis");
             }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(voucher_id, %error, "loading an async sale failed"),
         }
     }
 

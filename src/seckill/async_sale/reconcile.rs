@@ -7,10 +7,20 @@
 //! "not loaded" and appends nothing), then the stream is read, then
 //! Postgres. An entry the writers commit between the two reads is in the
 //! stream read and in the snapshot, so it counts once, as stored.
+//!
+//! Reconciliations of one voucher may overlap (an admin's, a restock's,
+//! every instance loading a sale it sees for the first time): each pauses
+//! under a token of its own, and only the one whose token is still
+//! recorded reopens the sale (`lua/async_pause.lua`, `lua/async_reopen.lua`).
+//! Its snapshot, taken after its own pause, is exact; an older one that
+//! finished last would have set the stock from before purchases it never
+//! saw, and sold those units twice.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::LazyLock;
+use std::time::Duration;
 
-use deadpool_redis::redis::{self, streams::StreamRangeReply};
+use deadpool_redis::redis::{self, streams::StreamRangeReply, Script};
 use serde::Serialize;
 
 use super::{writer, AsyncSales};
@@ -20,6 +30,36 @@ use crate::seckill::error::{Result, SeckillError};
 
 /// Most field-value pairs in one HSET of the buyers.
 const CHUNK: usize = 1_000;
+/// How long a reconciliation counts as under way: one that died stops
+/// holding back the loading of a sale after this; one that outlives it
+/// does not reopen the sale (the next one does).
+const UNDER_WAY: Duration = Duration::from_secs(600);
+
+static PAUSE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/async_pause.lua")));
+static REOPEN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/async_reopen.lua")));
+
+/// When a reconciliation pauses the sale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pause {
+    /// Always (an admin's reconciliation, a restock).
+    Always,
+    /// Only if the sale is not in Redis and no reconciliation is under way
+    /// (a sale created, or seen for the first time by an instance).
+    IfMissing,
+}
+
+/// What a reconciliation came to.
+#[derive(Debug, Clone)]
+pub enum Reconciliation {
+    Done(Reconciled),
+    /// A later reconciliation took over before this one reopened the
+    /// sale; that one reopens it.
+    Superseded,
+    /// [`Pause::IfMissing`] and the sale is loaded, or being loaded.
+    Skipped,
+}
 
 /// What a reconciliation found and set.
 #[derive(Debug, Clone, Serialize)]
@@ -46,14 +86,29 @@ pub struct Unstored {
 impl AsyncSales {
     /// Rebuilds Redis's side of `voucher_id`'s async sale from Postgres and
     /// the unwritten stream entries, then reopens it.
-    pub(in crate::seckill) async fn reconcile(&self, voucher_id: i64) -> Result<Reconciled> {
+    pub(in crate::seckill) async fn reconcile(
+        &self,
+        voucher_id: i64,
+        pause: Pause,
+    ) -> Result<Reconciliation> {
         let inner = &self.inner;
         let keys = self.keys(voucher_id);
         // Pause: purchases answer 503 until the sale hash is back.
-        inner
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let paused: i64 = inner
             .redis
-            .query::<()>(redis::cmd("DEL").arg(&keys.sale))
+            .invoke(
+                PAUSE
+                    .key(&keys.sale)
+                    .key(&keys.reconciling)
+                    .arg(&token)
+                    .arg(u64::try_from(UNDER_WAY.as_millis()).unwrap_or(u64::MAX))
+                    .arg(if pause == Pause::IfMissing { "1" } else { "0" }),
+            )
             .await?;
+        if paused != 1 {
+            return Ok(Reconciliation::Skipped);
+        }
         let stream: StreamRangeReply = inner
             .redis
             .query(redis::cmd("XRANGE").arg(&keys.orders).arg("-").arg("+"))
@@ -100,18 +155,23 @@ impl AsyncSales {
             .unwrap_or(0);
         raise_id_counter(&inner.store, &inner.ids, today, accepted_today).await?;
 
-        inner
-            .redis
-            .query::<()>(redis::cmd("DEL").arg(&keys.buyers))
-            .await?;
+        // The buyers are rebuilt aside, and replace the live ones as the
+        // sale reopens, in one step.
+        let staged = format!("{}:{token}", keys.buyers);
         let pairs: Vec<(i64, i64)> = buyers.into_iter().collect();
-        for chunk in pairs.chunks(CHUNK) {
+        for (i, chunk) in pairs.chunks(CHUNK).enumerate() {
             let mut write = redis::cmd("HSET");
-            write.arg(&keys.buyers);
+            write.arg(&staged);
             for (user_id, order_id) in chunk {
                 write.arg(user_id).arg(order_id);
             }
             inner.redis.query::<()>(&write).await?;
+            if i == 0 {
+                // Gone by itself if this reconciliation dies before the swap.
+                let life = u64::try_from(UNDER_WAY.as_millis()).unwrap_or(u64::MAX);
+                let expire = redis::cmd("PEXPIRE").arg(&staged).arg(life).clone();
+                inner.redis.query::<()>(&expire).await?;
+            }
         }
         if !writer::ensure_group(self, &keys).await {
             return Err(SeckillError::redis_unavailable(
@@ -123,15 +183,24 @@ impl AsyncSales {
         // inside the microsecond one.
         let begin_ms = (voucher.begin_time.timestamp_micros() + 999).div_euclid(1000);
         let end_ms = voucher.end_time.timestamp_micros().div_euclid(1000);
-        let mut open = redis::cmd("HSET");
-        open.arg(&keys.sale)
-            .arg("stock")
-            .arg(stock)
-            .arg("begin_ms")
-            .arg(begin_ms)
-            .arg("end_ms")
-            .arg(end_ms);
-        inner.redis.query::<()>(&open).await?;
+        let reopened: i64 = inner
+            .redis
+            .invoke(
+                REOPEN
+                    .key(&keys.sale)
+                    .key(&keys.buyers)
+                    .key(&staged)
+                    .key(&keys.reconciling)
+                    .arg(&token)
+                    .arg(stock)
+                    .arg(begin_ms)
+                    .arg(end_ms),
+            )
+            .await?;
+        if reopened != 1 {
+            tracing::info!(voucher_id, "a later reconciliation took over");
+            return Ok(Reconciliation::Superseded);
+        }
 
         let unstored: HashMap<String, String> = inner
             .redis
@@ -143,12 +212,12 @@ impl AsyncSales {
             .collect();
         unstored.sort_by(|a, b| a.order_id.cmp(&b.order_id));
         metrics::counter!("seckill_async_reconciliations_total").increment(1);
-        Ok(Reconciled {
+        Ok(Reconciliation::Done(Reconciled {
             voucher_id,
             stock,
             pending: usize::try_from(pending).unwrap_or(0),
             buyers: pairs.len(),
             unstored,
-        })
+        }))
     }
 }

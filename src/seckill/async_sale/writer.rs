@@ -7,14 +7,16 @@
 //! after the commit and before the acknowledgement, its entries claimed by
 //! another) finds each order held already under the same id and stores
 //! nothing twice. Entries of a consumer that died or hangs are claimed by
-//! the others (`XAUTOCLAIM`) once idle for `claim_idle`. While Postgres is
-//! away the writer keeps its entries and tries them again.
+//! the others (`XAUTOCLAIM`) once idle for `claim_idle`; a consumer that
+//! holds nothing and has been idle as long is removed from the group. While
+//! Postgres is away the writer keeps its entries and tries them again.
 
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, streams::StreamId};
 
 use super::{AsyncSales, SaleKeys, GROUP};
+use crate::kv::{Consumer, Delivery};
 use crate::seckill::batch::{raise_id_counter, sell_batch};
 use crate::store::{Sale, SaleRequest};
 
@@ -24,6 +26,10 @@ const POLL: Duration = Duration::from_millis(10);
 const BACKOFF: Duration = Duration::from_millis(200);
 /// How often a writer looks for entries idle with other consumers.
 const CLAIM_EVERY: Duration = Duration::from_secs(1);
+/// How often a writer removes consumers that hold nothing and have been
+/// idle for the claim's time: every instance that ever ran leaves one per
+/// voucher, and the group would keep them all.
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
 
 /// An accepted order as the stream holds it.
 struct Entry {
@@ -49,6 +55,7 @@ pub(super) async fn write(sales: AsyncSales, voucher_id: i64) {
     let mut group_ready = false;
     let mut retry_own = false;
     let mut last_claim = Instant::now();
+    let mut last_prune = Instant::now();
     loop {
         if !group_ready {
             group_ready = ensure_group(&sales, &keys).await;
@@ -56,6 +63,10 @@ pub(super) async fn write(sales: AsyncSales, voucher_id: i64) {
                 tokio::time::sleep(BACKOFF).await;
                 continue;
             }
+        }
+        if last_prune.elapsed() >= PRUNE_EVERY {
+            last_prune = Instant::now();
+            prune(&sales, &keys).await;
         }
         let read = if retry_own {
             Read::Own
@@ -84,7 +95,13 @@ pub(super) async fn write(sales: AsyncSales, voucher_id: i64) {
             }
             continue;
         }
-        match commit(&sales, voucher_id, &keys, entries).await {
+        // Read and not yet acknowledged by this instance: what its death
+        // would leave for the others to claim.
+        let held = entries.len() as f64;
+        metrics::gauge!("seckill_async_in_flight").increment(held);
+        let committed = commit(&sales, voucher_id, &keys, entries).await;
+        metrics::gauge!("seckill_async_in_flight").decrement(held);
+        match committed {
             Ok(()) => retry_own = matches!(read, Read::Own),
             Err(error) => {
                 tracing::warn!(voucher_id, %error, "writing accepted orders failed; retrying");
@@ -99,19 +116,38 @@ pub(super) async fn write(sales: AsyncSales, voucher_id: i64) {
 /// Creates the voucher's consumer group (from the stream's start) unless
 /// it exists.
 pub(super) async fn ensure_group(sales: &AsyncSales, keys: &SaleKeys) -> bool {
-    let mut create = redis::cmd("XGROUP");
-    create
-        .arg("CREATE")
-        .arg(&keys.orders)
-        .arg(GROUP)
-        .arg("0")
-        .arg("MKSTREAM");
-    match sales.inner.redis.query::<()>(&create).await {
+    match sales.inner.redis.create_group(&keys.orders, GROUP).await {
         Ok(()) => true,
-        Err(error) if error.code() == Some("BUSYGROUP") => true,
         Err(error) => {
             tracing::warn!(%error, "cannot create an async sale's consumer group");
             false
+        }
+    }
+}
+
+/// Removes the group's consumers other than this one that hold no entry
+/// and have been idle for `claim_idle` (dead instances', mostly; a live one
+/// removed is made again by its next read). Failures wait for next time.
+async fn prune(sales: &AsyncSales, keys: &SaleKeys) {
+    let inner = &sales.inner;
+    let Ok(consumers) = inner.redis.consumers(&keys.orders, GROUP).await else {
+        return;
+    };
+    for gone in consumers
+        .iter()
+        .filter(|c| c.name != inner.consumer && c.pending == 0 && c.idle >= inner.claim_idle)
+    {
+        match inner
+            .redis
+            .prune_consumer(&keys.orders, GROUP, &gone.name)
+            .await
+        {
+            Ok(true) => tracing::info!(consumer = %gone.name, "removed an idle consumer"),
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(%error, "removing an idle consumer failed");
+                return;
+            }
         }
     }
 }
@@ -122,44 +158,37 @@ async fn next_entries(
     read: &Read,
 ) -> Result<Vec<Entry>, crate::kv::KvError> {
     let inner = &sales.inner;
+    let consumer = Consumer {
+        stream: &keys.orders,
+        group: GROUP,
+        name: &inner.consumer,
+    };
     let ids: Vec<StreamId> = match read {
         Read::Claim => {
-            let mut claim = redis::cmd("XAUTOCLAIM");
-            claim
-                .arg(&keys.orders)
-                .arg(GROUP)
-                .arg(&inner.consumer)
-                .arg(u64::try_from(inner.claim_idle.as_millis()).unwrap_or(u64::MAX))
-                .arg("0-0")
-                .arg("COUNT")
-                .arg(inner.batch_max);
-            let reply: redis::streams::StreamAutoClaimReply = inner.redis.query(&claim).await?;
-            if !reply.claimed.is_empty() {
+            let claimed = inner
+                .redis
+                .claim_idle(consumer, inner.claim_idle, inner.batch_max)
+                .await?;
+            if !claimed.is_empty() {
                 tracing::info!(
-                    claimed = reply.claimed.len(),
+                    claimed = claimed.len(),
                     "claimed accepted orders left by another writer"
                 );
-                metrics::counter!("seckill_async_claimed_total")
-                    .increment(reply.claimed.len() as u64);
+                metrics::counter!("seckill_async_claimed_total").increment(claimed.len() as u64);
             }
-            reply.claimed
+            claimed
         }
-        Read::Own | Read::New => {
-            let mut read_group = redis::cmd("XREADGROUP");
-            read_group
-                .arg("GROUP")
-                .arg(GROUP)
-                .arg(&inner.consumer)
-                .arg("COUNT")
-                .arg(inner.batch_max)
-                .arg("STREAMS")
-                .arg(&keys.orders)
-                .arg(if matches!(read, Read::Own) { "0" } else { ">" });
-            let reply: Option<redis::streams::StreamReadReply> =
-                inner.redis.query(&read_group).await?;
-            reply
-                .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect())
-                .unwrap_or_default()
+        Read::Own => {
+            inner
+                .redis
+                .read_group(consumer, Delivery::Own, inner.batch_max)
+                .await?
+        }
+        Read::New => {
+            inner
+                .redis
+                .read_group(consumer, Delivery::New, inner.batch_max)
+                .await?
         }
     };
     Ok(ids.iter().map(parse).collect())
@@ -275,18 +304,9 @@ async fn commit(
         .chain(&malformed)
         .map(|e| e.stream_id.as_str())
         .collect();
-    let mut ack = redis::cmd("XACK");
-    ack.arg(&keys.orders).arg(GROUP).arg(&stream_ids);
     inner
         .redis
-        .query::<()>(&ack)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut delete = redis::cmd("XDEL");
-    delete.arg(&keys.orders).arg(&stream_ids);
-    inner
-        .redis
-        .query::<()>(&delete)
+        .ack_and_delete(&keys.orders, GROUP, &stream_ids)
         .await
         .map_err(|e| e.to_string())?;
     metrics::counter!("seckill_async_written_total").increment(valid.len() as u64);

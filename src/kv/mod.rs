@@ -24,6 +24,9 @@ use deadpool_redis::redis::{
 };
 use deadpool_redis::{sentinel, Connection, Pool, PoolError};
 
+mod stream;
+pub use stream::{Consumer, ConsumerState, Delivery};
+
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {
     #[error("no Redis connection: {0}")]

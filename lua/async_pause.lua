@@ -1,0 +1,26 @@
+-- Pauses an async sale for a reconciliation: the sale hash goes (the
+-- purchase script answers "not loaded", 503, and appends nothing) and the
+-- reconciliation's token is recorded. Only the reconciliation whose token
+-- is still recorded may reopen the sale (lua/async_reopen.lua): one that
+-- started later took over, and its snapshot, read after its own pause, is
+-- the exact one. Without the token, an older reconciliation finishing last
+-- would set the stock from a snapshot taken before purchases it never saw.
+--
+-- All keys carry the voucher's hash tag (one cluster slot).
+--
+-- KEYS[1]  the sale: a hash {stock, begin_ms, end_ms}
+-- KEYS[2]  the reconciliation under way: its token
+-- ARGV[1]  this reconciliation's token (unique)
+-- ARGV[2]  how long the token lives, in ms: a reconciliation that died
+--          stops counting as under way after this
+-- ARGV[3]  "1": only if the sale is missing and no reconciliation is under
+--          way (loading a sale seen for the first time); "0": always
+--
+-- Returns 1  paused, the token recorded
+--         0  nothing done: the sale is loaded, or being loaded
+if ARGV[3] == '1' and redis.call('exists', KEYS[1], KEYS[2]) > 0 then
+  return 0
+end
+redis.call('del', KEYS[1])
+redis.call('set', KEYS[2], ARGV[1], 'px', ARGV[2])
+return 1
