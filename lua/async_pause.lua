@@ -17,9 +17,15 @@
 --          way (loading a sale seen for the first time); "0": always
 --
 -- Returns 1  paused, the token recorded
---         0  nothing done: the sale is loaded, or being loaded
-if ARGV[3] == '1' and redis.call('exists', KEYS[1], KEYS[2]) > 0 then
-  return 0
+--         0  nothing done (ARGV[3] "1"): the sale is loaded
+--         2  nothing done (ARGV[3] "1"): a reconciliation is under way
+if ARGV[3] == '1' then
+  if redis.call('exists', KEYS[1]) == 1 then
+    return 0
+  end
+  if redis.call('exists', KEYS[2]) == 1 then
+    return 2
+  end
 end
 redis.call('del', KEYS[1])
 redis.call('set', KEYS[2], ARGV[1], 'px', ARGV[2])

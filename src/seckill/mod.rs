@@ -375,8 +375,9 @@ impl Seckill {
             .await?;
         if draft.sale_mode == SaleMode::Async {
             // Loaded here at once; if Redis cannot take it now, every
-            // instance's writer supervisor loads it when it first sees it.
-            // (A supervisor that saw it first loads it instead: skipped.)
+            // instance's writer supervisor loads it, retrying until it
+            // sees it loaded. (A supervisor that saw it first loads it
+            // instead: nothing done here.)
             if let Err(error) = self.inner.async_sales.reconcile(id, Pause::IfMissing).await {
                 tracing::warn!(voucher_id = id, %error, "loading a new async sale into Redis failed");
             }
@@ -395,7 +396,7 @@ impl Seckill {
         {
             Reconciliation::Done(done) => Ok(done),
             // Its report is the later one's to give.
-            Reconciliation::Superseded | Reconciliation::Skipped => {
+            Reconciliation::Superseded | Reconciliation::Loaded | Reconciliation::UnderWay => {
                 Err(SeckillError::redis_unavailable(
                     "another reconciliation of this voucher took over; ask again for its result",
                 ))

@@ -621,3 +621,56 @@ async fn with_aof_always_a_redis_killed_with_orders_pending_loses_none_of_them()
     assert_eq!(report["stock"], 0);
     assert_eq!(report["unstored"], json!([]));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_reconciliation_leaves_nothing_that_holds_back_a_later_sale() {
+    let app = spawn_app_with(|s| s).await;
+    let sync = app.open_voucher(1).await;
+    // Refused before anything is paused: an id no voucher has yet, and a
+    // voucher sold synchronously.
+    let (status, body) = app.reconcile(sync + 1).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = app.reconcile(sync).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // The next voucher takes that id; its sale opens at once.
+    let voucher = app.open_async_voucher(5).await;
+    assert_eq!(voucher, sync + 1);
+    let tokens = app.tokens(1..=1).await;
+    let order = accept(&app, &app.base, &tokens[&1], voucher).await;
+    app.wait_confirmed(&[order]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_created_while_redis_is_down_opens_once_redis_is_back() {
+    let mut redis = OwnRedis::start();
+    let url = redis.url();
+    let app = spawn_app_with(|mut s| {
+        s.redis_url = url;
+        s
+    })
+    .await;
+    redis.stop();
+    // Postgres takes the voucher; loading its sale into Redis fails, here
+    // and in the supervisor's first look at it.
+    let voucher = app.open_async_voucher(5).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    redis.restart();
+    let tokens = app.tokens(1..=1).await;
+    let started = Instant::now();
+    let order = loop {
+        let (status, body) = post(&app, &app.base, &tokens[&1], voucher).await;
+        match status {
+            StatusCode::ACCEPTED => break order_of(&body),
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "the sale is still paused: {body}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => panic!("{other}: {body}"),
+        }
+    };
+    app.wait_confirmed(&[order]).await;
+    assert_eq!(app.check_invariants(voucher).await, 1);
+}

@@ -210,17 +210,20 @@ impl AsyncSales {
 
     /// Runs for the life of the process: every second, starts a writer for
     /// each async voucher still in sale (or ended within a day) that has
-    /// none here, and loads into Redis the sale of a voucher seen for the
-    /// first time whose Redis side is missing (at start, or just created).
+    /// none here, and loads into Redis the sale of a voucher this instance
+    /// has not yet seen loaded whose Redis side is missing (at start, or
+    /// just created), retrying each second until it is loaded. A sale seen
+    /// loaded once and missing later (a Redis that lost it) stays paused
+    /// until an admin reconciles it.
     pub(super) async fn supervise(self) {
-        let mut seen = HashSet::new();
+        let mut loaded = HashSet::new();
         loop {
             let since = Utc::now() - TimeDelta::days(1);
             match self.inner.store.async_vouchers(since).await {
                 Ok(vouchers) => {
                     for voucher_id in vouchers {
-                        if seen.insert(voucher_id) {
-                            self.load_if_missing(voucher_id).await;
+                        if !loaded.contains(&voucher_id) && self.load_if_missing(voucher_id).await {
+                            loaded.insert(voucher_id);
                         }
                         self.ensure_writer(voucher_id);
                     }
@@ -231,13 +234,20 @@ impl AsyncSales {
         }
     }
 
-    async fn load_if_missing(&self, voucher_id: i64) {
+    /// Loads a sale whose Redis side is missing; whether it is loaded now.
+    async fn load_if_missing(&self, voucher_id: i64) -> bool {
         match self.reconcile(voucher_id, Pause::IfMissing).await {
             Ok(Reconciliation::Done(done)) => {
                 tracing::info!(voucher_id, ?done, "loaded an async sale into Redis");
+                true
             }
-            Ok(_) => {}
-            Err(error) => tracing::warn!(voucher_id, %error, "loading an async sale failed"),
+            Ok(Reconciliation::Loaded) => true,
+            // Another one reopens it, or fails and lets the next look load it.
+            Ok(Reconciliation::UnderWay | Reconciliation::Superseded) => false,
+            Err(error) => {
+                tracing::warn!(voucher_id, %error, "loading an async sale failed; retrying");
+                false
+            }
         }
     }
 

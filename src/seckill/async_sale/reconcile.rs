@@ -23,7 +23,7 @@ use std::time::Duration;
 use deadpool_redis::redis::{self, streams::StreamRangeReply, Script};
 use serde::Serialize;
 
-use super::{writer, AsyncSales};
+use super::{writer, AsyncSales, SaleKeys};
 use crate::id::OrderId;
 use crate::seckill::batch::raise_id_counter;
 use crate::seckill::error::{Result, SeckillError};
@@ -39,6 +39,8 @@ static PAUSE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/async_pause.lua")));
 static REOPEN: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/async_reopen.lua")));
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/async_release.lua")));
 
 /// When a reconciliation pauses the sale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,8 +59,11 @@ pub enum Reconciliation {
     /// A later reconciliation took over before this one reopened the
     /// sale; that one reopens it.
     Superseded,
-    /// [`Pause::IfMissing`] and the sale is loaded, or being loaded.
-    Skipped,
+    /// [`Pause::IfMissing`] and the sale is loaded: nothing done.
+    Loaded,
+    /// [`Pause::IfMissing`] and another reconciliation is under way:
+    /// nothing done (that one reopens the sale, or releases it failing).
+    UnderWay,
 }
 
 /// What a reconciliation found and set.
@@ -92,6 +97,18 @@ impl AsyncSales {
         pause: Pause,
     ) -> Result<Reconciliation> {
         let inner = &self.inner;
+        // Refused before the pause: a refusal touches nothing of a sale
+        // (an id no voucher has yet may be an async sale's tomorrow).
+        let voucher = inner
+            .store
+            .voucher(voucher_id)
+            .await?
+            .ok_or(SeckillError::NotFound("voucher"))?;
+        if voucher.sale_mode != "async" {
+            return Err(SeckillError::Invalid(
+                "this voucher is sold synchronously: it has nothing in Redis to reconcile".into(),
+            ));
+        }
         let keys = self.keys(voucher_id);
         // Pause: purchases answer 503 until the sale hash is back.
         let token = uuid::Uuid::new_v4().simple().to_string();
@@ -106,9 +123,34 @@ impl AsyncSales {
                     .arg(if pause == Pause::IfMissing { "1" } else { "0" }),
             )
             .await?;
-        if paused != 1 {
-            return Ok(Reconciliation::Skipped);
+        match paused {
+            1 => {}
+            0 => return Ok(Reconciliation::Loaded),
+            _ => return Ok(Reconciliation::UnderWay),
         }
+        let staged = format!("{}:{token}", keys.buyers);
+        let rebuilt = self.rebuild(voucher_id, &keys, &token, &staged).await;
+        if rebuilt.is_err() {
+            // The sale stays paused; the next reconciliation need not wait
+            // for this one's token to expire.
+            let mut release = RELEASE.key(&keys.reconciling);
+            release.key(&staged).arg(&token);
+            if let Err(error) = inner.redis.invoke::<i64>(&release).await {
+                tracing::warn!(voucher_id, %error, "could not release a failed reconciliation");
+            }
+        }
+        rebuilt
+    }
+
+    /// The reconciliation's work once the sale is paused under `token`.
+    async fn rebuild(
+        &self,
+        voucher_id: i64,
+        keys: &SaleKeys,
+        token: &str,
+        staged: &str,
+    ) -> Result<Reconciliation> {
+        let inner = &self.inner;
         let stream: StreamRangeReply = inner
             .redis
             .query(redis::cmd("XRANGE").arg(&keys.orders).arg("-").arg("+"))
@@ -126,11 +168,6 @@ impl AsyncSales {
             )
             .await?
             .ok_or(SeckillError::NotFound("voucher"))?;
-        if snapshot.voucher.sale_mode != "async" {
-            return Err(SeckillError::Invalid(
-                "this voucher is sold synchronously: it has nothing in Redis to reconcile".into(),
-            ));
-        }
         let stored: HashSet<i64> = snapshot.stored.iter().copied().collect();
         let mut buyers: HashMap<i64, i64> = snapshot.buyers.iter().copied().collect();
         let mut pending = 0;
@@ -157,11 +194,10 @@ impl AsyncSales {
 
         // The buyers are rebuilt aside, and replace the live ones as the
         // sale reopens, in one step.
-        let staged = format!("{}:{token}", keys.buyers);
         let pairs: Vec<(i64, i64)> = buyers.into_iter().collect();
         for (i, chunk) in pairs.chunks(CHUNK).enumerate() {
             let mut write = redis::cmd("HSET");
-            write.arg(&staged);
+            write.arg(staged);
             for (user_id, order_id) in chunk {
                 write.arg(user_id).arg(order_id);
             }
@@ -169,11 +205,11 @@ impl AsyncSales {
             if i == 0 {
                 // Gone by itself if this reconciliation dies before the swap.
                 let life = u64::try_from(UNDER_WAY.as_millis()).unwrap_or(u64::MAX);
-                let expire = redis::cmd("PEXPIRE").arg(&staged).arg(life).clone();
+                let expire = redis::cmd("PEXPIRE").arg(staged).arg(life).clone();
                 inner.redis.query::<()>(&expire).await?;
             }
         }
-        if !writer::ensure_group(self, &keys).await {
+        if !writer::ensure_group(self, keys).await {
             return Err(SeckillError::redis_unavailable(
                 "cannot create the sale's consumer group",
             ));
@@ -189,9 +225,9 @@ impl AsyncSales {
                 REOPEN
                     .key(&keys.sale)
                     .key(&keys.buyers)
-                    .key(&staged)
+                    .key(staged)
                     .key(&keys.reconciling)
-                    .arg(&token)
+                    .arg(token)
                     .arg(stock)
                     .arg(begin_ms)
                     .arg(end_ms),
