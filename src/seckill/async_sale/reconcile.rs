@@ -90,12 +90,21 @@ pub struct Unstored {
 
 impl AsyncSales {
     /// Rebuilds Redis's side of `voucher_id`'s async sale from Postgres and
-    /// the unwritten stream entries, then reopens it.
+    /// the unwritten stream entries, then reopens it. Runs to its end on a
+    /// task of its own: a caller that goes away (a client hanging up on an
+    /// admin request) does not leave the sale paused half-way.
     pub(in crate::seckill) async fn reconcile(
         &self,
         voucher_id: i64,
         pause: Pause,
     ) -> Result<Reconciliation> {
+        let sales = self.clone();
+        tokio::spawn(async move { sales.reconcile_to_end(voucher_id, pause).await })
+            .await
+            .map_err(|error| SeckillError::Internal(format!("a reconciliation failed: {error}")))?
+    }
+
+    async fn reconcile_to_end(&self, voucher_id: i64, pause: Pause) -> Result<Reconciliation> {
         let inner = &self.inner;
         // Refused before the pause: a refusal touches nothing of a sale
         // (an id no voucher has yet may be an async sale's tomorrow).
