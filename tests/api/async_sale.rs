@@ -674,3 +674,52 @@ async fn a_sale_created_while_redis_is_down_opens_once_redis_is_back() {
     app.wait_confirmed(&[order]).await;
     assert_eq!(app.check_invariants(voucher).await, 1);
 }
+
+/// Calls of one command a Redis server has served (`INFO commandstats`).
+async fn calls_of(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_writers_poll_their_streams_about_once_a_second_and_still_write() {
+    let redis = OwnRedis::start();
+    let url = redis.url();
+    let app = spawn_app_with(|mut s| {
+        s.redis_url = url;
+        s
+    })
+    .await;
+    const SALES: u64 = 20;
+    let mut vouchers = Vec::new();
+    for _ in 0..SALES {
+        vouchers.push(app.open_async_voucher(5).await);
+    }
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // Every writer started and went idle.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let before = calls_of(&mut conn, "xreadgroup").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let reads = calls_of(&mut conn, "xreadgroup").await - before;
+    // A 10 ms poll would read 20 x 300 = 6,000 times; once a second, 60
+    // (and a few more for the claims' own reads of pending entries).
+    assert!(
+        reads <= SALES * 3 * 2,
+        "{reads} stream reads by {SALES} idle writers in 3 s"
+    );
+    // And an idle writer still writes what its instance accepts.
+    let tokens = app.tokens(1..=1).await;
+    let order = accept(&app, &app.base, &tokens[&1], vouchers[0]).await;
+    app.wait_confirmed(&[order]).await;
+}

@@ -14,7 +14,8 @@
 mod reconcile;
 mod writer;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -74,8 +75,18 @@ struct Inner {
     /// How long an entry may stay unacknowledged with another consumer
     /// before this one claims it (that one died or hangs).
     claim_idle: Duration,
-    /// Vouchers this instance runs a writer for.
-    writing: Mutex<HashSet<i64>>,
+    /// The writers this instance runs, by voucher.
+    writers: Mutex<HashMap<i64, Arc<WriterSignals>>>,
+}
+
+/// What a writer is told by the rest of its instance.
+#[derive(Default)]
+struct WriterSignals {
+    /// A purchase here appended to the stream: read now.
+    wake: tokio::sync::Notify,
+    /// The voucher's sale ended over a day ago: stop once the stream is
+    /// empty.
+    retire: AtomicBool,
 }
 
 impl AsyncSales {
@@ -103,7 +114,7 @@ impl AsyncSales {
                 purchase: Script::new(include_str!("../../../lua/async_purchase.lua")),
                 batch_max: batch_max.max(1),
                 claim_idle,
-                writing: Mutex::new(HashSet::new()),
+                writers: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -181,6 +192,7 @@ impl AsyncSales {
             }
         }
         metrics::counter!("seckill_async_accepted_total").increment(1);
+        self.wake_writer(voucher.id);
         Ok(order_id)
     }
 
@@ -210,7 +222,7 @@ impl AsyncSales {
 
     /// Runs for the life of the process: every second, starts a writer for
     /// each async voucher still in sale (or ended within a day) that has
-    /// none here, and loads into Redis the sale of a voucher this instance
+    /// none here, retires those of the vouchers no longer listed, and loads into Redis the sale of a voucher this instance
     /// has not yet seen loaded whose Redis side is missing (at start, or
     /// just created), retrying each second until it is loaded. A sale seen
     /// loaded once and missing later (a Redis that lost it) stays paused
@@ -221,12 +233,13 @@ impl AsyncSales {
             let since = Utc::now() - TimeDelta::days(1);
             match self.inner.store.async_vouchers(since).await {
                 Ok(vouchers) => {
-                    for voucher_id in vouchers {
+                    for &voucher_id in &vouchers {
                         if !loaded.contains(&voucher_id) && self.load_if_missing(voucher_id).await {
                             loaded.insert(voucher_id);
                         }
                         self.ensure_writer(voucher_id);
                     }
+                    self.retire_writers(&vouchers);
                 }
                 Err(error) => tracing::warn!(%error, "cannot list the async vouchers"),
             }
@@ -252,9 +265,35 @@ impl AsyncSales {
     }
 
     fn ensure_writer(&self, voucher_id: i64) {
-        let mut writing = self.inner.writing.lock().expect("writers lock");
-        if writing.insert(voucher_id) {
-            tokio::spawn(writer::write(self.clone(), voucher_id));
+        let mut writers = self.inner.writers.lock().expect("writers lock");
+        if let std::collections::hash_map::Entry::Vacant(slot) = writers.entry(voucher_id) {
+            let signals = Arc::new(WriterSignals::default());
+            slot.insert(signals.clone());
+            tokio::spawn(writer::write(self.clone(), voucher_id, signals));
+        }
+    }
+
+    /// Tells the writers of vouchers not in `listed` to stop once their
+    /// stream is empty.
+    fn retire_writers(&self, listed: &[i64]) {
+        let listed: HashSet<i64> = listed.iter().copied().collect();
+        let mut writers = self.inner.writers.lock().expect("writers lock");
+        writers.retain(|voucher_id, signals| {
+            let keep = listed.contains(voucher_id);
+            if !keep {
+                signals.retire.store(true, Ordering::Relaxed);
+                signals.wake.notify_one();
+            }
+            keep
+        });
+    }
+
+    /// Wakes this instance's writer of `voucher_id`, if it runs one: an
+    /// order accepted here is read at once rather than at the next poll.
+    fn wake_writer(&self, voucher_id: i64) {
+        let writers = self.inner.writers.lock().expect("writers lock");
+        if let Some(signals) = writers.get(&voucher_id) {
+            signals.wake.notify_one();
         }
     }
 }

@@ -11,17 +11,25 @@
 //! holds nothing and has been idle as long is removed from the group. While
 //! Postgres is away the writer keeps its entries and tries them again.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, streams::StreamId};
 
-use super::{AsyncSales, SaleKeys, GROUP};
+use super::{AsyncSales, SaleKeys, WriterSignals, GROUP};
 use crate::kv::{Consumer, Delivery};
 use crate::seckill::batch::{raise_id_counter, sell_batch};
 use crate::store::{Sale, SaleRequest};
 
-/// Pause when the stream had nothing new.
+/// First pause when the stream had nothing new; doubled while it stays
+/// empty, up to `IDLE_MAX`. A purchase accepted in this instance wakes its
+/// writer at once; the polls find those accepted by other instances (whose
+/// own writers take them first, unless they died).
 const POLL: Duration = Duration::from_millis(10);
+/// Longest pause of an idle writer: an instance with many idle sales
+/// polls each once a second, not a hundred times.
+const IDLE_MAX: Duration = Duration::from_secs(1);
 /// Pause after a failed commit or Redis call before trying again.
 const BACKOFF: Duration = Duration::from_millis(200);
 /// How often a writer looks for entries idle with other consumers.
@@ -50,8 +58,9 @@ enum Read {
     New,
 }
 
-pub(super) async fn write(sales: AsyncSales, voucher_id: i64) {
+pub(super) async fn write(sales: AsyncSales, voucher_id: i64, signals: Arc<WriterSignals>) {
     let keys = sales.keys(voucher_id);
+    let mut idle = POLL;
     let mut group_ready = false;
     let mut retry_own = false;
     let mut last_claim = Instant::now();
@@ -91,10 +100,18 @@ pub(super) async fn write(sales: AsyncSales, voucher_id: i64) {
         if entries.is_empty() {
             retry_own = false;
             if matches!(read, Read::New) {
-                tokio::time::sleep(POLL).await;
+                if signals.retire.load(Ordering::Relaxed) && stream_empty(&sales, &keys).await {
+                    tracing::info!(voucher_id, "the sale is over and written: writer retired");
+                    return;
+                }
+                tokio::select! {
+                    () = signals.wake.notified() => idle = POLL,
+                    () = tokio::time::sleep(idle) => idle = (idle * 2).min(IDLE_MAX),
+                }
             }
             continue;
         }
+        idle = POLL;
         // Read and not yet acknowledged by this instance: what its death
         // would leave for the others to claim.
         let held = entries.len() as f64;
@@ -111,6 +128,13 @@ pub(super) async fn write(sales: AsyncSales, voucher_id: i64) {
             }
         }
     }
+}
+
+/// Whether the stream holds no entry, read or not (entries are deleted
+/// once written). An error counts as not empty.
+async fn stream_empty(sales: &AsyncSales, keys: &SaleKeys) -> bool {
+    let length = redis::cmd("XLEN").arg(&keys.orders).clone();
+    matches!(sales.inner.redis.query::<i64>(&length).await, Ok(0))
 }
 
 /// Creates the voucher's consumer group (from the stream's start) unless
