@@ -240,6 +240,8 @@ impl AsyncSales {
                         self.ensure_writer(voucher_id);
                     }
                     self.retire_writers(&vouchers);
+                    // Listed in id order.
+                    loaded.retain(|voucher_id| vouchers.binary_search(voucher_id).is_ok());
                 }
                 Err(error) => tracing::warn!(%error, "cannot list the async vouchers"),
             }
@@ -273,13 +275,12 @@ impl AsyncSales {
         }
     }
 
-    /// Tells the writers of vouchers not in `listed` to stop once their
-    /// stream is empty.
+    /// Tells the writers of vouchers not in `listed` (in id order) to stop
+    /// once their stream is empty.
     fn retire_writers(&self, listed: &[i64]) {
-        let listed: HashSet<i64> = listed.iter().copied().collect();
         let mut writers = self.inner.writers.lock().expect("writers lock");
         writers.retain(|voucher_id, signals| {
-            let keep = listed.contains(voucher_id);
+            let keep = listed.binary_search(voucher_id).is_ok();
             if !keep {
                 signals.retire.store(true, Ordering::Relaxed);
                 signals.wake.notify_one();
