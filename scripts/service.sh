@@ -1,7 +1,8 @@
 # Sourced by scripts that need a running service of their own (fuzz.sh,
 # oha.sh): `start_service` builds the release binary and starts it on a
 # free port against a database of its own, sets BASE (its URL) and ADMIN
-# (its admin token), and stops it and drops the database on exit.
+# (its admin token), and stops it, drops the database and deletes its Redis
+# keys on exit.
 # Needs deps.sh sourced first (DATABASE_URL, REDIS_URL).
 
 start_service() {
@@ -9,6 +10,7 @@ start_service() {
     run="$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
     server="${DATABASE_URL%/*}"
     SERVICE_DB="seckill_script_$run"
+    SERVICE_PREFIX="script:$run:"
     SERVICE_SERVER="$server"
     port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
     ADMIN="script-admin-$run"
@@ -16,7 +18,7 @@ start_service() {
     SERVICE_LOG="target/service-$run.log"
     cargo build --quiet --release --bin seckill
     DATABASE_URL="$server/$SERVICE_DB" SECKILL_ADDR="127.0.0.1:$port" SECKILL_ADMIN_TOKEN="$ADMIN" \
-        SECKILL_REDIS_PREFIX="script:$run:" RUST_LOG=warn \
+        SECKILL_REDIS_PREFIX="$SERVICE_PREFIX" RUST_LOG=warn \
         target/release/seckill serve > "$SERVICE_LOG" 2>&1 &
     SERVICE_PID=$!
     trap stop_service EXIT
@@ -33,4 +35,8 @@ stop_service() {
     kill -TERM "$SERVICE_PID" 2>/dev/null || true
     wait "$SERVICE_PID" 2>/dev/null || true
     psql "$SERVICE_SERVER/postgres" -q -c "DROP DATABASE IF EXISTS \"$SERVICE_DB\" WITH (FORCE)" >/dev/null 2>&1 || true
+    if command -v redis-cli >/dev/null; then
+        redis-cli -u "$REDIS_URL" --scan --pattern "$SERVICE_PREFIX*" 2>/dev/null |
+            xargs -r -n 500 redis-cli -u "$REDIS_URL" unlink >/dev/null 2>&1 || true
+    fi
 }
