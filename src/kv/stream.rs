@@ -106,6 +106,11 @@ impl Kv {
         Ok(reply.claimed)
     }
 
+    /// How many entries `stream` holds, read or not (0 if it is missing).
+    pub async fn stream_len(&self, stream: &str) -> Result<u64, KvError> {
+        self.query(redis::cmd("XLEN").arg(stream)).await
+    }
+
     /// Acknowledges `ids` in `group` and deletes them from `stream`.
     pub async fn ack_and_delete(
         &self,

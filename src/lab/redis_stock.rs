@@ -212,11 +212,7 @@ impl Lab {
             .remove(&voucher_id);
         // A purchase between the last read and the line above found this
         // writer still running and started none: look once more.
-        let left: std::result::Result<i64, _> = inner
-            .redis
-            .query(redis::cmd("XLEN").arg(&keys.orders))
-            .await;
-        if !matches!(left, Ok(0)) {
+        if !matches!(inner.redis.stream_len(&keys.orders).await, Ok(0)) {
             self.ensure_stream_writer(voucher_id);
         }
     }

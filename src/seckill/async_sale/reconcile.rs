@@ -18,7 +18,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
-use std::time::Duration;
 
 use deadpool_redis::redis::{self, streams::StreamRangeReply, Script};
 use serde::Serialize;
@@ -33,7 +32,7 @@ const CHUNK: usize = 1_000;
 /// How long a reconciliation counts as under way: one that died stops
 /// holding back the loading of a sale after this; one that outlives it
 /// does not reopen the sale (the next one does).
-const UNDER_WAY: Duration = Duration::from_secs(600);
+const UNDER_WAY_MS: u64 = 600_000;
 
 static PAUSE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/async_pause.lua")));
@@ -128,7 +127,7 @@ impl AsyncSales {
                     .key(&keys.sale)
                     .key(&keys.reconciling)
                     .arg(&token)
-                    .arg(u64::try_from(UNDER_WAY.as_millis()).unwrap_or(u64::MAX))
+                    .arg(UNDER_WAY_MS)
                     .arg(if pause == Pause::IfMissing { "1" } else { "0" }),
             )
             .await?;
@@ -213,8 +212,7 @@ impl AsyncSales {
             inner.redis.query::<()>(&write).await?;
             if i == 0 {
                 // Gone by itself if this reconciliation dies before the swap.
-                let life = u64::try_from(UNDER_WAY.as_millis()).unwrap_or(u64::MAX);
-                let expire = redis::cmd("PEXPIRE").arg(staged).arg(life).clone();
+                let expire = redis::cmd("PEXPIRE").arg(staged).arg(UNDER_WAY_MS).clone();
                 inner.redis.query::<()>(&expire).await?;
             }
         }

@@ -100,7 +100,11 @@ pub(super) async fn write(sales: AsyncSales, voucher_id: i64, signals: Arc<Write
         if entries.is_empty() {
             retry_own = false;
             if matches!(read, Read::New) {
-                if signals.retire.load(Ordering::Relaxed) && stream_empty(&sales, &keys).await {
+                // Entries are deleted once written: an empty stream holds
+                // nothing unwritten (an error counts as not empty).
+                if signals.retire.load(Ordering::Relaxed)
+                    && matches!(sales.inner.redis.stream_len(&keys.orders).await, Ok(0))
+                {
                     tracing::info!(voucher_id, "the sale is over and written: writer retired");
                     return;
                 }
@@ -128,13 +132,6 @@ pub(super) async fn write(sales: AsyncSales, voucher_id: i64, signals: Arc<Write
             }
         }
     }
-}
-
-/// Whether the stream holds no entry, read or not (entries are deleted
-/// once written). An error counts as not empty.
-async fn stream_empty(sales: &AsyncSales, keys: &SaleKeys) -> bool {
-    let length = redis::cmd("XLEN").arg(&keys.orders).clone();
-    matches!(sales.inner.redis.query::<i64>(&length).await, Ok(0))
 }
 
 /// Creates the voucher's consumer group (from the stream's start) unless
