@@ -5,6 +5,7 @@ COPY Cargo.toml Cargo.lock ./
 COPY src src
 COPY migrations migrations
 COPY lua lua
+COPY redis-locks redis-locks
 # A workspace member: cargo needs its manifest (and sources) to resolve.
 COPY loadtest loadtest
 RUN cargo build --release --locked --bin seckill

@@ -1,6 +1,7 @@
 -- Reopens an async sale after a reconciliation, if no later one took over
--- (lua/async_pause.lua): the buyers rebuilt under a staging key replace
--- the live ones, and the sale hash is set, in one step.
+-- (lua/async_pause.lua): the buyers and the returned orders rebuilt under
+-- staging keys replace the live ones, and the sale hash is set, in one
+-- step.
 --
 -- All keys carry the voucher's hash tag (one cluster slot).
 --
@@ -8,6 +9,9 @@
 -- KEYS[2]  the buyers: a hash user id -> order id
 -- KEYS[3]  the rebuilt buyers (missing when there are none)
 -- KEYS[4]  the reconciliation under way: its token
+-- KEYS[5]  the returned set: order ids whose unit Redis's stock holds
+--          again (lua/async_return.lua)
+-- KEYS[6]  the rebuilt returned set (missing when there are none)
 -- ARGV[1]  this reconciliation's token
 -- ARGV[2]  the stock to sell from
 -- ARGV[3]  the window's first millisecond
@@ -15,17 +19,21 @@
 --
 -- Returns 1  reopened
 --         0  another reconciliation took over (or this one outlived its
---            token): nothing changed but the staging key, deleted
+--            token): nothing changed but the staging keys, deleted
 if redis.call('get', KEYS[4]) ~= ARGV[1] then
-  redis.call('del', KEYS[3])
+  redis.call('del', KEYS[3], KEYS[6])
   return 0
 end
-if redis.call('exists', KEYS[3]) == 1 then
-  redis.call('rename', KEYS[3], KEYS[2])
-  redis.call('persist', KEYS[2])
-else
-  redis.call('del', KEYS[2])
+local function swap(staged, live)
+  if redis.call('exists', staged) == 1 then
+    redis.call('rename', staged, live)
+    redis.call('persist', live)
+  else
+    redis.call('del', live)
+  end
 end
+swap(KEYS[3], KEYS[2])
+swap(KEYS[6], KEYS[5])
 redis.call('hset', KEYS[1], 'stock', ARGV[2], 'begin_ms', ARGV[3], 'end_ms', ARGV[4])
 redis.call('del', KEYS[4])
 return 1

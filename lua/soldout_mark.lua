@@ -1,11 +1,13 @@
 -- Record whether a voucher is sold out, for every instance to see.
 --
 -- The flag is a hash {epoch, sold_out}. epoch is the voucher's
--- initial_stock when the state was observed: it only grows, because adding
--- stock raises it. A late "sold out" from before a restock carries a smaller
--- epoch and is ignored, so it can never hide stock that was added back.
--- At an equal epoch "sold out" wins: "open" at epoch E is written by the
--- restock that created E, and stock seen at 0 at E is newer news.
+-- initial_stock plus the units its closed orders gave back, when the state
+-- was observed: it only grows, because a restock and a returned unit raise
+-- it. A late "sold out" from before a restock or a return carries a smaller
+-- epoch and is ignored, so it can never hide stock that came back.
+-- "open" is written by the instance that returned a unit, at the epoch the
+-- return created. At an equal epoch "sold out" wins: stock seen at 0 at E
+-- is newer news than the return that created E.
 --
 -- KEYS[1]  the voucher's flag key
 -- ARGV[1]  epoch (initial_stock seen together with the state)

@@ -56,6 +56,11 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true)]
     pub token_secret: Option<String>,
 
+    /// Key of the payment provider's notification signatures (HMAC-SHA256
+    /// of the raw body); unset or empty, /payments/notify answers 403.
+    #[arg(long, env = "SECKILL_PAYMENT_SECRET", hide_env_values = true)]
+    pub payment_secret: Option<String>,
+
     /// Independent Redis nodes (comma-separated URLs) for the users'
     /// purchase locks, taken as RedLocks (a majority must grant them).
     /// Unset: the locks live on REDIS_URL.
@@ -175,6 +180,11 @@ impl Settings {
     /// The admin token, if one is set and not empty.
     pub fn admin_token(&self) -> Option<&str> {
         self.admin_token.as_deref().filter(|t| !t.is_empty())
+    }
+
+    /// The payment notifications' key, if one is set and not empty.
+    pub fn payment_secret(&self) -> Option<&str> {
+        self.payment_secret.as_deref().filter(|t| !t.is_empty())
     }
 
     /// The lock nodes named, without blanks.

@@ -1,7 +1,7 @@
 //! seckill: a flash-sale HTTP backend that never oversells.
 //!
 //! Layout, with dependencies pointing one way (`http` → `seckill` →
-//! `store`, `lock`, `id`):
+//! `store`, `redis_locks`, `id`, `kv`):
 //! - [`config`]: the settings, from the environment.
 //! - [`startup`]: builds the whole app from one settings value.
 //! - [`telemetry`]: JSON logs.
@@ -11,7 +11,8 @@
 //! - [`lab`]: the naive designs beside the right one, off by default
 //!   (`SECKILL_LAB=1`), to show each failure with real rows (LAB.md).
 //! - [`store`]: Postgres, including the statement that sells one unit.
-//! - [`lock`]: reentrant Redis locks (self-contained, imports nothing here).
+//! - `redis_locks` (the `redis-locks` crate beside this one): reentrant,
+//!   fair, read-write and RedLock locks on Redis; it imports nothing here.
 //! - [`id`]: 64-bit order ids from Redis.
 //! - [`kv`]: Redis for the service's own commands, each under a deadline.
 
@@ -20,7 +21,6 @@ pub mod http;
 pub mod id;
 pub mod kv;
 pub mod lab;
-pub mod lock;
 pub mod seckill;
 pub mod startup;
 pub mod store;

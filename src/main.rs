@@ -79,6 +79,8 @@ async fn demo(app: &Application) -> Result<(), Box<dyn std::error::Error>> {
             begin_time: now - Duration::minutes(1),
             end_time: now + Duration::hours(1),
             sale_mode: Default::default(),
+            price_cents: 0,
+            pay_within_seconds: seckill::seckill::DEFAULT_PAY_WITHIN_SECONDS,
         })
         .await?;
     let user_id = 1;

@@ -16,10 +16,10 @@ use crate::http::serve::{serve, DrainOutcome, ServeSettings};
 use crate::http::{self, AppState};
 use crate::kv::{Kv, RedisTarget};
 use crate::lab::{Lab, LabSettings};
-use crate::lock::{cluster_client, Endpoint, LockClient, LockOptions, MultiNodeLocks, Quorum};
 use crate::seckill::{SaleClock, Seckill, SeckillSettings, UserLocks};
 use crate::store::{PoolSettings, Store, StoreError};
 use crate::token::TokenSigner;
+use redis_locks::{cluster_client, Endpoint, LockClient, LockOptions, MultiNodeLocks, Quorum};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -83,7 +83,7 @@ impl Application {
                 async_claim_idle: (settings.dependency_timeout() * 3).max(Duration::from_secs(5)),
             },
         );
-        seckill.start_writers();
+        seckill.start_workers();
         let tokens = match &settings.token_secret {
             Some(secret) if !secret.is_empty() => TokenSigner::new(secret.as_bytes()),
             _ => TokenSigner::random(),
@@ -92,6 +92,7 @@ impl Application {
             seckill,
             tokens,
             admin_token: settings.admin_token().map(Arc::from),
+            payment_secret: settings.payment_secret().map(|s| Arc::from(s.as_bytes())),
             metrics: http::ops::prometheus(),
             lab,
         };
@@ -168,6 +169,7 @@ impl Application {
         let left = (began + timeout)
             .saturating_duration_since(tokio::time::Instant::now())
             .max(Duration::from_millis(100));
+        seckill.stop_workers();
         let mut released = seckill.shutdown_locks(left).await;
         if let Some(lab) = lab {
             released &= lab.shutdown_locks(left).await;

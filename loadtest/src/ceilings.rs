@@ -41,7 +41,11 @@ fn batch_sale(size: u32) -> String {
         .replace("$1", ":vid")
         .replace("$2", &array(":oid"))
         .replace("$3", &array(":uid"))
-        .replace("$4", &array(":oid"));
+        .replace("$4", &array(":oid"))
+        .replace(
+            "$5",
+            &format!("(SELECT array_agg(now()) FROM generate_series(1, {size}))"),
+        );
     format!("\\set uid random(1, 9000000000000000000)\n\\set oid random(1, 9000000000000000000)\n{sale};\n")
 }
 
@@ -51,7 +55,7 @@ const NAIVE: &str = r"\set uid random(1, 9000000000000000000)
 \set oid random(1, 9000000000000000000)
 BEGIN;
 UPDATE seckill_vouchers SET stock = stock - 1 WHERE voucher_id = :vid AND stock > 0;
-INSERT INTO voucher_orders (id, user_id, voucher_id) VALUES (:oid, :uid, :vid);
+INSERT INTO voucher_orders (id, user_id, voucher_id, pay_by) VALUES (:oid, :uid, :vid, now() + interval '15 minutes');
 COMMIT;
 ";
 
@@ -185,9 +189,9 @@ pub async fn redis(
         .next()
         .unwrap_or("127.0.0.1:6379");
     let (host, port) = hostport.split_once(':').unwrap_or((hostport, "6379"));
-    let script = include_str!("../../lua/lock_acquire.lua");
+    let script = include_str!("../../redis-locks/lua/lock_acquire.lua");
     let sha = sha1_smol::Sha1::from(script).digest().to_string();
-    // KEYS and ARGV as lua/lock_acquire.lua takes them: lock key, fence
+    // KEYS and ARGV as redis-locks/lua/lock_acquire.lua takes them: lock key, fence
     // key, request log; lease (1 s, so the keys go away), owner,
     // fence-key lifetime, request id, request-log memory.
     let args = |verb: &str, script_or_sha: String| -> Vec<String> {

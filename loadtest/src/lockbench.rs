@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use seckill::lock::{Acquired, LockClient};
+use redis_locks::{Acquired, LockClient};
 use serde_json::{json, Value};
 
 use crate::ceilings;

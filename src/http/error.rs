@@ -35,6 +35,9 @@ pub enum ErrorCode {
     Ended,
     SoldOut,
     AlreadyPurchased,
+    AlreadyPaid,
+    OrderExpired,
+    OrderPending,
     PurchaseInProgress,
     Unavailable,
     Internal,
@@ -79,6 +82,9 @@ impl ApiError {
             Self::Seckill(S::AlreadyPurchased { .. }) => {
                 (StatusCode::CONFLICT, C::AlreadyPurchased)
             }
+            Self::Seckill(S::AlreadyPaid) => (StatusCode::CONFLICT, C::AlreadyPaid),
+            Self::Seckill(S::OrderExpired) => (StatusCode::CONFLICT, C::OrderExpired),
+            Self::Seckill(S::OrderPending) => (StatusCode::CONFLICT, C::OrderPending),
             Self::Seckill(S::InProgress) => (StatusCode::TOO_MANY_REQUESTS, C::PurchaseInProgress),
             Self::Seckill(S::Unavailable { .. }) => {
                 (StatusCode::SERVICE_UNAVAILABLE, C::Unavailable)
@@ -122,7 +128,7 @@ impl IntoResponse for ApiError {
             order_id,
         };
         let mut response = (status, Json(body)).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        if status == StatusCode::SERVICE_UNAVAILABLE || matches!(code, ErrorCode::OrderPending) {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
                 HeaderValue::from_static(RETRY_AFTER_SECS),

@@ -30,17 +30,20 @@ where
         let Json(value) = Json::<serde_json::Value>::from_request(req, state)
             .await
             .map_err(json_rejection)?;
-        // serde reads a struct from an array too (`[2]` as `{"add": 2}`):
-        // every body of this API is an object, so nothing else is.
-        if !value.is_object() {
-            return Err(ApiError::BadRequest(
-                "the body must be a JSON object".into(),
-            ));
-        }
-        serde_json::from_value(value)
-            .map(Self)
-            .map_err(|e| ApiError::BadRequest(format!("invalid body: {e}")))
+        from_object(value).map(Self)
     }
+}
+
+/// A body read as JSON, as `T`. serde reads a struct from an array too
+/// (`[2]` as `{"add": 2}`): every body of this API is an object, so
+/// nothing else is.
+pub fn from_object<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    if !value.is_object() {
+        return Err(ApiError::BadRequest(
+            "the body must be a JSON object".into(),
+        ));
+    }
+    serde_json::from_value(value).map_err(|e| ApiError::BadRequest(format!("invalid body: {e}")))
 }
 
 fn json_rejection(rejection: JsonRejection) -> ApiError {

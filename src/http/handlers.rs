@@ -12,41 +12,14 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{rfc3339, Admin, AppJson, Caller, NoBody, OrderIdPath, User, VoucherIdPath};
 use super::AppState;
-use crate::seckill::{self, Order, Purchase, Voucher, VoucherDraft};
+use crate::seckill::{
+    Order, OrderStatus, Purchase, SaleMode, Voucher, VoucherDraft, DEFAULT_PAY_WITHIN_SECONDS,
+};
 
 /// Most tokens one `POST /admin/tokens` may mint.
 pub const MAX_TOKENS_PER_CALL: usize = 10_000;
 const DEFAULT_TOKEN_TTL_SECS: i64 = 86_400;
 const MAX_TOKEN_TTL_SECS: i64 = 30 * 86_400;
-
-/// How a voucher is sold: `sync`, the order is committed to Postgres
-/// before the answer (200); `async`, Redis accepts it (202, `pending`) and
-/// the stream writers commit it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum SaleMode {
-    #[default]
-    Sync,
-    Async,
-}
-
-impl From<SaleMode> for seckill::SaleMode {
-    fn from(mode: SaleMode) -> Self {
-        match mode {
-            SaleMode::Sync => Self::Sync,
-            SaleMode::Async => Self::Async,
-        }
-    }
-}
-
-impl From<seckill::SaleMode> for SaleMode {
-    fn from(mode: seckill::SaleMode) -> Self {
-        match mode {
-            seckill::SaleMode::Sync => Self::Sync,
-            seckill::SaleMode::Async => Self::Async,
-        }
-    }
-}
 
 /// A flash sale to create.
 #[derive(Deserialize, ToSchema)]
@@ -66,9 +39,24 @@ pub struct CreateVoucher {
     #[serde(deserialize_with = "rfc3339")]
     #[schema(value_type = String, format = DateTime, example = "2030-05-01T11:00:00Z")]
     end_time: DateTime<Utc>,
-    /// `sync` (the default) or `async`.
+    /// `sync` (the default): the order is committed to Postgres before
+    /// the answer (200); `async`: Redis accepts it (202, `pending`) and the
+    /// stream writers commit it.
     #[serde(default)]
     sale_mode: SaleMode,
+    /// What one unit costs; a payment must bring exactly this (default 0).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 9007199254740991.0, example = 990)]
+    price_cents: i64,
+    /// How long a buyer has to pay, from the order's creation (default
+    /// 900); an unpaid order then expires and its unit goes back on sale.
+    #[serde(default = "default_pay_within")]
+    #[schema(minimum = 1, maximum = 86400, example = 900)]
+    pay_within_seconds: i64,
+}
+
+fn default_pay_within() -> i64 {
+    DEFAULT_PAY_WITHIN_SECONDS
 }
 
 /// A created voucher's id.
@@ -103,7 +91,9 @@ pub async fn create_voucher(
             stock: body.stock,
             begin_time: body.begin_time,
             end_time: body.end_time,
-            sale_mode: body.sale_mode.into(),
+            sale_mode: body.sale_mode,
+            price_cents: body.price_cents,
+            pay_within_seconds: body.pay_within_seconds,
         })
         .await?;
     Ok((StatusCode::CREATED, Json(Created { id })))
@@ -122,18 +112,23 @@ pub struct VoucherBody {
     #[schema(value_type = String, format = DateTime)]
     end_time: DateTime<Utc>,
     sale_mode: SaleMode,
+    #[schema(minimum = 0)]
+    price_cents: i64,
+    #[schema(minimum = 1, maximum = 86400)]
+    pay_within_seconds: i32,
 }
 
 impl From<Voucher> for VoucherBody {
     fn from(v: Voucher) -> Self {
-        let sale_mode = seckill::SaleMode::of(&v).into();
         Self {
             id: v.id,
             title: v.title,
             stock: v.stock,
             begin_time: v.begin_time,
             end_time: v.end_time,
-            sale_mode,
+            sale_mode: v.sale_mode,
+            price_cents: v.price_cents,
+            pay_within_seconds: v.pay_within_seconds,
         }
     }
 }
@@ -331,7 +326,7 @@ pub struct Purchased {
 }
 
 /// An async sale's order that Redis accepted; `GET /orders/{id}` says
-/// `pending` until it is in Postgres, then `confirmed`.
+/// `pending` until it is in Postgres, then `unpaid` (or later).
 #[derive(Serialize, ToSchema)]
 pub struct Accepted {
     #[schema(pattern = "^[1-9][0-9]{0,18}$", example = "669711463081050113")]
@@ -364,7 +359,7 @@ pub async fn seckill(
     NoBody: NoBody,
 ) -> Result<Response, ApiError> {
     Ok(match state.seckill.purchase(user_id, voucher_id).await? {
-        Purchase::Confirmed(order_id) => Json(Purchased {
+        Purchase::Stored(order_id) => Json(Purchased {
             order_id: order_id.to_string(),
         })
         .into_response(),
@@ -379,15 +374,6 @@ pub async fn seckill(
     })
 }
 
-/// Where an order stands: `pending` while an async sale's order is only
-/// in Redis, `confirmed` once it is in Postgres.
-#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum OrderStatus {
-    Pending,
-    Confirmed,
-}
-
 /// An order.
 #[derive(Serialize, ToSchema)]
 pub struct OrderBody {
@@ -397,20 +383,27 @@ pub struct OrderBody {
     voucher_id: i64,
     #[schema(value_type = String, format = DateTime)]
     created_at: DateTime<Utc>,
+    /// `pending` (async: accepted, not yet stored), `unpaid`, `paid`,
+    /// `cancelled` or `expired`.
     status: OrderStatus,
+    /// The payment deadline; null while `pending`.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pay_by: Option<DateTime<Utc>>,
+    /// When it was paid; null until then.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    paid_at: Option<DateTime<Utc>>,
 }
 
-impl From<(Order, seckill::OrderStatus)> for OrderBody {
-    fn from((o, status): (Order, seckill::OrderStatus)) -> Self {
+impl From<Order> for OrderBody {
+    fn from(o: Order) -> Self {
         Self {
             order_id: o.id.to_string(),
             user_id: o.user_id,
             voucher_id: o.voucher_id,
             created_at: o.created_at,
-            status: match status {
-                seckill::OrderStatus::Pending => OrderStatus::Pending,
-                seckill::OrderStatus::Confirmed => OrderStatus::Confirmed,
-            },
+            status: o.status,
+            pay_by: o.pay_by,
+            paid_at: o.paid_at,
         }
     }
 }
@@ -437,7 +430,7 @@ pub async fn get_order(
 ) -> Result<Json<OrderBody>, ApiError> {
     let order = state.seckill.order(order_id).await?;
     match caller {
-        Caller::User(user_id) if user_id != order.0.user_id => {
+        Caller::User(user_id) if user_id != order.user_id => {
             // Someone else's order looks like no order at all: ids are
             // guessable, their existence is not to be confirmed.
             Err(ApiError::NotFound("order not found".into()))
@@ -452,6 +445,7 @@ pub struct OrderLine {
     #[schema(pattern = "^[1-9][0-9]{0,18}$")]
     order_id: String,
     user_id: i64,
+    status: OrderStatus,
 }
 
 /// Every order of a voucher, oldest first.
@@ -485,21 +479,32 @@ pub async fn voucher_orders(
         .orders_for_voucher(id)
         .await?
         .into_iter()
-        .map(|(order_id, user_id)| OrderLine {
-            order_id: order_id.to_string(),
-            user_id,
+        .map(|line| OrderLine {
+            order_id: line.id.to_string(),
+            user_id: line.user_id,
+            status: line.status,
         })
         .collect();
     Ok(Json(Orders { orders }))
 }
 
-/// A voucher's books: `orders + stock = initial_stock` always.
+/// A voucher's books, one snapshot: `stock + pending + unpaid + paid =
+/// initial_stock` always.
 #[derive(Serialize, ToSchema)]
 pub struct StatsBody {
     initial_stock: i32,
-    stock: i32,
+    /// Units still for sale (an async sale's pending orders taken off).
+    stock: i64,
+    /// Live orders: `unpaid` + `paid`.
     orders: i64,
+    /// The users of the live orders.
     distinct_users: i64,
+    /// Async: accepted by Redis, not yet stored.
+    pending: i64,
+    unpaid: i64,
+    paid: i64,
+    cancelled: i64,
+    expired: i64,
 }
 
 #[utoipa::path(
@@ -526,7 +531,12 @@ pub async fn voucher_stats(
     Ok(Json(StatsBody {
         initial_stock: stats.initial_stock,
         stock: stats.stock,
-        orders: stats.orders,
+        orders: stats.unpaid + stats.paid,
         distinct_users: stats.distinct_users,
+        pending: stats.pending,
+        unpaid: stats.unpaid,
+        paid: stats.paid,
+        cancelled: stats.cancelled,
+        expired: stats.expired,
     }))
 }

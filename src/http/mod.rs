@@ -7,6 +7,7 @@ mod handlers;
 mod lab;
 pub mod openapi;
 pub mod ops;
+mod payments;
 mod screen;
 pub mod serve;
 
@@ -40,6 +41,8 @@ pub struct AppState {
     pub tokens: TokenSigner,
     /// `None`: no admin token configured, admin routes answer 403.
     pub admin_token: Option<Arc<str>>,
+    /// `None`: no payment secret configured, `/payments/notify` answers 403.
+    pub payment_secret: Option<Arc<[u8]>>,
     pub metrics: PrometheusHandle,
     /// `Some` only with `SECKILL_LAB=1`: then the lab's routes exist.
     pub lab: Option<Lab>,
@@ -60,6 +63,8 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
         .route("/vouchers/{id}", get(handlers::get_voucher))
         .route("/seckill/{id}", post(handlers::seckill))
         .route("/orders/{id}", get(handlers::get_order))
+        .route("/orders/{id}/cancel", post(payments::cancel_order))
+        .route("/payments/notify", post(payments::notify))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

@@ -15,7 +15,7 @@ use utoipa::{Modify, OpenApi};
 use utoipa_swagger_ui::Config;
 
 use super::error::ApiError;
-use super::{handlers, ops};
+use super::{handlers, ops, payments};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -34,6 +34,8 @@ use super::{handlers, ops};
         handlers::mint_tokens,
         handlers::seckill,
         handlers::get_order,
+        payments::cancel_order,
+        payments::notify,
         handlers::voucher_orders,
         handlers::voucher_stats,
         ops::healthz,
@@ -43,6 +45,7 @@ use super::{handlers, ops};
     modifiers(&Security),
     tags(
         (name = "sale", description = "Vouchers, purchases and orders"),
+        (name = "orders", description = "After the grab: pay before the deadline (the provider's signed notification), or cancel"),
         (name = "admin", description = "Needs the admin token (SECKILL_ADMIN_TOKEN)"),
         (name = "ops", description = "Liveness, readiness and metrics"),
     )

@@ -29,15 +29,45 @@ pub fn prometheus() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            PrometheusBuilder::new()
+            let handle = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
                 .expect("the bucket list is not empty")
                 .set_buckets_for_metric(Matcher::Suffix("_batch_size".into()), BATCH_BUCKETS)
                 .expect("the bucket list is not empty")
                 .install_recorder()
-                .expect("no other metrics recorder is installed")
+                .expect("no other metrics recorder is installed");
+            register_counters();
+            handle
         })
         .clone()
+}
+
+/// Counters that count events, each at 0 from start-up: a dashboard panel
+/// over a fresh instance shows 0, not "No data", until the first event.
+/// (Labelled ones: every label value of their bounded set.)
+const EVENT_COUNTERS: &[&str] = &[
+    "seckill_lock_contended_total",
+    "seckill_id_counter_recoveries_total",
+    "seckill_async_accepted_total",
+    "seckill_async_claimed_total",
+    "seckill_async_written_total",
+    "seckill_async_write_failures_total",
+    "seckill_async_reconciliations_total",
+    "seckill_async_units_returned_total",
+    "seckill_cancels_total",
+    "seckill_expirations_total",
+];
+
+fn register_counters() {
+    for name in EVENT_COUNTERS {
+        metrics::counter!(*name).absolute(0);
+    }
+    for outcome in ["paid", "refund"] {
+        metrics::counter!("seckill_payments_total", "outcome" => outcome).absolute(0);
+    }
+    for reason in ["already_purchased", "sold_out", "id_taken", "fenced"] {
+        metrics::counter!("seckill_async_unstored_total", "reason" => reason).absolute(0);
+    }
 }
 
 #[utoipa::path(

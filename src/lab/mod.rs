@@ -26,9 +26,9 @@ use std::time::Duration;
 use deadpool_redis::redis;
 
 use crate::kv::Kv;
-use crate::lock::{Acquired, LockClient, LockError};
 use crate::seckill::{stock_units, Result, SeckillError};
 use crate::store::{Decrement, LabSale, LabStats, LabStore};
+use redis_locks::{Acquired, LockClient, LockError};
 
 /// Longest stall a request may ask for.
 pub const MAX_STALL: Duration = Duration::from_secs(60);

@@ -239,6 +239,8 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
             return Vec::new();
         }
     };
+    // Created now on the sale's clock: the payment deadline counts from it.
+    let at = inner.clock.now();
     let requests: Vec<SaleRequest> = batch
         .iter()
         .zip(&ids)
@@ -246,6 +248,7 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
             order_id: id.as_i64(),
             user_id: pending.user_id,
             fence: Some(pending.fence),
+            at,
         })
         .collect();
 
@@ -364,7 +367,10 @@ async fn publish(inner: &Inner, voucher: &Voucher, level: Option<StockLevel>, so
         None => None,
     };
     if let Some(level) = level.filter(|l| l.stock == 0) {
-        inner.flags.publish(voucher, level, inner.clock.now()).await;
+        inner
+            .flags
+            .publish(voucher.id, voucher.end_time, level, inner.clock.now())
+            .await;
     }
 }
 

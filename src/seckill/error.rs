@@ -3,8 +3,8 @@
 
 use crate::id::{IdError, OrderId};
 use crate::kv::KvError;
-use crate::lock::LockError;
 use crate::store::StoreError;
+use redis_locks::LockError;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SeckillError {
@@ -24,6 +24,12 @@ pub enum SeckillError {
     AlreadyPurchased { order_id: Option<OrderId> },
     #[error("another purchase of this user is in progress")]
     InProgress,
+    #[error("the order is paid: it can no longer be cancelled")]
+    AlreadyPaid,
+    #[error("the order expired unpaid: its unit went back on sale")]
+    OrderExpired,
+    #[error("the order is accepted and not stored yet; ask again in a moment")]
+    OrderPending,
     #[error("{dependency} is unavailable: {detail}")]
     Unavailable {
         dependency: &'static str,
@@ -43,6 +49,7 @@ impl SeckillError {
             Self::SoldOut => "sold_out",
             Self::AlreadyPurchased { .. } => "already_purchased",
             Self::InProgress => "purchase_in_progress",
+            Self::AlreadyPaid | Self::OrderExpired | Self::OrderPending => "error",
             Self::Unavailable { .. } => "unavailable",
             Self::Invalid(_) | Self::Internal(_) => "error",
         }
@@ -68,7 +75,10 @@ pub type Result<T, E = SeckillError> = std::result::Result<T, E>;
 impl From<StoreError> for SeckillError {
     fn from(error: StoreError) -> Self {
         match error {
-            e @ (StoreError::Unavailable(_) | StoreError::TimedOut(_)) => {
+            // A deadlock or serialization failure rolled the work back:
+            // the same call may go through a moment later.
+            e
+            @ (StoreError::Unavailable(_) | StoreError::TimedOut(_) | StoreError::Conflict(_)) => {
                 Self::postgres_unavailable(e)
             }
             StoreError::DuplicateOrder => Self::AlreadyPurchased { order_id: None },

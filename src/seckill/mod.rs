@@ -14,6 +14,8 @@
 //! (group commit), [`error`]. A voucher created with `sale_mode: async`
 //! is sold by [`async_sale`] instead: stock in Redis, orders through a
 //! stream that a consumer group writes with group commit's statement.
+//! After the grab, [`lifecycle`]: pay, cancel, expire, and the unit back
+//! on sale once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,6 +27,7 @@ mod async_sale;
 mod batch;
 mod clock;
 mod error;
+mod lifecycle;
 mod soldout;
 mod user_lock;
 
@@ -32,18 +35,25 @@ pub use async_sale::Reconciled;
 use async_sale::{Pause, Reconciliation};
 pub use clock::SaleClock;
 pub use error::{Result, SeckillError};
+pub use lifecycle::PaymentAnswer;
 pub use user_lock::{UserGuard, UserLocks};
 
 use crate::id::{IdGenerator, OrderId};
 use crate::kv::Kv;
-use crate::store::{self, NewVoucher, Store, StoreError};
+use crate::store::{NewVoucher, Store, StoreError};
 use async_sale::AsyncSales;
 use batch::{Batcher, Outcome};
 use soldout::SoldOutFlags;
 
-pub use crate::store::{Order, Stats, Voucher};
+pub use crate::store::{Order, OrderLine, OrderStatus, Payment, SaleMode, Voucher};
 
 const TITLE_MAX_CHARS: usize = 200;
+/// Highest price: the largest integer a JSON number carries exactly.
+pub const MAX_PRICE_CENTS: i64 = (1 << 53) - 1;
+/// Longest payment window: a day.
+pub const MAX_PAY_WITHIN_SECONDS: i32 = 86_400;
+/// The payment window when none is given: 15 minutes.
+pub const DEFAULT_PAY_WITHIN_SECONDS: i64 = 900;
 
 /// A voucher's stock as asked for, in the range its column holds.
 pub fn stock_units(stock: i64) -> Result<i32> {
@@ -75,49 +85,28 @@ pub struct SeckillSettings {
     pub async_claim_idle: Duration,
 }
 
-/// How a voucher is sold.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum SaleMode {
-    /// Committed to Postgres before the buyer hears 200.
-    #[default]
-    Sync,
-    /// Accepted by Redis (202, pending), written to Postgres by the stream
-    /// writers.
-    Async,
-}
-
-impl SaleMode {
-    fn stored(self) -> &'static str {
-        match self {
-            Self::Sync => "sync",
-            Self::Async => "async",
-        }
-    }
-
-    /// A voucher's mode as stored.
-    pub fn of(voucher: &Voucher) -> Self {
-        if voucher.sale_mode == "async" {
-            Self::Async
-        } else {
-            Self::Sync
-        }
-    }
-}
-
 /// A purchase that went through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Purchase {
-    /// The order is committed.
-    Confirmed(OrderId),
+    /// The order is committed (`unpaid`).
+    Stored(OrderId),
     /// Redis accepted the order; the writers will commit it.
     Pending(OrderId),
 }
 
-/// Where an order stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OrderStatus {
-    Pending,
-    Confirmed,
+/// A voucher's books: `stock + pending + unpaid + paid = initial_stock`.
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    pub initial_stock: i32,
+    /// Units still for sale: Postgres's stock, less an async sale's
+    /// pending orders.
+    pub stock: i64,
+    pub distinct_users: i64,
+    pub pending: i64,
+    pub unpaid: i64,
+    pub paid: i64,
+    pub cancelled: i64,
+    pub expired: i64,
 }
 
 /// A voucher to create, as an admin sent it.
@@ -128,6 +117,8 @@ pub struct VoucherDraft {
     pub begin_time: DateTime<Utc>,
     pub end_time: DateTime<Utc>,
     pub sale_mode: SaleMode,
+    pub price_cents: i64,
+    pub pay_within_seconds: i64,
 }
 
 /// Connection counts, for the metrics page.
@@ -168,6 +159,11 @@ struct Inner {
     settings: SeckillSettings,
     /// Per-purchase lock owner ids, unique within this process.
     purchases: AtomicU64,
+    /// An async sale's unit came back here: the relay gives it to Redis.
+    returns_queued: tokio::sync::Notify,
+    /// Stops the background workers (expiry, relay, async writers'
+    /// supervisor) at shutdown.
+    stop: tokio_util::sync::CancellationToken,
 }
 
 impl Seckill {
@@ -217,14 +213,25 @@ impl Seckill {
                 windows,
                 settings,
                 purchases: AtomicU64::new(0),
+                returns_queued: tokio::sync::Notify::new(),
+                stop: tokio_util::sync::CancellationToken::new(),
             }),
         }
     }
 
-    /// Starts the async sales' writers (and their loading at start); runs
-    /// for the life of the process.
-    pub fn start_writers(&self) {
-        tokio::spawn(self.inner.async_sales.clone().supervise());
+    /// Starts the background workers: the async sales' writers (and their
+    /// loading at start), the expiry of unpaid orders and the relay of
+    /// async returns. They run until [`Seckill::stop_workers`].
+    pub fn start_workers(&self) {
+        let stop = &self.inner.stop;
+        tokio::spawn(self.inner.async_sales.clone().supervise(stop.clone()));
+        self.start_lifecycle(stop);
+    }
+
+    /// Stops the background workers (a round under way finishes its
+    /// statement; nothing is left half-done in Postgres).
+    pub fn stop_workers(&self) {
+        self.inner.stop.cancel();
     }
 
     /// The clock that judges every sale's window.
@@ -241,11 +248,11 @@ impl Seckill {
     pub async fn purchase(&self, user_id: i64, voucher_id: i64) -> Result<Purchase> {
         let result = async {
             let voucher = self.sale_window(voucher_id).await?;
-            match SaleMode::of(&voucher) {
+            match voucher.sale_mode {
                 SaleMode::Sync => self
                     .try_purchase(user_id, voucher)
                     .await
-                    .map(Purchase::Confirmed),
+                    .map(Purchase::Stored),
                 SaleMode::Async => self
                     .inner
                     .async_sales
@@ -256,7 +263,7 @@ impl Seckill {
         }
         .await;
         let outcome = match &result {
-            Ok(Purchase::Confirmed(_)) => "ordered",
+            Ok(Purchase::Stored(_)) => "ordered",
             Ok(Purchase::Pending(_)) => "accepted",
             Err(error) => error.outcome(),
         };
@@ -355,6 +362,19 @@ impl Seckill {
             ));
         }
         let stock = stock_units(draft.stock)?;
+        if !(0..=MAX_PRICE_CENTS).contains(&draft.price_cents) {
+            return Err(SeckillError::Invalid(format!(
+                "price_cents must be between 0 and {MAX_PRICE_CENTS}"
+            )));
+        }
+        let pay_within_seconds = i32::try_from(draft.pay_within_seconds)
+            .ok()
+            .filter(|s| (1..=MAX_PAY_WITHIN_SECONDS).contains(s))
+            .ok_or_else(|| {
+                SeckillError::Invalid(format!(
+                    "pay_within_seconds must be between 1 and {MAX_PAY_WITHIN_SECONDS}"
+                ))
+            })?;
         let begin_time = storable_time("begin_time", draft.begin_time)?;
         let end_time = storable_time("end_time", draft.end_time)?;
         if end_time <= begin_time {
@@ -370,7 +390,9 @@ impl Seckill {
                 stock,
                 begin_time,
                 end_time,
-                sale_mode: draft.sale_mode.stored(),
+                sale_mode: draft.sale_mode,
+                price_cents: draft.price_cents,
+                pay_within_seconds,
             })
             .await?;
         if draft.sale_mode == SaleMode::Async {
@@ -432,7 +454,7 @@ impl Seckill {
             .await?
             .ok_or(SeckillError::NotFound("voucher"))?;
         self.inner.windows.invalidate(&voucher_id).await;
-        if SaleMode::of(&voucher) == SaleMode::Async {
+        if voucher.sale_mode == SaleMode::Async {
             // Redis sells from its own stock: rebuilt from Postgres's (by
             // this reconciliation, or by a later one that took over).
             self.inner
@@ -443,23 +465,23 @@ impl Seckill {
         Ok(voucher)
     }
 
-    /// An order: committed, or accepted by an async sale and not written
-    /// yet.
-    pub async fn order(&self, order_id: OrderId) -> Result<(Order, OrderStatus)> {
+    /// An order: stored, or accepted by an async sale and not written
+    /// yet (`pending`).
+    pub async fn order(&self, order_id: OrderId) -> Result<Order> {
         if let Some(order) = self.inner.store.order(order_id.as_i64()).await? {
-            return Ok((order, OrderStatus::Confirmed));
+            return Ok(order);
         }
         match self.inner.async_sales.pending(order_id.as_i64()).await? {
             // Written meanwhile: the pending lookup outlives the write.
             Some(pending) => match self.inner.store.order(order_id.as_i64()).await? {
-                Some(order) => Ok((order, OrderStatus::Confirmed)),
-                None => Ok((pending, OrderStatus::Pending)),
+                Some(order) => Ok(order),
+                None => Ok(pending),
             },
             None => Err(SeckillError::NotFound("order")),
         }
     }
 
-    pub async fn orders_for_voucher(&self, voucher_id: i64) -> Result<Vec<(i64, i64)>> {
+    pub async fn orders_for_voucher(&self, voucher_id: i64) -> Result<Vec<OrderLine>> {
         let store = &self.inner.store;
         if store.stock_level(voucher_id).await?.is_none() {
             return Err(SeckillError::NotFound("voucher"));
@@ -467,12 +489,38 @@ impl Seckill {
         Ok(store.orders_for_voucher(voucher_id).await?)
     }
 
-    pub async fn stats(&self, voucher_id: i64) -> Result<store::Stats> {
-        self.inner
+    /// The voucher's books as one snapshot. An async sale's pending
+    /// orders are those its stream holds that Postgres does not: the
+    /// stream is read first, so an order written in between is counted
+    /// once, as stored, and one accepted in between not at all (nor taken
+    /// from Postgres's stock).
+    pub async fn stats(&self, voucher_id: i64) -> Result<Stats> {
+        // The sale mode never changes: the cached voucher tells it.
+        let listed: Vec<i64> = match self.sale_window(voucher_id).await?.sale_mode {
+            SaleMode::Sync => Vec::new(),
+            SaleMode::Async => (self.inner.async_sales.accepted(voucher_id).await?)
+                .into_iter()
+                .map(|(order_id, _)| order_id)
+                .collect(),
+        };
+        let listed_count = i64::try_from(listed.len()).unwrap_or(i64::MAX);
+        let stats = self
+            .inner
             .store
-            .stats(voucher_id)
+            .stats(voucher_id, listed)
             .await?
-            .ok_or(SeckillError::NotFound("voucher"))
+            .ok_or(SeckillError::NotFound("voucher"))?;
+        let pending = listed_count - stats.stored_listed;
+        Ok(Stats {
+            initial_stock: stats.initial_stock,
+            stock: i64::from(stats.stock) - pending,
+            distinct_users: stats.distinct_users,
+            pending,
+            unpaid: stats.unpaid,
+            paid: stats.paid,
+            cancelled: stats.cancelled,
+            expired: stats.expired,
+        })
     }
 
     /// Whether a purchase can be served now: Postgres and Redis take

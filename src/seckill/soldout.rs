@@ -4,11 +4,14 @@
 //! A flag speaks for one state of one voucher and for nothing else. Its key
 //! lives under the database's namespace (see `startup`), so a flag written
 //! for a voucher of another database, or of this one before a reset, is
-//! never read. It carries the voucher's epoch, its `initial_stock`, which
-//! only grows and which every restock raises; a flag whose epoch is not the
-//! voucher's current one is ignored. A restock therefore reopens the sale
-//! on every instance by itself, as soon as each one has read the voucher
-//! again, even if Redis could not be told.
+//! never read. It carries the voucher's epoch (`Voucher::epoch`: the
+//! initial stock plus the units given back), which only grows and which
+//! every restock and every cancelled or expired order raises; a flag whose
+//! epoch is not the voucher's current one is ignored. A restock or a
+//! returned unit therefore reopens the sale on every instance by itself,
+//! as soon as each one has read the voucher again, even if Redis could not
+//! be told; the instance that returned a unit also writes "open" at the new
+//! epoch, which the others read at once.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,14 +44,14 @@ pub(super) struct SoldOutFlags {
     /// What this instance recently saw of each (voucher, epoch): `true`
     /// sold out, `false` open, each trusted for its own time. Concurrent
     /// misses share one Redis read (a crowd's first wave asks once).
-    seen: moka::future::Cache<(i64, i32), bool>,
+    seen: moka::future::Cache<(i64, i64), bool>,
 }
 
 /// How long a flag seen here is trusted, by what it said.
 struct Trust;
 
-impl moka::Expiry<(i64, i32), bool> for Trust {
-    fn expire_after_create(&self, _: &(i64, i32), sold_out: &bool, _: Instant) -> Option<Duration> {
+impl moka::Expiry<(i64, i64), bool> for Trust {
+    fn expire_after_create(&self, _: &(i64, i64), sold_out: &bool, _: Instant) -> Option<Duration> {
         Some(if *sold_out {
             TRUST_SOLD_OUT
         } else {
@@ -58,7 +61,7 @@ impl moka::Expiry<(i64, i32), bool> for Trust {
 
     fn expire_after_update(
         &self,
-        _: &(i64, i32),
+        _: &(i64, i64),
         sold_out: &bool,
         _: Instant,
         _: Option<Duration>,
@@ -91,7 +94,7 @@ impl SoldOutFlags {
     /// Whether the voucher, in the state `voucher` describes, is flagged
     /// sold out.
     pub(super) async fn is_sold_out(&self, voucher: &Voucher) -> Result<bool, Arc<KvError>> {
-        let here = (voucher.id, voucher.initial_stock);
+        let here = (voucher.id, voucher.epoch());
         self.seen
             .try_get_with(here, async {
                 let (epoch, sold_out): (Option<i64>, Option<u8>) = self
@@ -103,7 +106,7 @@ impl SoldOutFlags {
                             .arg("sold_out"),
                     )
                     .await?;
-                Ok(sold_out == Some(1) && epoch == Some(i64::from(voucher.initial_stock)))
+                Ok(sold_out == Some(1) && epoch == Some(voucher.epoch()))
             })
             .await
     }
@@ -111,32 +114,39 @@ impl SoldOutFlags {
     /// Whether this instance knows, without asking, that the voucher in
     /// this state is sold out.
     pub(super) async fn known_sold_out(&self, voucher: &Voucher) -> bool {
-        self.seen.get(&(voucher.id, voucher.initial_stock)).await == Some(true)
+        self.seen.get(&(voucher.id, voucher.epoch())).await == Some(true)
     }
 
-    /// Publishes the stock state seen in Postgres. A failure only costs
-    /// speed (later requests go to Postgres), so it is logged, not returned.
-    pub(super) async fn publish(&self, voucher: &Voucher, level: StockLevel, now: DateTime<Utc>) {
-        if level.stock == 0 {
-            // This instance knows first: no need to ask Redis again.
-            self.seen
-                .insert((voucher.id, level.initial_stock), true)
-                .await;
-        }
-        let left = (voucher.end_time - now).to_std().unwrap_or_default();
+    /// Publishes the stock state of `voucher_id` (whose sale ends at
+    /// `end_time`) seen in Postgres. A failure only costs speed (later
+    /// requests go to Postgres) or, for a returned unit, up to the voucher
+    /// cache's lifetime before other instances see it for sale; so it is
+    /// logged, not returned.
+    pub(super) async fn publish(
+        &self,
+        voucher_id: i64,
+        end_time: DateTime<Utc>,
+        level: StockLevel,
+        now: DateTime<Utc>,
+    ) {
+        // This instance knows first: no need to ask Redis again.
+        self.seen
+            .insert((voucher_id, level.epoch()), level.stock == 0)
+            .await;
+        let left = (end_time - now).to_std().unwrap_or_default();
         let ttl = left.clamp(Duration::from_secs(1), MAX_FLAG_LIFE);
         let written: Result<i64, KvError> = self
             .redis
             .invoke(
                 self.mark
-                    .key(self.key(voucher.id))
-                    .arg(level.initial_stock)
+                    .key(self.key(voucher_id))
+                    .arg(level.epoch())
                     .arg(u8::from(level.stock == 0))
                     .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
             )
             .await;
         if let Err(error) = written {
-            tracing::warn!(voucher_id = voucher.id, %error, "could not update the sold-out flag");
+            tracing::warn!(voucher_id, %error, "could not update the sold-out flag");
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::lock::{Acquired, LockClient, LockError, LockGuard, MultiGuard, MultiNodeLocks};
+use redis_locks::{Acquired, LockClient, LockError, LockGuard, MultiGuard, MultiNodeLocks};
 
 /// Where users' purchase locks live.
 #[derive(Clone)]

@@ -14,13 +14,34 @@ use std::time::Duration;
 
 mod db;
 mod lab;
+mod lifecycle;
 mod reconcile;
 mod sale;
+mod states;
 
 use db::{Db, Within};
 pub use lab::{Decrement, LabSale, LabStats, LabStore};
+pub use lifecycle::{Closed, Payment, PaymentOutcome, StockReturn};
 pub use reconcile::SaleSnapshot;
 pub use sale::{BatchSale, Sale, SaleRequest, SELL_BATCH};
+pub use states::{OrderStatus, SaleMode, UnknownState};
+
+/// The columns of a [`Voucher`], for `s` = `seckill_vouchers` and `v` =
+/// `vouchers`.
+macro_rules! voucher_columns {
+    () => {
+        "v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time, s.sale_mode,
+         s.price_cents, s.pay_within_seconds, s.returned"
+    };
+}
+pub(crate) use voucher_columns;
+
+/// The columns of an [`Order`], for `o` = `voucher_orders`.
+macro_rules! order_columns {
+    () => {
+        "o.id, o.user_id, o.voucher_id, o.created_at, o.status, o.pay_by, o.paid_at"
+    };
+}
 
 /// The unique index that allows one order per user and voucher.
 const ONE_ORDER_PER_USER: &str = "voucher_orders_user_voucher";
@@ -46,6 +67,10 @@ pub enum StoreError {
     /// A number left the range its column allows (a restock too large).
     #[error("value out of range: {0}")]
     OutOfRange(#[source] sqlx::Error),
+    /// Two transactions waited for each other, or a serialization
+    /// failure: nothing was written, the same work may run again.
+    #[error("a concurrent transaction got in the way: {0}")]
+    Conflict(#[source] sqlx::Error),
     #[error("database error: {0}")]
     Other(#[source] sqlx::Error),
 }
@@ -65,6 +90,8 @@ impl From<sqlx::Error> for StoreError {
                     Self::DuplicateOrderId
                 } else if code == "22003" {
                     Self::OutOfRange(error)
+                } else if code == "40P01" || code == "40001" {
+                    Self::Conflict(error)
                 } else if code.starts_with("08")
                     || code.starts_with("53")
                     || code.starts_with("57P")
@@ -92,8 +119,21 @@ pub struct Voucher {
     pub stock: i32,
     pub begin_time: DateTime<Utc>,
     pub end_time: DateTime<Utc>,
-    /// `sync` or `async` (see the `sale_mode` migration).
-    pub sale_mode: String,
+    pub sale_mode: SaleMode,
+    /// What one unit costs; a payment must bring exactly this.
+    pub price_cents: i64,
+    /// How long a buyer has to pay, from the order's creation.
+    pub pay_within_seconds: i32,
+    /// Units given back by cancelled and expired orders.
+    pub returned: i64,
+}
+
+impl Voucher {
+    /// The state of the voucher's stock that a sold-out flag speaks for:
+    /// it grows with every restock and every unit given back.
+    pub fn epoch(&self) -> i64 {
+        i64::from(self.initial_stock) + self.returned
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -102,7 +142,9 @@ pub struct NewVoucher {
     pub stock: i32,
     pub begin_time: DateTime<Utc>,
     pub end_time: DateTime<Utc>,
-    pub sale_mode: &'static str,
+    pub sale_mode: SaleMode,
+    pub price_cents: i64,
+    pub pay_within_seconds: i32,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -111,21 +153,50 @@ pub struct Order {
     pub user_id: i64,
     pub voucher_id: i64,
     pub created_at: DateTime<Utc>,
+    pub status: OrderStatus,
+    /// `None` only while an async order is pending.
+    pub pay_by: Option<DateTime<Utc>>,
+    pub paid_at: Option<DateTime<Utc>>,
 }
 
-/// Stock and initial stock read together, in one row version.
+/// Stock, initial stock and units given back, read together in one row
+/// version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
 pub struct StockLevel {
     pub stock: i32,
     pub initial_stock: i32,
+    pub returned: i64,
 }
 
+impl StockLevel {
+    /// See [`Voucher::epoch`].
+    pub fn epoch(&self) -> i64 {
+        i64::from(self.initial_stock) + self.returned
+    }
+}
+
+/// A voucher's books, from one snapshot: `stock + unpaid + paid =
+/// initial_stock` (an async sale's pending orders are counted by the
+/// caller, from Redis).
 #[derive(Debug, Clone, Copy, sqlx::FromRow)]
 pub struct Stats {
     pub initial_stock: i32,
     pub stock: i32,
-    pub orders: i64,
     pub distinct_users: i64,
+    pub unpaid: i64,
+    pub paid: i64,
+    pub cancelled: i64,
+    pub expired: i64,
+    /// How many of the order ids asked about are stored.
+    pub stored_listed: i64,
+}
+
+/// One order of a voucher, as the admin listing shows it.
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
+pub struct OrderLine {
+    pub id: i64,
+    pub user_id: i64,
+    pub status: OrderStatus,
 }
 
 /// Pool sizes, timeouts and the way to Postgres for [`Store::connect`].
@@ -257,8 +328,9 @@ impl Store {
                 Box::pin(
                     sqlx::query_scalar(
                         "WITH v AS (INSERT INTO vouchers (title) VALUES ($1) RETURNING id)
-             INSERT INTO seckill_vouchers (voucher_id, initial_stock, stock, begin_time, end_time, sale_mode)
-             SELECT id, $2, $2, $3, $4, $5 FROM v
+             INSERT INTO seckill_vouchers (voucher_id, initial_stock, stock, begin_time, end_time,
+                                           sale_mode, price_cents, pay_within_seconds)
+             SELECT id, $2, $2, $3, $4, $5, $6, $7 FROM v
              RETURNING voucher_id",
                     )
                     .bind(title)
@@ -266,6 +338,8 @@ impl Store {
                     .bind(new.begin_time)
                     .bind(new.end_time)
                     .bind(new.sale_mode)
+                    .bind(new.price_cents)
+                    .bind(new.pay_within_seconds)
                     .persistent(persistent)
                     .fetch_one(c),
                 )
@@ -278,11 +352,12 @@ impl Store {
         self.db
             .run(|c, persistent| {
                 Box::pin(
-                    sqlx::query_as(
-                        "SELECT v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time, s.sale_mode
-             FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id
-             WHERE v.id = $1",
-                    )
+                    sqlx::query_as(concat!(
+                        "SELECT ",
+                        voucher_columns!(),
+                        " FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id
+                          WHERE v.id = $1"
+                    ))
                     .bind(id)
                     .persistent(persistent)
                     .fetch_optional(c),
@@ -296,7 +371,7 @@ impl Store {
             .run(|c, persistent| {
                 Box::pin(
                     sqlx::query_as(
-                        "SELECT stock, initial_stock FROM seckill_vouchers WHERE voucher_id = $1",
+                        "SELECT stock, initial_stock, returned FROM seckill_vouchers WHERE voucher_id = $1",
                     )
                     .bind(voucher_id)
                     .persistent(persistent)
@@ -312,13 +387,14 @@ impl Store {
         self.db
             .run(|c, persistent| {
                 Box::pin(
-                    sqlx::query_as(
+                    sqlx::query_as(concat!(
                         "UPDATE seckill_vouchers s
-             SET stock = s.stock + $2, initial_stock = s.initial_stock + $2
-             FROM vouchers v
-             WHERE s.voucher_id = $1 AND v.id = s.voucher_id
-             RETURNING v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time, s.sale_mode",
-                    )
+                         SET stock = s.stock + $2, initial_stock = s.initial_stock + $2
+                         FROM vouchers v
+                         WHERE s.voucher_id = $1 AND v.id = s.voucher_id
+                         RETURNING ",
+                        voucher_columns!()
+                    ))
                     .bind(voucher_id)
                     .bind(units)
                     .persistent(persistent)
@@ -355,24 +431,26 @@ impl Store {
         self.db
             .run(|c, persistent| {
                 Box::pin(
-sqlx::query_as(
-            "SELECT id, user_id, voucher_id, created_at FROM voucher_orders WHERE id = $1",
-        )
-        .bind(order_id)
-        .persistent(persistent)
-                .fetch_optional(c),
-            )
+                    sqlx::query_as(concat!(
+                        "SELECT ",
+                        order_columns!(),
+                        " FROM voucher_orders o WHERE o.id = $1"
+                    ))
+                    .bind(order_id)
+                    .persistent(persistent)
+                    .fetch_optional(c),
+                )
             })
             .await
     }
 
-    /// Every order of a voucher as (order id, user id), oldest first.
-    pub async fn orders_for_voucher(&self, voucher_id: i64) -> Result<Vec<(i64, i64)>> {
+    /// Every order of a voucher, oldest first.
+    pub async fn orders_for_voucher(&self, voucher_id: i64) -> Result<Vec<OrderLine>> {
         self.db
             .run(|c, persistent| {
                 Box::pin(
                     sqlx::query_as(
-                        "SELECT id, user_id FROM voucher_orders WHERE voucher_id = $1 ORDER BY id",
+                        "SELECT id, user_id, status FROM voucher_orders WHERE voucher_id = $1 ORDER BY id",
                     )
                     .bind(voucher_id)
                     .persistent(persistent)
@@ -382,21 +460,38 @@ sqlx::query_as(
             .await
     }
 
-    pub async fn stats(&self, voucher_id: i64) -> Result<Option<Stats>> {
-        self.db.run(|c, persistent| {
-            Box::pin(
-sqlx::query_as(
-            "SELECT s.initial_stock, s.stock,
-                    (SELECT count(*) FROM voucher_orders o WHERE o.voucher_id = s.voucher_id) AS orders,
-                    (SELECT count(DISTINCT user_id) FROM voucher_orders o WHERE o.voucher_id = s.voucher_id) AS distinct_users
-             FROM seckill_vouchers s WHERE s.voucher_id = $1",
-        )
-        .bind(voucher_id)
-        .persistent(persistent)
-                .fetch_optional(c),
-            )
-        })
-        .await
+    /// The voucher's books and how many of `listed` (order ids) are
+    /// stored, in one statement (one snapshot).
+    pub async fn stats(&self, voucher_id: i64, listed: Vec<i64>) -> Result<Option<Stats>> {
+        self.db
+            .run(move |c, persistent| {
+                Box::pin(
+                    sqlx::query_as(
+                        "SELECT s.initial_stock, s.stock,
+                                (SELECT count(*) FROM voucher_orders WHERE id = ANY($2)) AS stored_listed,
+                                coalesce(o.distinct_users, 0) AS distinct_users,
+                                coalesce(o.unpaid, 0) AS unpaid, coalesce(o.paid, 0) AS paid,
+                                coalesce(o.cancelled, 0) AS cancelled,
+                                coalesce(o.expired, 0) AS expired
+                         FROM seckill_vouchers s
+                         LEFT JOIN LATERAL (
+                             SELECT count(DISTINCT user_id)
+                                        FILTER (WHERE status IN ('unpaid', 'paid')) AS distinct_users,
+                                    count(*) FILTER (WHERE status = 'unpaid') AS unpaid,
+                                    count(*) FILTER (WHERE status = 'paid') AS paid,
+                                    count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+                                    count(*) FILTER (WHERE status = 'expired') AS expired
+                             FROM voucher_orders WHERE voucher_id = s.voucher_id
+                         ) o ON true
+                         WHERE s.voucher_id = $1",
+                    )
+                    .bind(voucher_id)
+                    .bind(listed)
+                    .persistent(persistent)
+                    .fetch_optional(c),
+                )
+            })
+            .await
     }
 }
 

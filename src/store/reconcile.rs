@@ -1,18 +1,23 @@
 //! What an async sale reads from Postgres: the vouchers whose streams may
 //! still hold orders, and, for reconciliation, one snapshot of a voucher's
-//! stock, its buyers and which of a list of order ids are stored.
+//! stock, its buyers, its closed orders and which of a list of order ids
+//! are stored.
 
 use chrono::{DateTime, Utc};
 use sqlx::FromRow;
 
-use super::{Result, Store, Voucher};
+use super::{voucher_columns, Result, SaleMode, Store, Voucher};
 
 /// A voucher as one snapshot saw it, for rebuilding its Redis state.
 #[derive(Debug, Clone)]
 pub struct SaleSnapshot {
     pub voucher: Voucher,
-    /// Every stored order of the voucher, as (user, order id).
+    /// Every live (`unpaid` or `paid`) order of the voucher, as (user,
+    /// order id).
     pub buyers: Vec<(i64, i64)>,
+    /// Every closed (`cancelled` or `expired`) order of the voucher: their
+    /// units are in `voucher.stock` already.
+    pub closed: Vec<i64>,
     /// Those of the asked order ids that are stored (for any voucher).
     pub stored: Vec<i64>,
 }
@@ -23,6 +28,7 @@ struct Row {
     voucher: Voucher,
     users: Option<Vec<i64>>,
     orders: Option<Vec<i64>>,
+    closed: Option<Vec<i64>>,
     stored: Option<Vec<i64>>,
 }
 
@@ -34,9 +40,10 @@ impl Store {
                 Box::pin(
                     sqlx::query_scalar(
                         "SELECT voucher_id FROM seckill_vouchers
-                         WHERE sale_mode = 'async' AND end_time > $1 ORDER BY voucher_id",
+                         WHERE sale_mode = $2 AND end_time > $1 ORDER BY voucher_id",
                     )
                     .bind(since)
+                    .bind(SaleMode::Async)
                     .persistent(persistent)
                     .fetch_all(c),
                 )
@@ -56,18 +63,21 @@ impl Store {
             .db
             .run(move |c, persistent| {
                 Box::pin(
-                    sqlx::query_as(
-                        "SELECT v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time,
-                                s.sale_mode,
-                                (SELECT array_agg(o.user_id ORDER BY o.id) FROM voucher_orders o
-                                 WHERE o.voucher_id = s.voucher_id) AS users,
-                                (SELECT array_agg(o.id ORDER BY o.id) FROM voucher_orders o
-                                 WHERE o.voucher_id = s.voucher_id) AS orders,
-                                (SELECT array_agg(o.id) FROM voucher_orders o
-                                 WHERE o.id = ANY($2)) AS stored
+                    sqlx::query_as(concat!(
+                        "SELECT ",
+                        voucher_columns!(),
+                        ", (SELECT array_agg(o.user_id ORDER BY o.id) FROM voucher_orders o
+                            WHERE o.voucher_id = s.voucher_id AND o.status IN ('unpaid', 'paid')) AS users,
+                           (SELECT array_agg(o.id ORDER BY o.id) FROM voucher_orders o
+                            WHERE o.voucher_id = s.voucher_id AND o.status IN ('unpaid', 'paid')) AS orders,
+                           (SELECT array_agg(o.id) FROM voucher_orders o
+                            WHERE o.voucher_id = s.voucher_id
+                              AND o.status IN ('cancelled', 'expired')) AS closed,
+                           (SELECT array_agg(o.id) FROM voucher_orders o
+                            WHERE o.id = ANY($2)) AS stored
                          FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id
-                         WHERE v.id = $1",
-                    )
+                         WHERE v.id = $1"
+                    ))
                     .bind(voucher_id)
                     .bind(order_ids.clone())
                     .persistent(persistent)
@@ -83,6 +93,7 @@ impl Store {
                 .into_iter()
                 .zip(row.orders.unwrap_or_default())
                 .collect(),
+            closed: row.closed.unwrap_or_default(),
             stored: row.stored.unwrap_or_default(),
         }))
     }

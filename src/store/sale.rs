@@ -3,18 +3,22 @@
 //! as many units as it can grant, and the orders, in one transaction and
 //! one round trip, with an answer per purchase.
 
+use chrono::{DateTime, Utc};
 use sqlx::FromRow;
 
-use super::{Result, StockLevel, Store};
+use super::{Result, StockLevel, Store, StoreError};
 
 /// One purchase in a batch: a user who holds their lock (with its fencing
 /// token) and the order id drawn for them; or, from an async sale's
-/// stream, an order Redis accepted, which has no lock and no token.
+/// stream, an order Redis accepted, which has no lock and no token. Its
+/// order is created at `at` (the sale's clock) and must be paid within the
+/// voucher's window from then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SaleRequest {
     pub order_id: i64,
     pub user_id: i64,
     pub fence: Option<i64>,
+    pub at: DateTime<Utc>,
 }
 
 /// What the batch did for one purchase.
@@ -49,13 +53,16 @@ pub struct BatchSale {
 ///   stored one (in user order, so two batches lock fence rows alike);
 ///   only those users may buy. A request without a token (an async sale's
 ///   order) is not fenced.
-/// - `held`: users who already hold an order for this voucher; `used`:
-///   order ids that are taken.
+/// - `held`: users who already hold a live (`unpaid` or `paid`) order for
+///   this voucher; `used`: order ids that are taken. A request whose own
+///   order id is stored for the same user and voucher (an async entry
+///   written twice, whatever its order became since) is `held` by it.
 /// - `eligible`: the rest, ranked by arrival.
 /// - `locked`: the voucher's row, locked, as the last committed writer left
 ///   it (a row lock wait in READ COMMITTED re-reads the newest version), so
 ///   `granted` = min(stock, eligible) is exact; `taken` decrements by it.
-/// - `placed`: the first `granted` eligible purchases become orders.
+/// - `placed`: the first `granted` eligible purchases become `unpaid`
+///   orders, due `pay_within_seconds` after their creation time.
 ///
 /// The CHECKs and the unique indexes still hold behind it: an order that a
 /// concurrent batch committed after this statement's snapshot (a lapsed
@@ -64,9 +71,9 @@ pub struct BatchSale {
 /// through pgbench: keep them equal.)
 pub const SELL_BATCH: &str = "\
 WITH req AS (
-    SELECT r.order_id, r.user_id, r.fence, r.pos
-    FROM unnest($2::bigint[], $3::bigint[], $4::bigint[])
-         WITH ORDINALITY AS r(order_id, user_id, fence, pos)
+    SELECT r.order_id, r.user_id, r.fence, r.at, r.pos
+    FROM unnest($2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[])
+         WITH ORDINALITY AS r(order_id, user_id, fence, at, pos)
 ), fence AS (
     INSERT INTO user_fences (user_id, token)
     SELECT user_id, fence FROM req WHERE fence IS NOT NULL ORDER BY user_id
@@ -76,45 +83,52 @@ WITH req AS (
 ), held AS (
     SELECT o.user_id, o.id FROM voucher_orders o
     WHERE o.voucher_id = $1 AND o.user_id IN (SELECT user_id FROM req)
+      AND o.status IN ('unpaid', 'paid')
 ), used AS (
-    SELECT o.id FROM voucher_orders o WHERE o.id IN (SELECT order_id FROM req)
+    SELECT o.id, o.user_id, o.voucher_id FROM voucher_orders o
+    WHERE o.id IN (SELECT order_id FROM req)
 ), eligible AS (
-    SELECT r.pos, r.order_id, r.user_id, row_number() OVER (ORDER BY r.pos) AS rank
+    SELECT r.pos, r.order_id, r.user_id, r.at, row_number() OVER (ORDER BY r.pos) AS rank
     FROM req r
     WHERE (r.fence IS NULL OR r.user_id IN (SELECT user_id FROM fence))
       AND r.user_id NOT IN (SELECT user_id FROM held)
       AND r.order_id NOT IN (SELECT id FROM used)
 ), locked AS (
-    SELECT v.stock FROM seckill_vouchers v
+    SELECT v.stock, v.pay_within_seconds FROM seckill_vouchers v
     WHERE v.voucher_id = $1 AND EXISTS (SELECT 1 FROM eligible)
     FOR UPDATE
 ), granted AS (
-    SELECT least(stock, (SELECT count(*) FROM eligible)::int) AS n FROM locked
+    SELECT least(stock, (SELECT count(*) FROM eligible)::int) AS n, pay_within_seconds FROM locked
 ), taken AS (
     UPDATE seckill_vouchers v SET stock = v.stock - g.n
     FROM granted g
     WHERE v.voucher_id = $1 AND g.n > 0
-    RETURNING v.stock, v.initial_stock
+    RETURNING v.stock, v.initial_stock, v.returned
 ), placed AS (
-    INSERT INTO voucher_orders (id, user_id, voucher_id)
-    SELECT e.order_id, e.user_id, $1 FROM eligible e, granted g
+    INSERT INTO voucher_orders (id, user_id, voucher_id, created_at, status, pay_by)
+    SELECT e.order_id, e.user_id, $1, e.at, 'unpaid',
+           e.at + make_interval(secs => g.pay_within_seconds)
+    FROM eligible e, granted g
     WHERE e.rank <= g.n
     RETURNING id
 )
 SELECT
     CASE
         WHEN r.fence IS NOT NULL AND r.user_id NOT IN (SELECT user_id FROM fence) THEN 'fenced'
+        WHEN u.user_id = r.user_id AND u.voucher_id = $1 THEN 'held'
         WHEN h.id IS NOT NULL THEN 'held'
-        WHEN r.order_id IN (SELECT id FROM used) THEN 'id_taken'
+        WHEN u.id IS NOT NULL THEN 'id_taken'
         WHEN e.rank <= (SELECT n FROM granted) THEN 'sold'
         ELSE 'sold_out'
     END AS outcome,
-    h.id AS held_id,
+    CASE WHEN u.user_id = r.user_id AND u.voucher_id = $1 THEN u.id ELSE h.id END AS held_id,
     (SELECT stock FROM taken) AS stock,
     (SELECT initial_stock FROM taken) AS initial_stock,
+    (SELECT returned FROM taken) AS returned,
     (SELECT count(*) FROM placed) AS placed
 FROM req r
 LEFT JOIN held h ON h.user_id = r.user_id
+LEFT JOIN used u ON u.id = r.order_id
 LEFT JOIN eligible e ON e.pos = r.pos
 ORDER BY r.pos";
 
@@ -124,7 +138,27 @@ struct Row {
     held_id: Option<i64>,
     stock: Option<i32>,
     initial_stock: Option<i32>,
+    returned: Option<i64>,
     placed: i64,
+}
+
+impl Row {
+    /// The statement's word for one purchase, as a [`Sale`]; a word it
+    /// never writes is a bug, not a sold-out.
+    fn sale(&self) -> Result<Sale> {
+        Ok(match (self.outcome.as_str(), self.held_id) {
+            ("sold", _) => Sale::Sold,
+            ("sold_out", _) => Sale::SoldOut,
+            ("held", Some(id)) => Sale::Held(id),
+            ("fenced", _) => Sale::Fenced,
+            ("id_taken", _) => Sale::IdTaken,
+            (other, held) => {
+                return Err(StoreError::Other(sqlx::Error::Protocol(format!(
+                    "the batch statement answered {other:?} (held order {held:?})"
+                ))))
+            }
+        })
+    }
 }
 
 impl Store {
@@ -135,6 +169,7 @@ impl Store {
         let order_ids: Vec<i64> = batch.iter().map(|r| r.order_id).collect();
         let user_ids: Vec<i64> = batch.iter().map(|r| r.user_id).collect();
         let fences: Vec<Option<i64>> = batch.iter().map(|r| r.fence).collect();
+        let times: Vec<DateTime<Utc>> = batch.iter().map(|r| r.at).collect();
         let rows: Vec<Row> = self
             .db
             .run(move |c, persistent| {
@@ -144,6 +179,7 @@ impl Store {
                         .bind(order_ids)
                         .bind(user_ids)
                         .bind(fences)
+                        .bind(times)
                         .persistent(persistent)
                         .fetch_all(c),
                 )
@@ -153,18 +189,10 @@ impl Store {
             Some(StockLevel {
                 stock: row.stock?,
                 initial_stock: row.initial_stock?,
+                returned: row.returned?,
             })
         });
-        let sales: Vec<Sale> = rows
-            .iter()
-            .map(|row| match (row.outcome.as_str(), row.held_id) {
-                ("sold", _) => Sale::Sold,
-                ("held", Some(id)) => Sale::Held(id),
-                ("fenced", _) => Sale::Fenced,
-                ("id_taken", _) => Sale::IdTaken,
-                _ => Sale::SoldOut,
-            })
-            .collect();
+        let sales = rows.iter().map(Row::sale).collect::<Result<Vec<Sale>>>()?;
         debug_assert_eq!(
             rows.first().map_or(0, |r| r.placed),
             sales.iter().filter(|s| **s == Sale::Sold).count() as i64

@@ -16,7 +16,7 @@ use crate::helpers::{
 use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy};
 
 impl TestApp {
-    async fn reconcile(&self, voucher: i64) -> (StatusCode, Value) {
+    pub(crate) async fn reconcile(&self, voucher: i64) -> (StatusCode, Value) {
         let response = self
             .client
             .post(self.url(&format!("/admin/vouchers/{voucher}/reconcile")))
@@ -28,13 +28,13 @@ impl TestApp {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
-    /// Waits until every one of `orders` is `confirmed`.
+    /// Waits until every one of `orders` is stored (`unpaid`).
     async fn wait_confirmed(&self, orders: &[String]) {
         let started = Instant::now();
         for order in orders {
             loop {
                 let (status, body) = self.admin_get(&format!("/orders/{order}")).await;
-                if status == StatusCode::OK && body["status"] == "confirmed" {
+                if status == StatusCode::OK && body["status"] == "unpaid" {
                     break;
                 }
                 assert!(
@@ -115,7 +115,7 @@ async fn an_async_crowd_is_accepted_then_confirmed_with_every_invariant_held() {
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(body["error"], "already_purchased");
     assert_eq!(body["order_id"].as_str(), Some(order.as_str()));
-    // The buyer sees their order, pending or confirmed; another user does not.
+    // The buyer sees their order, pending or stored; another user does not.
     let response = app
         .client
         .get(app.url(&format!("/orders/{order}")))

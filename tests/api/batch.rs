@@ -24,6 +24,7 @@ fn requests(users: impl IntoIterator<Item = i64>, first_id: i64) -> Vec<SaleRequ
             order_id: first_id + i as i64,
             user_id,
             fence: Some(1_000),
+            at: chrono::Utc::now(),
         })
         .collect()
 }

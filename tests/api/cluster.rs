@@ -8,8 +8,8 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use redis_locks::{Acquired, Endpoint, LockClient, LockOptions};
 use reqwest::StatusCode;
-use seckill::lock::{Acquired, Endpoint, LockClient, LockOptions};
 
 use crate::helpers::{buy, spawn_app_with, OwnRedis};
 
@@ -180,7 +180,7 @@ async fn the_watchdog_renews_locks_on_every_master_of_a_cluster() {
     for i in 0..60 {
         let lock = locks.lock(&format!("job:{i}"));
         match lock
-            .try_acquire(&locks.owner(i), seckill::lock::Lease::Watchdog)
+            .try_acquire(&locks.owner(i), redis_locks::Lease::Watchdog)
             .await
             .unwrap()
         {

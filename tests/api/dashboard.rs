@@ -91,6 +91,16 @@ async fn every_dashboard_query_returns_data_from_a_scraped_instance() {
     // sends two purchases at once); and an async sale beside it.
     let voucher = app.open_voucher(150).await;
     let async_voucher = app.open_async_voucher(1_000).await;
+    // Orders that expire unpaid a second after they are made, for the
+    // lifecycle's panels.
+    let now = chrono::Utc::now();
+    let expiring = app
+        .create_voucher_from(serde_json::json!({
+            "title": "expiring", "stock": 1_000, "pay_within_seconds": 1,
+            "begin_time": now - chrono::Duration::minutes(1),
+            "end_time": now + chrono::Duration::hours(1),
+        }))
+        .await;
     let tokens = app.tokens(1..=300).await;
     let started = Instant::now();
     let mut users = tokens.values().cloned().cycle();
@@ -98,7 +108,7 @@ async fn every_dashboard_query_returns_data_from_a_scraped_instance() {
         let mut tasks = JoinSet::new();
         for _ in 0..20 {
             let token = users.next().unwrap();
-            for sold in [voucher, voucher, async_voucher] {
+            for sold in [voucher, voucher, async_voucher, expiring] {
                 let (http, base, token) = (http.clone(), app.base.clone(), token.clone());
                 tasks.spawn(async move { buy(&http, &base, &token, sold).await });
             }

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use seckill::lock::{FairLock, Lease};
+use redis_locks::{FairLock, Lease};
 use uuid::Uuid;
 
 use crate::helpers::{delete_keys, lock_client, lock_client_on, redis_url};

@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use deadpool_redis::redis;
+use redis_locks::{Acquired, LockClient};
 use reqwest::StatusCode;
 use seckill::id::IdGenerator;
 use seckill::kv::Kv;
-use seckill::lock::{Acquired, LockClient};
 use seckill::store::{Sale, SaleRequest, Store};
 
 use crate::helpers::{buy, redis_url, spawn_app};
@@ -64,6 +64,7 @@ async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
                 order_id,
                 user_id: user,
                 fence: Some(fence),
+                at: chrono::Utc::now(),
             };
             store.sell_batch(target, &[request]).await.unwrap().sales[0]
         }

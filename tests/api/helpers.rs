@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 pub const TOKEN_SECRET: &str = "test-token-secret";
+pub const PAYMENT_SECRET: &str = "test-payment-secret";
 
 /// The Postgres server the tests use, without a database name.
 pub fn pg_server() -> String {
@@ -54,6 +55,8 @@ pub fn setting_args(addr: &str, db_url: &str, redis_url: &str, prefix: &str) -> 
         ADMIN_TOKEN,
         "--token-secret",
         TOKEN_SECRET,
+        "--payment-secret",
+        PAYMENT_SECRET,
         "--pg-pool",
         "8",
         "--redis-pool",
@@ -187,18 +190,15 @@ impl TestApp {
         begin: DateTime<Utc>,
         end: DateTime<Utc>,
     ) -> i64 {
-        let response = self
-            .client
-            .post(self.url("/admin/vouchers"))
-            .bearer_auth(ADMIN_TOKEN)
-            .json(&json!({ "title": "test voucher", "stock": stock, "begin_time": begin, "end_time": end }))
-            .send()
-            .await
-            .expect("create voucher");
-        assert_eq!(response.status(), StatusCode::CREATED);
-        response.json::<Value>().await.unwrap()["id"]
-            .as_i64()
-            .unwrap()
+        self.create_voucher_from(
+            json!({ "title": "test voucher", "stock": stock, "begin_time": begin, "end_time": end }),
+        )
+        .await
+    }
+
+    /// Creates a voucher from a whole `POST /admin/vouchers` body.
+    pub async fn create_voucher_from(&self, body: Value) -> i64 {
+        create_voucher_at(&self.client, &self.base, body).await
     }
 
     /// A voucher on sale from a minute ago for an hour.
@@ -215,24 +215,14 @@ impl TestApp {
     /// An async voucher on sale from a minute ago for an hour.
     pub async fn open_async_voucher(&self, stock: i64) -> i64 {
         let now = Utc::now();
-        let response = self
-            .client
-            .post(self.url("/admin/vouchers"))
-            .bearer_auth(ADMIN_TOKEN)
-            .json(&json!({
-                "title": "async voucher",
-                "stock": stock,
-                "begin_time": now - chrono::Duration::minutes(1),
-                "end_time": now + chrono::Duration::hours(1),
-                "sale_mode": "async",
-            }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::CREATED);
-        response.json::<Value>().await.unwrap()["id"]
-            .as_i64()
-            .unwrap()
+        self.create_voucher_from(json!({
+            "title": "async voucher",
+            "stock": stock,
+            "begin_time": now - chrono::Duration::minutes(1),
+            "end_time": now + chrono::Duration::hours(1),
+            "sale_mode": "async",
+        }))
+        .await
     }
 
     /// Tokens for these users, minted through the admin API.
@@ -306,7 +296,7 @@ impl TestApp {
     }
 
     /// Checks the contract's invariants for a voucher straight in the
-    /// database; returns the number of orders.
+    /// database; returns the number of live (`unpaid` or `paid`) orders.
     pub async fn check_invariants(&self, voucher_id: i64) -> i64 {
         {
             let (initial, stock): (i32, i32) = sqlx::query_as(
@@ -317,7 +307,8 @@ impl TestApp {
             .await
             .unwrap();
             let (orders, users, ids): (i64, i64, i64) = sqlx::query_as(
-                "SELECT count(*), count(DISTINCT user_id), count(DISTINCT id) FROM voucher_orders WHERE voucher_id = $1",
+                "SELECT count(*), count(DISTINCT user_id), count(DISTINCT id) FROM voucher_orders
+                 WHERE voucher_id = $1 AND status IN ('unpaid', 'paid')",
             )
             .bind(voucher_id)
             .fetch_one(&self.db)
@@ -347,21 +338,38 @@ impl Drop for TestApp {
                 .enable_all()
                 .build()
                 .unwrap();
-            runtime.block_on(async move {
-                if let Ok(mut conn) =
-                    PgConnection::connect(&format!("{}/postgres", pg_server())).await
-                {
-                    let _ = sqlx::query(&format!(
-                        "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
-                    ))
-                    .execute(&mut conn)
-                    .await;
-                }
-                delete_keys(&redis_url(), &prefix).await;
-            });
+            runtime.block_on(drop_database(&db_name, &prefix));
         });
         let _ = cleanup.join();
     }
+}
+
+/// Creates a voucher on the service at `base` from a whole `POST
+/// /admin/vouchers` body; its id.
+pub async fn create_voucher_at(client: &reqwest::Client, base: &str, body: Value) -> i64 {
+    let response = client
+        .post(format!("{base}/admin/vouchers"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .expect("create voucher");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    response.json::<Value>().await.unwrap()["id"]
+        .as_i64()
+        .unwrap()
+}
+
+/// Drops a test's database and deletes its Redis keys.
+pub async fn drop_database(db_name: &str, prefix: &str) {
+    if let Ok(mut conn) = PgConnection::connect(&format!("{}/postgres", pg_server())).await {
+        let _ = sqlx::query(&format!(
+            "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
+        ))
+        .execute(&mut conn)
+        .await;
+    }
+    delete_keys(&redis_url(), prefix).await;
 }
 
 /// Deletes every key under `prefix`.
@@ -551,7 +559,7 @@ pub fn free_port() -> u16 {
 }
 
 /// A lock client on `redis_url` with a fresh key prefix (returned too).
-pub fn lock_client() -> (seckill::lock::LockClient, String) {
+pub fn lock_client() -> (redis_locks::LockClient, String) {
     let prefix = format!("test:{}:", Uuid::new_v4().simple());
     (lock_client_on(&redis_url(), &prefix, None), prefix)
 }
@@ -562,11 +570,11 @@ pub fn lock_client_on(
     url: &str,
     prefix: &str,
     watchdog_lease: Option<Duration>,
-) -> seckill::lock::LockClient {
-    let mut options = seckill::lock::LockOptions::default();
+) -> redis_locks::LockClient {
+    let mut options = redis_locks::LockOptions::default();
     if let Some(lease) = watchdog_lease {
         options.watchdog_lease = lease;
     }
     let client = redis::Client::open(url).expect("a Redis URL");
-    seckill::lock::LockClient::with_options(client, prefix, options)
+    redis_locks::LockClient::with_options(client, prefix, options)
 }

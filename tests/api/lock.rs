@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
-use seckill::lock::{Acquired, Lease, LockClient, LockError, LockGuard, Released};
+use redis_locks::{Acquired, Lease, LockClient, LockError, LockGuard, Released};
 use uuid::Uuid;
 
 use crate::helpers::{delete_keys, lock_client, lock_client_on, redis_url, OwnRedis};

@@ -12,6 +12,7 @@ mod hardening;
 mod helpers;
 mod ids;
 mod lab;
+mod lifecycle;
 mod lock;
 mod openapi;
 mod outage;

@@ -12,12 +12,14 @@ use crate::helpers::spawn_app;
 
 /// Every (method, path) the router serves for clients, as the contract has
 /// them.
-const OPERATIONS: [(&str, &str); 12] = [
+const OPERATIONS: [(&str, &str); 14] = [
     ("post", "/admin/vouchers"),
     ("get", "/vouchers/{id}"),
     ("post", "/admin/tokens"),
     ("post", "/seckill/{voucher_id}"),
     ("get", "/orders/{order_id}"),
+    ("post", "/orders/{order_id}/cancel"),
+    ("post", "/payments/notify"),
     ("get", "/admin/vouchers/{id}/orders"),
     ("post", "/admin/vouchers/{id}/stock"),
     ("post", "/admin/vouchers/{id}/reconcile"),
@@ -76,6 +78,11 @@ async fn openapi_json_describes_every_route_status_and_error_code() {
                 assert!(statuses.contains(status), "{method} {path}: no {status}");
             }
         }
+        if path == "/payments/notify" {
+            for status in ["200", "400", "401", "403", "404", "409", "503"] {
+                assert!(statuses.contains(status), "{method} {path}: no {status}");
+            }
+        }
         if secured {
             assert!(
                 statuses.contains("401") || statuses.contains("403"),
@@ -102,6 +109,9 @@ async fn openapi_json_describes_every_route_status_and_error_code() {
         "ended",
         "sold_out",
         "already_purchased",
+        "already_paid",
+        "order_expired",
+        "order_pending",
         "purchase_in_progress",
         "unavailable",
     ] {

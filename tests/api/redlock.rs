@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use deadpool_redis::redis;
-use seckill::lock::{LockClient, LockError, MultiNodeLocks, Quorum};
+use redis_locks::{LockClient, LockError, MultiNodeLocks, Quorum};
 
 use reqwest::StatusCode;
 

@@ -26,7 +26,7 @@ use super::clock::SaleClock;
 use super::error::{Result, SeckillError};
 use crate::id::{IdGenerator, OrderId};
 use crate::kv::Kv;
-use crate::store::{Order, Store, Voucher};
+use crate::store::{Order, OrderStatus, StockReturn, Store, Voucher};
 
 pub use reconcile::{Pause, Reconciled, Reconciliation};
 
@@ -49,6 +49,9 @@ struct SaleKeys {
     unstored: String,
     /// The token of the reconciliation under way, if one is.
     reconciling: String,
+    /// Set of the order ids whose units Redis's stock holds again (see
+    /// `lua/async_return.lua`).
+    returned: String,
 }
 
 /// The consumer group that writes every voucher's stream.
@@ -71,6 +74,7 @@ struct Inner {
     /// random part, unique across hosts and restarts.
     consumer: String,
     purchase: Script,
+    give_back: Script,
     batch_max: usize,
     /// How long an entry may stay unacknowledged with another consumer
     /// before this one claims it (that one died or hangs).
@@ -112,6 +116,7 @@ impl AsyncSales {
                     uuid::Uuid::new_v4().simple()
                 ),
                 purchase: Script::new(include_str!("../../../lua/async_purchase.lua")),
+                give_back: Script::new(include_str!("../../../lua/async_return.lua")),
                 batch_max: batch_max.max(1),
                 claim_idle,
                 writers: Mutex::new(HashMap::new()),
@@ -127,6 +132,7 @@ impl AsyncSales {
             orders: format!("{base}:orders"),
             unstored: format!("{base}:unstored"),
             reconciling: format!("{base}:reconciling"),
+            returned: format!("{base}:returned"),
         }
     }
 
@@ -154,7 +160,11 @@ impl AsyncSales {
                 .arg(PENDING_TTL_SECS);
         }
         let answer: Vec<String> = inner.redis.invoke(&purchase).await?;
-        let code: i64 = answer.first().and_then(|c| c.parse().ok()).unwrap_or(0);
+        let Some(code) = answer.first().and_then(|c| c.parse::<i64>().ok()) else {
+            return Err(SeckillError::Internal(format!(
+                "unexpected answer of the purchase script: {answer:?}"
+            )));
+        };
         match code {
             1 => {}
             -1 => return Err(SeckillError::NotStarted),
@@ -217,7 +227,47 @@ impl AsyncSales {
             user_id,
             voucher_id,
             created_at: DateTime::from_timestamp_millis(at_ms).unwrap_or_else(Utc::now),
+            status: OrderStatus::Pending,
+            pay_by: None,
+            paid_at: None,
         }))
+    }
+
+    /// The orders Redis accepted for `voucher_id` that its stream still
+    /// holds (written ones are deleted from it), as (order id, user id) in
+    /// stream order.
+    pub(super) async fn accepted(&self, voucher_id: i64) -> Result<Vec<(i64, i64)>> {
+        let keys = self.keys(voucher_id);
+        let stream: redis::streams::StreamRangeReply = self
+            .inner
+            .redis
+            .query(redis::cmd("XRANGE").arg(&keys.orders).arg("-").arg("+"))
+            .await?;
+        Ok(stream
+            .ids
+            .iter()
+            .filter_map(|id| Some((id.get::<i64>("order")?, id.get::<i64>("user")?)))
+            .collect())
+    }
+
+    /// Gives the units of closed orders of `voucher_id` back to Redis's
+    /// stock and buyers, exactly once per order (`lua/async_return.lua`);
+    /// `false` while the sale is paused (nothing changed: try again after
+    /// the reconciliation).
+    pub(super) async fn give_back(&self, voucher_id: i64, returns: &[StockReturn]) -> Result<bool> {
+        let keys = self.keys(voucher_id);
+        let mut give = self.inner.give_back.prepare_invoke();
+        give.key(&keys.sale).key(&keys.buyers).key(&keys.returned);
+        for r in returns {
+            give.arg(r.order_id).arg(r.user_id);
+        }
+        let given: i64 = self.inner.redis.invoke(&give).await?;
+        if given < 0 {
+            return Ok(false);
+        }
+        metrics::counter!("seckill_async_units_returned_total")
+            .increment(u64::try_from(given).unwrap_or(0));
+        Ok(true)
     }
 
     /// Runs for the life of the process: every second, starts a writer for
@@ -226,8 +276,8 @@ impl AsyncSales {
     /// has not yet seen loaded whose Redis side is missing (at start, or
     /// just created), retrying each second until it is loaded. A sale seen
     /// loaded once and missing later (a Redis that lost it) stays paused
-    /// until an admin reconciles it.
-    pub(super) async fn supervise(self) {
+    /// until an admin reconciles it. Stops when `stop` is cancelled.
+    pub(super) async fn supervise(self, stop: tokio_util::sync::CancellationToken) {
         let mut loaded = HashSet::new();
         loop {
             let since = Utc::now() - TimeDelta::days(1);
@@ -245,7 +295,14 @@ impl AsyncSales {
                 }
                 Err(error) => tracing::warn!(%error, "cannot list the async vouchers"),
             }
-            tokio::time::sleep(SUPERVISE_EVERY).await;
+            tokio::select! {
+                () = stop.cancelled() => {
+                    // Every writer stops once its stream is empty.
+                    self.retire_writers(&[]);
+                    return;
+                }
+                () = tokio::time::sleep(SUPERVISE_EVERY) => {}
+            }
         }
     }
 

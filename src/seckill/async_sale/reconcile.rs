@@ -1,6 +1,7 @@
 //! Reconciliation: Postgres is the truth. Redis's side of an async sale
-//! (stock, buyers) is rebuilt from one Postgres snapshot plus the stream's
-//! orders not yet written, while the sale is paused.
+//! (stock, buyers, the orders whose units were given back) is rebuilt from
+//! one Postgres snapshot plus the stream's orders not yet written, while
+//! the sale is paused.
 //!
 //! The order of reads makes it exact without stopping the writers: the
 //! sale is paused first (its hash deleted: the purchase script answers
@@ -19,15 +20,16 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 
-use deadpool_redis::redis::{self, streams::StreamRangeReply, Script};
+use deadpool_redis::redis::{self, Script, ToRedisArgs};
 use serde::Serialize;
 
 use super::{writer, AsyncSales, SaleKeys};
 use crate::id::OrderId;
 use crate::seckill::batch::raise_id_counter;
 use crate::seckill::error::{Result, SeckillError};
+use crate::store::SaleMode;
 
-/// Most field-value pairs in one HSET of the buyers.
+/// Most members (or field-value pairs) in one write of a staged set.
 const CHUNK: usize = 1_000;
 /// How long a reconciliation counts as under way: one that died stops
 /// holding back the loading of a sale after this; one that outlives it
@@ -81,6 +83,12 @@ pub struct Reconciled {
     pub unstored: Vec<Unstored>,
 }
 
+/// Where a reconciliation builds the sale's sets before the swap.
+struct Staged {
+    buyers: String,
+    returned: String,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Unstored {
     pub order_id: String,
@@ -112,7 +120,7 @@ impl AsyncSales {
             .voucher(voucher_id)
             .await?
             .ok_or(SeckillError::NotFound("voucher"))?;
-        if voucher.sale_mode != "async" {
+        if voucher.sale_mode != SaleMode::Async {
             return Err(SeckillError::Invalid(
                 "this voucher is sold synchronously: it has nothing in Redis to reconcile".into(),
             ));
@@ -136,18 +144,40 @@ impl AsyncSales {
             0 => return Ok(Reconciliation::Loaded),
             _ => return Ok(Reconciliation::UnderWay),
         }
-        let staged = format!("{}:{token}", keys.buyers);
+        let staged = Staged {
+            buyers: format!("{}:{token}", keys.buyers),
+            returned: format!("{}:{token}", keys.returned),
+        };
         let rebuilt = self.rebuild(voucher_id, &keys, &token, &staged).await;
         if rebuilt.is_err() {
             // The sale stays paused; the next reconciliation need not wait
             // for this one's token to expire.
             let mut release = RELEASE.key(&keys.reconciling);
-            release.key(&staged).arg(&token);
+            release
+                .key(&staged.buyers)
+                .key(&staged.returned)
+                .arg(&token);
             if let Err(error) = inner.redis.invoke::<i64>(&release).await {
                 tracing::warn!(voucher_id, %error, "could not release a failed reconciliation");
             }
         }
         rebuilt
+    }
+
+    /// Writes `members` (field-value pairs for HSET, members for SADD) into
+    /// the staging key `key` with `command`, in chunks; the key expires by
+    /// itself if the reconciliation dies before the swap.
+    async fn stage<T: ToRedisArgs>(&self, command: &str, key: &str, members: &[T]) -> Result<()> {
+        for (i, chunk) in members.chunks(CHUNK).enumerate() {
+            let mut write = redis::cmd(command);
+            write.arg(key).arg(chunk);
+            self.inner.redis.query::<()>(&write).await?;
+            if i == 0 {
+                let expire = redis::cmd("PEXPIRE").arg(key).arg(UNDER_WAY_MS).clone();
+                self.inner.redis.query::<()>(&expire).await?;
+            }
+        }
+        Ok(())
     }
 
     /// The reconciliation's work once the sale is paused under `token`.
@@ -156,18 +186,10 @@ impl AsyncSales {
         voucher_id: i64,
         keys: &SaleKeys,
         token: &str,
-        staged: &str,
+        staged: &Staged,
     ) -> Result<Reconciliation> {
         let inner = &self.inner;
-        let stream: StreamRangeReply = inner
-            .redis
-            .query(redis::cmd("XRANGE").arg(&keys.orders).arg("-").arg("+"))
-            .await?;
-        let accepted: Vec<(i64, i64)> = stream
-            .ids
-            .iter()
-            .filter_map(|id| Some((id.get::<i64>("order")?, id.get::<i64>("user")?)))
-            .collect();
+        let accepted = self.accepted(voucher_id).await?;
         let snapshot = inner
             .store
             .sale_snapshot(
@@ -203,19 +225,11 @@ impl AsyncSales {
         // The buyers are rebuilt aside, and replace the live ones as the
         // sale reopens, in one step.
         let pairs: Vec<(i64, i64)> = buyers.into_iter().collect();
-        for (i, chunk) in pairs.chunks(CHUNK).enumerate() {
-            let mut write = redis::cmd("HSET");
-            write.arg(staged);
-            for (user_id, order_id) in chunk {
-                write.arg(user_id).arg(order_id);
-            }
-            inner.redis.query::<()>(&write).await?;
-            if i == 0 {
-                // Gone by itself if this reconciliation dies before the swap.
-                let expire = redis::cmd("PEXPIRE").arg(staged).arg(UNDER_WAY_MS).clone();
-                inner.redis.query::<()>(&expire).await?;
-            }
-        }
+        self.stage("HSET", &staged.buyers, &pairs).await?;
+        // Orders closed in this snapshot: their units are in its stock, so
+        // a return of one of them still queued for Redis changes nothing.
+        self.stage("SADD", &staged.returned, &snapshot.closed)
+            .await?;
         if !writer::ensure_group(self, keys).await {
             return Err(SeckillError::redis_unavailable(
                 "cannot create the sale's consumer group",
@@ -232,8 +246,10 @@ impl AsyncSales {
                 REOPEN
                     .key(&keys.sale)
                     .key(&keys.buyers)
-                    .key(staged)
+                    .key(&staged.buyers)
                     .key(&keys.reconciling)
+                    .key(&keys.returned)
+                    .key(&staged.returned)
                     .arg(token)
                     .arg(stock)
                     .arg(begin_ms)

@@ -264,6 +264,10 @@ async fn commit(
                 order_id: e.order_id,
                 user_id: e.user_id,
                 fence: None,
+                // Created when Redis accepted it: the deadline counts from
+                // the same clock as the sale's window.
+                at: chrono::DateTime::from_timestamp_millis(e.at_ms)
+                    .unwrap_or_else(|| inner.clock.now()),
             })
             .collect();
         metrics::histogram!("seckill_async_batch_size").record(requests.len() as f64);

@@ -5,8 +5,6 @@
 
 use std::time::{Duration, Instant};
 
-use deadpool_redis::redis;
-
 use super::watchdog::Renewal;
 use super::{
     lease_ms, wait_turn, Lease, Life, Lock, LockError, LockGuard, Owner, FENCE_KEY_TTL_MS,
@@ -19,6 +17,7 @@ pub struct FairLock {
 }
 
 impl FairLock {
+    /// The Redis key of this lock's hash.
     pub fn key(&self) -> &str {
         self.lock.key()
     }

@@ -1,7 +1,8 @@
-//! One shared subscriber connection per lock client. Deadpool connections
-//! cannot SUBSCRIBE, and a connection per waiter would not scale, so every
-//! waiter of the client shares this one, with a reference count per channel:
-//! the first waiter of a channel subscribes, the last one unsubscribes.
+//! One shared subscriber connection per lock client. The multiplexed
+//! command connection cannot SUBSCRIBE, and a connection per waiter would
+//! not scale, so every waiter of the client shares this one, with a
+//! reference count per channel: the first waiter of a channel subscribes,
+//! the last one unsubscribes.
 //!
 //! A waiter subscribes *before* its last attempt to take the lock and reads
 //! a generation counter; an unlock message bumps the counter, so a message
@@ -14,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, aio::PubSubSink};
 use futures_util::StreamExt;
+use redis::aio::PubSubSink;
 use tokio::sync::{watch, OnceCell};
 
 pub(super) struct Subscriber {

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use deadpool_redis::redis::Script;
+use redis::Script;
 use tokio::sync::watch;
 
 use super::Owner;
@@ -69,8 +69,8 @@ impl Watchdog {
         Arc::new(Self {
             lease,
             conn,
-            renew: Script::new(include_str!("../../lua/lock_renew.lua")),
-            renew_rw: Script::new(include_str!("../../lua/rwlock_renew.lua")),
+            renew: Script::new(include_str!("../lua/lock_renew.lua")),
+            renew_rw: Script::new(include_str!("../lua/rwlock_renew.lua")),
             state: Mutex::new(State::default()),
         })
     }

@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use deadpool_redis::redis::aio::ConnectionLike;
-use deadpool_redis::redis::{self, Cmd, ErrorKind, Pipeline, RedisFuture, Value};
 use futures_util::FutureExt;
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, Value};
 
 use super::endpoint::Multiplexed;
 use super::LockError;

@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use deadpool_redis::redis::cluster::{ClusterClient, ClusterClientBuilder};
-use deadpool_redis::redis::cluster_async::ClusterConnection;
-use deadpool_redis::redis::sentinel::{SentinelClient, SentinelServerType};
-use deadpool_redis::redis::{self, Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::Mutex;
 
 /// A lock client's Redis.

@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, FromRedisValue, ScriptInvocation};
+use redis::{FromRedisValue, ScriptInvocation};
 
 use std::time::Instant;
 
@@ -16,6 +16,57 @@ use super::watchdog::Renewal;
 use super::{lease_ms, wait_turn, Lease, Life, LockError, Owner, Shared};
 
 /// A named read-write lock. Cheap to clone.
+///
+/// # Example
+///
+/// Readers share the lock and keep a writer out; the writer keeps readers
+/// out, may read itself, and by giving back its write hold while it reads,
+/// downgrades to a reader:
+///
+/// ```rust
+/// use std::time::Duration;
+///
+/// use redis_locks::{Hold, LockClient};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// // Keys under a prefix of this run's own: runs never share a key.
+/// let prefix = format!("redis-locks-doc:{}:", uuid::Uuid::new_v4().simple());
+/// let locks = LockClient::new(client.clone(), prefix);
+/// let catalog = locks.read_write_lock("catalog");
+/// let (reader, other_reader) = (locks.owner("reader"), locks.owner("other-reader"));
+/// let writer = locks.owner("writer");
+/// let lease = Duration::from_secs(10);
+///
+/// let reading = catalog.try_read(&reader, lease).await?.expect("a new lock is free");
+/// let also_reading = catalog.try_read(&other_reader, lease).await?.expect("readers share");
+/// assert_eq!(catalog.mode().await?, Some(Hold::Read));
+/// assert!(catalog.try_write(&writer, lease).await?.is_none());
+/// reading.unlock().await?;
+/// also_reading.unlock().await?;
+///
+/// // With the readers gone, the writer gets in (`write` would wait up to a
+/// // second), and keeps readers out.
+/// let writing = catalog
+///     .write(&writer, Duration::from_secs(1), lease)
+///     .await?
+///     .expect("the readers have left");
+/// assert_eq!(writing.hold(), Hold::Write);
+/// assert!(catalog.try_read(&reader, lease).await?.is_none());
+///
+/// // The writer may read too; giving back its write hold leaves it a reader.
+/// let downgraded = catalog.try_read(&writer, lease).await?.expect("a writer may read");
+/// writing.unlock().await?;
+/// assert_eq!(catalog.mode().await?, Some(Hold::Read));
+/// downgraded.unlock().await?;
+/// assert_eq!(catalog.mode().await?, None);
+/// # // This example's key (the per-hold lease keys went with the unlocks).
+/// # let mut conn = client.get_multiplexed_async_connection().await?;
+/// # redis::cmd("DEL").arg(catalog.key()).query_async::<()>(&mut conn).await?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct ReadWriteLock {
     pub(super) shared: Arc<Shared>,
@@ -25,7 +76,9 @@ pub struct ReadWriteLock {
 /// Which hold a guard has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hold {
+    /// A shared hold: other readers may hold the lock too.
     Read,
+    /// The exclusive hold (its owner may also read).
     Write,
 }
 
@@ -52,6 +105,7 @@ impl fmt::Debug for RwGuard {
 }
 
 impl ReadWriteLock {
+    /// The Redis key of this lock's hash.
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -206,6 +260,7 @@ impl ReadWriteLock {
 }
 
 impl RwGuard {
+    /// Which hold this guard has.
     pub fn hold(&self) -> Hold {
         self.hold
     }

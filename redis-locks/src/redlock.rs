@@ -26,6 +26,54 @@ pub enum Quorum {
 
 /// A lock client over independent Redis nodes (never replicas of one
 /// another: a replica that misses a write would grant the lock twice).
+///
+/// # Example
+///
+/// RedLock over one node (in production: three or five independent
+/// servers, one [`LockClient`] each):
+///
+/// ```rust
+/// use std::time::{Duration, Instant};
+///
+/// use redis_locks::{LockClient, MultiNodeLocks, Quorum};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// // Keys under a prefix of this run's own: runs never share a key.
+/// let prefix = format!("redis-locks-doc:{}:", uuid::Uuid::new_v4().simple());
+/// let node = LockClient::new(client.clone(), prefix);
+/// # let key = node.lock("payout:2024-06").key().to_owned();
+/// let redlock = MultiNodeLocks::new(vec![node], Quorum::Majority);
+/// let (lease, node_timeout) = (Duration::from_secs(10), Duration::from_millis(500));
+///
+/// let guard = redlock
+///     .try_acquire("payout:2024-06", "worker-1", lease, node_timeout)
+///     .await?
+///     .expect("a new lock is free");
+/// assert_eq!(guard.nodes(), 1);
+///
+/// // Another id is refused while the hold lasts.
+/// let refused = redlock
+///     .try_acquire("payout:2024-06", "worker-2", lease, node_timeout)
+///     .await?;
+/// assert!(refused.is_none());
+///
+/// // Trust the hold only until its validity time, then release every node.
+/// assert!(!guard.is_expired());
+/// assert!(guard.valid_until() > Instant::now());
+/// assert_eq!(guard.unlock().await, 1);
+/// # // This example's keys: the lock, its fencing token, its request log.
+/// # let mut conn = client.get_multiplexed_async_connection().await?;
+/// # redis::cmd("DEL")
+/// #     .arg(key.as_str())
+/// #     .arg(format!("{key}:fence"))
+/// #     .arg(format!("{key}:requests"))
+/// #     .query_async::<()>(&mut conn)
+/// #     .await?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct MultiNodeLocks {
     nodes: Vec<LockClient>,

@@ -1,0 +1,225 @@
+//! The order lifecycle's routes: a buyer (or an admin) cancels an unpaid
+//! order; a payment provider notifies a payment, signed with HMAC-SHA256
+//! over the raw body, as WeChat Pay, Alipay and Stripe sign theirs.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use utoipa::ToSchema;
+
+use super::error::{ApiError, ErrorBody};
+use super::extract::{from_object, Caller, NoBody, OrderIdPath};
+use super::handlers::OrderBody;
+use super::AppState;
+use crate::id::OrderId;
+use crate::seckill::{OrderStatus, Payment};
+
+/// The header that carries a notification's signature.
+const SIGNATURE_HEADER: &str = "x-signature";
+/// Longest payment id a provider may send.
+const PAYMENT_ID_MAX_CHARS: usize = 64;
+
+#[utoipa::path(
+    post,
+    path = "/orders/{order_id}/cancel",
+    tag = "orders",
+    params(("order_id" = String, Path, pattern = "^[1-9][0-9]{0,18}$", description = "The order id, in decimal")),
+    security(("user" = []), ("admin" = [])),
+    responses(
+        (status = 200, description = "The order, now cancelled (or cancelled already); its unit went back on sale once", body = OrderBody),
+        (status = 400, description = "bad_request: a malformed id, or a body", body = ErrorBody),
+        (status = 401, description = "unauthorized", body = ErrorBody),
+        (status = 404, description = "not_found: no such order, or another user's", body = ErrorBody),
+        (status = 409, description = "already_paid, order_expired, or order_pending (async, not stored yet; Retry-After is set)", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    )
+)]
+pub async fn cancel_order(
+    State(state): State<AppState>,
+    caller: Caller,
+    OrderIdPath(order_id): OrderIdPath,
+    NoBody: NoBody,
+) -> Result<Json<OrderBody>, ApiError> {
+    let user = match caller {
+        Caller::User(user_id) => Some(user_id),
+        Caller::Admin => None,
+    };
+    Ok(Json(state.seckill.cancel(order_id, user).await?.into()))
+}
+
+/// A payment provider's notification.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentNotice {
+    /// The provider's id of the payment: deliveries of one payment carry
+    /// the same one.
+    #[schema(min_length = 1, max_length = 64, example = "pay_3MtwBwLkdIwHu7ix")]
+    payment_id: String,
+    /// The order paid for, in decimal.
+    #[schema(pattern = "^[1-9][0-9]{0,18}$", example = "669711463081050113")]
+    order_id: String,
+    /// What was paid; must be the voucher's price.
+    #[schema(example = 990)]
+    amount_cents: i64,
+}
+
+/// What became of a notified payment.
+#[derive(Serialize, ToSchema)]
+pub struct PaymentReceipt {
+    #[schema(pattern = "^[1-9][0-9]{0,18}$")]
+    order_id: String,
+    /// The order as it stands after the notification.
+    status: OrderStatus,
+    /// `true`: the order could not take this payment (paid already,
+    /// cancelled or expired); the money goes back to the buyer.
+    refund: bool,
+}
+
+#[utoipa::path(
+    post,
+    path = "/payments/notify",
+    tag = "orders",
+    request_body = PaymentNotice,
+    params(("X-Signature" = String, Header, description = "sha256=<hex HMAC-SHA256 of the raw body under SECKILL_PAYMENT_SECRET>")),
+    responses(
+        (status = 200, description = "Recorded (idempotent by payment_id): paid in time, or to be refunded", body = PaymentReceipt),
+        (status = 400, description = "bad_request: a malformed body, an amount other than the price, or a payment_id reused for another order", body = ErrorBody),
+        (status = 401, description = "unauthorized: a missing or wrong signature", body = ErrorBody),
+        (status = 403, description = "forbidden: no payment secret is configured", body = ErrorBody),
+        (status = 404, description = "not_found: no such order", body = ErrorBody),
+        (status = 409, description = "order_pending: an async order not stored yet; Retry-After is set", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    )
+)]
+pub async fn notify(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<PaymentReceipt>, ApiError> {
+    let Some(secret) = state.payment_secret.as_deref() else {
+        return Err(ApiError::Forbidden);
+    };
+    verify_signature(secret, &headers, &body)?;
+    let notice: PaymentNotice = parse_notice(&body)?;
+    let chars = notice.payment_id.chars().count();
+    if chars == 0 || chars > PAYMENT_ID_MAX_CHARS || notice.payment_id.chars().any(char::is_control)
+    {
+        return Err(ApiError::BadRequest(format!(
+            "payment_id must have 1 to {PAYMENT_ID_MAX_CHARS} characters, none of them control characters"
+        )));
+    }
+    let order_id: OrderId = notice.order_id.parse().map_err(|()| {
+        ApiError::BadRequest("order_id must be a positive 64-bit integer in decimal".into())
+    })?;
+    let answer = state
+        .seckill
+        .pay(Payment {
+            payment_id: notice.payment_id,
+            order_id: order_id.as_i64(),
+            amount_cents: notice.amount_cents,
+        })
+        .await?;
+    Ok(Json(PaymentReceipt {
+        order_id: answer.order_id.to_string(),
+        status: answer.status,
+        refund: answer.refund,
+    }))
+}
+
+/// Checks `X-Signature: sha256=<hex>` against the HMAC-SHA256 of `body`
+/// under `secret`, in constant time.
+fn verify_signature(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError> {
+    let unauthorized = |why: &str| ApiError::Unauthorized(format!("payment notification: {why}"));
+    let mut values = headers.get_all(SIGNATURE_HEADER).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return Err(unauthorized("exactly one X-Signature header is required"));
+    };
+    let signature = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().strip_prefix("sha256="))
+        .and_then(decode_hex)
+        .ok_or_else(|| unauthorized("X-Signature must be sha256=<hex>"))?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret)
+        .map_err(|_| unauthorized("the payment secret is unusable"))?;
+    mac.update(body);
+    mac.verify_slice(&signature)
+        .map_err(|_| unauthorized("the signature does not match the body"))
+}
+
+/// Bytes from lower- or upper-case hex; `None` for anything else.
+fn decode_hex(hex: &str) -> Option<Vec<u8>> {
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// The notification, once its signature holds: a JSON object of exactly
+/// the three fields (read from the signed bytes, whatever its content type).
+fn parse_notice(body: &[u8]) -> Result<PaymentNotice, ApiError> {
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("invalid body: {e}")))?;
+    from_object(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn signed(secret: &[u8], body: &[u8]) -> String {
+        let mut mac = Hmac::<Sha256>::new_from_slice(secret).unwrap();
+        mac.update(body);
+        let tag = mac.finalize().into_bytes();
+        format!(
+            "sha256={}",
+            tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        )
+    }
+
+    fn headers(signature: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(SIGNATURE_HEADER, HeaderValue::from_str(signature).unwrap());
+        headers
+    }
+
+    #[test]
+    fn a_signature_over_the_exact_body_under_the_secret_passes_and_nothing_else() {
+        let body = br#"{"payment_id":"p1","order_id":"5","amount_cents":1}"#;
+        let good = signed(b"key", body);
+        assert!(verify_signature(b"key", &headers(&good), body).is_ok());
+        assert!(verify_signature(
+            b"key",
+            &headers(&good.to_uppercase().replace("SHA256=", "sha256=")),
+            body
+        )
+        .is_ok());
+        // Another key, another body, a cut or malformed tag, no header.
+        assert!(verify_signature(b"other", &headers(&good), body).is_err());
+        assert!(verify_signature(b"key", &headers(&good), b"{}").is_err());
+        assert!(verify_signature(b"key", &headers(&good[..good.len() - 2]), body).is_err());
+        assert!(verify_signature(b"key", &headers("sha256=zz"), body).is_err());
+        assert!(
+            verify_signature(b"key", &headers(&good.replace("sha256=", "md5=")), body).is_err()
+        );
+        assert!(verify_signature(b"key", &HeaderMap::new(), body).is_err());
+    }
+
+    #[test]
+    fn hex_decodes_pairs_of_digits_only() {
+        assert_eq!(decode_hex("00ff7A"), Some(vec![0, 255, 122]));
+        assert_eq!(decode_hex("0"), None);
+        assert_eq!(decode_hex("0g"), None);
+        assert_eq!(decode_hex("é0"), None);
+    }
+}

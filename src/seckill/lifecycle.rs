@@ -1,0 +1,264 @@
+//! The order lifecycle after the grab: a payment in time pays an order, a
+//! cancel or the deadline closes it and its unit goes back on sale, once.
+//!
+//! Postgres decides every transition (`store::lifecycle`: one conditional
+//! change of an `unpaid` order, the unit returned in the same
+//! transaction). This module tells the rest of the sale what came back:
+//! the returning instance writes the sold-out flag "open" at the voucher's
+//! new epoch (every instance reads it within its trust time, or reads the
+//! new epoch from Postgres within its voucher cache's), and for async
+//! sales the relay gives each unit back to Redis's stock and buyers from
+//! the `stock_returns` outbox, idempotent by order id.
+//!
+//! Two background tasks run in every instance, sharing the work through
+//! Postgres row locks (`SKIP LOCKED`) rather than dividing it: the expiry
+//! sweep, and the relay of async returns.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::error::{Result, SeckillError};
+use super::Seckill;
+use crate::id::OrderId;
+use crate::store::{Closed, Order, OrderStatus, Payment, PaymentOutcome, SaleMode, StockReturn};
+
+/// Most orders one expiry statement closes (all of one voucher).
+const EXPIRE_BATCH: i64 = 5_000;
+/// Pause of the expiry sweep when nothing was due: bounds how late an
+/// order expires while the service runs.
+const EXPIRE_POLL: Duration = Duration::from_millis(200);
+/// Most queued returns one relay round takes.
+const RELAY_BATCH: i64 = 2_000;
+/// How long a relay's claim on queued returns lasts: a relay that died
+/// leaves them to another after this.
+const RELAY_LEASE_MS: i64 = 2_000;
+/// Pause of the relay when nothing was queued (a return made on this
+/// instance wakes it at once; this finds those of instances that died).
+const RELAY_POLL: Duration = Duration::from_millis(250);
+/// Pause after a failed round of either task.
+const BACKOFF: Duration = Duration::from_millis(500);
+
+/// What a payment notification came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaymentAnswer {
+    pub order_id: OrderId,
+    pub status: OrderStatus,
+    /// The order could not take this payment: the money goes back.
+    pub refund: bool,
+}
+
+impl Seckill {
+    /// Cancels an `unpaid` order of `user` (`None`: an admin, any order).
+    /// A cancelled order is cancelled again without change.
+    pub async fn cancel(&self, order_id: OrderId, user: Option<i64>) -> Result<Order> {
+        let order = self.order(order_id).await?;
+        if user.is_some_and(|user| user != order.user_id) {
+            // Someone else's order looks like none: its existence is not
+            // to be confirmed.
+            return Err(SeckillError::NotFound("order"));
+        }
+        let store = &self.inner.store;
+        let now = self.inner.clock.now();
+        if order.status == OrderStatus::Unpaid {
+            if let Some(closed) = store.cancel_order(order_id.as_i64(), now).await? {
+                metrics::counter!("seckill_cancels_total").increment(1);
+                self.units_returned(&[closed]).await;
+            } else if let Some(closed) = store.expire_order(order_id.as_i64(), now).await? {
+                // Its deadline passed before the cancel: it expires, as
+                // the sweep would have made it.
+                self.expired(&[closed], now).await;
+            }
+        }
+        let order = self.order(order_id).await?;
+        match order.status {
+            OrderStatus::Cancelled => Ok(order),
+            OrderStatus::Paid => Err(SeckillError::AlreadyPaid),
+            OrderStatus::Expired => Err(SeckillError::OrderExpired),
+            OrderStatus::Pending => Err(SeckillError::OrderPending),
+            // Another transaction held it through both statements and let
+            // it go unchanged: the next try decides it.
+            OrderStatus::Unpaid => Err(SeckillError::postgres_unavailable(
+                "the order was busy; try the cancel again",
+            )),
+        }
+    }
+
+    /// Records a payment provider's notification (its signature checked
+    /// by the caller) and pays the order if it is `unpaid` and in time.
+    pub async fn pay(&self, payment: Payment) -> Result<PaymentAnswer> {
+        let order_id =
+            OrderId::from_stored(payment.order_id).ok_or(SeckillError::NotFound("order"))?;
+        let now = self.inner.clock.now();
+        match self.inner.store.pay(&payment, now).await? {
+            PaymentOutcome::Recorded {
+                status,
+                refund,
+                expired,
+            } => {
+                if let Some(closed) = expired {
+                    self.expired(&[closed], now).await;
+                }
+                let outcome = match (status, refund) {
+                    (OrderStatus::Paid, false) => "paid",
+                    _ => "refund",
+                };
+                metrics::counter!("seckill_payments_total", "outcome" => outcome).increment(1);
+                Ok(PaymentAnswer {
+                    order_id,
+                    status,
+                    refund,
+                })
+            }
+            PaymentOutcome::UnknownOrder => {
+                match self.inner.async_sales.pending(payment.order_id).await? {
+                    Some(_) => Err(SeckillError::OrderPending),
+                    None => Err(SeckillError::NotFound("order")),
+                }
+            }
+            PaymentOutcome::WrongAmount { price_cents } => Err(SeckillError::Invalid(format!(
+                "amount_cents must be the voucher's price, {price_cents}"
+            ))),
+            PaymentOutcome::Reused => Err(SeckillError::Invalid(
+                "this payment_id was recorded for another order or amount".into(),
+            )),
+        }
+    }
+
+    /// Starts the expiry sweep and the relay of async returns; both stop
+    /// when `stop` is cancelled.
+    pub(super) fn start_lifecycle(&self, stop: &CancellationToken) {
+        tokio::spawn(self.clone().sweep(stop.clone()));
+        tokio::spawn(self.clone().relay(stop.clone()));
+    }
+
+    /// Expires every unpaid order past its deadline, a voucher's batch at
+    /// a time, then waits a moment and looks again.
+    async fn sweep(self, stop: CancellationToken) {
+        repeat(&stop, None, || async {
+            let now = self.inner.clock.now();
+            match self.inner.store.expire_due(now, EXPIRE_BATCH).await {
+                Ok(closed) if closed.is_empty() => EXPIRE_POLL,
+                Ok(closed) => {
+                    self.expired(&closed, now).await;
+                    Duration::ZERO
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "expiring unpaid orders failed; retrying");
+                    BACKOFF
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Gives queued async returns to Redis, then forgets them.
+    async fn relay(self, stop: CancellationToken) {
+        repeat(&stop, Some(&self.inner.returns_queued), || async {
+            match self.relay_round().await {
+                Ok(true) => Duration::ZERO,
+                Ok(false) => RELAY_POLL,
+                Err(error) => {
+                    tracing::warn!(%error, "giving units back to async sales failed; retrying");
+                    BACKOFF
+                }
+            }
+        })
+        .await;
+    }
+
+    /// One round of the relay; whether it took a full batch (more may
+    /// wait).
+    async fn relay_round(&self) -> Result<bool> {
+        let store = &self.inner.store;
+        let claimed = store
+            .claim_stock_returns(RELAY_BATCH, RELAY_LEASE_MS)
+            .await?;
+        let full = i64::try_from(claimed.len()).unwrap_or(i64::MAX) >= RELAY_BATCH;
+        let mut by_voucher: BTreeMap<i64, Vec<StockReturn>> = BTreeMap::new();
+        for r in claimed {
+            by_voucher.entry(r.voucher_id).or_default().push(r);
+        }
+        let mut given = Vec::new();
+        let mut failure = None;
+        for (voucher_id, returns) in by_voucher {
+            match self.inner.async_sales.give_back(voucher_id, &returns).await {
+                Ok(true) => given.extend(returns.iter().map(|r| r.order_id)),
+                // Paused: the reconciliation counts them, or they wait for
+                // the sale to reopen; claimed until the lease ends.
+                Ok(false) => {}
+                Err(error) => failure = Some(error),
+            }
+        }
+        if !given.is_empty() {
+            store.forget_stock_returns(given).await?;
+        }
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(full),
+        }
+    }
+
+    /// Books orders the deadline closed (metrics: how many, how late).
+    async fn expired(&self, closed: &[Closed], now: chrono::DateTime<chrono::Utc>) {
+        metrics::counter!("seckill_expirations_total").increment(closed.len() as u64);
+        for order in closed {
+            let late = (now - order.pay_by).to_std().unwrap_or_default();
+            metrics::histogram!("seckill_expiry_lateness_seconds").record(late.as_secs_f64());
+        }
+        self.units_returned(closed).await;
+    }
+
+    /// Tells the sale that units came back: this instance forgets the
+    /// vouchers it cached, the sold-out flags open at each voucher's new
+    /// epoch, and the relay of async returns is woken.
+    async fn units_returned(&self, closed: &[Closed]) {
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        let mut seen = HashSet::new();
+        // Every row of a voucher carries its stock after the statement's
+        // returns: one per voucher is enough.
+        for order in closed {
+            if !seen.insert(order.voucher_id) {
+                continue;
+            }
+            inner.windows.invalidate(&order.voucher_id).await;
+            match order.sale_mode {
+                SaleMode::Sync => {
+                    inner
+                        .flags
+                        .publish(order.voucher_id, order.end_time, order.level, now)
+                        .await;
+                }
+                SaleMode::Async => inner.returns_queued.notify_one(),
+            }
+        }
+    }
+}
+
+/// Runs `round` until `stop` is cancelled: again at once when it returns
+/// no pause (more work waits), else after its pause or when `wake` fires.
+async fn repeat<F, Fut>(stop: &CancellationToken, wake: Option<&tokio::sync::Notify>, mut round: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Duration>,
+{
+    while !stop.is_cancelled() {
+        let pause = round().await;
+        if pause.is_zero() {
+            continue;
+        }
+        let woken = async {
+            match wake {
+                Some(wake) => wake.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = woken => {}
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! The order lifecycle's statements: pay, cancel and expire, each one
+//! conditional change of an `unpaid` order, so exactly one of them wins;
+//! the unit goes back in the transaction that closes the order (and, for
+//! an async sale, into the `stock_returns` outbox that Redis learns it
+//! from).
+
+use chrono::{DateTime, Utc};
+use sqlx::{Acquire, FromRow, PgConnection};
+
+use super::{OrderStatus, Result, SaleMode, StockLevel, Store};
+
+/// Closes the `unpaid` orders in `closing` (id, voucher, user) as `$1`
+/// ('cancelled' or 'expired') at `$2`: gives their units back to their
+/// vouchers' stock (and counts them in `returned`, the flags' epoch) and
+/// queues the returns of async sales for Redis. Needs a CTE `closing`
+/// ahead of it; answers one row per closed order with its voucher's stock
+/// after the return.
+macro_rules! close_and_return {
+    () => {
+        "closed AS (
+            UPDATE voucher_orders o SET status = $1, closed_at = $2
+            FROM closing c
+            WHERE o.id = c.id AND o.status = 'unpaid'
+            RETURNING o.id, o.voucher_id, o.user_id, o.pay_by
+        ), units AS (
+            SELECT voucher_id, count(*)::int AS n FROM closed GROUP BY voucher_id
+        ), back AS (
+            UPDATE seckill_vouchers s
+            SET stock = s.stock + u.n, returned = s.returned + u.n
+            FROM units u
+            WHERE s.voucher_id = u.voucher_id
+            RETURNING s.voucher_id, s.stock, s.initial_stock, s.returned, s.sale_mode, s.end_time
+        ), outbox AS (
+            INSERT INTO stock_returns (order_id, voucher_id, user_id)
+            SELECT c.id, c.voucher_id, c.user_id
+            FROM closed c JOIN back b ON b.voucher_id = c.voucher_id
+            WHERE b.sale_mode = 'async'
+        )
+        SELECT c.id AS order_id, c.voucher_id, c.user_id, c.pay_by, b.stock, b.initial_stock,
+               b.returned, b.sale_mode, b.end_time
+        FROM closed c JOIN back b ON b.voucher_id = c.voucher_id"
+    };
+}
+
+/// Cancels one order that is `unpaid` and still in time.
+const CANCEL: &str = concat!(
+    "WITH closing AS (
+        SELECT id FROM voucher_orders WHERE id = $3 AND status = 'unpaid' AND pay_by > $2
+     ), ",
+    close_and_return!()
+);
+
+/// Expires one order that is `unpaid` and past its deadline.
+const EXPIRE_ONE: &str = concat!(
+    "WITH closing AS (
+        SELECT id FROM voucher_orders WHERE id = $3 AND status = 'unpaid' AND pay_by <= $2
+     ), ",
+    close_and_return!()
+);
+
+/// Expires up to `$3` orders past their deadline, all of one voucher (the
+/// one whose order is the most overdue), so that a sweep locks one voucher
+/// row and two sweeps never wait for each other in a circle. Orders that
+/// another transaction holds (a payment or cancel deciding them, another
+/// instance's sweep) are skipped, not waited for.
+const EXPIRE_DUE: &str = concat!(
+    "WITH first AS (
+        SELECT voucher_id FROM voucher_orders
+        WHERE status = 'unpaid' AND pay_by <= $2
+        ORDER BY pay_by LIMIT 1
+     ), closing AS (
+        SELECT id FROM voucher_orders
+        WHERE status = 'unpaid' AND pay_by <= $2 AND voucher_id = (SELECT voucher_id FROM first)
+        ORDER BY pay_by LIMIT $3
+        FOR UPDATE SKIP LOCKED
+     ), ",
+    close_and_return!()
+);
+
+/// An order this instance closed, with its voucher's stock right after.
+#[derive(Debug, Clone, Copy, FromRow)]
+pub struct Closed {
+    pub order_id: i64,
+    pub voucher_id: i64,
+    pub user_id: i64,
+    pub pay_by: DateTime<Utc>,
+    #[sqlx(flatten)]
+    pub level: StockLevel,
+    pub sale_mode: SaleMode,
+    pub end_time: DateTime<Utc>,
+}
+
+/// A payment provider's notification, as verified by its signature.
+#[derive(Debug, Clone)]
+pub struct Payment {
+    pub payment_id: String,
+    pub order_id: i64,
+    pub amount_cents: i64,
+}
+
+/// What a notification did.
+#[derive(Debug, Clone)]
+pub enum PaymentOutcome {
+    /// Recorded (now, or at an earlier delivery of the same payment id):
+    /// the order as it stands, and whether the money goes back.
+    Recorded {
+        status: OrderStatus,
+        refund: bool,
+        /// The order this delivery found past its deadline and expired.
+        expired: Option<Closed>,
+    },
+    /// No stored order has this id.
+    UnknownOrder,
+    /// The amount is not the voucher's price: nothing recorded.
+    WrongAmount { price_cents: i64 },
+    /// This payment id was recorded for another order or amount.
+    Reused,
+}
+
+/// A unit an async sale's closed order gave back, for Redis to learn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
+pub struct StockReturn {
+    pub order_id: i64,
+    pub voucher_id: i64,
+    pub user_id: i64,
+}
+
+#[derive(FromRow)]
+struct Payable {
+    status: OrderStatus,
+    pay_by: DateTime<Utc>,
+    price_cents: i64,
+}
+
+#[derive(FromRow)]
+struct Recorded {
+    order_id: i64,
+    amount_cents: i64,
+    refund: bool,
+}
+
+impl Store {
+    /// Cancels `order_id` if it is `unpaid` and in time at `now`; `None`
+    /// when it was not (the caller reads why).
+    pub async fn cancel_order(&self, order_id: i64, now: DateTime<Utc>) -> Result<Option<Closed>> {
+        self.close_one(CANCEL, OrderStatus::Cancelled, order_id, now)
+            .await
+    }
+
+    /// Expires `order_id` if it is `unpaid` and past its deadline at `now`.
+    pub async fn expire_order(&self, order_id: i64, now: DateTime<Utc>) -> Result<Option<Closed>> {
+        self.close_one(EXPIRE_ONE, OrderStatus::Expired, order_id, now)
+            .await
+    }
+
+    async fn close_one(
+        &self,
+        statement: &'static str,
+        to: OrderStatus,
+        order_id: i64,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Closed>> {
+        self.db
+            .run(move |c, persistent| {
+                Box::pin(
+                    sqlx::query_as(statement)
+                        .bind(to)
+                        .bind(now)
+                        .bind(order_id)
+                        .persistent(persistent)
+                        .fetch_optional(c),
+                )
+            })
+            .await
+    }
+
+    /// Expires up to `limit` orders of one voucher whose deadline passed
+    /// by `now`; every instance may run it at once without double work.
+    pub async fn expire_due(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<Closed>> {
+        self.db
+            .run(move |c, persistent| {
+                Box::pin(
+                    sqlx::query_as(EXPIRE_DUE)
+                        .bind(OrderStatus::Expired)
+                        .bind(now)
+                        .bind(limit)
+                        .persistent(persistent)
+                        .fetch_all(c),
+                )
+            })
+            .await
+    }
+
+    /// Records a payment notification and pays the order if it is
+    /// `unpaid` and in time at `now`, in one transaction that holds the
+    /// order's row: deliveries of one payment, other payments, a cancel
+    /// and the expiry of the order take their turns, and exactly one of
+    /// pay, cancel and expire changes it.
+    pub async fn pay(&self, payment: &Payment, now: DateTime<Utc>) -> Result<PaymentOutcome> {
+        let payment = payment.clone();
+        self.db
+            .run(move |c, persistent| Box::pin(pay_in(c, payment, now, persistent)))
+            .await
+    }
+
+    /// Takes up to `limit` queued stock returns that no instance has
+    /// claimed in the last `lease_ms` (one that died mid-way), claiming
+    /// them for that long.
+    pub async fn claim_stock_returns(&self, limit: i64, lease_ms: i64) -> Result<Vec<StockReturn>> {
+        self.db
+            .run(move |c, persistent| {
+                Box::pin(
+                    sqlx::query_as(
+                        "UPDATE stock_returns r
+                         SET visible_at = now() + make_interval(secs => $2::double precision / 1000)
+                         FROM (SELECT order_id FROM stock_returns WHERE visible_at <= now()
+                               ORDER BY order_id LIMIT $1 FOR UPDATE SKIP LOCKED) due
+                         WHERE r.order_id = due.order_id
+                         RETURNING r.order_id, r.voucher_id, r.user_id",
+                    )
+                    .bind(limit)
+                    .bind(lease_ms)
+                    .persistent(persistent)
+                    .fetch_all(c),
+                )
+            })
+            .await
+    }
+
+    /// Forgets stock returns that Redis has learnt.
+    pub async fn forget_stock_returns(&self, order_ids: Vec<i64>) -> Result<()> {
+        self.db
+            .run(move |c, persistent| {
+                Box::pin(async move {
+                    sqlx::query("DELETE FROM stock_returns WHERE order_id = ANY($1)")
+                        .bind(order_ids)
+                        .persistent(persistent)
+                        .execute(c)
+                        .await
+                        .map(drop)
+                })
+            })
+            .await
+    }
+}
+
+async fn pay_in(
+    conn: &mut PgConnection,
+    payment: Payment,
+    now: DateTime<Utc>,
+    persistent: bool,
+) -> std::result::Result<PaymentOutcome, sqlx::Error> {
+    let mut tx = conn.begin().await?;
+    let order: Option<Payable> = sqlx::query_as(
+        "SELECT o.status, o.pay_by, s.price_cents
+         FROM voucher_orders o JOIN seckill_vouchers s ON s.voucher_id = o.voucher_id
+         WHERE o.id = $1
+         FOR UPDATE OF o",
+    )
+    .bind(payment.order_id)
+    .persistent(persistent)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(order) = order else {
+        return Ok(PaymentOutcome::UnknownOrder);
+    };
+    // Read after the order's row is ours: an earlier delivery of this
+    // payment has committed or rolled back by now.
+    let recorded: Option<Recorded> =
+        sqlx::query_as("SELECT order_id, amount_cents, refund FROM payments WHERE payment_id = $1")
+            .bind(&payment.payment_id)
+            .persistent(persistent)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if let Some(recorded) = recorded {
+        if recorded.order_id != payment.order_id || recorded.amount_cents != payment.amount_cents {
+            return Ok(PaymentOutcome::Reused);
+        }
+        return Ok(PaymentOutcome::Recorded {
+            status: order.status,
+            refund: recorded.refund,
+            expired: None,
+        });
+    }
+    if payment.amount_cents != order.price_cents {
+        return Ok(PaymentOutcome::WrongAmount {
+            price_cents: order.price_cents,
+        });
+    }
+    let (status, refund, expired) = match order.status {
+        OrderStatus::Unpaid if order.pay_by > now => {
+            sqlx::query(
+                "UPDATE voucher_orders SET status = 'paid', paid_at = $2
+                 WHERE id = $1 AND status = 'unpaid'",
+            )
+            .bind(payment.order_id)
+            .bind(now)
+            .persistent(persistent)
+            .execute(&mut *tx)
+            .await?;
+            (OrderStatus::Paid, false, None)
+        }
+        OrderStatus::Unpaid => {
+            // Late: the order expires here, as the sweep would have.
+            let closed: Option<Closed> = sqlx::query_as(EXPIRE_ONE)
+                .bind(OrderStatus::Expired)
+                .bind(now)
+                .bind(payment.order_id)
+                .persistent(persistent)
+                .fetch_optional(&mut *tx)
+                .await?;
+            (OrderStatus::Expired, true, closed)
+        }
+        closed => (closed, true, None),
+    };
+    sqlx::query(
+        "INSERT INTO payments (payment_id, order_id, amount_cents, refund) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(&payment.payment_id)
+    .bind(payment.order_id)
+    .bind(payment.amount_cents)
+    .bind(refund)
+    .persistent(persistent)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(PaymentOutcome::Recorded {
+        status,
+        refund,
+        expired,
+    })
+}
