@@ -350,13 +350,15 @@ impl Seckill {
     }
 
     pub async fn create_voucher(&self, draft: VoucherDraft) -> Result<i64> {
+        // Lengths and characters are checked on the title as sent (the schema's limits), and
+        // then it is stored trimmed: a title of spaces only is empty.
         let title = draft.title.trim();
-        if title.is_empty() || title.chars().count() > TITLE_MAX_CHARS {
+        if title.is_empty() || draft.title.chars().count() > TITLE_MAX_CHARS {
             return Err(SeckillError::Invalid(format!(
                 "title must have 1 to {TITLE_MAX_CHARS} characters"
             )));
         }
-        if title.chars().any(char::is_control) {
+        if draft.title.chars().any(char::is_control) {
             return Err(SeckillError::Invalid(
                 "title must not hold control characters".into(),
             ));

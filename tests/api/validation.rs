@@ -388,6 +388,9 @@ async fn times_titles_and_headers_that_once_slipped_through_are_refused() {
     let bad = [
         voucher_with(good_begin, good_end, "nul \u{0} inside"),
         voucher_with(good_begin, good_end, "bell \u{7}"),
+        // Over 200 characters as sent, even if trimming would bring it to 200.
+        voucher_with(good_begin, good_end, &format!("\t{}", "*".repeat(200))),
+        voucher_with(good_begin, good_end, &format!(" {} ", "*".repeat(200))),
         // Less than a microsecond apart: equal once Postgres keeps them.
         voucher_with(
             "2030-01-01T00:00:00.0000001Z",
