@@ -20,7 +20,7 @@ pub enum SaleMode {
 }
 
 impl SaleMode {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Self::Sync => "sync",
             Self::Async => "async",
@@ -37,8 +37,56 @@ pub struct Admin<'a> {
 pub struct Stats {
     pub initial_stock: i64,
     pub stock: i64,
+    /// Live orders: unpaid + paid.
     pub orders: i64,
     pub distinct_users: i64,
+    /// Async: accepted by Redis, not yet stored.
+    pub pending: i64,
+    pub unpaid: i64,
+    pub paid: i64,
+    pub cancelled: i64,
+    pub expired: i64,
+}
+
+impl Stats {
+    /// The conservation law, at the moment of the snapshot:
+    /// `stock + pending + unpaid + paid = initial_stock`, stock never below 0.
+    pub fn conserved(&self) -> bool {
+        self.stock >= 0 && self.stock + self.pending + self.unpaid + self.paid == self.initial_stock
+    }
+}
+
+/// A voucher to create.
+#[derive(Debug, Clone, Copy)]
+pub struct NewSale {
+    pub mode: SaleMode,
+    pub stock: i64,
+    /// On sale from a minute ago for this long.
+    pub hours: i64,
+    pub price_cents: i64,
+    pub pay_within_seconds: i64,
+}
+
+impl NewSale {
+    /// Free units with the default payment window (15 minutes).
+    pub fn free(mode: SaleMode, stock: i64, hours: i64) -> Self {
+        Self {
+            mode,
+            stock,
+            hours,
+            price_cents: 0,
+            pay_within_seconds: 900,
+        }
+    }
+}
+
+/// One line of a voucher's order listing.
+#[derive(Debug, Clone)]
+pub struct OrderLine {
+    pub order_id: String,
+    pub user_id: i64,
+    /// `unpaid`, `paid`, `cancelled` or `expired`.
+    pub status: String,
 }
 
 /// What a lab voucher's rows say.
@@ -84,20 +132,27 @@ impl<'a> Admin<'a> {
         Ok(body)
     }
 
-    /// A voucher on sale from a minute ago for `hours`.
+    /// A voucher on sale from a minute ago for `hours`, free, with the
+    /// default payment window.
     pub async fn create_voucher(
         &self,
         mode: SaleMode,
         stock: i64,
         hours: i64,
     ) -> Result<i64, String> {
+        self.create_sale(NewSale::free(mode, stock, hours)).await
+    }
+
+    pub async fn create_sale(&self, sale: NewSale) -> Result<i64, String> {
         let now = Utc::now();
         let body = json!({
             "title": "load test",
-            "stock": stock,
-            "sale_mode": mode.name(),
+            "stock": sale.stock,
+            "sale_mode": sale.mode.name(),
             "begin_time": now - chrono::Duration::minutes(1),
-            "end_time": now + chrono::Duration::hours(hours),
+            "end_time": now + chrono::Duration::hours(sale.hours),
+            "price_cents": sale.price_cents,
+            "pay_within_seconds": sale.pay_within_seconds,
         });
         let created = self
             .call(reqwest::Method::POST, "/admin/vouchers", Some(body))
@@ -164,6 +219,11 @@ impl<'a> Admin<'a> {
             stock: field("stock")?,
             orders: field("orders")?,
             distinct_users: field("distinct_users")?,
+            pending: field("pending")?,
+            unpaid: field("unpaid")?,
+            paid: field("paid")?,
+            cancelled: field("cancelled")?,
+            expired: field("expired")?,
         })
     }
 
@@ -178,8 +238,19 @@ impl<'a> Admin<'a> {
         .await
     }
 
-    /// (order id, user id) of every order of a voucher.
+    /// (order id, user id) of every live (unpaid or paid) order of a voucher.
     pub async fn orders(&self, voucher: i64) -> Result<Vec<(String, i64)>, String> {
+        Ok(self
+            .order_lines(voucher)
+            .await?
+            .into_iter()
+            .filter(|line| matches!(line.status.as_str(), "unpaid" | "paid"))
+            .map(|line| (line.order_id, line.user_id))
+            .collect())
+    }
+
+    /// Every stored order of a voucher, closed ones too.
+    pub async fn order_lines(&self, voucher: i64) -> Result<Vec<OrderLine>, String> {
         let listing = self
             .call(
                 reqwest::Method::GET,
@@ -191,12 +262,23 @@ impl<'a> Admin<'a> {
             .as_array()
             .ok_or("no orders in the answer")?
             .iter()
-            .map(|o| match (o["order_id"].as_str(), o["user_id"].as_i64()) {
-                (Some(id), Some(user)) => Ok((id.to_owned(), user)),
-                _ => Err(format!("malformed order {o}")),
+            .map(|o| {
+                match (
+                    o["order_id"].as_str(),
+                    o["user_id"].as_i64(),
+                    o["status"].as_str(),
+                ) {
+                    (Some(id), Some(user), Some(status)) => Ok(OrderLine {
+                        order_id: id.to_owned(),
+                        user_id: user,
+                        status: status.to_owned(),
+                    }),
+                    _ => Err(format!("malformed order {o}")),
+                }
             })
             .collect()
     }
+
 
     /// A lab voucher (the service must run with SECKILL_LAB=1).
     pub async fn lab_voucher(&self, stock: i64) -> Result<i64, String> {

@@ -45,10 +45,10 @@ impl Check {
 pub fn judge(o: &Observed) -> Check {
     let stats = o.stats;
     let mut problems = Vec::new();
-    if stats.orders + stats.stock != stats.initial_stock {
+    if stats.orders + stats.pending + stats.stock != stats.initial_stock {
         problems.push(format!(
-            "orders {} + stock {} != initial stock {}",
-            stats.orders, stats.stock, stats.initial_stock
+            "orders {} + pending {} + stock {} != initial stock {}",
+            stats.orders, stats.pending, stats.stock, stats.initial_stock
         ));
     }
     if stats.stock < 0 {
@@ -144,6 +144,11 @@ mod tests {
             stock: 0,
             orders: 3,
             distinct_users: 3,
+            pending: 0,
+            unpaid: 3,
+            paid: 0,
+            cancelled: 0,
+            expired: 0,
         };
         (stats, orders, statuses)
     }
@@ -183,6 +188,11 @@ mod tests {
             stock: -1,
             orders: 4,
             distinct_users: 4,
+            pending: 0,
+            unpaid: 4,
+            paid: 0,
+            cancelled: 0,
+            expired: 0,
         };
         let answered: Vec<String> = orders.iter().map(|(id, _)| id.clone()).collect();
         let check = judge_with(stats, &orders, &answered, &statuses);

@@ -58,6 +58,9 @@ pub struct LabArgs {
     /// Lease of the lab's locks (SECKILL_LAB_LEASE_MS of the instances).
     #[arg(long, default_value_t = 500)]
     pub lease_ms: u64,
+    /// Orders of each order-lifecycle design's row.
+    #[arg(long, default_value_t = 200)]
+    pub lifecycle_orders: i64,
     /// Only this strategy (repeatable; all when not given).
     #[arg(long)]
     pub strategy: Vec<String>,

@@ -15,6 +15,8 @@ mod drive;
 mod groupcommit;
 mod invariants;
 mod lab;
+mod lablife;
+mod lifecycle;
 mod lockbench;
 mod report;
 mod service;
@@ -139,6 +141,10 @@ enum Scenario {
     /// /healthz, accepted -> confirmed, the writers' drain rate against
     /// group commit's, an async flash crowd; the issue's goals judged.
     Async(asyncsale::AsyncArgs),
+    /// The order lifecycle on two instances: payments racing the deadline,
+    /// delivered twice; cancels; expiry under load and all at once; returned
+    /// units sold again; conservation sampled throughout.
+    Lifecycle(lifecycle::LifecycleArgs),
 }
 
 #[derive(Args, Clone)]
@@ -227,6 +233,9 @@ async fn main() -> ExitCode {
     }
     if let Scenario::Lab(args) = &cli.scenario {
         return exit(run_lab(&cli.target, args).await);
+    }
+    if let Scenario::Lifecycle(args) = &cli.scenario {
+        return exit(run_lifecycle(&cli.target, args).await);
     }
     if let Scenario::Groupcommit(args) = &cli.scenario {
         return exit(groupcommit::run(&cli.target, args).await);
@@ -385,8 +394,16 @@ async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, Strin
     );
     let target = Target::start(launch).await?;
     let result = lab::run(&target, args).await;
+    let life = match (&result, &target.database_url) {
+        (Ok(_), Some(url)) => {
+            let prefix = format!("lablife:{}:", uuid::Uuid::new_v4().simple());
+            Some(lablife::run(url, &service::redis_url(), &prefix, args.lifecycle_orders).await)
+        }
+        _ => None,
+    };
     target.stop().await;
     let rows = result?;
+    let life = life.transpose()?.unwrap_or_default();
     let table = lab::table(&rows);
     print!("{table}");
     let label = |r: &lab::Row| format!("{} x{} {}", r.strategy, r.instances, r.stall.name());
@@ -408,11 +425,20 @@ async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, Strin
         &report::html(
             "seckill lab: every design, broken with real rows",
             &[],
-            Some(&table),
+            Some(&format!("{table}\n{}", lablife::table(&life))),
             &bars,
         ),
     );
+    let life_table = lablife::table(&life);
+    print!("\n{life_table}");
     let failed: Vec<&lab::Row> = rows.iter().filter(|r| r.failed()).collect();
+    let life_failed: Vec<&lablife::LifeRow> = life.iter().filter(|r| r.failed()).collect();
+    for r in &life_failed {
+        println!(
+            "  FAILED: the service's design in {}: a lifecycle guarantee broke",
+            r.scenario.name()
+        );
+    }
     for r in &failed {
         println!(
             "  FAILED: {} on {} instance(s), stall {}: a guarantee of its design broke",
@@ -430,11 +456,31 @@ async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, Strin
             "per_user": args.per_user,
             "stock": args.stock,
             "pairs": args.pairs,
-            "ok": failed.is_empty(),
+            "ok": failed.is_empty() && life_failed.is_empty(),
             "rows": rows.iter().map(lab::Row::json).collect::<Vec<_>>(),
+            "lifecycle_rows": life.iter().map(lablife::LifeRow::json).collect::<Vec<_>>(),
         })
     );
-    Ok(failed.is_empty())
+    Ok(failed.is_empty() && life_failed.is_empty())
+}
+
+/// The lifecycle signs payment notifications: it starts its own two
+/// instances with a payment secret of its own.
+async fn run_lifecycle(
+    target: &TargetArgs,
+    args: &lifecycle::LifecycleArgs,
+) -> Result<bool, String> {
+    if target.url.is_some() {
+        return Err(
+            "lifecycle starts its own two instances (it signs payments); drop --url".into(),
+        );
+    }
+    let secret = format!("payments-{}", uuid::Uuid::new_v4().simple());
+    let launch = target.launch(2, vec![("SECKILL_PAYMENT_SECRET".into(), secret.clone())]);
+    let target = Target::start(launch).await?;
+    let result = lifecycle::run(&target, &secret, args).await;
+    target.stop().await;
+    result
 }
 
 /// The exit code of a run: failure when it could not run (the reason is
@@ -485,7 +531,11 @@ async fn run(
         Scenario::Throughput(args) => vec![throughput(target, args, pgbench_seconds).await?],
         Scenario::Soldout(args) => vec![soldout(target, args).await?],
         Scenario::Async(args) => asyncsale::run(target, args).await?,
-        Scenario::Tokens(_) | Scenario::Lock(_) | Scenario::Lab(_) | Scenario::Groupcommit(_) => {
+        Scenario::Tokens(_)
+        | Scenario::Lock(_)
+        | Scenario::Lab(_)
+        | Scenario::Groupcommit(_)
+        | Scenario::Lifecycle(_) => {
             unreachable!("handled before a target starts")
         }
         Scenario::All => vec![
@@ -732,7 +782,8 @@ async fn sql_check(url: &str, voucher: i64) -> Result<Vec<String>, String> {
         .map_err(|e| e.to_string())?;
     let (initial, stock, orders, users, ids): (i32, i32, i64, i64, i64) = sqlx::query_as(
         "SELECT s.initial_stock, s.stock, count(o.id), count(DISTINCT o.user_id), count(DISTINCT o.id)
-         FROM seckill_vouchers s LEFT JOIN voucher_orders o ON o.voucher_id = s.voucher_id
+         FROM seckill_vouchers s LEFT JOIN voucher_orders o
+           ON o.voucher_id = s.voucher_id AND o.status IN ('unpaid', 'paid')
          WHERE s.voucher_id = $1 GROUP BY s.initial_stock, s.stock",
     )
     .bind(voucher)

@@ -29,6 +29,7 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
 pub use error::ApiError;
+pub use payments::signature_header;
 
 use crate::lab::Lab;
 use crate::seckill::{Seckill, SeckillError};

@@ -132,6 +132,18 @@ pub async fn notify(
     }))
 }
 
+/// The `X-Signature` value a payment provider sends with `body`:
+/// `sha256=<hex HMAC-SHA256 of body under secret>` (for providers' test
+/// rigs and the load driver; the service only verifies).
+pub fn signature_header(secret: &[u8], body: &[u8]) -> String {
+    // HMAC accepts a key of any length.
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    mac.update(body);
+    let tag = mac.finalize().into_bytes();
+    let hex: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256={hex}")
+}
+
 /// Checks `X-Signature: sha256=<hex>` against the HMAC-SHA256 of `body`
 /// under `secret`, in constant time.
 fn verify_signature(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError> {
@@ -177,16 +189,6 @@ mod tests {
     use super::*;
     use axum::http::HeaderValue;
 
-    fn signed(secret: &[u8], body: &[u8]) -> String {
-        let mut mac = Hmac::<Sha256>::new_from_slice(secret).unwrap();
-        mac.update(body);
-        let tag = mac.finalize().into_bytes();
-        format!(
-            "sha256={}",
-            tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        )
-    }
-
     fn headers(signature: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();
         headers.insert(SIGNATURE_HEADER, HeaderValue::from_str(signature).unwrap());
@@ -196,7 +198,7 @@ mod tests {
     #[test]
     fn a_signature_over_the_exact_body_under_the_secret_passes_and_nothing_else() {
         let body = br#"{"payment_id":"p1","order_id":"5","amount_cents":1}"#;
-        let good = signed(b"key", body);
+        let good = signature_header(b"key", body);
         assert!(verify_signature(b"key", &headers(&good), body).is_ok());
         assert!(verify_signature(
             b"key",

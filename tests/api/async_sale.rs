@@ -10,8 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    free_port, redis_url, send_purchase, setting_args, spawn_app_with, OwnRedis, TestApp,
-    ADMIN_TOKEN,
+    redis_url, send_purchase, spawn_app_with, OwnRedis, Process, TestApp, ADMIN_TOKEN,
 };
 use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy};
 
@@ -317,64 +316,6 @@ async fn entries_left_with_a_dead_consumer_are_claimed_and_written() {
     );
 }
 
-/// The service's binary run as a process of its own, killed with the test.
-struct Process {
-    child: std::process::Child,
-    base: String,
-}
-
-impl Process {
-    /// Runs `seckill` on `app`'s Redis prefix, with its Postgres at
-    /// `db_url`, and waits until it is ready.
-    async fn start(app: &TestApp, db_url: &str) -> Self {
-        let addr = format!("127.0.0.1:{}", free_port());
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
-            .args(setting_args(&addr, db_url, &redis_url(), &app.prefix))
-            // The window stays cached while its Postgres hangs.
-            .args(["--voucher-cache-ms", "600000"])
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("the seckill binary starts");
-        let mut process = Self {
-            child,
-            base: format!("http://{addr}"),
-        };
-        let started = Instant::now();
-        loop {
-            if let Ok(r) = app
-                .client
-                .get(format!("{}/readyz", process.base))
-                .send()
-                .await
-            {
-                if r.status() == StatusCode::OK {
-                    return process;
-                }
-            }
-            let exited = process.child.try_wait().unwrap();
-            assert!(exited.is_none(), "the seckill process exited: {exited:?}");
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "the seckill process did not become ready"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// `kill -9`: no shutdown, nothing flushed or acknowledged.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// Entries delivered to, and not acknowledged by, each consumer of the
 /// voucher's group: (name, pending).
 async fn consumers(
@@ -408,7 +349,14 @@ async fn an_instance_killed_mid_batch_loses_none_of_its_accepted_orders() {
     // The instance to kill: the service's binary, its Postgres through a
     // proxy that will hold its commit in the air.
     let (proxy, via_proxy) = pg_proxy().await;
-    let mut victim = Process::start(&app, &format!("{via_proxy}/{}", app.db_name)).await;
+    let mut victim = Process::start(
+        &format!("{via_proxy}/{}", app.db_name),
+        &redis_url(),
+        &app.prefix,
+        // The window stays cached while its Postgres hangs.
+        &["--voucher-cache-ms", "600000"],
+    )
+    .await;
     let voucher = app.open_async_voucher(500).await;
     let keyspace = app.keyspace().await;
     let stream = format!("{keyspace}async:{{{voucher}}}:orders");
@@ -418,7 +366,7 @@ async fn an_instance_killed_mid_batch_loses_none_of_its_accepted_orders() {
         .await
         .unwrap();
     let tokens = app.tokens(1..=500).await;
-    let victim_consumer = format!("pid{}-", victim.child.id());
+    let victim_consumer = format!("pid{}-", victim.pid());
 
     // Sell through it until its writer has read an entry (a consumer
     // shows in the group once it was delivered one): it caches the voucher

@@ -453,6 +453,63 @@ pub async fn post_purchase(
     }
 }
 
+/// The service's binary run as a process of its own, killed with the test.
+pub struct Process {
+    child: Child,
+    pub base: String,
+}
+
+impl Process {
+    /// Runs `seckill` on Postgres at `db_url` and Redis at `redis_url`
+    /// under `prefix`, with `extra` flags, and waits until it is ready.
+    pub async fn start(db_url: &str, redis_url: &str, prefix: &str, extra: &[&str]) -> Self {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(env!("CARGO_BIN_EXE_seckill"))
+            .args(setting_args(&addr, db_url, redis_url, prefix))
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("the seckill binary starts");
+        let mut process = Self {
+            child,
+            base: format!("http://{addr}"),
+        };
+        let client = client();
+        let started = std::time::Instant::now();
+        loop {
+            if let Ok(r) = client.get(format!("{}/readyz", process.base)).send().await {
+                if r.status() == StatusCode::OK {
+                    return process;
+                }
+            }
+            let exited = process.child.try_wait().unwrap();
+            assert!(exited.is_none(), "the seckill process exited: {exited:?}");
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the seckill process did not become ready"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `kill -9`: no shutdown, nothing flushed or acknowledged.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 pub struct OwnRedis {
     pub port: u16,
     child: Option<Child>,

@@ -5,14 +5,12 @@ use std::time::Duration;
 
 use chrono::Utc;
 use deadpool_redis::redis;
-use hmac::{Hmac, Mac};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use sha2::Sha256;
 
 use crate::helpers::{
     buy, create_voucher_at, drop_database, pg_server, redis_url, spawn_app, spawn_app_with, start,
-    start_stoppable, TestApp, ADMIN_TOKEN, PAYMENT_SECRET,
+    start_stoppable, OwnRedis, Process, TestApp, ADMIN_TOKEN, PAYMENT_SECRET,
 };
 
 impl TestApp {
@@ -101,13 +99,7 @@ impl TestApp {
 }
 
 fn signature(body: &str) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(PAYMENT_SECRET.as_bytes()).unwrap();
-    mac.update(body.as_bytes());
-    let tag = mac.finalize().into_bytes();
-    format!(
-        "sha256={}",
-        tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    )
+    seckill::http::signature_header(PAYMENT_SECRET.as_bytes(), body.as_bytes())
 }
 
 /// Delivers a signed payment notification to `base`.
@@ -643,4 +635,193 @@ async fn an_async_cancel_puts_the_unit_back_on_sale_in_redis_within_a_second() {
     }
     let stats = app.stats(voucher).await;
     assert_conserved(&stats);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_sale_whose_redis_restarts_with_returns_in_flight_sells_each_returned_unit_once() {
+    let mut redis = OwnRedis::start();
+    let url = redis.url();
+    let app = spawn_app_with(|mut s| {
+        s.redis_url = url;
+        s.dependency_timeout_ms = 1_000;
+        s
+    })
+    .await;
+    let voucher = app.priced_voucher(10, "async", 0, 600).await;
+    let tokens = app.tokens(1..=30).await;
+    let mut orders = Vec::new();
+    for user in 1..=10 {
+        let (status, body) = app.buy_async(&tokens[&user], voucher).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        orders.push(body["order_id"].as_str().unwrap().to_owned());
+    }
+    for order in &orders {
+        app.wait_status(order, "unpaid", Duration::from_secs(10))
+            .await;
+    }
+    // Two returns reach Redis normally; three are made while it is down
+    // (they wait in the outbox), then it comes back empty and two more are
+    // made before the sale is reconciled.
+    let cancel = |i: usize| {
+        let (app, order, token) = (&app, orders[i].clone(), tokens[&(i as i64 + 1)].clone());
+        async move {
+            let (status, body) = app.cancel(&app.base, &order, &token).await;
+            assert_eq!(
+                (status, body["status"].as_str()),
+                (StatusCode::OK, Some("cancelled")),
+                "{body}"
+            );
+        }
+    };
+    cancel(0).await;
+    cancel(1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.stop();
+    for i in 2..5 {
+        cancel(i).await;
+    }
+    let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM stock_returns")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(
+        queued, 3,
+        "returns made while Redis is down wait in the outbox"
+    );
+    redis.restart();
+    for i in 5..7 {
+        cancel(i).await;
+    }
+    let (status, report) = app.reconcile(voucher).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["stock"], 7, "{report}");
+    assert_eq!(report["buyers"], 3, "{report}");
+    // The relay delivers what was queued (again, after its claim lapses):
+    // the reconciled sale counts each of those units once already.
+    let started = std::time::Instant::now();
+    loop {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM stock_returns")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{left} returns still queued"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Exactly the seven returned units sell, to whoever comes: the buyers
+    // who cancelled may buy again, the three who did not are refused.
+    let mut accepted = Vec::new();
+    let mut refused = Vec::new();
+    for user in (1..=10).chain(11..=30) {
+        let (status, body) = app.buy_async(&tokens[&user], voucher).await;
+        match status {
+            StatusCode::ACCEPTED => accepted.push(body["order_id"].as_str().unwrap().to_owned()),
+            StatusCode::CONFLICT => {
+                refused.push((user, body["error"].as_str().unwrap().to_owned()))
+            }
+            other => panic!("user {user}: {other} {body}"),
+        }
+    }
+    assert_eq!(accepted.len(), 7, "refused: {refused:?}");
+    let already: Vec<i64> = refused
+        .iter()
+        .filter(|(_, e)| e == "already_purchased")
+        .map(|(u, _)| *u)
+        .collect();
+    assert_eq!(already, vec![8, 9, 10], "{refused:?}");
+    for order in &accepted {
+        app.wait_status(order, "unpaid", Duration::from_secs(10))
+            .await;
+    }
+    let stats = app.stats(voucher).await;
+    assert_conserved(&stats);
+    assert_eq!(
+        (&stats["stock"], &stats["cancelled"], &stats["orders"]),
+        (&json!(0), &json!(7), &json!(10)),
+        "{stats}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_instance_killed_while_deadlines_pass_loses_no_expiry() {
+    // Two instances, run as processes and killed (no shutdown), sell
+    // orders due in a second; a fresh instance expires them all.
+    let db_name = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let db_url = format!("{}/{db_name}", pg_server());
+    let mut first = Process::start(&db_url, &redis_url(), &prefix, &[]).await;
+    let mut second = Process::start(&db_url, &redis_url(), &prefix, &[]).await;
+    let client = crate::helpers::client();
+    let now = Utc::now();
+    let voucher = create_voucher_at(
+        &client,
+        &first.base,
+        json!({
+            "title": "killed", "stock": 40, "pay_within_seconds": 1,
+            "begin_time": now - chrono::Duration::minutes(1),
+            "end_time": now + chrono::Duration::hours(1),
+        }),
+    )
+    .await;
+    let minted: Value = client
+        .post(format!("{}/admin/tokens", first.base))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({ "user_ids": (1..=40).collect::<Vec<i64>>() }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for (i, t) in minted["tokens"].as_array().unwrap().iter().enumerate() {
+        let base = if i % 2 == 0 {
+            &first.base
+        } else {
+            &second.base
+        };
+        let (status, answer) = buy(&client, base, t["token"].as_str().unwrap(), voucher).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+    first.kill();
+    second.kill();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let db = sqlx::PgPool::connect(&db_url).await.unwrap();
+    let unpaid = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM voucher_orders WHERE voucher_id = $1 AND status = 'unpaid'",
+        )
+        .bind(voucher)
+        .fetch_one(&db)
+        .await
+        .unwrap()
+    };
+    assert_eq!(unpaid().await, 40, "nothing expires while no instance runs");
+    let third = Process::start(&db_url, &redis_url(), &prefix, &[]).await;
+    let ready = std::time::Instant::now();
+    while unpaid().await > 0 {
+        assert!(
+            ready.elapsed() < Duration::from_secs(2),
+            "not all expired within 2 s of readiness"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (stock, returned): (i32, i64) =
+        sqlx::query_as("SELECT stock, returned FROM seckill_vouchers WHERE voucher_id = $1")
+            .bind(voucher)
+            .fetch_one(&db)
+            .await
+            .unwrap();
+    assert_eq!((stock, returned), (40, 40), "each unit back exactly once");
+    // And on sale again through the new instance.
+    let token = minted["tokens"][0]["token"].as_str().unwrap();
+    let (status, answer) = buy(&client, &third.base, token, voucher).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    drop(third);
+    db.close().await;
+    drop_database(&db_name, &prefix).await;
 }
