@@ -279,7 +279,6 @@ impl<'a> Admin<'a> {
             .collect()
     }
 
-
     /// A lab voucher (the service must run with SECKILL_LAB=1).
     pub async fn lab_voucher(&self, stock: i64) -> Result<i64, String> {
         let created = self

@@ -619,6 +619,44 @@ mod tests {
         .failed());
     }
 
+    /// The page's claims, on a fresh database: every naive design breaks,
+    /// every right one holds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_naive_lifecycle_designs_break_and_the_right_ones_hold() {
+        use sqlx::Connection;
+        let server = crate::service::pg_server();
+        let name = format!("seckill_lablife_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = sqlx::PgConnection::connect(&format!("{server}/postgres"))
+            .await
+            .expect("Postgres answers (scripts/deps.sh starts it)");
+        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+        let rows = run(
+            &format!("{server}/{name}"),
+            &crate::service::redis_url(),
+            &prefix,
+            40,
+        )
+        .await;
+        sqlx::query(&format!("DROP DATABASE \"{name}\" WITH (FORCE)"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let rows = rows.expect("the lifecycle lab runs");
+        assert_eq!(rows.len(), 2 * Scenario::ALL.len());
+        for row in &rows {
+            assert_eq!(
+                row.broke(),
+                !row.right,
+                "{}",
+                serde_json::to_string(&row.json()).unwrap()
+            );
+        }
+    }
+
     #[test]
     fn the_scenarios_have_distinct_names() {
         let names: HashSet<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();

@@ -41,7 +41,7 @@ pub struct Launch {
     pub env: Vec<(String, String)>,
 }
 
-fn pg_server() -> String {
+pub fn pg_server() -> String {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/seckill".into());
     let url = url.split('?').next().unwrap_or(&url).to_owned();
