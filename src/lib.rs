@@ -8,18 +8,22 @@
 //! - [`http`]: routes, extractors, the error-to-status mapping, metrics.
 //! - [`token`]: signed user tokens.
 //! - [`seckill`]: the purchase flow and the admin operations.
-//! - [`lab`]: the naive designs beside the right one, off by default
-//!   (`SECKILL_LAB=1`), to show each failure with real rows (LAB.md).
+//! - `lab`: the naive designs beside the right one, to show each failure
+//!   with real rows (LAB.md); compiled only with the `lab` feature (the
+//!   `seckill-lab` binary), mounted with `SECKILL_LAB=1`.
+//! - [`cli`]: the binaries' command line.
 //! - [`store`]: Postgres, including the statement that sells one unit.
 //! - `redis_locks` (the `redis-locks` crate beside this one): reentrant,
 //!   fair, read-write and RedLock locks on Redis; it imports nothing here.
 //! - [`id`]: 64-bit order ids from Redis.
 //! - [`kv`]: Redis for the service's own commands, each under a deadline.
 
+pub mod cli;
 pub mod config;
 pub mod http;
 pub mod id;
 pub mod kv;
+#[cfg(feature = "lab")]
 pub mod lab;
 pub mod seckill;
 pub mod startup;

@@ -15,6 +15,7 @@ use crate::config::{PgPooler, Settings};
 use crate::http::serve::{serve, DrainOutcome, ServeSettings};
 use crate::http::{self, AppState};
 use crate::kv::{Kv, RedisTarget};
+#[cfg(feature = "lab")]
 use crate::lab::{Lab, LabSettings};
 use crate::seckill::{SaleClock, Seckill, SeckillSettings, UserLocks};
 use crate::store::{PoolSettings, Store, StoreError};
@@ -33,6 +34,11 @@ pub enum StartupError {
     RedisTarget(String),
     #[error("Redis Sentinel pool: {0}")]
     SentinelPool(deadpool_redis::sentinel::CreatePoolError),
+    #[error(
+        "SECKILL_LAB=1, but this binary has no lab: run seckill-lab \
+         (cargo run --features lab --bin seckill-lab)"
+    )]
+    NoLab,
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: String,
@@ -50,6 +56,12 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+        // Asking a binary without the lab for it is an error, before
+        // anything is touched (not a silent no).
+        #[cfg(not(feature = "lab"))]
+        if settings.lab {
+            return Err(StartupError::NoLab);
+        }
         let store = connect_store(&settings).await?;
         // Every key under the database's own namespace: Redis state of
         // another database (or of this one before a reset) is never read.
@@ -60,7 +72,8 @@ impl Application {
         );
         let redis = kv(&settings)?;
         let locks = user_locks(&settings, &prefix)?;
-        let lab = lab(&settings, &prefix, &store, &redis)?;
+        #[cfg(feature = "lab")]
+        let lab = lab(&settings, &prefix, &store, &redis).await?;
         let clock = SaleClock::start(
             redis.clone(),
             TimeDelta::milliseconds(settings.fault_clock_skew_ms),
@@ -94,6 +107,7 @@ impl Application {
             admin_token: settings.admin_token().map(Arc::from),
             payment_secret: settings.payment_secret().map(|s| Arc::from(s.as_bytes())),
             metrics: http::ops::prometheus(),
+            #[cfg(feature = "lab")]
             lab,
         };
         let listener =
@@ -143,6 +157,7 @@ impl Application {
             serve: serve_settings,
         } = self;
         let seckill = state.seckill.clone();
+        #[cfg(feature = "lab")]
         let lab = state.lab.clone();
         tracing::info!(
             addr = %listener.local_addr()?,
@@ -170,7 +185,9 @@ impl Application {
             .saturating_duration_since(tokio::time::Instant::now())
             .max(Duration::from_millis(100));
         seckill.stop_workers();
+        #[allow(unused_mut)]
         let mut released = seckill.shutdown_locks(left).await;
+        #[cfg(feature = "lab")]
         if let Some(lab) = lab {
             released &= lab.shutdown_locks(left).await;
         }
@@ -182,9 +199,11 @@ impl Application {
     }
 }
 
-/// The lab, when `SECKILL_LAB` asks for it: on the same Postgres and
-/// Redis, with its own lock client under the prefix's `lab:`.
-fn lab(
+/// The lab, when `SECKILL_LAB` asks for it: on the same Postgres (its
+/// tables created now) and Redis, with its own lock client under the
+/// prefix's `lab:`.
+#[cfg(feature = "lab")]
+async fn lab(
     settings: &Settings,
     prefix: &str,
     store: &Store,
@@ -195,9 +214,11 @@ fn lab(
     }
     let prefix = format!("{prefix}lab:");
     let locks = lock_client(settings, &settings.redis_url, &prefix)?;
+    let lab_store = store.lab();
+    lab_store.migrate().await?;
     tracing::warn!("the lab is on: /lab/* runs deliberately flawed purchase strategies");
     Ok(Some(Lab::new(
-        store.lab(),
+        lab_store,
         redis.clone(),
         locks,
         LabSettings {

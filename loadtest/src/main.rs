@@ -79,6 +79,7 @@ impl TargetArgs {
             keep_db: self.keep_db,
             instances,
             env,
+            lab: false,
         }
     }
 }
@@ -382,16 +383,21 @@ fn save_report(name: &str, page: &str) {
 /// should serve it. `Ok(false)`: a design broke a guarantee it gives.
 async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, String> {
     if target.url.is_some() {
-        return Err("lab starts its own two instances (SECKILL_LAB=1); drop --url".into());
+        return Err(
+            "lab starts its own two instances of seckill-lab (SECKILL_LAB=1); drop --url".into(),
+        );
     }
     let lease = args.lease();
-    let launch = target.launch(
-        2,
-        vec![
-            ("SECKILL_LAB".into(), "1".into()),
-            ("SECKILL_LAB_LEASE_MS".into(), lease.as_millis().to_string()),
-        ],
-    );
+    let launch = Launch {
+        lab: true,
+        ..target.launch(
+            2,
+            vec![
+                ("SECKILL_LAB".into(), "1".into()),
+                ("SECKILL_LAB_LEASE_MS".into(), lease.as_millis().to_string()),
+            ],
+        )
+    };
     let target = Target::start(launch).await?;
     let result = lab::run(&target, args).await;
     let life = match (&result, &target.database_url) {

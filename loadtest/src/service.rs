@@ -39,6 +39,8 @@ pub struct Launch {
     pub instances: usize,
     /// Extra environment for every instance.
     pub env: Vec<(String, String)>,
+    /// Run `seckill-lab` (the service with the lab compiled in) instead.
+    pub lab: bool,
 }
 
 pub fn pg_server() -> String {
@@ -57,13 +59,15 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-/// The seckill binary: given, or built next to this driver by cargo.
-fn seckill_binary(given: Option<PathBuf>) -> Result<PathBuf, String> {
+/// The seckill binary (`seckill-lab` for the lab): given, or built next to
+/// this driver by cargo.
+fn seckill_binary(given: Option<PathBuf>, lab: bool) -> Result<PathBuf, String> {
     if let Some(path) = given {
         return Ok(path);
     }
+    let name = if lab { "seckill-lab" } else { "seckill" };
     let here = std::env::current_exe().map_err(|e| e.to_string())?;
-    let sibling = here.with_file_name(format!("seckill{}", std::env::consts::EXE_SUFFIX));
+    let sibling = here.with_file_name(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     // Under `cargo run`, keep the service as fresh as the driver: cargo
     // builds it (a no-op when it is up to date).
     if let Ok(cargo) = std::env::var("CARGO") {
@@ -72,7 +76,10 @@ fn seckill_binary(given: Option<PathBuf>) -> Result<PathBuf, String> {
             .and_then(|p| p.file_name())
             .is_some_and(|n| n == "release");
         let mut build = Command::new(cargo);
-        build.args(["build", "--quiet", "--bin", "seckill", "-p", "seckill"]);
+        build.args(["build", "--quiet", "--bin", name, "-p", "seckill"]);
+        if lab {
+            build.args(["--features", "lab"]);
+        }
         if release {
             build.arg("--release");
         }
@@ -87,7 +94,7 @@ fn seckill_binary(given: Option<PathBuf>) -> Result<PathBuf, String> {
         Ok(sibling)
     } else {
         Err(format!(
-            "no seckill binary at {}: run `cargo build --release` or pass --seckill-bin",
+            "no {name} binary at {}: run `cargo build --release` (with `--features lab --bin seckill-lab` for the lab) or pass --seckill-bin",
             sibling.display()
         ))
     }
@@ -107,7 +114,7 @@ impl Target {
     }
 
     pub async fn start(launch: Launch) -> Result<Self, String> {
-        let bin = seckill_binary(launch.seckill_bin)?;
+        let bin = seckill_binary(launch.seckill_bin, launch.lab)?;
         let run = uuid::Uuid::new_v4().simple().to_string();
         let db_name = format!("seckill_load_{run}");
         let database_url = format!("{}/{db_name}", pg_server());

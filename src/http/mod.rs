@@ -4,6 +4,7 @@
 mod error;
 mod extract;
 mod handlers;
+#[cfg(feature = "lab")]
 mod lab;
 pub mod openapi;
 pub mod ops;
@@ -31,6 +32,7 @@ use tracing::Level;
 pub use error::ApiError;
 pub use payments::signature_header;
 
+#[cfg(feature = "lab")]
 use crate::lab::Lab;
 use crate::seckill::{Seckill, SeckillError};
 use crate::token::TokenSigner;
@@ -46,6 +48,7 @@ pub struct AppState {
     pub payment_secret: Option<Arc<[u8]>>,
     pub metrics: PrometheusHandle,
     /// `Some` only with `SECKILL_LAB=1`: then the lab's routes exist.
+    #[cfg(feature = "lab")]
     pub lab: Option<Lab>,
 }
 
@@ -73,6 +76,7 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
         .route("/docs", get(openapi::docs))
         .route("/docs/", get(openapi::docs))
         .route("/docs/{*file}", get(openapi::docs_file));
+    #[cfg(feature = "lab")]
     let api = if state.lab.is_some() {
         api.route("/lab", get(lab::info))
             .route("/lab/{strategy}/seckill/{id}", post(lab::purchase))

@@ -46,6 +46,18 @@ impl LabStore {
         Self { db }
     }
 
+    /// Creates the lab's tables, only where the lab runs. The service's
+    /// own migrations are applied already and are not in this set, hence
+    /// `ignore_missing`.
+    pub async fn migrate(&self) -> Result<()> {
+        let mut migrator = sqlx::migrate!("./src/lab/migrations");
+        migrator.set_ignore_missing(true);
+        migrator
+            .run(&self.db.pool)
+            .await
+            .map_err(|e| super::StoreError::Other(e.into()))
+    }
+
     pub async fn create_voucher(&self, stock: i32) -> Result<i64> {
         self.db
             .run(|c, persistent| {

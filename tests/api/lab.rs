@@ -198,11 +198,7 @@ async fn lab_routes_exist_only_when_enabled() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     let response = post_lab_voucher(&app, json!(1)).await;
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
-    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM lab_vouchers")
-        .fetch_one(&app.db)
-        .await
-        .unwrap();
-    assert_eq!(tables, 0);
+    assert!(!has_lab_tables(&app).await, "no lab, no lab tables");
 }
 
 #[tokio::test]
@@ -612,4 +608,41 @@ async fn a_writer_that_dies_mid_batch_loses_nothing_of_redis_stream() {
     };
     rows.assert_consistent();
     assert_eq!((rows.orders, rows.users, rows.stock), (20, 20, 0));
+}
+
+/// Whether the app's database holds the lab's tables.
+async fn has_lab_tables(app: &TestApp) -> bool {
+    sqlx::query_scalar::<_, bool>("SELECT to_regclass('lab_vouchers') IS NOT NULL")
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_lab_tables_exist_only_where_the_lab_ran_and_such_a_database_still_starts_without_it() {
+    let plain = spawn_app().await;
+    assert!(
+        !has_lab_tables(&plain).await,
+        "a database the service migrates has no lab tables"
+    );
+    let lab = lab_app().await;
+    assert!(has_lab_tables(&lab).await);
+    // The database now lists the lab's migration, which the service's own
+    // set lacks (as a database migrated by an earlier version does): an
+    // instance without the lab still starts on it, and sells.
+    let mut settings = lab.settings();
+    settings.lab = false;
+    let without = crate::helpers::start(settings).await;
+    let voucher = lab.open_voucher(1).await;
+    let token = lab.token(1).await;
+    let (status, _) = crate::helpers::buy(&lab.client, &without, &token, voucher).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = lab
+        .client
+        .get(format!("{without}/readyz"))
+        .send()
+        .await
+        .map(|r| (r.status(), ()))
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
 }

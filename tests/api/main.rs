@@ -11,6 +11,7 @@ mod fencing;
 mod hardening;
 mod helpers;
 mod ids;
+#[cfg(feature = "lab")]
 mod lab;
 mod lifecycle;
 mod lock;

@@ -1,0 +1,133 @@
+//! The command line of the `seckill` binary (and of `seckill-lab`, the
+//! same with the lab compiled in): `seckill serve` (the default) runs the
+//! service.
+
+use std::process::ExitCode;
+
+use crate::config::Settings;
+use crate::seckill::VoucherDraft;
+use crate::startup::Application;
+use chrono::{Duration, Utc};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "A flash-sale (seckill) HTTP backend that never oversells"
+)]
+#[command(args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: Serve,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the HTTP server (the default).
+    Serve(Serve),
+}
+
+#[derive(clap::Args)]
+struct Serve {
+    #[command(flatten)]
+    settings: Settings,
+    /// Create a demo voucher (stock 100, on sale for an hour) and print a
+    /// user token and the command that buys it.
+    #[arg(long)]
+    demo: bool,
+}
+
+/// The binaries' `main`: parses the command line and runs the service
+/// until a signal stops it.
+#[tokio::main]
+pub async fn main() -> ExitCode {
+    // A missing .env is normal; a broken one is worth saying.
+    if let Err(error) = dotenvy::dotenv() {
+        if !error.not_found() {
+            eprintln!("ignoring .env: {error}");
+        }
+    }
+    let cli = Cli::parse();
+    let serve = match cli.command {
+        Some(Command::Serve(serve)) => serve,
+        None => cli.serve,
+    };
+    crate::telemetry::init();
+    match run(serve).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "seckill stopped on an error");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(serve: Serve) -> Result<(), Box<dyn std::error::Error>> {
+    let app = Application::build(serve.settings).await?;
+    if serve.demo {
+        demo(&app).await?;
+    }
+    app.run_until(shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn demo(app: &Application) -> Result<(), Box<dyn std::error::Error>> {
+    let now = Utc::now();
+    let voucher_id = app
+        .seckill()
+        .create_voucher(VoucherDraft {
+            title: "Demo voucher".into(),
+            stock: 100,
+            begin_time: now - Duration::minutes(1),
+            end_time: now + Duration::hours(1),
+            sale_mode: Default::default(),
+            price_cents: 0,
+            pay_within_seconds: crate::seckill::DEFAULT_PAY_WITHIN_SECONDS,
+        })
+        .await?;
+    let user_id = 1;
+    let token = app
+        .tokens()
+        .sign(user_id, (now + Duration::hours(1)).timestamp());
+    let mut addr = app.local_addr();
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let base = format!("http://{addr}");
+    println!(
+        "\nDemo voucher {voucher_id}: stock 100, on sale for the next hour.\n\
+         Buy it as user {user_id}:\n\n  curl -s -X POST -H 'Authorization: Bearer {token}' {base}/seckill/{voucher_id}\n\n\
+         See the stock:\n\n  curl -s {base}/vouchers/{voucher_id}\n"
+    );
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down: draining requests and releasing locks");
+}
