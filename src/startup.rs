@@ -184,7 +184,15 @@ impl Application {
         let left = (began + timeout)
             .saturating_duration_since(tokio::time::Instant::now())
             .max(Duration::from_millis(100));
-        seckill.stop_workers();
+        if !seckill.stop_workers(left).await {
+            tracing::warn!(
+                running = seckill.workers_running(),
+                "background workers still running at the shutdown deadline"
+            );
+        }
+        let left = (began + timeout)
+            .saturating_duration_since(tokio::time::Instant::now())
+            .max(Duration::from_millis(100));
         #[allow(unused_mut)]
         let mut released = seckill.shutdown_locks(left).await;
         #[cfg(feature = "lab")]

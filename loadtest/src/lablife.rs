@@ -454,6 +454,17 @@ struct Instance {
     epoch: AtomicI64,
 }
 
+/// The voucher's epoch: initial stock + units returned (it only grows).
+async fn epoch(pool: &PgPool, voucher: i64) -> Result<i64, String> {
+    sqlx::query_scalar(
+        "SELECT (initial_stock + returned)::bigint FROM lablife_vouchers WHERE id = $1",
+    )
+    .bind(voucher)
+    .fetch_one(pool)
+    .await
+    .map_err(|e| e.to_string())
+}
+
 /// A purchase of one unit on `instance`: true when sold.
 async fn buy(
     pool: &PgPool,
@@ -492,15 +503,10 @@ async fn buy(
     if sold.is_some() {
         return Ok(true);
     }
-    // Sold out: remember it, with the epoch (initial + returned) it was seen at.
-    let (epoch,): (i64,) = sqlx::query_as(
-        "SELECT (initial_stock + returned)::bigint FROM lablife_vouchers WHERE id = $1",
-    )
-    .bind(voucher)
-    .fetch_one(pool)
-    .await
-    .map_err(|e| e.to_string())?;
-    instance.epoch.store(epoch, Ordering::Relaxed);
+    // Sold out: remember it, with the epoch it was seen at.
+    instance
+        .epoch
+        .store(epoch(pool, voucher).await?, Ordering::Relaxed);
     instance.soldout.store(true, Ordering::Relaxed);
     Ok(false)
 }
@@ -550,16 +556,9 @@ async fn soldout_flag(
             .map_err(|e| e.to_string())?;
     }
     // A publishes the epoch its returns made (the right design reads it).
-    let (epoch,): (i64,) = sqlx::query_as(
-        "SELECT (initial_stock + returned)::bigint FROM lablife_vouchers WHERE id = $1",
-    )
-    .bind(voucher)
-    .fetch_one(pool)
-    .await
-    .map_err(|e| e.to_string())?;
     let () = redis::cmd("SET")
         .arg(&key)
-        .arg(epoch)
+        .arg(epoch(pool, voucher).await?)
         .arg("PX")
         .arg(600_000)
         .query_async(&mut conn)

@@ -407,6 +407,17 @@ async fn wait_for(
     }
 }
 
+/// Waits until every accepted order of the voucher is stored (nothing
+/// `pending`; at once for a sync sale).
+async fn wait_stored(
+    admin: &Admin<'_>,
+    voucher: i64,
+    limit: Duration,
+    what: &str,
+) -> Result<Stats, String> {
+    wait_for(admin, voucher, limit, what, |s| s.pending == 0).await
+}
+
 /// How each race order is treated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Role {
@@ -621,14 +632,8 @@ async fn races(
     let tokens = admin.shared_tokens(first_user, args.races).await?;
     let work = async {
         let tally = paced(&caller, voucher, &tokens, args.race_rate).await;
-        let stored = wait_for(
-            &admin,
-            voucher,
-            Duration::from_secs(120),
-            "orders stored",
-            |s| s.pending == 0,
-        )
-        .await?;
+        let stored =
+            wait_stored(&admin, voucher, Duration::from_secs(120), "orders stored").await?;
         let orders = deadlines(&caller, &tally.order_ids).await?;
         let started = Utc::now();
         let mut set = JoinSet::new();
@@ -759,12 +764,11 @@ async fn races(
             "{returned} units came back but {sold_again} were sold again"
         ));
     }
-    let end = wait_for(
+    let end = wait_stored(
         &admin,
         voucher,
         Duration::from_secs(60),
         "rebought orders stored",
-        |s| s.pending == 0,
     )
     .await?;
     if !end.conserved() || end.stock != 0 {
@@ -983,10 +987,7 @@ async fn rebuys(
             ms(latency.last())
         ));
     }
-    let end = wait_for(&admin, voucher, Duration::from_secs(30), "stored", |s| {
-        s.pending == 0
-    })
-    .await?;
+    let end = wait_stored(&admin, voucher, Duration::from_secs(30), "stored").await?;
     if !end.conserved()
         || end.orders != 1
         || end.cancelled != i64::try_from(args.rebuys).unwrap_or(0)

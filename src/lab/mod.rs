@@ -18,14 +18,14 @@ mod strategy;
 
 pub use strategy::{Stall, StallAt, Strategy};
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis;
 
 use crate::kv::Kv;
+use crate::seckill::workers::{Background, Workers};
 use crate::seckill::{stock_units, Result, SeckillError};
 use crate::store::{Decrement, LabSale, LabStats, LabStore};
 use redis_locks::{Acquired, LockClient, LockError};
@@ -61,7 +61,10 @@ struct Inner {
     /// Ids of this process's `SET NX` lock owners.
     owners: AtomicU64,
     /// Lab vouchers whose stream this process runs a writer for.
-    stream_writers: Mutex<HashSet<i64>>,
+    stream_writers: Workers<()>,
+    /// The lab's background tasks (its stream writers), stopped and
+    /// awaited with its locks at shutdown.
+    background: Background,
 }
 
 /// A lab purchase's answer.
@@ -75,6 +78,7 @@ pub enum LabOrder {
 
 impl Lab {
     pub fn new(store: LabStore, redis: Kv, locks: LockClient, settings: LabSettings) -> Self {
+        let background = Background::default();
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -85,14 +89,18 @@ impl Lab {
                     .build(),
                 settings,
                 owners: AtomicU64::new(0),
-                stream_writers: Mutex::default(),
+                stream_writers: Workers::new(background.clone()),
+                background,
             }),
         }
     }
 
     /// Waits (at most `timeout`) for lab lock releases still under way.
+    /// Stops the lab's stream writers and releases its locks, within
+    /// `timeout`; `false` when something was still under way.
     pub async fn shutdown_locks(&self, timeout: Duration) -> bool {
-        self.inner.locks.shutdown(timeout).await
+        let stopped = self.inner.background.stop(timeout).await;
+        self.inner.locks.shutdown(timeout).await && stopped
     }
 
     pub fn lease(&self) -> Duration {

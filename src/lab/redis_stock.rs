@@ -14,6 +14,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, streams::StreamId, Script};
+use tokio_util::sync::CancellationToken;
 
 use super::{Lab, LabOrder, Stall, StallAt, Strategy};
 use crate::kv::{Consumer, Delivery};
@@ -137,22 +138,18 @@ impl Lab {
     }
 
     fn ensure_stream_writer(&self, voucher_id: i64) {
-        let started = self
-            .inner
-            .stream_writers
-            .lock()
-            .expect("lab writers lock")
-            .insert(voucher_id);
-        if started {
-            tokio::spawn(self.clone().write_stream(voucher_id));
-        }
+        self.inner.stream_writers.get_or_start(
+            voucher_id,
+            |()| true,
+            |stop| ((), self.clone().write_stream(voucher_id, stop)),
+        );
     }
 
     /// One lab writer: claims entries idle past the lease (a dead writer's),
     /// reads new ones, stores them, acknowledges; a batch holding an order
     /// marked to crash, read for the first time, is dropped unacknowledged
     /// (the writer "died" with it) and recovered by a later claim.
-    async fn write_stream(self, voucher_id: i64) {
+    async fn write_stream(self, voucher_id: i64, stop: CancellationToken) {
         let inner = &self.inner;
         let keys = keys(&inner.settings.redis_prefix, voucher_id);
         if let Err(error) = inner.redis.create_group(&keys.orders, GROUP).await {
@@ -165,7 +162,7 @@ impl Lab {
             name: &name,
         };
         let mut last_work = Instant::now();
-        while last_work.elapsed() < WRITER_IDLE {
+        while last_work.elapsed() < WRITER_IDLE && !stop.is_cancelled() {
             let claimed = inner
                 .redis
                 .claim_idle(consumer, inner.settings.lease, BATCH)
@@ -205,14 +202,10 @@ impl Lab {
                 }
             }
         }
-        inner
-            .stream_writers
-            .lock()
-            .expect("lab writers lock")
-            .remove(&voucher_id);
+        inner.stream_writers.retire_if(voucher_id, |()| true);
         // A purchase between the last read and the line above found this
         // writer still running and started none: look once more.
-        if !matches!(inner.redis.stream_len(&keys.orders).await, Ok(0)) {
+        if !stop.is_cancelled() && !matches!(inner.redis.stream_len(&keys.orders).await, Ok(0)) {
             self.ensure_stream_writer(voucher_id);
         }
     }

@@ -9,15 +9,17 @@
 //! buyer wait for company. One commit, so one WAL flush and one turn on the
 //! voucher's row lock, then serves the whole batch.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use super::clock::SaleClock;
 use super::error::{Result, SeckillError};
 use super::soldout::SoldOutFlags;
+use super::workers::{Background, Workers};
 use crate::id::{self, IdGenerator, OrderId};
 use crate::store::{BatchSale, Sale, SaleRequest, StockLevel, Store, StoreError, Voucher};
 
@@ -63,7 +65,8 @@ struct Inner {
     clock: SaleClock,
     /// Most purchases in one batch; 1 is one order per transaction.
     max: usize,
-    writers: Mutex<HashMap<i64, mpsc::UnboundedSender<Pending>>>,
+    /// Each voucher's writer, by its queue.
+    writers: Workers<mpsc::UnboundedSender<Pending>>,
 }
 
 impl Batcher {
@@ -73,6 +76,7 @@ impl Batcher {
         flags: Arc<SoldOutFlags>,
         clock: SaleClock,
         max: usize,
+        background: Background,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -81,7 +85,7 @@ impl Batcher {
                 flags,
                 clock,
                 max: max.max(1),
-                writers: Mutex::new(HashMap::new()),
+                writers: Workers::new(background),
             }),
         }
     }
@@ -110,13 +114,9 @@ impl Batcher {
                 // The writer retired between our lookup and the send.
                 Err(mpsc::error::SendError(back)) => {
                     pending = back;
-                    let mut writers = self.inner.writers.lock().expect("writers lock");
-                    if writers
-                        .get(&pending.voucher.id)
-                        .is_some_and(|w| w.same_channel(&writer))
-                    {
-                        writers.remove(&pending.voucher.id);
-                    }
+                    self.inner
+                        .writers
+                        .retire_if(pending.voucher.id, |w| w.same_channel(&writer));
                 }
             }
         }
@@ -128,22 +128,27 @@ impl Batcher {
     /// The queue of `voucher_id`'s writer, starting the writer if there is
     /// none.
     fn writer(&self, voucher_id: i64) -> mpsc::UnboundedSender<Pending> {
-        let mut writers = self.inner.writers.lock().expect("writers lock");
-        if let Some(writer) = writers.get(&voucher_id) {
-            if !writer.is_closed() {
-                return writer.clone();
-            }
-        }
-        let (queue, arrivals) = mpsc::unbounded_channel();
-        writers.insert(voucher_id, queue.clone());
-        tokio::spawn(write(self.inner.clone(), voucher_id, arrivals));
-        queue
+        self.inner.writers.get_or_start(
+            voucher_id,
+            |writer| !writer.is_closed(),
+            |stop| {
+                let (queue, arrivals) = mpsc::unbounded_channel();
+                let task = write(self.inner.clone(), voucher_id, arrivals, stop);
+                (queue, task)
+            },
+        )
     }
 }
 
 /// One voucher's writer: takes what has arrived (up to the cap), commits
-/// it, answers, and again, until idle.
-async fn write(inner: Arc<Inner>, voucher_id: i64, mut arrivals: mpsc::UnboundedReceiver<Pending>) {
+/// it, answers, and again, until idle (at shutdown, until its queue is
+/// empty).
+async fn write(
+    inner: Arc<Inner>,
+    voucher_id: i64,
+    mut arrivals: mpsc::UnboundedReceiver<Pending>,
+    stop: CancellationToken,
+) {
     // Purchases held back from a batch: a second purchase of a user already
     // in it, or one whose id was taken. They go first in the next batch.
     let mut waiting: VecDeque<Pending> = VecDeque::new();
@@ -153,12 +158,15 @@ async fn write(inner: Arc<Inner>, voucher_id: i64, mut arrivals: mpsc::Unbounded
             if retiring {
                 return;
             }
-            match tokio::time::timeout(IDLE, arrivals.recv()).await {
-                Ok(Some(pending)) => waiting.push_back(pending),
-                Ok(None) => return,
-                Err(_) => {
-                    retiring = retire(&inner, voucher_id, &mut arrivals);
-                }
+            // `None`: idle for IDLE, or shutdown: time to retire.
+            let arrived = tokio::select! {
+                arrived = tokio::time::timeout(IDLE, arrivals.recv()) => arrived.ok(),
+                () = stop.cancelled() => None,
+            };
+            match arrived {
+                Some(Some(pending)) => waiting.push_back(pending),
+                Some(None) => return,
+                None => retiring = retire(&inner, voucher_id, &mut arrivals),
             }
         }
         while waiting.len() < inner.max {
@@ -181,13 +189,13 @@ async fn write(inner: Arc<Inner>, voucher_id: i64, mut arrivals: mpsc::Unbounded
 /// the map and closes its queue (a purchase that still gets through before
 /// the close is served by the last batches). `false`: not idle after all.
 fn retire(inner: &Inner, voucher_id: i64, arrivals: &mut mpsc::UnboundedReceiver<Pending>) -> bool {
-    let mut writers = inner.writers.lock().expect("writers lock");
-    if !arrivals.is_empty() {
-        return false;
-    }
-    writers.remove(&voucher_id);
-    arrivals.close();
-    true
+    inner.writers.retire_if(voucher_id, |_| {
+        if !arrivals.is_empty() {
+            return false;
+        }
+        arrivals.close();
+        true
+    })
 }
 
 /// The next batch: up to `max` purchases in arrival order, one per user (a

@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::error::{Result, SeckillError};
 use super::Seckill;
@@ -128,9 +129,9 @@ impl Seckill {
 
     /// Starts the expiry sweep and the relay of async returns; both stop
     /// when `stop` is cancelled.
-    pub(super) fn start_lifecycle(&self, stop: &CancellationToken) {
-        tokio::spawn(self.clone().sweep(stop.clone()));
-        tokio::spawn(self.clone().relay(stop.clone()));
+    pub(super) fn start_lifecycle(&self, tasks: &TaskTracker, stop: &CancellationToken) {
+        tasks.spawn(self.clone().sweep(stop.clone()));
+        tasks.spawn(self.clone().relay(stop.clone()));
     }
 
     /// Expires every unpaid order past its deadline, a voucher's batch at

@@ -15,7 +15,8 @@
 //! is sold by [`async_sale`] instead: stock in Redis, orders through a
 //! stream that a consumer group writes with group commit's statement.
 //! After the grab, [`lifecycle`]: pay, cancel, expire, and the unit back
-//! on sale once.
+//! on sale once. [`workers`]: the one registry of per-voucher background
+//! workers, all of them stopped and awaited at shutdown.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -30,6 +31,7 @@ mod error;
 mod lifecycle;
 mod soldout;
 mod user_lock;
+pub(crate) mod workers;
 
 pub use async_sale::Reconciled;
 use async_sale::{Pause, Reconciliation};
@@ -44,6 +46,7 @@ use crate::store::{NewVoucher, Store, StoreError};
 use async_sale::AsyncSales;
 use batch::{Batcher, Outcome};
 use soldout::SoldOutFlags;
+use workers::Background;
 
 pub use crate::store::{Order, OrderLine, OrderStatus, Payment, SaleMode, Voucher};
 
@@ -161,9 +164,10 @@ struct Inner {
     purchases: AtomicU64,
     /// An async sale's unit came back here: the relay gives it to Redis.
     returns_queued: tokio::sync::Notify,
-    /// Stops the background workers (expiry, relay, async writers'
-    /// supervisor) at shutdown.
-    stop: tokio_util::sync::CancellationToken,
+    /// Every background task of this instance (expiry, relay, the async
+    /// writers' supervisor, the per-voucher writers), and what stops them:
+    /// shutdown waits for them.
+    background: Background,
 }
 
 impl Seckill {
@@ -185,21 +189,22 @@ impl Seckill {
             settings.redis_prefix.clone(),
         ));
         let ids = IdGenerator::new(redis.clone(), settings.redis_prefix.clone());
+        let background = Background::default();
         let batcher = Batcher::new(
             store.clone(),
             ids.clone(),
             flags.clone(),
             clock.clone(),
             settings.sale_batch_max,
+            background.clone(),
         );
         let async_sales = AsyncSales::new(
             store.clone(),
             redis.clone(),
             ids,
             clock.clone(),
-            settings.redis_prefix.clone(),
-            settings.async_batch_max,
-            settings.async_claim_idle,
+            &settings,
+            background.clone(),
         );
         Self {
             inner: Arc::new(Inner {
@@ -214,7 +219,7 @@ impl Seckill {
                 settings,
                 purchases: AtomicU64::new(0),
                 returns_queued: tokio::sync::Notify::new(),
-                stop: tokio_util::sync::CancellationToken::new(),
+                background,
             }),
         }
     }
@@ -223,15 +228,22 @@ impl Seckill {
     /// loading at start), the expiry of unpaid orders and the relay of
     /// async returns. They run until [`Seckill::stop_workers`].
     pub fn start_workers(&self) {
-        let stop = &self.inner.stop;
-        tokio::spawn(self.inner.async_sales.clone().supervise(stop.clone()));
-        self.start_lifecycle(stop);
+        let Background { tasks, stop } = &self.inner.background;
+        tasks.spawn(self.inner.async_sales.clone().supervise(stop.clone()));
+        self.start_lifecycle(tasks, stop);
     }
 
-    /// Stops the background workers (a round under way finishes its
-    /// statement; nothing is left half-done in Postgres).
-    pub fn stop_workers(&self) {
-        self.inner.stop.cancel();
+    /// Stops every background worker and waits for them, at most `limit`:
+    /// a round under way finishes its statement (nothing is left half-done
+    /// in Postgres), a batch writer answers what is queued, a stream
+    /// writer writes what is new. `false` when some were still running.
+    pub async fn stop_workers(&self, limit: Duration) -> bool {
+        self.inner.background.stop(limit).await
+    }
+
+    /// Background tasks of this instance still running.
+    pub fn workers_running(&self) -> usize {
+        self.inner.background.tasks.len()
     }
 
     /// The clock that judges every sale's window.

@@ -256,3 +256,77 @@ async fn one_order_per_transaction_still_holds_every_invariant() {
         assert!(metrics.contains(series), "no {series} in /metrics");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_every_background_worker_within_its_timeout() {
+    use crate::helpers::{create_voucher_at, drop_database, pg_server, redis_url, tokens_at};
+    use serde_json::json;
+
+    let db_name = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let db_url = format!("{}/{db_name}", pg_server());
+    let mut settings = crate::helpers::settings(&db_url, &redis_url(), &prefix);
+    settings.shutdown_timeout_ms = 5_000;
+    let app = seckill::startup::Application::build(settings)
+        .await
+        .expect("the app builds");
+    let seckill = app.seckill().clone();
+    let base = format!("http://{}", app.local_addr());
+    let (stop, signal) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(app.run_until(async move {
+        let _ = signal.await;
+    }));
+    let client = client();
+    // A sync sale and an async one: each gets a writer of its own, beside
+    // the expiry sweep, the relay of returns and the async supervisor.
+    let now = chrono::Utc::now();
+    let voucher = |mode: &str| {
+        json!({
+            "title": "shutdown", "stock": 10, "sale_mode": mode,
+            "begin_time": now - chrono::Duration::minutes(1),
+            "end_time": now + chrono::Duration::hours(1),
+        })
+    };
+    let sync = create_voucher_at(&client, &base, voucher("sync")).await;
+    let async_sale = create_voucher_at(&client, &base, voucher("async")).await;
+    let tokens = tokens_at(&client, &base, [1, 2]).await;
+    let (status, _) = buy(&client, &base, &tokens[&1], sync).await;
+    assert_eq!(status, StatusCode::OK);
+    let accepted = crate::helpers::send_purchase(
+        &client,
+        &format!("{base}/seckill/{async_sale}"),
+        &tokens[&2],
+    )
+    .await;
+    assert_eq!(accepted.status, StatusCode::ACCEPTED, "{}", accepted.body);
+    let started = std::time::Instant::now();
+    while seckill.workers_running() < 5 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the workers did not start: {}",
+            seckill.workers_running()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let stopping = std::time::Instant::now();
+    stop.send(()).unwrap();
+    run.await.unwrap().unwrap();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(6),
+        "shutdown took {:?}",
+        stopping.elapsed()
+    );
+    assert_eq!(seckill.workers_running(), 0, "a worker outlived shutdown");
+    // The accepted async order was written before its writer stopped.
+    let db = sqlx::PgPool::connect(&db_url).await.unwrap();
+    let stored: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM voucher_orders WHERE voucher_id = $1")
+            .bind(async_sale)
+            .fetch_one(&db)
+            .await
+            .unwrap();
+    assert_eq!(stored, 1);
+    db.close().await;
+    drop_database(&db_name, &prefix).await;
+}

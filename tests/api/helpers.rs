@@ -227,29 +227,7 @@ impl TestApp {
 
     /// Tokens for these users, minted through the admin API.
     pub async fn tokens(&self, user_ids: impl IntoIterator<Item = i64>) -> HashMap<i64, String> {
-        let ids: Vec<i64> = user_ids.into_iter().collect();
-        let body: Value = self
-            .client
-            .post(self.url("/admin/tokens"))
-            .bearer_auth(ADMIN_TOKEN)
-            .json(&json!({ "user_ids": ids }))
-            .send()
-            .await
-            .expect("mint tokens")
-            .json()
-            .await
-            .unwrap();
-        body["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| {
-                (
-                    t["user_id"].as_i64().unwrap(),
-                    t["token"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect()
+        tokens_at(&self.client, &self.base, user_ids).await
     }
 
     pub async fn token(&self, user_id: i64) -> String {
@@ -407,6 +385,37 @@ pub struct Answer {
     pub retry_after: Option<String>,
     pub body: Value,
     pub took: Duration,
+}
+
+/// Tokens for these users, minted through the admin API of the instance
+/// at `base`.
+pub async fn tokens_at(
+    client: &reqwest::Client,
+    base: &str,
+    user_ids: impl IntoIterator<Item = i64>,
+) -> HashMap<i64, String> {
+    let ids: Vec<i64> = user_ids.into_iter().collect();
+    let body: Value = client
+        .post(format!("{base}/admin/tokens"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({ "user_ids": ids }))
+        .send()
+        .await
+        .expect("mint tokens")
+        .json()
+        .await
+        .unwrap();
+    body["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["user_id"].as_i64().unwrap(),
+                t["token"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
 }
 
 /// Sends a purchase to `url` (the real route or a lab route) as the

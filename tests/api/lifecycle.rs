@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use crate::helpers::{
     buy, create_voucher_at, drop_database, pg_server, redis_url, spawn_app, spawn_app_with, start,
-    start_stoppable, OwnRedis, Process, TestApp, ADMIN_TOKEN, PAYMENT_SECRET,
+    start_stoppable, tokens_at, OwnRedis, Process, TestApp, PAYMENT_SECRET,
 };
 
 impl TestApp {
@@ -125,6 +125,14 @@ async fn notify(
 }
 
 /// `stock + pending + unpaid + paid = initial_stock` in the stats.
+/// Asserts the named counts of a voucher's stats, and conservation.
+fn assert_books(stats: &Value, expected: &[(&str, i64)]) {
+    for (field, want) in expected {
+        assert_eq!(stats[*field].as_i64(), Some(*want), "{field} in {stats}");
+    }
+    assert_conserved(stats);
+}
+
 fn assert_conserved(stats: &Value) {
     let n = |field: &str| {
         stats[field]
@@ -232,16 +240,10 @@ async fn a_payment_in_time_pays_once_and_every_other_payment_is_refunded() {
         (status, body["error"].as_str()),
         (StatusCode::CONFLICT, Some("already_paid"))
     );
-    let stats = app.stats(voucher).await;
-    assert_eq!(
-        (
-            stats["paid"].as_i64(),
-            stats["unpaid"].as_i64(),
-            stats["stock"].as_i64()
-        ),
-        (Some(1), Some(1), Some(3))
+    assert_books(
+        &app.stats(voucher).await,
+        &[("paid", 1), ("unpaid", 1), ("stock", 3)],
     );
-    assert_conserved(&stats);
     let payments: i64 = sqlx::query_scalar("SELECT count(*) FROM payments")
         .fetch_one(&app.db)
         .await
@@ -314,16 +316,10 @@ async fn a_cancel_returns_the_unit_once_and_the_other_instance_sells_it_within_a
         (StatusCode::OK, Some("cancelled"), Some(true))
     );
 
-    let stats = app.stats(voucher).await;
-    assert_eq!(
-        (
-            stats["cancelled"].as_i64(),
-            stats["unpaid"].as_i64(),
-            stats["stock"].as_i64()
-        ),
-        (Some(1), Some(1), Some(0))
+    assert_books(
+        &app.stats(voucher).await,
+        &[("cancelled", 1), ("unpaid", 1), ("stock", 0)],
     );
-    assert_conserved(&stats);
     assert_eq!(app.check_invariants(voucher).await, 1);
 }
 
@@ -345,12 +341,7 @@ async fn unpaid_orders_expire_at_their_deadline_and_their_buyers_may_buy_again()
             .await;
         assert!(expired["paid_at"].is_null());
     }
-    let stats = app.stats(voucher).await;
-    assert_eq!(
-        (stats["expired"].as_i64(), stats["stock"].as_i64()),
-        (Some(3), Some(3))
-    );
-    assert_conserved(&stats);
+    assert_books(&app.stats(voucher).await, &[("expired", 3), ("stock", 3)]);
     // A payment after the deadline is refunded; a cancel says it expired.
     let (status, body) = notify(&app.client, &app.base, "too-late", &orders[0], 100).await;
     assert_eq!(
@@ -453,9 +444,7 @@ async fn a_payment_and_a_cancel_racing_the_deadline_have_exactly_one_winner_per_
         }
     }
     // Every order closed or paid; the units of the closed ones back, once.
-    let stats = app.stats(voucher).await;
-    assert_eq!(stats["unpaid"], 0, "{stats}");
-    assert_conserved(&stats);
+    assert_books(&app.stats(voucher).await, &[("unpaid", 0)]);
     let (returned, closed): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT returned FROM seckill_vouchers WHERE voucher_id = $1),
                 (SELECT count(*) FROM voucher_orders WHERE voucher_id = $1 AND status IN ('cancelled', 'expired'))",
@@ -488,17 +477,7 @@ async fn a_restarted_instance_expires_the_deadlines_that_passed_while_it_was_dow
         }),
     )
     .await;
-    let token: Value = client
-        .post(format!("{base}/admin/tokens"))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({ "user_ids": [1] }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = token["tokens"][0]["token"].as_str().unwrap().to_owned();
+    let token = tokens_at(&client, &base, [1]).await.remove(&1).unwrap();
     let (status, order) = buy(&client, &base, &token, voucher).await;
     assert_eq!(status, StatusCode::OK);
     let order = order.trim_start_matches("ok:").to_owned();
@@ -602,9 +581,7 @@ async fn an_async_sale_gives_a_cancelled_unit_back_to_redis_once_even_across_a_r
     assert_eq!(status, StatusCode::ACCEPTED);
     let (status, code) = buy(&app.client, &app.base, &app.token(3).await, voucher).await;
     assert_eq!((status, code.as_str()), (StatusCode::CONFLICT, "sold_out"));
-    let stats = app.stats(voucher).await;
-    assert_conserved(&stats);
-    assert_eq!(stats["cancelled"], 1);
+    assert_books(&app.stats(voucher).await, &[("cancelled", 1)]);
 }
 
 #[tokio::test]
@@ -738,12 +715,9 @@ async fn an_async_sale_whose_redis_restarts_with_returns_in_flight_sells_each_re
         app.wait_status(order, "unpaid", Duration::from_secs(10))
             .await;
     }
-    let stats = app.stats(voucher).await;
-    assert_conserved(&stats);
-    assert_eq!(
-        (&stats["stock"], &stats["cancelled"], &stats["orders"]),
-        (&json!(0), &json!(7), &json!(10)),
-        "{stats}"
+    assert_books(
+        &app.stats(voucher).await,
+        &[("stock", 0), ("cancelled", 7), ("orders", 10)],
     );
 }
 
@@ -768,23 +742,14 @@ async fn every_instance_killed_while_deadlines_pass_loses_no_expiry() {
         }),
     )
     .await;
-    let minted: Value = client
-        .post(format!("{}/admin/tokens", first.base))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({ "user_ids": (1..=40).collect::<Vec<i64>>() }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    for (i, t) in minted["tokens"].as_array().unwrap().iter().enumerate() {
-        let base = if i % 2 == 0 {
+    let tokens = tokens_at(&client, &first.base, 1..=40).await;
+    for (user, token) in &tokens {
+        let base = if user % 2 == 0 {
             &first.base
         } else {
             &second.base
         };
-        let (status, answer) = buy(&client, base, t["token"].as_str().unwrap(), voucher).await;
+        let (status, answer) = buy(&client, base, token, voucher).await;
         assert_eq!(status, StatusCode::OK, "{answer}");
     }
     first.kill();
@@ -818,8 +783,7 @@ async fn every_instance_killed_while_deadlines_pass_loses_no_expiry() {
             .unwrap();
     assert_eq!((stock, returned), (40, 40), "each unit back exactly once");
     // And on sale again through the new instance.
-    let token = minted["tokens"][0]["token"].as_str().unwrap();
-    let (status, answer) = buy(&client, &third.base, token, voucher).await;
+    let (status, answer) = buy(&client, &third.base, &tokens[&1], voucher).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     drop(third);
     db.close().await;

@@ -14,16 +14,19 @@
 mod reconcile;
 mod writer;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use deadpool_redis::redis::{self, Script};
+use tokio_util::sync::CancellationToken;
 
 use super::clock::SaleClock;
 use super::error::{Result, SeckillError};
+use super::workers::{Background, Workers};
+use super::SeckillSettings;
 use crate::id::{IdGenerator, OrderId};
 use crate::kv::Kv;
 use crate::store::{Order, OrderStatus, StockReturn, Store, Voucher};
@@ -80,7 +83,7 @@ struct Inner {
     /// before this one claims it (that one died or hangs).
     claim_idle: Duration,
     /// The writers this instance runs, by voucher.
-    writers: Mutex<HashMap<i64, Arc<WriterSignals>>>,
+    writers: Workers<Arc<WriterSignals>>,
 }
 
 /// What a writer is told by the rest of its instance.
@@ -94,14 +97,15 @@ struct WriterSignals {
 }
 
 impl AsyncSales {
+    /// Async sales under `settings`' prefix, batch and claim time; their
+    /// writers among `background`'s tasks.
     pub(super) fn new(
         store: Store,
         redis: Kv,
         ids: IdGenerator,
         clock: SaleClock,
-        prefix: String,
-        batch_max: usize,
-        claim_idle: Duration,
+        settings: &SeckillSettings,
+        background: Background,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -109,7 +113,7 @@ impl AsyncSales {
                 redis,
                 ids,
                 clock,
-                prefix,
+                prefix: settings.redis_prefix.clone(),
                 consumer: format!(
                     "pid{}-{}",
                     std::process::id(),
@@ -117,9 +121,9 @@ impl AsyncSales {
                 ),
                 purchase: Script::new(include_str!("../../../lua/async_purchase.lua")),
                 give_back: Script::new(include_str!("../../../lua/async_return.lua")),
-                batch_max: batch_max.max(1),
-                claim_idle,
-                writers: Mutex::new(HashMap::new()),
+                batch_max: settings.async_batch_max.max(1),
+                claim_idle: settings.async_claim_idle,
+                writers: Workers::new(background),
             }),
         }
     }
@@ -277,7 +281,7 @@ impl AsyncSales {
     /// just created), retrying each second until it is loaded. A sale seen
     /// loaded once and missing later (a Redis that lost it) stays paused
     /// until an admin reconciles it. Stops when `stop` is cancelled.
-    pub(super) async fn supervise(self, stop: tokio_util::sync::CancellationToken) {
+    pub(super) async fn supervise(self, stop: CancellationToken) {
         let mut loaded = HashSet::new();
         loop {
             let since = Utc::now() - TimeDelta::days(1);
@@ -297,7 +301,8 @@ impl AsyncSales {
             }
             tokio::select! {
                 () = stop.cancelled() => {
-                    // Every writer stops once its stream is empty.
+                    // The writers stop too (the same signal), once they
+                    // find nothing new to write.
                     self.retire_writers(&[]);
                     return;
                 }
@@ -324,20 +329,22 @@ impl AsyncSales {
     }
 
     fn ensure_writer(&self, voucher_id: i64) {
-        let mut writers = self.inner.writers.lock().expect("writers lock");
-        if let std::collections::hash_map::Entry::Vacant(slot) = writers.entry(voucher_id) {
-            let signals = Arc::new(WriterSignals::default());
-            slot.insert(signals.clone());
-            tokio::spawn(writer::write(self.clone(), voucher_id, signals));
-        }
+        self.inner.writers.get_or_start(
+            voucher_id,
+            |_| true,
+            |stop| {
+                let signals = Arc::new(WriterSignals::default());
+                let task = writer::write(self.clone(), voucher_id, signals.clone(), stop);
+                (signals, task)
+            },
+        );
     }
 
     /// Tells the writers of vouchers not in `listed` (in id order) to stop
     /// once their stream is empty.
     fn retire_writers(&self, listed: &[i64]) {
-        let mut writers = self.inner.writers.lock().expect("writers lock");
-        writers.retain(|voucher_id, signals| {
-            let keep = listed.binary_search(voucher_id).is_ok();
+        self.inner.writers.retain(|voucher_id, signals| {
+            let keep = listed.binary_search(&voucher_id).is_ok();
             if !keep {
                 signals.retire.store(true, Ordering::Relaxed);
                 signals.wake.notify_one();
@@ -349,8 +356,7 @@ impl AsyncSales {
     /// Wakes this instance's writer of `voucher_id`, if it runs one: an
     /// order accepted here is read at once rather than at the next poll.
     fn wake_writer(&self, voucher_id: i64) {
-        let writers = self.inner.writers.lock().expect("writers lock");
-        if let Some(signals) = writers.get(&voucher_id) {
+        if let Some(signals) = self.inner.writers.get(voucher_id) {
             signals.wake.notify_one();
         }
     }

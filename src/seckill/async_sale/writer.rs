@@ -16,11 +16,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::{self, streams::StreamId};
+use tokio_util::sync::CancellationToken;
 
 use super::{AsyncSales, SaleKeys, WriterSignals, GROUP};
-use crate::kv::{Consumer, Delivery};
+use crate::kv::{Consumer, Delivery, KvError};
 use crate::seckill::batch::{raise_id_counter, sell_batch};
-use crate::store::{Sale, SaleRequest};
+use crate::store::{Sale, SaleRequest, StoreError};
 
 /// First pause when the stream had nothing new; doubled while it stays
 /// empty, up to `IDLE_MAX`. A purchase accepted in this instance wakes its
@@ -47,7 +48,54 @@ struct Entry {
     at_ms: i64,
 }
 
+/// Why Postgres refused an order Redis accepted (reported in the sale's
+/// `unstored` hash and the `seckill_async_unstored_total` metric).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The user holds another live order for the voucher.
+    AlreadyPurchased,
+    SoldOut,
+    /// The order id was taken: the id counter was lost.
+    IdTaken,
+    Fenced,
+}
+
+impl Refusal {
+    /// What an order's row says of it: `None` when it is stored under its
+    /// own id (now, or by an earlier delivery of the same entry).
+    fn of(order_id: i64, sale: Sale) -> Option<Self> {
+        match sale {
+            Sale::Sold => None,
+            Sale::Held(id) if id == order_id => None,
+            Sale::Held(_) => Some(Self::AlreadyPurchased),
+            Sale::SoldOut => Some(Self::SoldOut),
+            Sale::IdTaken => Some(Self::IdTaken),
+            Sale::Fenced => Some(Self::Fenced),
+        }
+    }
+
+    fn code(self) -> &'static str {
+        match self {
+            Self::AlreadyPurchased => "already_purchased",
+            Self::SoldOut => "sold_out",
+            Self::IdTaken => "id_taken",
+            Self::Fenced => "fenced",
+        }
+    }
+}
+
+/// Why a batch was not written: its entries stay pending with this
+/// consumer and are tried again.
+#[derive(Debug, thiserror::Error)]
+enum CommitError {
+    #[error("Postgres: {0}")]
+    Postgres(#[from] StoreError),
+    #[error("Redis: {0}")]
+    Redis(#[from] KvError),
+}
+
 /// What to read next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Read {
     /// Entries delivered to this consumer and not acknowledged (a commit
     /// that failed): they go first.
@@ -58,38 +106,104 @@ enum Read {
     New,
 }
 
-pub(super) async fn write(sales: AsyncSales, voucher_id: i64, signals: Arc<WriterSignals>) {
+/// A writer's memory between rounds.
+struct Rounds {
+    /// The pause before the next poll of an empty stream.
+    idle: Duration,
+    /// The consumer group is known to exist.
+    group_ready: bool,
+    /// This consumer holds entries it failed to write (or, after writing
+    /// its own, may hold more): read those first.
+    retry_own: bool,
+    last_claim: Instant,
+    last_prune: Instant,
+}
+
+impl Rounds {
+    fn new(now: Instant) -> Self {
+        Self {
+            idle: POLL,
+            group_ready: false,
+            retry_own: false,
+            last_claim: now,
+            last_prune: now,
+        }
+    }
+
+    /// What to read at `now`: this consumer's own pending entries first,
+    /// then, once a `CLAIM_EVERY`, entries idle with others, else new ones.
+    fn next_read(&mut self, now: Instant) -> Read {
+        if self.retry_own {
+            Read::Own
+        } else if now.duration_since(self.last_claim) >= CLAIM_EVERY {
+            self.last_claim = now;
+            Read::Claim
+        } else {
+            Read::New
+        }
+    }
+
+    /// Whether idle consumers are due to be pruned at `now` (and, if so,
+    /// counts from now).
+    fn prune_due(&mut self, now: Instant) -> bool {
+        let due = now.duration_since(self.last_prune) >= PRUNE_EVERY;
+        if due {
+            self.last_prune = now;
+        }
+        due
+    }
+
+    /// After a read of `read` that found nothing.
+    fn found_nothing(&mut self) {
+        self.retry_own = false;
+    }
+
+    /// After a commit of what `read` found: on success, own entries may
+    /// remain (a read takes a batch at most); on failure they all remain.
+    fn committed(&mut self, read: Read, ok: bool) {
+        self.idle = POLL;
+        self.retry_own = !ok || read == Read::Own;
+    }
+
+    /// An empty stream was polled: the next pause doubles, up to IDLE_MAX
+    /// (`woken`: a purchase here, read at once and poll fast again).
+    fn polled(&mut self, woken: bool) {
+        self.idle = if woken {
+            POLL
+        } else {
+            (self.idle * 2).min(IDLE_MAX)
+        };
+    }
+}
+
+/// Runs `voucher_id`'s writer until it retires (the sale over a day and
+/// its stream empty) or, after `stop`, until it finds nothing new to write
+/// (what another instance accepted and holds is that one's to write).
+pub(super) async fn write(
+    sales: AsyncSales,
+    voucher_id: i64,
+    signals: Arc<WriterSignals>,
+    stop: CancellationToken,
+) {
     let keys = sales.keys(voucher_id);
-    let mut idle = POLL;
-    let mut group_ready = false;
-    let mut retry_own = false;
-    let mut last_claim = Instant::now();
-    let mut last_prune = Instant::now();
+    let mut rounds = Rounds::new(Instant::now());
     loop {
-        if !group_ready {
-            group_ready = ensure_group(&sales, &keys).await;
-            if !group_ready {
+        if !rounds.group_ready {
+            rounds.group_ready = ensure_group(&sales, &keys).await;
+            if !rounds.group_ready {
                 tokio::time::sleep(BACKOFF).await;
                 continue;
             }
         }
-        if last_prune.elapsed() >= PRUNE_EVERY {
-            last_prune = Instant::now();
+        if rounds.prune_due(Instant::now()) {
             prune(&sales, &keys).await;
         }
-        let read = if retry_own {
-            Read::Own
-        } else if last_claim.elapsed() >= CLAIM_EVERY {
-            last_claim = Instant::now();
-            Read::Claim
-        } else {
-            Read::New
-        };
-        let entries = match next_entries(&sales, &keys, &read).await {
+        let read = rounds.next_read(Instant::now());
+        let entries = match next_entries(&sales, &keys, read).await {
             Ok(entries) => entries,
             Err(error) => {
                 if error.code() == Some("NOGROUP") {
-                    group_ready = false;
+                    rounds.group_ready = false;
                 } else {
                     tracing::warn!(voucher_id, %error, "reading an async sale's stream failed");
                 }
@@ -98,8 +212,11 @@ pub(super) async fn write(sales: AsyncSales, voucher_id: i64, signals: Arc<Write
             }
         };
         if entries.is_empty() {
-            retry_own = false;
-            if matches!(read, Read::New) {
+            rounds.found_nothing();
+            if read == Read::New {
+                if stop.is_cancelled() {
+                    return;
+                }
                 // Entries are deleted once written: an empty stream holds
                 // nothing unwritten (an error counts as not empty).
                 if signals.retire.load(Ordering::Relaxed)
@@ -108,28 +225,26 @@ pub(super) async fn write(sales: AsyncSales, voucher_id: i64, signals: Arc<Write
                     tracing::info!(voucher_id, "the sale is over and written: writer retired");
                     return;
                 }
-                tokio::select! {
-                    () = signals.wake.notified() => idle = POLL,
-                    () = tokio::time::sleep(idle) => idle = (idle * 2).min(IDLE_MAX),
-                }
+                let woken = tokio::select! {
+                    () = signals.wake.notified() => true,
+                    () = tokio::time::sleep(rounds.idle) => false,
+                    () = stop.cancelled() => true,
+                };
+                rounds.polled(woken);
             }
             continue;
         }
-        idle = POLL;
         // Read and not yet acknowledged by this instance: what its death
         // would leave for the others to claim.
         let held = entries.len() as f64;
         metrics::gauge!("seckill_async_in_flight").increment(held);
         let committed = commit(&sales, voucher_id, &keys, entries).await;
         metrics::gauge!("seckill_async_in_flight").decrement(held);
-        match committed {
-            Ok(()) => retry_own = matches!(read, Read::Own),
-            Err(error) => {
-                tracing::warn!(voucher_id, %error, "writing accepted orders failed; retrying");
-                metrics::counter!("seckill_async_write_failures_total").increment(1);
-                retry_own = true;
-                tokio::time::sleep(BACKOFF).await;
-            }
+        rounds.committed(read, committed.is_ok());
+        if let Err(error) = committed {
+            tracing::warn!(voucher_id, %error, "writing accepted orders failed; retrying");
+            metrics::counter!("seckill_async_write_failures_total").increment(1);
+            tokio::time::sleep(BACKOFF).await;
         }
     }
 }
@@ -176,8 +291,8 @@ async fn prune(sales: &AsyncSales, keys: &SaleKeys) {
 async fn next_entries(
     sales: &AsyncSales,
     keys: &SaleKeys,
-    read: &Read,
-) -> Result<Vec<Entry>, crate::kv::KvError> {
+    read: Read,
+) -> Result<Vec<Entry>, KvError> {
     let inner = &sales.inner;
     let consumer = Consumer {
         stream: &keys.orders,
@@ -227,28 +342,13 @@ fn parse(id: &StreamId) -> Entry {
     }
 }
 
-/// Writes `entries` to Postgres, reports the orders it refused, and then
-/// acknowledges and deletes them all. An error leaves them pending with
-/// this consumer, to be tried again.
-async fn commit(
-    sales: &AsyncSales,
-    voucher_id: i64,
-    keys: &SaleKeys,
-    entries: Vec<Entry>,
-) -> Result<(), String> {
-    let inner = &sales.inner;
-    let (valid, malformed): (Vec<Entry>, Vec<Entry>) = entries
-        .into_iter()
-        .partition(|e| e.order_id > 0 && e.user_id > 0);
-    let mut refused: Vec<(i64, &'static str)> = Vec::new();
-    for entry in &malformed {
-        tracing::error!(stream_id = %entry.stream_id, "a malformed entry in an async sale's stream");
-    }
-    // The statement takes distinct users: a second order of one user (only
-    // possible if Redis lost its buyers) goes in a later round, where it
-    // meets the first.
+/// The entries in statements of distinct users, in order: the statement
+/// takes one order per user, so a second order of one user (only possible
+/// if Redis lost its buyers) goes in a later round, where it meets the
+/// first.
+fn by_distinct_users(entries: &[Entry]) -> Vec<Vec<&Entry>> {
     let mut rounds: Vec<Vec<&Entry>> = Vec::new();
-    for entry in &valid {
+    for entry in entries {
         match rounds
             .iter_mut()
             .find(|round| round.iter().all(|e| e.user_id != entry.user_id))
@@ -257,7 +357,27 @@ async fn commit(
             None => rounds.push(vec![entry]),
         }
     }
-    for round in rounds {
+    rounds
+}
+
+/// Writes `entries` to Postgres, reports the orders it refused, and then
+/// acknowledges and deletes them all. An error leaves them pending with
+/// this consumer, to be tried again.
+async fn commit(
+    sales: &AsyncSales,
+    voucher_id: i64,
+    keys: &SaleKeys,
+    entries: Vec<Entry>,
+) -> Result<(), CommitError> {
+    let inner = &sales.inner;
+    let (valid, malformed): (Vec<Entry>, Vec<Entry>) = entries
+        .into_iter()
+        .partition(|e| e.order_id > 0 && e.user_id > 0);
+    let mut refused: Vec<(i64, Refusal)> = Vec::new();
+    for entry in &malformed {
+        tracing::error!(stream_id = %entry.stream_id, "a malformed entry in an async sale's stream");
+    }
+    for round in by_distinct_users(&valid) {
         let requests: Vec<SaleRequest> = round
             .iter()
             .map(|e| SaleRequest {
@@ -271,21 +391,11 @@ async fn commit(
             })
             .collect();
         metrics::histogram!("seckill_async_batch_size").record(requests.len() as f64);
-        let sold = sell_batch(&inner.store, voucher_id, &requests)
-            .await
-            .map_err(|e| e.to_string())?;
+        let sold = sell_batch(&inner.store, voucher_id, &requests).await?;
         // Confirmed when committed: measured from the script's clock.
         let now_ms = inner.clock.now().timestamp_millis();
         for (entry, sale) in round.iter().zip(sold.sales) {
-            let reason = match sale {
-                Sale::Sold => None,
-                Sale::Held(id) if id == entry.order_id => None,
-                Sale::Held(_) => Some("already_purchased"),
-                Sale::SoldOut => Some("sold_out"),
-                Sale::IdTaken => Some("id_taken"),
-                Sale::Fenced => Some("fenced"),
-            };
-            match reason {
+            match Refusal::of(entry.order_id, sale) {
                 None => {
                     metrics::histogram!("seckill_async_confirm_seconds")
                         .record((now_ms - entry.at_ms).max(0) as f64 / 1000.0);
@@ -297,28 +407,25 @@ async fn commit(
     // Ids taken already: the day's counter was lost (a Redis or a cluster
     // node that failed over without it); raised so that the next ids are
     // free. The orders accepted under taken ids are reported.
-    if let Some((taken, _)) = refused.iter().find(|(_, reason)| *reason == "id_taken") {
+    if let Some((taken, _)) = refused.iter().find(|(_, r)| *r == Refusal::IdTaken) {
         if let Some(day) = crate::id::OrderId::from_stored(*taken).map(|id| id.drawn_at()) {
             if let Err(error) = raise_id_counter(&inner.store, &inner.ids, day, 0).await {
                 tracing::warn!(%error, "raising the order-id counter failed");
             }
         }
     }
-    for (order_id, reason) in &refused {
+    for (order_id, refusal) in &refused {
+        let reason = refusal.code();
         tracing::error!(order_id, reason, "Postgres refused an order Redis accepted");
-        metrics::counter!("seckill_async_unstored_total", "reason" => *reason).increment(1);
+        metrics::counter!("seckill_async_unstored_total", "reason" => reason).increment(1);
     }
     if !refused.is_empty() {
         let mut report = redis::cmd("HSET");
         report.arg(&keys.unstored);
-        for (order_id, reason) in &refused {
-            report.arg(order_id).arg(*reason);
+        for (order_id, refusal) in &refused {
+            report.arg(order_id).arg(refusal.code());
         }
-        inner
-            .redis
-            .query::<()>(&report)
-            .await
-            .map_err(|e| e.to_string())?;
+        inner.redis.query::<()>(&report).await?;
         for (order_id, _) in &refused {
             let forget = redis::cmd("DEL").arg(sales.pending_key(*order_id)).clone();
             let _ = inner.redis.query::<()>(&forget).await;
@@ -332,8 +439,137 @@ async fn commit(
     inner
         .redis
         .ack_and_delete(&keys.orders, GROUP, &stream_ids)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     metrics::counter!("seckill_async_written_total").increment(valid.len() as u64);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(order_id: i64, user_id: i64) -> Entry {
+        Entry {
+            stream_id: format!("{order_id}-0"),
+            order_id,
+            user_id,
+            at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn an_order_stored_under_its_own_id_is_no_refusal_and_every_other_answer_is_one() {
+        assert_eq!(Refusal::of(7, Sale::Sold), None);
+        assert_eq!(Refusal::of(7, Sale::Held(7)), None, "a redelivered entry");
+        assert_eq!(
+            Refusal::of(7, Sale::Held(8)),
+            Some(Refusal::AlreadyPurchased)
+        );
+        assert_eq!(Refusal::of(7, Sale::SoldOut), Some(Refusal::SoldOut));
+        assert_eq!(Refusal::of(7, Sale::IdTaken), Some(Refusal::IdTaken));
+        assert_eq!(Refusal::of(7, Sale::Fenced), Some(Refusal::Fenced));
+        let codes: std::collections::HashSet<&str> = [
+            Refusal::AlreadyPurchased,
+            Refusal::SoldOut,
+            Refusal::IdTaken,
+            Refusal::Fenced,
+        ]
+        .iter()
+        .map(|r| r.code())
+        .collect();
+        assert_eq!(codes.len(), 4, "each refusal has its own code");
+    }
+
+    #[test]
+    fn a_second_order_of_a_user_waits_for_a_later_statement_and_order_is_kept() {
+        let entries = [
+            entry(1, 10),
+            entry(2, 20),
+            entry(3, 10),
+            entry(4, 30),
+            entry(5, 10),
+        ];
+        let rounds = by_distinct_users(&entries);
+        let ids: Vec<Vec<i64>> = rounds
+            .iter()
+            .map(|r| r.iter().map(|e| e.order_id).collect())
+            .collect();
+        assert_eq!(ids, vec![vec![1, 2, 4], vec![3], vec![5]]);
+        assert!(by_distinct_users(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_malformed_entry_parses_to_order_zero_and_a_good_one_to_its_fields() {
+        let good = StreamId {
+            id: "1-0".into(),
+            map: [
+                ("order".to_owned(), redis::Value::BulkString(b"42".to_vec())),
+                ("user".to_owned(), redis::Value::BulkString(b"7".to_vec())),
+                ("at".to_owned(), redis::Value::BulkString(b"1000".to_vec())),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        let e = parse(&good);
+        assert_eq!((e.order_id, e.user_id, e.at_ms), (42, 7, 1000));
+        let bad = StreamId {
+            id: "2-0".into(),
+            map: [("order".to_owned(), redis::Value::BulkString(b"x".to_vec()))]
+                .into_iter()
+                .collect(),
+        };
+        let e = parse(&bad);
+        assert_eq!((e.order_id, e.user_id), (0, 0));
+    }
+
+    #[test]
+    fn own_entries_go_first_then_claims_once_a_second_then_new_ones() {
+        let start = Instant::now();
+        let mut rounds = Rounds::new(start);
+        assert_eq!(rounds.next_read(start), Read::New);
+        assert_eq!(rounds.next_read(start + CLAIM_EVERY), Read::Claim);
+        assert_eq!(
+            rounds.next_read(start + CLAIM_EVERY),
+            Read::New,
+            "a claim is once a CLAIM_EVERY"
+        );
+        rounds.committed(Read::New, false);
+        assert_eq!(
+            rounds.next_read(start),
+            Read::Own,
+            "a failed batch is retried"
+        );
+        rounds.committed(Read::Own, true);
+        assert_eq!(
+            rounds.next_read(start),
+            Read::Own,
+            "more own entries may wait"
+        );
+        rounds.found_nothing();
+        assert_eq!(rounds.next_read(start), Read::New);
+    }
+
+    #[test]
+    fn idle_polls_back_off_to_a_second_and_a_wake_up_resets_them() {
+        let mut rounds = Rounds::new(Instant::now());
+        for _ in 0..20 {
+            rounds.polled(false);
+        }
+        assert_eq!(rounds.idle, IDLE_MAX);
+        rounds.polled(true);
+        assert_eq!(rounds.idle, POLL);
+        rounds.polled(false);
+        assert_eq!(rounds.idle, POLL * 2);
+        rounds.committed(Read::New, true);
+        assert_eq!(rounds.idle, POLL);
+    }
+
+    #[test]
+    fn pruning_is_due_once_every_prune_period() {
+        let start = Instant::now();
+        let mut rounds = Rounds::new(start);
+        assert!(!rounds.prune_due(start));
+        assert!(rounds.prune_due(start + PRUNE_EVERY));
+        assert!(!rounds.prune_due(start + PRUNE_EVERY));
+    }
 }
