@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    redis_url, send_purchase, spawn_app_with, OwnRedis, Process, TestApp, ADMIN_TOKEN,
+    redis_conn, redis_url, send_purchase, spawn_app_with, OwnRedis, Process, TestApp, ADMIN_TOKEN,
 };
 use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy};
 
@@ -236,11 +236,7 @@ async fn overlapping_reconciliations_during_a_crowd_never_sell_a_unit_twice() {
     assert_eq!(report["unstored"], json!([]));
     // Every reconciliation's rebuilt buyers were swapped in or deleted.
     let keyspace = app.keyspace().await;
-    let mut conn = redis::Client::open(redis_url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = redis_conn(&redis_url()).await;
     let staged: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{keyspace}async:{{{voucher}}}:buyers:*"))
         .query_async(&mut conn)
@@ -261,8 +257,7 @@ async fn entries_left_with_a_dead_consumer_are_claimed_and_written() {
     let voucher = app.open_async_voucher(1_000).await;
     let keyspace = app.keyspace().await;
     let stream = format!("{keyspace}async:{{{voucher}}}:orders");
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = redis_conn(&redis.url()).await;
     let tokens = app.tokens(1..=400).await;
     // A consumer that reads entries and dies without acknowledging them,
     // racing the service's writers for each one.
@@ -360,11 +355,7 @@ async fn an_instance_killed_mid_batch_loses_none_of_its_accepted_orders() {
     let voucher = app.open_async_voucher(500).await;
     let keyspace = app.keyspace().await;
     let stream = format!("{keyspace}async:{{{voucher}}}:orders");
-    let mut conn = redis::Client::open(redis_url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = redis_conn(&redis_url()).await;
     let tokens = app.tokens(1..=500).await;
     let victim_consumer = format!("pid{}-", victim.pid());
 
@@ -650,11 +641,7 @@ async fn idle_writers_poll_their_streams_about_once_a_second_and_still_write() {
     for _ in 0..SALES {
         vouchers.push(app.open_async_voucher(5).await);
     }
-    let mut conn = redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = redis_conn(&redis.url()).await;
     // Every writer started and went idle.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let before = calls_of(&mut conn, "xreadgroup").await;

@@ -9,12 +9,11 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis;
 use reqwest::StatusCode;
 
-use crate::helpers::{buy, spawn_app_with, OwnRedis};
+use crate::helpers::{buy, redis_conn, spawn_app_with, OwnRedis};
 use crate::proxy::Proxy;
 
 async fn run(redis: &OwnRedis, command: &[&str]) {
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = redis_conn(&redis.url()).await;
     let mut cmd = redis::cmd(command[0]);
     for arg in &command[1..] {
         cmd.arg(*arg);

@@ -13,8 +13,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::helpers::{
-    buy, client, send_purchase, spawn_app, spawn_app_with, start_stoppable, Answer, OwnRedis,
-    TestApp, ADMIN_TOKEN,
+    buy, client, redis_conn, send_purchase, spawn_app, spawn_app_with, start_stoppable, Answer,
+    OwnRedis, TestApp, ADMIN_TOKEN,
 };
 use crate::proxy::spawn_app_behind_pg_proxy;
 
@@ -461,8 +461,7 @@ async fn every_key_the_service_writes_is_under_its_databases_namespace() {
     let tokens = app.tokens([1, 2]).await;
     buy(&app.client, &app.base, &tokens[&1], voucher).await;
     buy(&app.client, &app.base, &tokens[&2], voucher).await;
-    let client = redis::Client::open(crate::helpers::redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = redis_conn(&crate::helpers::redis_url()).await;
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{}*", app.prefix))
         .query_async(&mut conn)

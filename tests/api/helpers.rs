@@ -387,6 +387,15 @@ pub struct Answer {
     pub took: Duration,
 }
 
+/// A connection to the Redis at `url`, for a test's own commands.
+pub async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("a Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis answers")
+}
+
 /// Tokens for these users, minted through the admin API of the instance
 /// at `base`.
 pub async fn tokens_at(

@@ -6,7 +6,7 @@ use deadpool_redis::redis;
 use redis_locks::{Acquired, Lease, LockClient, LockError, LockGuard, Released};
 use uuid::Uuid;
 
-use crate::helpers::{delete_keys, lock_client, lock_client_on, redis_url, OwnRedis};
+use crate::helpers::{delete_keys, lock_client, lock_client_on, redis_conn, redis_url, OwnRedis};
 
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -19,8 +19,7 @@ fn acquired(result: Result<Acquired, LockError>) -> LockGuard {
 }
 
 async fn raw_hash(key: &str) -> Vec<(String, String)> {
-    let client = redis::Client::open(redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = redis_conn(&redis_url()).await;
     let mut fields: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(key)
         .query_async(&mut conn)
@@ -284,8 +283,7 @@ async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind(
     for task in tasks {
         task.await.unwrap();
     }
-    let client = redis::Client::open(redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = redis_conn(&redis_url()).await;
     let n: i64 = redis::cmd("GET")
         .arg(&counter)
         .query_async(&mut conn)
@@ -385,8 +383,7 @@ async fn the_holder_hears_at_once_when_its_lock_is_deleted() {
             .await,
     );
 
-    let client = redis::Client::open(redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = redis_conn(&redis_url()).await;
     redis::cmd("DEL")
         .arg(lock.key())
         .query_async::<()>(&mut conn)
@@ -465,8 +462,7 @@ async fn every_new_holder_gets_a_larger_fencing_token_and_reentry_keeps_it() {
         outer.unlock().await.unwrap();
     }
     // Even with the token key gone, the next token is larger (Redis's clock).
-    let client = redis::Client::open(redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = redis_conn(&redis_url()).await;
     redis::cmd("DEL")
         .arg(format!("{}:fence", lock.key()))
         .query_async::<()>(&mut conn)

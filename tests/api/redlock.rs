@@ -7,7 +7,7 @@ use redis_locks::{LockClient, LockError, MultiNodeLocks, Quorum};
 
 use reqwest::StatusCode;
 
-use crate::helpers::{buy, lock_client_on, spawn_app_with, OwnRedis};
+use crate::helpers::{buy, lock_client_on, redis_conn, spawn_app_with, OwnRedis};
 
 const LEASE: Duration = Duration::from_secs(10);
 const NODE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -17,8 +17,7 @@ fn node(redis: &OwnRedis) -> LockClient {
 }
 
 async fn exists(redis: &OwnRedis, key: &str) -> bool {
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = redis_conn(&redis.url()).await;
     redis::cmd("EXISTS")
         .arg(key)
         .query_async(&mut conn)

@@ -6,7 +6,7 @@ use deadpool_redis::redis;
 use redis_locks::{Hold, Lease};
 use uuid::Uuid;
 
-use crate::helpers::{delete_keys, lock_client, lock_client_on, redis_url};
+use crate::helpers::{delete_keys, lock_client, lock_client_on, redis_conn, redis_url};
 
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -190,8 +190,7 @@ async fn the_watchdog_keeps_read_and_write_holds_alive_and_reports_a_lost_one() 
         .unwrap();
     tokio::time::sleep(lease * 2).await;
     assert_eq!(lock.mode().await.unwrap(), Some(Hold::Write));
-    let client = redis::Client::open(redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = redis_conn(&redis_url()).await;
     redis::cmd("DEL")
         .arg(lock.key())
         .query_async::<()>(&mut conn)

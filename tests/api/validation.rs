@@ -8,6 +8,22 @@ use serde_json::{json, Value};
 
 use crate::helpers::{buy, spawn_app, TestApp, ADMIN_TOKEN, TOKEN_SECRET};
 
+/// POSTs each body to `path` as `auth`: every one is `400 bad_request`.
+async fn refuse_all(app: &TestApp, path: &str, auth: &str, bodies: &[impl AsRef<str>]) {
+    for body in bodies {
+        expect(
+            app,
+            Method::POST,
+            path,
+            Some(auth),
+            Some(body.as_ref()),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        )
+        .await;
+    }
+}
+
 /// Sends a request and asserts the status and the JSON error code.
 async fn expect(
     app: &TestApp,
@@ -279,61 +295,40 @@ async fn malformed_bodies_are_refused() {
         // A struct's fields as an array: serde would read it, the API must not.
         json!(["t", 5, begin, end]).to_string(),
     ];
-    for body in &bad_vouchers {
-        expect(
-            &app,
-            Method::POST,
-            "/admin/vouchers",
-            Some(&admin),
-            Some(body),
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-        )
-        .await;
-    }
+    refuse_all(&app, "/admin/vouchers", &admin, &bad_vouchers).await;
 
     let too_many: Vec<i64> = (1..=10_001).collect();
-    for body in [
-        r#"{"user_ids":[]}"#.to_owned(),
-        r#"{"user_ids":[0]}"#.to_owned(),
-        r#"{"user_ids":[-5]}"#.to_owned(),
-        r#"{"user_ids":["1"]}"#.to_owned(),
-        r#"{"user_ids":[1],"ttl_seconds":0}"#.to_owned(),
-        r#"{"users":[1]}"#.to_owned(),
-        r#"[[1]]"#.to_owned(),
-        json!({ "user_ids": too_many }).to_string(),
-    ] {
-        expect(
-            &app,
-            Method::POST,
-            "/admin/tokens",
-            Some(&admin),
-            Some(&body),
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-        )
-        .await;
-    }
+    refuse_all(
+        &app,
+        "/admin/tokens",
+        &admin,
+        &[
+            r#"{"user_ids":[]}"#.to_owned(),
+            r#"{"user_ids":[0]}"#.to_owned(),
+            r#"{"user_ids":[-5]}"#.to_owned(),
+            r#"{"user_ids":["1"]}"#.to_owned(),
+            r#"{"user_ids":[1],"ttl_seconds":0}"#.to_owned(),
+            r#"{"users":[1]}"#.to_owned(),
+            r#"[[1]]"#.to_owned(),
+            json!({ "user_ids": too_many }).to_string(),
+        ],
+    )
+    .await;
 
     let restock = format!("/admin/vouchers/{voucher}/stock");
-    for body in [
-        r#"{"add":0}"#,
-        r#"{"add":-1}"#,
-        r#"{"add":2147483647}"#,
-        r#"{}"#,
-        r#"[2]"#,
-    ] {
-        expect(
-            &app,
-            Method::POST,
-            &restock,
-            Some(&admin),
-            Some(body),
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-        )
-        .await;
-    }
+    refuse_all(
+        &app,
+        &restock,
+        &admin,
+        &[
+            r#"{"add":0}"#,
+            r#"{"add":-1}"#,
+            r#"{"add":2147483647}"#,
+            r#"{}"#,
+            r#"[2]"#,
+        ],
+    )
+    .await;
 
     // A JSON body without its content type is refused as well.
     let response = app
@@ -406,18 +401,7 @@ async fn times_titles_and_headers_that_once_slipped_through_are_refused() {
         // cannot write back.
         voucher_with(good_begin, "9999-12-31T23:59:59-12:00", "t"),
     ];
-    for body in &bad {
-        expect(
-            &app,
-            Method::POST,
-            "/admin/vouchers",
-            Some(&admin),
-            Some(body),
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-        )
-        .await;
-    }
+    refuse_all(&app, "/admin/vouchers", &admin, &bad).await;
 
     // The latest time that can be written back round-trips exactly.
     let response = app
