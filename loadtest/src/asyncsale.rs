@@ -59,7 +59,7 @@ pub async fn run(target: &Target, args: &AsyncArgs) -> Result<Vec<Report>, Strin
     let plan = target.purchases(voucher, &tokens, 1);
     let sync = drive(
         &target.base,
-        Plan::Timed(seconds, plan),
+        Plan::Once(seconds, plan),
         args.connections,
         "sync",
     )
@@ -78,7 +78,7 @@ pub async fn run(target: &Target, args: &AsyncArgs) -> Result<Vec<Report>, Strin
     let plan = target.purchases(voucher, &tokens, 1);
     let accepted_run = drive(
         &target.base,
-        Plan::Timed(seconds, plan),
+        Plan::Once(seconds, plan),
         args.connections,
         "async",
     )

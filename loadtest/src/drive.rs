@@ -56,6 +56,10 @@ pub enum Plan {
     /// The requests over and over (each connection starting elsewhere) for
     /// this long.
     Timed(Duration, Vec<Request>),
+    /// Each request at most once, for at most this long: distinct users
+    /// that must not come back as repeat buyers. A run that sends them all
+    /// before the time is up ends then, and its tally says so.
+    Once(Duration, Vec<Request>),
 }
 
 /// What a run saw.
@@ -66,6 +70,9 @@ pub struct Tally {
     /// Latency in microseconds.
     pub latency: Histogram<u64>,
     pub elapsed: Duration,
+    /// A `Plan::Once` sent every request before its time was up: rates
+    /// count the shorter run, and more users would have gone faster.
+    pub exhausted: bool,
     /// Order ids of the successful purchases.
     pub order_ids: Vec<String>,
     /// Every answer: when it was sent, how long it took, whether it was a
@@ -91,6 +98,7 @@ impl Tally {
             statuses: BTreeMap::new(),
             latency: Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid histogram bounds"),
             elapsed: Duration::ZERO,
+            exhausted: false,
             order_ids: Vec::new(),
             samples: Vec::new(),
             origin: Instant::now(),
@@ -139,13 +147,15 @@ pub fn client(connections: usize) -> reqwest::Client {
 
 /// Runs `plan` against `base` over `connections` connections.
 pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> Tally {
-    let (requests, deadline, total) = match plan {
+    let (requests, deadline, total, once) = match plan {
         Plan::Fixed(requests) => {
             let n = requests.len();
-            (requests, None, n as u64)
+            (requests, None, n as u64, false)
         }
-        Plan::Timed(duration, requests) => (requests, Some(duration), duration.as_secs()),
+        Plan::Timed(duration, requests) => (requests, Some(duration), duration.as_secs(), false),
+        Plan::Once(duration, requests) => (requests, Some(duration), duration.as_secs(), true),
     };
+    let exhausted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let requests = Arc::new(requests);
     let progress = ProgressBar::new(total).with_prefix(label.to_owned());
     let template = if deadline.is_some() {
@@ -165,12 +175,13 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
     let tally = Arc::new(Mutex::new(Tally::starting_at(started)));
     let mut workers = Vec::with_capacity(connections);
     for _ in 0..connections {
-        let (client, requests, next, tally, progress) = (
+        let (client, requests, next, tally, progress, exhausted) = (
             client.clone(),
             requests.clone(),
             next.clone(),
             tally.clone(),
             progress.clone(),
+            exhausted.clone(),
         );
         let base = base.to_owned();
         workers.push(tokio::spawn(async move {
@@ -181,6 +192,10 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
                     None if i >= requests.len() => break,
                     None => &requests[i],
                     Some(d) if started.elapsed() >= d => break,
+                    Some(_) if once && i >= requests.len() => {
+                        exhausted.store(true, Ordering::Relaxed);
+                        break;
+                    }
                     Some(_) => &requests[i % requests.len()],
                 };
                 send(&client, &base, request, &mut mine).await;
@@ -214,6 +229,14 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
         .into_inner()
         .expect("no worker panicked");
     tally.elapsed = started.elapsed();
+    tally.exhausted = exhausted.load(Ordering::Relaxed);
+    if tally.exhausted {
+        eprintln!(
+            "{label}: every one of the {} requests was sent after {:.1} s, before the run's time was up: more users would have gone faster",
+            requests.len(),
+            tally.elapsed.as_secs_f64()
+        );
+    }
     tally
 }
 

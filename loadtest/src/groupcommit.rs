@@ -145,7 +145,7 @@ async fn throughput(
     let label = format!("throughput x{}", target.bases.len());
     let tally = drive(
         &target.base,
-        Plan::Timed(Duration::from_secs(args.seconds), plan),
+        Plan::Once(Duration::from_secs(args.seconds), plan),
         args.connections,
         &label,
     )
