@@ -179,26 +179,28 @@ impl Application {
                 "closed connections still open at the shutdown deadline"
             );
         }
-        // Requests cut off above release their locks as they drop; those
-        // releases get what is left of the deadline, and a moment at least.
-        let left = (began + timeout)
-            .saturating_duration_since(tokio::time::Instant::now())
-            .max(Duration::from_millis(100));
-        if !seckill.stop_workers(left).await {
+        // The background workers, then the lock releases of requests cut
+        // off above (they release as they drop), get what is left of the
+        // deadline, and a moment at least.
+        let left = || {
+            (began + timeout)
+                .saturating_duration_since(tokio::time::Instant::now())
+                .max(Duration::from_millis(100))
+        };
+        if !seckill.stop_workers(left()).await {
             tracing::warn!(
                 running = seckill.workers_running(),
                 "background workers still running at the shutdown deadline"
             );
         }
-        let left = (began + timeout)
-            .saturating_duration_since(tokio::time::Instant::now())
-            .max(Duration::from_millis(100));
-        #[allow(unused_mut)]
-        let mut released = seckill.shutdown_locks(left).await;
+        let left = left();
+        let released = seckill.shutdown_locks(left).await;
         #[cfg(feature = "lab")]
-        if let Some(lab) = lab {
-            released &= lab.shutdown_locks(left).await;
-        }
+        let released = released
+            & match lab {
+                Some(lab) => lab.shutdown_locks(left).await,
+                None => true,
+            };
         if !released {
             tracing::warn!("some lock releases did not finish; their leases will free them");
         }

@@ -31,6 +31,8 @@ impl SaleMode {
 pub struct Admin<'a> {
     client: reqwest::Client,
     target: &'a Target,
+    /// The instance it calls.
+    base: &'a str,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -103,11 +105,24 @@ pub struct LabStats {
 
 impl<'a> Admin<'a> {
     pub fn new(target: &'a Target) -> Self {
+        Self::on(target, 0)
+    }
+
+    /// The admin API of instance `i` (counted round the instances).
+    pub fn on(target: &'a Target, i: usize) -> Self {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(120))
             .build()
             .expect("an HTTP client");
-        Self { client, target }
+        let base = target
+            .bases
+            .get(i % target.bases.len().max(1))
+            .unwrap_or(&target.base);
+        Self {
+            client,
+            target,
+            base,
+        }
     }
 
     async fn call(
@@ -118,7 +133,7 @@ impl<'a> Admin<'a> {
     ) -> Result<Value, String> {
         let mut request = self
             .client
-            .request(method, format!("{}{path}", self.target.base))
+            .request(method, format!("{}{path}", self.base))
             .bearer_auth(&self.target.admin_token);
         if let Some(body) = body {
             request = request.json(&body);
@@ -320,7 +335,7 @@ impl<'a> Admin<'a> {
     pub async fn buy_out(&self, voucher: i64, token: &str) -> Result<(), String> {
         let response = self
             .client
-            .post(format!("{}/seckill/{voucher}", self.target.base))
+            .post(format!("{}/seckill/{voucher}", self.base))
             .bearer_auth(token)
             .send()
             .await

@@ -240,14 +240,19 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
     tally
 }
 
-/// Sends one request and counts its answer in `tally`; the answer's key
-/// (`"200"`, `"409 sold_out"`, ...) is returned too.
-pub async fn send(
-    client: &reqwest::Client,
-    base: &str,
-    request: &Request,
-    tally: &mut Tally,
-) -> String {
+/// One request's answer, as a tally counts it.
+pub struct Answered {
+    /// `"200"`, `"409 sold_out"`, `"error: timeout"`, ...
+    pub key: String,
+    /// The order id of a successful purchase.
+    pub order_id: Option<String>,
+    ok: bool,
+    sent: Instant,
+    micros: u64,
+}
+
+/// Sends one request; its answer, to be counted in a tally.
+pub async fn exchange(client: &reqwest::Client, base: &str, request: &Request) -> Answered {
     let base = request.base.as_deref().unwrap_or(base);
     let mut builder = client.request(request.method.clone(), format!("{base}{}", request.path));
     if let Some(token) = &request.token {
@@ -256,6 +261,7 @@ pub async fn send(
     let sent = Instant::now();
     let result = builder.send().await;
     let mut ok = false;
+    let mut order_id = None;
     let key = match result {
         Ok(response) => {
             let status = response.status();
@@ -263,9 +269,7 @@ pub async fn send(
             if status.is_success() {
                 ok = true;
                 if let Ok(json) = serde_json::from_slice::<Value>(&body) {
-                    if let Some(id) = json["order_id"].as_str() {
-                        tally.order_ids.push(id.to_owned());
-                    }
+                    order_id = json["order_id"].as_str().map(str::to_owned);
                 }
                 status.as_u16().to_string()
             } else {
@@ -283,14 +287,48 @@ pub async fn send(
     let micros = u64::try_from(sent.elapsed().as_micros())
         .unwrap_or(u64::MAX)
         .max(1);
-    tally.latency.saturating_record(micros);
-    tally.samples.push(Sample {
-        at_ms: u32::try_from(sent.saturating_duration_since(tally.origin).as_millis())
-            .unwrap_or(u32::MAX),
-        micros: u32::try_from(micros).unwrap_or(u32::MAX),
+    Answered {
+        key,
+        order_id,
         ok,
-    });
-    tally.requests += 1;
-    *tally.statuses.entry(key.clone()).or_default() += 1;
+        sent,
+        micros,
+    }
+}
+
+impl Tally {
+    /// Counts one answer.
+    pub fn record(&mut self, answered: Answered) {
+        let Answered {
+            key,
+            order_id,
+            ok,
+            sent,
+            micros,
+        } = answered;
+        self.order_ids.extend(order_id);
+        self.latency.saturating_record(micros);
+        self.samples.push(Sample {
+            at_ms: u32::try_from(sent.saturating_duration_since(self.origin).as_millis())
+                .unwrap_or(u32::MAX),
+            micros: u32::try_from(micros).unwrap_or(u32::MAX),
+            ok,
+        });
+        self.requests += 1;
+        *self.statuses.entry(key).or_default() += 1;
+    }
+}
+
+/// Sends one request and counts its answer in `tally`; the answer's key
+/// (`"200"`, `"409 sold_out"`, ...) is returned too.
+pub async fn send(
+    client: &reqwest::Client,
+    base: &str,
+    request: &Request,
+    tally: &mut Tally,
+) -> String {
+    let answered = exchange(client, base, request).await;
+    let key = answered.key.clone();
+    tally.record(answered);
     key
 }

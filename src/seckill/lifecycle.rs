@@ -18,9 +18,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use super::error::{Result, SeckillError};
+use super::workers::Background;
 use super::Seckill;
 use crate::id::OrderId;
 use crate::store::{Closed, Order, OrderStatus, Payment, PaymentOutcome, SaleMode, StockReturn};
@@ -127,9 +127,10 @@ impl Seckill {
         }
     }
 
-    /// Starts the expiry sweep and the relay of async returns; both stop
-    /// when `stop` is cancelled.
-    pub(super) fn start_lifecycle(&self, tasks: &TaskTracker, stop: &CancellationToken) {
+    /// Starts the expiry sweep and the relay of async returns among the
+    /// instance's background tasks; both stop with them.
+    pub(super) fn start_lifecycle(&self, background: &Background) {
+        let Background { tasks, stop } = background;
         tasks.spawn(self.clone().sweep(stop.clone()));
         tasks.spawn(self.clone().relay(stop.clone()));
     }

@@ -228,9 +228,14 @@ impl Seckill {
     /// loading at start), the expiry of unpaid orders and the relay of
     /// async returns. They run until [`Seckill::stop_workers`].
     pub fn start_workers(&self) {
-        let Background { tasks, stop } = &self.inner.background;
-        tasks.spawn(self.inner.async_sales.clone().supervise(stop.clone()));
-        self.start_lifecycle(tasks, stop);
+        let background = &self.inner.background;
+        background.tasks.spawn(
+            self.inner
+                .async_sales
+                .clone()
+                .supervise(background.stop.clone()),
+        );
+        self.start_lifecycle(background);
     }
 
     /// Stops every background worker and waits for them, at most `limit`:

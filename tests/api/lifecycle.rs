@@ -9,8 +9,8 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    buy, create_voucher_at, drop_database, pg_server, redis_url, spawn_app, spawn_app_with, start,
-    start_stoppable, tokens_at, OwnRedis, Process, TestApp, PAYMENT_SECRET,
+    buy, create_voucher_at, drop_database, pg_server, redis_url, send_purchase, spawn_app,
+    spawn_app_with, start, start_stoppable, tokens_at, OwnRedis, Process, TestApp, PAYMENT_SECRET,
 };
 
 impl TestApp {
@@ -51,15 +51,9 @@ impl TestApp {
 
     /// An async purchase as the token's user: the status and the body.
     async fn buy_async(&self, token: &str, voucher_id: i64) -> (StatusCode, Value) {
-        let response = self
-            .client
-            .post(self.url(&format!("/seckill/{voucher_id}")))
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status();
-        (status, response.json().await.unwrap())
+        let url = self.url(&format!("/seckill/{voucher_id}"));
+        let answer = send_purchase(&self.client, &url, token).await;
+        (answer.status, answer.body)
     }
 
     async fn order_as_admin(&self, order_id: &str) -> Value {
