@@ -77,10 +77,6 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_PG_POOL")]
     pub pg_pool: Option<u32>,
 
-    /// Redis connections (each one multiplexes many commands).
-    #[arg(long, env = "SECKILL_REDIS_POOL", default_value_t = 16)]
-    pub redis_pool: usize,
-
     /// Most purchases of one voucher committed in one transaction (group
     /// commit); 1 restores one order per transaction.
     #[arg(long, env = "SECKILL_SALE_BATCH_MAX", default_value_t = 256,
@@ -232,8 +228,10 @@ impl Settings {
     pub fn max_connections(&self, nofile: u64) -> usize {
         self.max_connections.unwrap_or_else(|| {
             let pools = u64::from(self.pg_pool_size())
-                + u64::try_from(self.redis_pool).unwrap_or(u64::MAX)
-                + 4 * u64::try_from(self.lock_nodes().len() + 1).unwrap_or(u64::MAX);
+                // The service's one Redis connection, and per lock client a
+                // command and a subscriber connection.
+                + 1
+                + 2 * u64::try_from(self.lock_nodes().len() + 1).unwrap_or(u64::MAX);
             let left = nofile.saturating_sub(pools + 64);
             usize::try_from(left.clamp(16, 100_000)).unwrap_or(100_000)
         })

@@ -17,7 +17,7 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, NaiveTime, Utc};
-use deadpool_redis::redis::Script;
+use redis::Script;
 use tokio::sync::oneshot;
 
 use crate::kv::{Kv, KvError};

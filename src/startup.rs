@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::TimeDelta;
-use deadpool_redis::{PoolConfig, Runtime, Timeouts};
 use tokio::net::TcpListener;
 
 use crate::config::{PgPooler, Settings};
@@ -20,20 +19,16 @@ use crate::lab::{Lab, LabSettings};
 use crate::seckill::{SaleClock, Seckill, SeckillSettings, UserLocks};
 use crate::store::{PoolSettings, Store, StoreError};
 use crate::token::TokenSigner;
-use redis_locks::{cluster_client, Endpoint, LockClient, LockOptions, MultiNodeLocks, Quorum};
+use redis_locks::{LockClient, LockOptions, MultiNodeLocks, Quorum};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
     #[error("Postgres: {0}")]
     Store(#[from] StoreError),
-    #[error("Redis pool: {0}")]
-    Redis(#[from] deadpool_redis::CreatePoolError),
     #[error("Redis URL: {0}")]
-    RedisUrl(deadpool_redis::redis::RedisError),
+    RedisUrl(redis::RedisError),
     #[error("REDIS_URL: {0}")]
     RedisTarget(String),
-    #[error("Redis Sentinel pool: {0}")]
-    SentinelPool(deadpool_redis::sentinel::CreatePoolError),
     #[error(
         "SECKILL_LAB=1, but this binary has no lab: run seckill-lab \
          (cargo run --features lab --bin seckill-lab)"
@@ -238,30 +233,26 @@ async fn lab(
     )))
 }
 
-/// Where `url` (a `REDIS_URL`) points.
-fn redis_target(url: &str) -> Result<RedisTarget, StartupError> {
-    RedisTarget::parse(url).map_err(StartupError::RedisTarget)
+/// The endpoint `url` (a `REDIS_URL`) names.
+fn redis_endpoint(url: &str) -> Result<redis_locks::Endpoint, StartupError> {
+    RedisTarget::parse(url)
+        .map_err(StartupError::RedisTarget)?
+        .endpoint()
+        .map_err(StartupError::RedisUrl)
 }
 
 /// A lock client on the Redis at `url`, its keys under `prefix`, its
 /// commands bounded by the dependency timeout.
 fn lock_client(settings: &Settings, url: &str, prefix: &str) -> Result<LockClient, StartupError> {
-    let redis: Endpoint = match redis_target(url)? {
-        RedisTarget::Server(url) => deadpool_redis::redis::Client::open(url)
-            .map_err(StartupError::RedisUrl)?
-            .into(),
-        RedisTarget::Sentinel { sentinels, master } => {
-            Endpoint::sentinel(sentinels, &master).map_err(StartupError::RedisUrl)?
-        }
-        RedisTarget::Cluster { nodes } => {
-            Endpoint::cluster(nodes).map_err(StartupError::RedisUrl)?
-        }
-    };
     let options = LockOptions {
         command_timeout: settings.dependency_timeout(),
         ..LockOptions::default()
     };
-    Ok(LockClient::with_options(redis, prefix, options))
+    Ok(LockClient::with_options(
+        redis_endpoint(url)?,
+        prefix,
+        options,
+    ))
 }
 
 /// The users' purchase locks: on the service's Redis, or RedLock over the
@@ -290,39 +281,10 @@ fn user_locks(settings: &Settings, prefix: &str) -> Result<UserLocks, StartupErr
 
 /// The service's own Redis commands, on the Redis `REDIS_URL` names.
 fn kv(settings: &Settings) -> Result<Kv, StartupError> {
-    let timeout = settings.dependency_timeout();
-    let pool = PoolConfig {
-        max_size: settings.redis_pool,
-        timeouts: Timeouts {
-            wait: Some(timeout),
-            create: Some(timeout),
-            recycle: Some(timeout),
-        },
-        ..PoolConfig::default()
-    };
-    Ok(match redis_target(&settings.redis_url)? {
-        RedisTarget::Server(url) => {
-            let mut config = deadpool_redis::Config::from_url(url);
-            config.pool = Some(pool);
-            Kv::new(config.create_pool(Some(Runtime::Tokio1))?, timeout)
-        }
-        RedisTarget::Sentinel { sentinels, master } => {
-            let mut config = deadpool_redis::sentinel::Config::from_urls(
-                sentinels,
-                master,
-                deadpool_redis::sentinel::SentinelServerType::Master,
-            );
-            config.pool = Some(pool);
-            let pool = config
-                .create_pool(Some(Runtime::Tokio1))
-                .map_err(StartupError::SentinelPool)?;
-            Kv::sentinel(pool, timeout)
-        }
-        RedisTarget::Cluster { nodes } => Kv::cluster(
-            cluster_client(nodes, timeout).map_err(StartupError::RedisUrl)?,
-            timeout,
-        ),
-    })
+    Ok(Kv::new(
+        redis_endpoint(&settings.redis_url)?,
+        settings.dependency_timeout(),
+    ))
 }
 
 /// Connects to Postgres, retrying while it is unreachable (it may still be

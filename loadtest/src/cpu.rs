@@ -5,8 +5,6 @@
 
 use std::collections::BTreeMap;
 
-use deadpool_redis::redis;
-
 use crate::service::Target;
 
 /// CPU seconds (user + system) spent so far, per part.

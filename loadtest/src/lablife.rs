@@ -30,7 +30,6 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
-use deadpool_redis::redis;
 use serde_json::{json, Value};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use tokio::task::JoinSet;

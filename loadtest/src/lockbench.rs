@@ -23,7 +23,7 @@ pub struct LockArgs {
 pub async fn run(args: &LockArgs) -> Result<Value, String> {
     let url = crate::service::redis_url();
     let prefix = format!("loadtest:{}:", uuid::Uuid::new_v4().simple());
-    let client = deadpool_redis::redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+    let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
     let client_for_cleanup = client.clone();
     let locks = LockClient::new(client, prefix.clone());
 

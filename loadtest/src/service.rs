@@ -247,7 +247,7 @@ impl Target {
             let _ = child.wait();
         }
         if let Some(prefix) = self.redis_prefix.take() {
-            if let Ok(client) = deadpool_redis::redis::Client::open(redis_url()) {
+            if let Ok(client) = redis::Client::open(redis_url()) {
                 remove_keys(&client, &prefix).await;
             }
         }
@@ -270,8 +270,8 @@ pub fn redis_url() -> String {
 }
 
 /// Deletes every key under `prefix`.
-pub async fn remove_keys(client: &deadpool_redis::redis::Client, prefix: &str) {
-    use deadpool_redis::redis;
+pub async fn remove_keys(client: &redis::Client, prefix: &str) {
+    use redis;
     let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
         return;
     };

@@ -38,19 +38,21 @@ impl FairLock {
     ) -> Result<Result<LockGuard, Option<Duration>>, LockError> {
         let shared = &self.lock.shared;
         let (lease, watched) = shared.resolve(lease);
-        let mut conn = shared.conn.get().await?;
         let sent = Instant::now();
         let (granted, value, fence): (i64, i64, i64) = shared
-            .fair_acquire
-            .key(&*self.lock.key)
-            .key(self.lock.fence_key())
-            .key(self.queue_key())
-            .key(self.deadlines_key())
-            .arg(lease_ms(lease))
-            .arg(owner.as_str())
-            .arg(FENCE_KEY_TTL_MS)
-            .arg(lease_ms(wait))
-            .invoke_async(&mut conn)
+            .conn
+            .invoke(
+                shared
+                    .fair_acquire
+                    .key(&*self.lock.key)
+                    .key(self.lock.fence_key())
+                    .key(self.queue_key())
+                    .key(self.deadlines_key())
+                    .arg(lease_ms(lease))
+                    .arg(owner.as_str())
+                    .arg(FENCE_KEY_TTL_MS)
+                    .arg(lease_ms(wait)),
+            )
             .await?;
         if granted == 1 {
             let life = if watched {
@@ -111,26 +113,27 @@ impl FairLock {
 
     async fn leave(&self, owner: &Owner) -> Result<(), LockError> {
         let shared = &self.lock.shared;
-        let mut conn = shared.conn.get().await?;
         let _: i64 = shared
-            .fair_leave
-            .key(self.queue_key())
-            .key(self.deadlines_key())
-            .key(self.lock.channel())
-            .arg(owner.as_str())
-            .invoke_async(&mut conn)
+            .conn
+            .invoke(
+                shared
+                    .fair_leave
+                    .key(self.queue_key())
+                    .key(self.deadlines_key())
+                    .key(self.lock.channel())
+                    .arg(owner.as_str()),
+            )
             .await?;
         Ok(())
     }
 
     /// Owners waiting in line now, first first.
     pub async fn queue(&self) -> Result<Vec<String>, LockError> {
-        let mut conn = self.lock.shared.conn.get().await?;
-        Ok(redis::cmd("LRANGE")
-            .arg(self.queue_key())
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
+        Ok(self
+            .lock
+            .shared
+            .conn
+            .query(redis::cmd("LRANGE").arg(self.queue_key()).arg(0).arg(-1))
             .await?)
     }
 

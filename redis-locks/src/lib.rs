@@ -309,6 +309,7 @@ mod redlock;
 mod rwlock;
 mod watchdog;
 
+pub use conn::SharedConnection;
 pub use endpoint::{cluster_client, Endpoint};
 pub use fairlock::FairLock;
 pub use redlock::{MultiGuard, MultiNodeLocks, Quorum};
@@ -419,7 +420,7 @@ pub enum Acquired {
 }
 
 struct Shared {
-    conn: Arc<conn::Connection>,
+    conn: Arc<SharedConnection>,
     prefix: String,
     process: Uuid,
     acquire: Script,
@@ -469,7 +470,7 @@ impl LockClient {
         options: LockOptions,
     ) -> Self {
         let client = endpoint.into();
-        let conn = Arc::new(conn::Connection::new(
+        let conn = Arc::new(SharedConnection::new(
             client.clone(),
             options.command_timeout,
         ));
@@ -535,17 +536,13 @@ impl LockClient {
     /// replicas, not a replica left behind by a failover): a key of the
     /// client's own, written with a short life.
     pub async fn check_writable(&self) -> Result<(), LockError> {
-        let mut conn = self.shared.conn.get().await?;
         let key = format!(
             "{}lock-client:{}:writable",
             self.shared.prefix, self.shared.process
         );
-        redis::cmd("SET")
-            .arg(key)
-            .arg(1)
-            .arg("PX")
-            .arg(10_000)
-            .query_async::<()>(&mut conn)
+        self.shared
+            .conn
+            .query::<()>(redis::cmd("SET").arg(key).arg(1).arg("PX").arg(10_000))
             .await?;
         Ok(())
     }
@@ -630,13 +627,10 @@ impl Lock {
     /// Frees the lock whoever holds it, and wakes its waiters. Returns
     /// whether it was held. For operators; the holder is not told.
     pub async fn force_unlock(&self) -> Result<bool, LockError> {
-        let mut conn = self.shared.conn.get().await?;
         let deleted: i64 = self
             .shared
-            .force_unlock
-            .key(&*self.key)
-            .key(self.channel())
-            .invoke_async(&mut conn)
+            .conn
+            .invoke(self.shared.force_unlock.key(&*self.key).key(self.channel()))
             .await?;
         Ok(deleted == 1)
     }
@@ -648,10 +642,10 @@ impl Lock {
 
     /// The lease left on the lock: `None` when it is free (or has no lease).
     pub async fn remaining_lease(&self) -> Result<Option<Duration>, LockError> {
-        let mut conn = self.shared.conn.get().await?;
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(&*self.key)
-            .query_async(&mut conn)
+        let pttl: i64 = self
+            .shared
+            .conn
+            .query(redis::cmd("PTTL").arg(&*self.key))
             .await?;
         Ok(u64::try_from(pttl).ok().map(Duration::from_millis))
     }
@@ -761,13 +755,17 @@ impl Lock {
         &'s self,
         invocation: impl Fn() -> redis::ScriptInvocation<'s>,
     ) -> Result<T, LockError> {
+        // Every attempt within one deadline: resending never makes a call
+        // outlast the command timeout.
+        let deadline = tokio::time::Instant::now() + self.shared.conn.timeout();
         let mut attempt = 1;
         loop {
-            let result = async {
-                let mut conn = self.shared.conn.get().await?;
-                Ok::<T, LockError>(invocation().invoke_async(&mut conn).await?)
-            }
-            .await;
+            let result = self
+                .shared
+                .conn
+                .invoke_by(deadline, &invocation())
+                .await
+                .map_err(LockError::from);
             match result {
                 Err(error) if attempt < SEND_ATTEMPTS && is_transient(&error) => {
                     tracing::debug!(key = %self.key, %error, attempt, "resending a lock command");
@@ -781,21 +779,20 @@ impl Lock {
 
     /// How many holds `owner` has on this lock (0 when none).
     pub async fn hold_count(&self, owner: &Owner) -> Result<u32, LockError> {
-        let mut conn = self.shared.conn.get().await?;
-        let holds: Option<u32> = redis::cmd("HGET")
-            .arg(&*self.key)
-            .arg(owner.as_str())
-            .query_async(&mut conn)
+        let holds: Option<u32> = self
+            .shared
+            .conn
+            .query(redis::cmd("HGET").arg(&*self.key).arg(owner.as_str()))
             .await?;
         Ok(holds.unwrap_or(0))
     }
 
     /// Whether anyone holds the lock.
     pub async fn is_locked(&self) -> Result<bool, LockError> {
-        let mut conn = self.shared.conn.get().await?;
-        let exists: bool = redis::cmd("EXISTS")
-            .arg(&*self.key)
-            .query_async(&mut conn)
+        let exists: bool = self
+            .shared
+            .conn
+            .query(redis::cmd("EXISTS").arg(&*self.key))
             .await?;
         Ok(exists)
     }

@@ -122,8 +122,7 @@ impl ReadWriteLock {
         &self,
         invocation: ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
-        let mut conn = self.shared.conn.get().await?;
-        Ok(invocation.invoke_async(&mut conn).await?)
+        Ok(self.shared.conn.invoke(&invocation).await?)
     }
 
     /// Takes a hold without waiting. `Err(lease_left)` inside: someone
@@ -227,11 +226,10 @@ impl ReadWriteLock {
 
     /// The lock's mode: `None` when free.
     pub async fn mode(&self) -> Result<Option<Hold>, LockError> {
-        let mut conn = self.shared.conn.get().await?;
-        let mode: Option<String> = redis::cmd("HGET")
-            .arg(&*self.key)
-            .arg("mode")
-            .query_async(&mut conn)
+        let mode: Option<String> = self
+            .shared
+            .conn
+            .query(redis::cmd("HGET").arg(&*self.key).arg("mode"))
             .await?;
         Ok(match mode.as_deref() {
             Some("read") => Some(Hold::Read),

@@ -25,7 +25,7 @@ const BATCH: usize = 256;
 
 pub(super) struct Watchdog {
     pub(super) lease: Duration,
-    conn: Arc<super::conn::Connection>,
+    conn: Arc<super::SharedConnection>,
     renew: Script,
     renew_rw: Script,
     state: Mutex<State>,
@@ -65,7 +65,7 @@ pub(super) struct Registration {
 }
 
 impl Watchdog {
-    pub(super) fn new(conn: Arc<super::conn::Connection>, lease: Duration) -> Arc<Self> {
+    pub(super) fn new(conn: Arc<super::SharedConnection>, lease: Duration) -> Arc<Self> {
         Arc::new(Self {
             lease,
             conn,
@@ -144,14 +144,11 @@ impl Watchdog {
             for (_, key, owner, _) in &chunk {
                 invocation.key(&**key).arg(owner.as_str());
             }
-            let result: Result<Vec<i64>, String> = async {
-                let mut conn = self.conn.get().await.map_err(|e| e.to_string())?;
-                invocation
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(|e| e.to_string())
-            }
-            .await;
+            let result: Result<Vec<i64>, String> = self
+                .conn
+                .invoke(&invocation)
+                .await
+                .map_err(|e| e.to_string());
             let renewed = |i: usize| {
                 result
                     .as_ref()
@@ -175,15 +172,12 @@ impl Watchdog {
                 .arg(lease_ms(self.lease))
                 .arg(owner.as_str())
                 .arg(if *write { "write" } else { "read" });
-            let result: Result<bool, String> = async {
-                let mut conn = self.conn.get().await.map_err(|e| e.to_string())?;
-                let renewed: i64 = invocation
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                Ok(renewed == 1)
-            }
-            .await;
+            let result: Result<bool, String> = self
+                .conn
+                .invoke::<i64>(&invocation)
+                .await
+                .map(|renewed| renewed == 1)
+                .map_err(|e| e.to_string());
             self.settle(std::iter::once((entry, result)));
         }
         true

@@ -107,9 +107,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     metrics::gauge!("seckill_pool_connections", "pool" => "postgres", "state" => "idle")
         .set(f64::from(usage.postgres_idle));
     metrics::gauge!("seckill_pool_connections", "pool" => "redis", "state" => "open")
-        .set(f64::from(usage.redis_size));
-    metrics::gauge!("seckill_pool_connections", "pool" => "redis", "state" => "idle")
-        .set(f64::from(usage.redis_available));
+        .set(f64::from(usage.redis_open));
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(),

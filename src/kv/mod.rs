@@ -1,61 +1,47 @@
 //! Redis for the service's own commands (order ids, sold-out flags, the
-//! lab's plain locks): a connection pool whose every call has a deadline.
+//! async sale's scripts and streams, the lab's plain locks), on the lock
+//! library's connection layer: one multiplexed connection
+//! ([`redis_locks::SharedConnection`]) whose every call has a deadline.
 //!
-//! A call that outlives its deadline answers [`KvError::TimedOut`] and its
-//! connection leaves the pool instead of going back to it: whatever the
-//! server does with the late command, no later call reads its answer. So
-//! does a connection that answers `READONLY` or `MASTERDOWN` (a failover
-//! left it on a replica): the next call connects afresh, through the proxy
-//! or managed endpoint, to whichever server is master now.
+//! One layer for both, so one place holds the failover rules: a call that
+//! outlives its deadline answers a timeout, and its late answer is thrown
+//! away, never read by the next call; a connection that answers `READONLY`
+//! or `MASTERDOWN` (a failover left it on a replica), and behind Sentinel
+//! one that broke or timed out, is dropped, and the next call connects
+//! afresh, through the proxy or managed endpoint, or to whichever server
+//! the sentinels name master now. On a Redis Cluster the connection routes
+//! each command to its key's master and follows `MOVED` and `ASK` by itself.
+//! Nothing is checked out of a pool, so no `PING` precedes a command.
 //!
-//! On a Redis Cluster there is no pool: one multiplexed cluster connection
-//! routes each command to its key's master and follows `MOVED` and `ASK`
-//! by itself; a late answer on it cannot reach another caller, so nothing
-//! needs dropping.
+//! No command here blocks on the server (stream reads poll, without
+//! `BLOCK`), and none needs a connection of its own (no `WATCH`/`MULTI`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::aio::ConnectionLike;
-use deadpool_redis::redis::cluster::ClusterClient;
-use deadpool_redis::redis::cluster_async::ClusterConnection;
-use deadpool_redis::redis::{
-    self, Cmd, FromRedisValue, Pipeline, RedisFuture, ScriptInvocation, Value,
-};
-use deadpool_redis::{sentinel, Connection, Pool, PoolError};
+use redis::{Cmd, FromRedisValue, ScriptInvocation};
+use redis_locks::{Endpoint, SharedConnection};
 
 mod stream;
 pub use stream::{Consumer, ConsumerState, Delivery};
 
+/// Redis failed a call, or did not answer within its deadline (a timeout
+/// error: `is_timeout()`).
 #[derive(Debug, thiserror::Error)]
-pub enum KvError {
-    #[error("no Redis connection: {0}")]
-    Pool(#[from] PoolError),
-    #[error("Redis: {0}")]
-    Redis(#[from] redis::RedisError),
-    #[error("Redis did not answer within {0:?}")]
-    TimedOut(Duration),
-}
+#[error("Redis: {0}")]
+pub struct KvError(#[from] pub redis::RedisError);
 
 impl KvError {
     /// The error code of Redis's answer (`BUSYGROUP`, `NOGROUP`, ...), if
     /// Redis answered with an error.
     pub fn code(&self) -> Option<&str> {
-        match self {
-            Self::Redis(error) | Self::Pool(PoolError::Backend(error)) => error.code(),
-            _ => None,
-        }
+        self.0.code()
     }
 
     /// Whether Redis is away, slow or between masters, so that the same
     /// call may succeed later (the service answers 503), rather than a bug.
     pub fn is_transient(&self) -> bool {
-        match self {
-            Self::TimedOut(_) => true,
-            Self::Pool(PoolError::Backend(e)) | Self::Redis(e) => is_transient(e),
-            // No connection within the wait time, or none can be made.
-            Self::Pool(_) => true,
-        }
+        is_transient(&self.0)
     }
 }
 
@@ -137,124 +123,43 @@ impl RedisTarget {
     }
 }
 
-/// A pooled connection to one Redis or to the Sentinel master, or a
-/// handle on the cluster connection.
-enum Pooled {
-    Server(Connection),
-    Sentinel(sentinel::Connection),
-    Cluster(ClusterConnection),
-}
-
-impl Pooled {
-    /// Takes the connection out of its pool: it is closed, not reused.
-    fn discard(self) {
-        match self {
-            Self::Server(conn) => drop(Connection::take(conn)),
-            Self::Sentinel(conn) => drop(sentinel::Connection::take(conn)),
-            // Multiplexed: answers are matched to their callers.
-            Self::Cluster(_) => {}
-        }
+impl RedisTarget {
+    /// The endpoint this target names, for a [`SharedConnection`] or a
+    /// lock client.
+    pub fn endpoint(self) -> redis::RedisResult<Endpoint> {
+        Ok(match self {
+            Self::Server(url) => redis::Client::open(url)?.into(),
+            Self::Sentinel { sentinels, master } => Endpoint::sentinel(sentinels, &master)?,
+            Self::Cluster { nodes } => Endpoint::cluster(nodes)?,
+        })
     }
 }
 
-impl ConnectionLike for Pooled {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Self::Server(conn) => conn.req_packed_command(cmd),
-            Self::Sentinel(conn) => conn.req_packed_command(cmd),
-            Self::Cluster(conn) => conn.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Self::Server(conn) => conn.req_packed_commands(cmd, offset, count),
-            Self::Sentinel(conn) => conn.req_packed_commands(cmd, offset, count),
-            Self::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Self::Server(conn) => conn.get_db(),
-            Self::Sentinel(conn) => conn.get_db(),
-            Self::Cluster(conn) => conn.get_db(),
-        }
-    }
-}
-
-/// The pool behind a [`Kv`].
-#[derive(Clone)]
-pub enum Pools {
-    Server(Pool),
-    /// Each new connection asks the sentinels for the master.
-    Sentinel(sentinel::Pool),
-    /// One cluster connection, made on first use (the service starts while
-    /// the cluster is down) and shared.
-    Cluster {
-        client: Arc<ClusterClient>,
-        conn: Arc<tokio::sync::Mutex<Option<ClusterConnection>>>,
-    },
-}
-
-/// A Redis pool whose calls each end within `timeout`. Cheap to clone.
+/// The service's Redis: one shared connection whose calls each end within
+/// its timeout. Cheap to clone.
 #[derive(Clone)]
 pub struct Kv {
-    pool: Pools,
-    timeout: Duration,
-    /// Behind Sentinel a broken connection may mean the master moved: it is
-    /// dropped, and the next one asks the sentinels again.
-    follow_failover: bool,
+    conn: Arc<SharedConnection>,
 }
 
 impl Kv {
-    pub fn new(pool: Pool, timeout: Duration) -> Self {
+    /// Redis at `endpoint` (connected on first use), every call within
+    /// `timeout`.
+    pub fn new(endpoint: impl Into<Endpoint>, timeout: Duration) -> Self {
         Self {
-            pool: Pools::Server(pool),
-            timeout,
-            follow_failover: false,
-        }
-    }
-
-    /// A pool of connections to the master the sentinels name.
-    pub fn sentinel(pool: sentinel::Pool, timeout: Duration) -> Self {
-        Self {
-            pool: Pools::Sentinel(pool),
-            timeout,
-            follow_failover: true,
-        }
-    }
-
-    /// The cluster that `client` reaches, one connection for all calls.
-    pub fn cluster(client: ClusterClient, timeout: Duration) -> Self {
-        Self {
-            pool: Pools::Cluster {
-                client: Arc::new(client),
-                conn: Arc::default(),
-            },
-            timeout,
-            follow_failover: false,
+            conn: Arc::new(SharedConnection::new(endpoint, timeout)),
         }
     }
 
     /// Whether this is a Redis Cluster (a script's keys must then share a
     /// slot).
     pub fn is_cluster(&self) -> bool {
-        matches!(self.pool, Pools::Cluster { .. })
+        self.conn.is_cluster()
     }
 
-    /// Runs one command (or a `MULTI`-less pipeline's worth, via `Cmd`).
+    /// Runs one command.
     pub async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, KvError> {
-        let mut conn = self.connection().await?;
-        match tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await {
-            Ok(answer) => self.settle(conn, answer),
-            Err(_) => Err(self.abandon(conn)),
-        }
+        Ok(self.conn.query(cmd).await?)
     }
 
     /// Runs a Lua script (EVALSHA, loading it on NOSCRIPT).
@@ -262,11 +167,7 @@ impl Kv {
         &self,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, KvError> {
-        let mut conn = self.connection().await?;
-        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
-            Ok(answer) => self.settle(conn, answer),
-            Err(_) => Err(self.abandon(conn)),
-        }
+        Ok(self.conn.invoke(invocation).await?)
     }
 
     /// Whether Redis takes writes now: `key` is written with a short life
@@ -279,7 +180,7 @@ impl Kv {
         if self.is_cluster() {
             let info: String = self.query(redis::cmd("CLUSTER").arg("INFO")).await?;
             if !info.lines().any(|line| line.trim() == "cluster_state:ok") {
-                return Err(KvError::Redis(redis::RedisError::from((
+                return Err(KvError(redis::RedisError::from((
                     redis::ErrorKind::ClusterDown,
                     "the cluster does not serve every slot",
                 ))));
@@ -288,65 +189,10 @@ impl Kv {
         Ok(())
     }
 
-    /// Connections open and idle now (a cluster's one shared connection
-    /// counts as open and idle).
-    pub fn usage(&self) -> (usize, usize) {
-        let status = match &self.pool {
-            Pools::Server(pool) => pool.status(),
-            Pools::Sentinel(pool) => pool.status(),
-            Pools::Cluster { conn, .. } => {
-                let open = conn.try_lock().map_or(1, |c| usize::from(c.is_some()));
-                return (open, open);
-            }
-        };
-        (status.size, status.available)
-    }
-
-    async fn connection(&self) -> Result<Pooled, KvError> {
-        // The pool's own wait and create timeouts bound this too; the outer
-        // one also covers its health-check PING on a frozen server.
-        let get = async {
-            Ok::<_, KvError>(match &self.pool {
-                Pools::Server(pool) => Pooled::Server(pool.get().await?),
-                Pools::Sentinel(pool) => Pooled::Sentinel(pool.get().await?),
-                Pools::Cluster { client, conn } => {
-                    let mut conn = conn.lock().await;
-                    if conn.is_none() {
-                        *conn = Some(client.get_async_connection().await?);
-                    }
-                    Pooled::Cluster(conn.clone().expect("just connected"))
-                }
-            })
-        };
-        match tokio::time::timeout(self.timeout, get).await {
-            Ok(conn) => Ok(conn?),
-            Err(_) => Err(KvError::TimedOut(self.timeout)),
-        }
-    }
-
-    /// Drops a connection whose command is still out, so that its late
-    /// answer cannot reach the next caller.
-    fn abandon(&self, conn: Pooled) -> KvError {
-        conn.discard();
-        KvError::TimedOut(self.timeout)
-    }
-
-    /// An answer, after which a connection that reaches no master (or,
-    /// behind Sentinel, broke) leaves the pool.
-    fn settle<T>(&self, conn: Pooled, answer: redis::RedisResult<T>) -> Result<T, KvError> {
-        if let Err(error) = &answer {
-            let no_master = matches!(
-                error.kind(),
-                redis::ErrorKind::ReadOnly | redis::ErrorKind::MasterDown
-            );
-            let broke = error.is_io_error()
-                || error.is_connection_dropped()
-                || error.is_connection_refusal();
-            if no_master || (self.follow_failover && broke) {
-                conn.discard();
-            }
-        }
-        Ok(answer?)
+    /// Connections open now: 1 or 0 (one multiplexed connection carries
+    /// every call).
+    pub fn open_connections(&self) -> usize {
+        usize::from(self.conn.is_open())
     }
 }
 

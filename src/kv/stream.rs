@@ -4,10 +4,8 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use deadpool_redis::redis::streams::{
-    StreamAutoClaimReply, StreamId, StreamInfoConsumersReply, StreamReadReply,
-};
-use deadpool_redis::redis::{self, Cmd, Script};
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamInfoConsumersReply, StreamReadReply};
+use redis::{self, Cmd, Script};
 
 use super::{Kv, KvError};
 

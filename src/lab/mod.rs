@@ -22,8 +22,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis;
-
 use crate::kv::Kv;
 use crate::seckill::workers::{Background, Workers};
 use crate::seckill::{stock_units, Result, SeckillError};

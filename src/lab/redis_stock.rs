@@ -13,7 +13,7 @@
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-use deadpool_redis::redis::{self, streams::StreamId, Script};
+use redis::{self, streams::StreamId, Script};
 use tokio_util::sync::CancellationToken;
 
 use super::{Lab, LabOrder, Stall, StallAt, Strategy};

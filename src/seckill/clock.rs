@@ -9,7 +9,6 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use deadpool_redis::redis;
 
 use crate::kv::{Kv, KvError};
 

@@ -129,8 +129,8 @@ pub struct VoucherDraft {
 pub struct PoolUsage {
     pub postgres_size: u32,
     pub postgres_idle: u32,
-    pub redis_size: u32,
-    pub redis_available: u32,
+    /// The service's shared Redis connection: 1 while open.
+    pub redis_open: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -565,12 +565,10 @@ impl Seckill {
 
     pub fn pool_usage(&self) -> PoolUsage {
         let pg = self.inner.store.pool();
-        let (redis_size, redis_available) = self.inner.redis.usage();
         PoolUsage {
             postgres_size: pg.size(),
             postgres_idle: u32::try_from(pg.num_idle()).unwrap_or(u32::MAX),
-            redis_size: u32::try_from(redis_size).unwrap_or(u32::MAX),
-            redis_available: u32::try_from(redis_available).unwrap_or(u32::MAX),
+            redis_open: u32::try_from(self.inner.redis.open_connections()).unwrap_or(u32::MAX),
         }
     }
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use deadpool_redis::redis::{self, Script};
+use redis::{self, Script};
 
 use crate::kv::{Kv, KvError};
 use crate::store::{StockLevel, Voucher};

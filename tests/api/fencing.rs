@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use deadpool_redis::redis;
 use redis_locks::{Acquired, LockClient};
 use reqwest::StatusCode;
 use seckill::id::IdGenerator;
@@ -19,12 +18,13 @@ async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
     let other_voucher = app.open_voucher(5).await;
     let user = 42;
     let store = Store::from_pool(app.db.clone(), Duration::from_secs(5));
-    let pool = deadpool_redis::Config::from_url(redis_url())
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .unwrap();
+    let client = redis::Client::open(redis_url()).unwrap();
     let keyspace = app.keyspace().await;
-    let ids = IdGenerator::new(Kv::new(pool, Duration::from_secs(5)), keyspace.clone());
-    let locks = LockClient::new(redis::Client::open(redis_url()).unwrap(), keyspace);
+    let ids = IdGenerator::new(
+        Kv::new(client.clone(), Duration::from_secs(5)),
+        keyspace.clone(),
+    );
+    let locks = LockClient::new(client, keyspace);
     // The service's own lock for this user.
     let lock = locks.lock(&format!("order:{user}"));
 

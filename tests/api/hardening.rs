@@ -6,7 +6,6 @@
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use deadpool_redis::redis;
 use reqwest::StatusCode;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

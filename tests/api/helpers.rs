@@ -7,7 +7,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use deadpool_redis::redis;
 use reqwest::StatusCode;
 use seckill::config::Settings;
 use seckill::startup::Application;
@@ -58,8 +57,6 @@ pub fn setting_args(addr: &str, db_url: &str, redis_url: &str, prefix: &str) -> 
         "--payment-secret",
         PAYMENT_SECRET,
         "--pg-pool",
-        "8",
-        "--redis-pool",
         "8",
         // Generous: tests run side by side on two cores. The tests of
         // deadlines set their own.

@@ -3,7 +3,6 @@
 use std::collections::HashSet;
 
 use chrono::Utc;
-use deadpool_redis::redis;
 use seckill::id::{IdError, IdGenerator, EPOCH_UNIX};
 use seckill::kv::Kv;
 use uuid::Uuid;
@@ -12,29 +11,30 @@ use crate::helpers::{delete_keys, redis_url};
 
 struct Prefixed {
     prefix: String,
-    pool: deadpool_redis::Pool,
+    client: redis::Client,
 }
 
 impl Prefixed {
     fn new() -> Self {
-        let pool = deadpool_redis::Config::from_url(redis_url())
-            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-            .unwrap();
         Self {
             prefix: format!("test:{}:", Uuid::new_v4().simple()),
-            pool,
+            client: redis::Client::open(redis_url()).unwrap(),
         }
     }
 
     fn generator(&self) -> IdGenerator {
         IdGenerator::new(
-            Kv::new(self.pool.clone(), std::time::Duration::from_secs(5)),
+            Kv::new(self.client.clone(), std::time::Duration::from_secs(5)),
             self.prefix.clone(),
         )
     }
 
     async fn redis_time(&self) -> i64 {
-        let mut conn = self.pool.get().await.unwrap();
+        let mut conn = self
+            .client
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
         let (secs, _micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
         secs
     }
@@ -73,7 +73,11 @@ async fn ids_have_the_documented_layout_and_a_per_day_key() {
         Utc::now().format("%Y:%m:%d")
     );
     assert_eq!(ids.day_key(Utc::now()), key);
-    let mut conn = redis.pool.get().await.unwrap();
+    let mut conn = redis
+        .client
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
     let (count, ttl): (u64, i64) = redis::pipe()
         .cmd("GET")
         .arg(&key)
@@ -129,7 +133,11 @@ async fn an_exhausted_day_counter_is_an_error_not_a_wrap() {
     let redis = Prefixed::new();
     let ids = redis.generator();
     let key = ids.day_key(Utc::now());
-    let mut conn = redis.pool.get().await.unwrap();
+    let mut conn = redis
+        .client
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
     redis::cmd("SET")
         .arg(&key)
         .arg(u64::from(u32::MAX) - 1)

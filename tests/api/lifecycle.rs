@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use deadpool_redis::redis;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 

@@ -2,7 +2,6 @@
 
 use std::time::{Duration, Instant};
 
-use deadpool_redis::redis;
 use redis_locks::{Acquired, Lease, LockClient, LockError, LockGuard, Released};
 use uuid::Uuid;
 

@@ -61,6 +61,9 @@ pub struct Proxy {
     /// While true, no byte crosses: the server looks frozen (SIGSTOP)
     /// to the app, its connections open but silent.
     frozen: watch::Sender<bool>,
+    /// While true, new connections are accepted and held, reaching no
+    /// server, as haproxy queues them while none of its servers is up.
+    holding: watch::Sender<bool>,
 }
 
 impl Proxy {
@@ -72,6 +75,7 @@ impl Proxy {
             accept: Mutex::new(None),
             links: Arc::new(Mutex::new(Vec::new())),
             frozen: watch::channel(false).0,
+            holding: watch::channel(false).0,
         };
         proxy.restore();
         proxy
@@ -102,6 +106,16 @@ impl Proxy {
         self.frozen.send_replace(false);
     }
 
+    /// Holds new connections (accepted, silent) until [`Proxy::release`],
+    /// then sends them to the target of that moment.
+    pub fn hold_new(&self) {
+        self.holding.send_replace(true);
+    }
+
+    pub fn release(&self) {
+        self.holding.send_replace(false);
+    }
+
     /// Listens again on the same port.
     pub fn restore(&self) {
         let socket = TcpSocket::new_v4().unwrap();
@@ -112,11 +126,17 @@ impl Proxy {
         let listener = socket.listen(1024).unwrap();
         let (target, links) = (self.target.clone(), self.links.clone());
         let frozen = self.frozen.subscribe();
+        let holding = self.holding.subscribe();
         let accept = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let frozen = frozen.clone();
-                let target = *target.lock().unwrap();
+                let mut holding = holding.clone();
+                let target = target.clone();
                 let link = tokio::spawn(async move {
+                    if holding.wait_for(|held| !held).await.is_err() {
+                        return;
+                    }
+                    let target = *target.lock().unwrap();
                     if let Ok(outbound) = TcpStream::connect(target).await {
                         let (in_read, in_write) = inbound.into_split();
                         let (out_read, out_write) = outbound.into_split();

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use deadpool_redis::redis;
 use redis_locks::{LockClient, LockError, MultiNodeLocks, Quorum};
 
 use reqwest::StatusCode;

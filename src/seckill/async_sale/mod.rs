@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use deadpool_redis::redis::{self, Script};
+use redis::{self, Script};
 use tokio_util::sync::CancellationToken;
 
 use super::clock::SaleClock;

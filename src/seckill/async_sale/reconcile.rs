@@ -20,7 +20,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 
-use deadpool_redis::redis::{self, Script, ToRedisArgs};
+use redis::{self, Script, ToRedisArgs};
 use serde::Serialize;
 
 use super::{writer, AsyncSales, SaleKeys};

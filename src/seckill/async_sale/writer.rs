@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use deadpool_redis::redis::{self, streams::StreamId};
+use redis::{self, streams::StreamId};
 use tokio_util::sync::CancellationToken;
 
 use super::{AsyncSales, SaleKeys, WriterSignals, GROUP};
