@@ -16,7 +16,8 @@
 //! - `redis_locks` (the `redis-locks` crate beside this one): reentrant,
 //!   fair, read-write and RedLock locks on Redis; it imports nothing here.
 //! - [`id`]: 64-bit order ids from Redis.
-//! - [`kv`]: Redis for the service's own commands, each under a deadline.
+//! - [`kv`]: Redis for the service's own commands, each under a deadline,
+//!   on the lock library's connection layer (`redis_locks::SharedConnection`).
 
 pub mod cli;
 pub mod config;

@@ -410,7 +410,7 @@ fn sum_of(text: &str, name: &str) -> f64 {
 }
 
 /// How the writers caught up with what was accepted.
-struct Drain {
+pub(crate) struct Drain {
     /// Orders stored when the wait ended.
     stored: i64,
     /// Accepted orders still unstored when the load ended.
@@ -420,12 +420,12 @@ struct Drain {
     /// From the load's start until every accepted order was stored.
     until_stored: Duration,
     /// Accepted orders still unstored when the wait gave up.
-    lost: i64,
+    pub lost: i64,
 }
 
 /// Polls the voucher's stats until `accepted` orders are stored (or the
 /// timeout passes). `clock` started with the load.
-async fn drain(
+pub(crate) async fn drain(
     admin: &Admin<'_>,
     voucher: i64,
     accepted: u64,
@@ -587,15 +587,15 @@ fn parse_histogram(text: &str, name: &str) -> Histogram {
 }
 
 /// One of the goals, measured in this run.
-struct Goal {
-    measure: &'static str,
-    measured: f64,
-    goal: &'static str,
-    met: bool,
+pub(crate) struct Goal {
+    pub measure: &'static str,
+    pub measured: f64,
+    pub goal: &'static str,
+    pub met: bool,
 }
 
 impl Goal {
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         json!({
             "measure": self.measure,
             "measured": self.measured,
@@ -605,7 +605,7 @@ impl Goal {
     }
 }
 
-fn print_goals(goals: &[Goal]) {
+pub(crate) fn print_goals(goals: &[Goal]) {
     eprintln!(
         "{:<48} {:>9} {:>7} {:>4}",
         "goal", "measured", "target", "met"

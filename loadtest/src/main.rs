@@ -20,6 +20,7 @@ mod lifecycle;
 mod lockbench;
 mod report;
 mod service;
+mod speed;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -142,6 +143,10 @@ enum Scenario {
     /// /healthz, accepted -> confirmed, the writers' drain rate against
     /// group commit's, an async flash crowd; the goals judged.
     Async(asyncsale::AsyncArgs),
+    /// What a purchase costs the server beside /healthz: CPU µs per request
+    /// by process, Redis commands per purchase and PINGs, the rates and
+    /// their ratios, sync and async, in one run (the speed goals judged).
+    Speed(speed::SpeedArgs),
     /// The order lifecycle on two instances: payments racing the deadline,
     /// delivered twice; cancels; expiry under load and all at once; returned
     /// units sold again; conservation sampled throughout.
@@ -282,6 +287,7 @@ async fn main() -> ExitCode {
         let sections: Vec<report::Section> = reports.iter().map(report_section).collect();
         let name = match (&cli.scenario, reports.as_slice()) {
             (Scenario::Async(_), _) => "async",
+            (Scenario::Speed(_), _) => "speed",
             (_, [only]) => only.scenario,
             _ => "all",
         };
@@ -537,6 +543,7 @@ async fn run(
         Scenario::Throughput(args) => vec![throughput(target, args, pgbench_seconds).await?],
         Scenario::Soldout(args) => vec![soldout(target, args).await?],
         Scenario::Async(args) => asyncsale::run(target, args).await?,
+        Scenario::Speed(args) => speed::run(target, args).await?,
         Scenario::Tokens(_)
         | Scenario::Lock(_)
         | Scenario::Lab(_)

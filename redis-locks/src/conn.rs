@@ -22,10 +22,12 @@
 //! A connection that a failover left on a replica (`READONLY`) or on a
 //! master that lost its replicas (`MASTERDOWN`) is open but useless, and
 //! redis-rs's `ConnectionManager` only reconnects when a connection breaks,
-//! and to the same address: such an answer (also nested in an array), and
-//! behind Sentinel a broken connection or a call that timed out, drops the
+//! and to the same address: such an answer (also nested in an array), a
+//! broken connection, and behind Sentinel a call that timed out, drop the
 //! connection here, so that the next call connects afresh: through the
-//! proxy or managed endpoint, or to the master the sentinels name now.
+//! proxy or managed endpoint, or to the master the sentinels name now. (A
+//! broken connection is made again by the next call, not by redis-rs in
+//! the background: the first call after a Redis restart succeeds.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -244,21 +246,25 @@ fn timed_out(deadline: Instant) -> RedisError {
 }
 
 impl Handle {
-    /// Marks the connection stale when an answer says it reaches no master.
-    /// Server errors arrive as values here; they become errors later.
+    /// Marks the connection stale when it broke or an answer says it
+    /// reaches no master. Server errors arrive as values here; they become
+    /// errors later.
     fn check<'v>(&self, answer: Result<impl IntoIterator<Item = &'v Value>, &RedisError>) {
-        let no_master = match answer {
+        let useless = match answer {
             Err(error) => {
                 matches!(error.kind(), ErrorKind::ReadOnly | ErrorKind::MasterDown)
-                    || (self.follow_failover
-                        && (error.is_io_error()
-                            || error.is_connection_dropped()
-                            || error.is_connection_refusal()
-                            || error.is_timeout()))
+                    // Broken: connect afresh on the next call rather than
+                    // wait on redis-rs's reconnection, whose failed attempt
+                    // (made while the server was down) the first call after
+                    // a restart would read.
+                    || error.is_io_error()
+                    || error.is_connection_dropped()
+                    || error.is_connection_refusal()
+                    || (self.follow_failover && error.is_timeout())
             }
             Ok(values) => values.into_iter().any(reaches_no_master),
         };
-        if no_master {
+        if useless {
             self.stale.store(true, Ordering::Relaxed);
         }
     }

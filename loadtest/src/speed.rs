@@ -1,0 +1,469 @@
+//! `loadtest speed`: what a purchase costs the server next to an HTTP
+//! request that does nothing, in figures that do not depend on the
+//! machine's mood: CPU µs per request by process (service, Redis,
+//! Postgres, driver) for `/healthz`, sync and async purchases; Redis
+//! commands per purchase (sent by clients, counted with `MONITOR`, and
+//! executed, scripts' own included, with `PING`s, from `INFO
+//! commandstats`); the rates and their ratios. All in one run.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+use crate::api::{Admin, SaleMode};
+use crate::asyncsale::{drain, print_goals, Goal};
+use crate::cpu::Usage;
+use crate::drive::{drive, Plan, Request, Tally};
+use crate::service::{redis_url, Target};
+use crate::{check, Report};
+
+#[derive(clap::Args, Clone)]
+pub struct SpeedArgs {
+    /// Seconds of each timed run (/healthz, sync, async).
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+    /// Distinct users of the timed runs; each buys once per voucher, and a
+    /// run that uses them all up ends early and says so.
+    #[arg(long, default_value_t = 300_000)]
+    pub users: i64,
+    #[arg(long, default_value_t = 200)]
+    pub connections: usize,
+    /// Purchases (of each mode) whose Redis commands are counted one by
+    /// one with MONITOR, in a run of their own after the timed ones.
+    #[arg(long, default_value_t = 2_000)]
+    pub counted: i64,
+}
+
+/// One timed run's cost.
+struct Cost {
+    /// Requests (or purchases) per second.
+    rate: f64,
+    /// CPU µs per request, by process.
+    cpu: BTreeMap<&'static str, f64>,
+    /// Redis commands executed per request (scripts' own included), and
+    /// PINGs per request.
+    executed: f64,
+    pings: f64,
+}
+
+impl Cost {
+    /// Service, Redis and Postgres: the server's CPU per request.
+    fn server(&self) -> f64 {
+        ["service", "redis", "postgres"]
+            .iter()
+            .filter_map(|p| self.cpu.get(p))
+            .sum()
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "rate": round(self.rate),
+            "cpu_us": self.cpu,
+            "server_cpu_us": round(self.server()),
+            "redis_commands_executed": round(self.executed),
+            "redis_pings": round(self.pings),
+        })
+    }
+}
+
+pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, String> {
+    let admin = Admin::new(target);
+    let seconds = Duration::from_secs(args.seconds);
+    eprintln!("speed: minting {} tokens", args.users + 2 * args.counted);
+    let tokens = admin.shared_tokens(1, args.users).await?;
+
+    let (health, health_cost) = measured(target, || async {
+        let tally = drive(
+            &target.base,
+            Plan::Timed(seconds, vec![Request::get("/healthz")]),
+            args.connections,
+            "healthz",
+        )
+        .await;
+        let n = tally.requests;
+        Ok((tally, n))
+    })
+    .await?;
+
+    let voucher = admin
+        .create_voucher(SaleMode::Sync, i64::from(i32::MAX), 2)
+        .await?;
+    let started = chrono::Utc::now().timestamp();
+    let (sync, sync_cost) = measured(target, || async {
+        let plan = target.purchases(voucher, &tokens, 1);
+        let tally = drive(
+            &target.base,
+            Plan::Once(seconds, plan),
+            args.connections,
+            "sync",
+        )
+        .await;
+        let n = tally.count("200");
+        Ok((tally, n))
+    })
+    .await?;
+    let sync_check = check(target, voucher, &sync, started, None, 0).await?;
+
+    let voucher = admin
+        .create_voucher(SaleMode::Async, i64::from(i32::MAX), 2)
+        .await?;
+    let started = chrono::Utc::now().timestamp();
+    let (accepted_run, async_cost) = measured(target, || async {
+        let clock = Instant::now();
+        let plan = target.purchases(voucher, &tokens, 1);
+        let tally = drive(
+            &target.base,
+            Plan::Once(seconds, plan),
+            args.connections,
+            "async",
+        )
+        .await;
+        let accepted = tally.count("202");
+        // The cost of an async purchase includes writing it to Postgres.
+        let drained = drain(&admin, voucher, accepted, clock, 120).await?;
+        if drained.lost > 0 {
+            return Err(format!("{} accepted orders not stored", drained.lost));
+        }
+        Ok((tally, accepted))
+    })
+    .await?;
+    let async_check = check(target, voucher, &accepted_run, started, None, 0).await?;
+    // Rates are of the load alone, not of the drain after it.
+    let sync_cost = Cost {
+        rate: sync.count("200") as f64 / sync.elapsed.as_secs_f64().max(1e-9),
+        ..sync_cost
+    };
+    let async_cost = Cost {
+        rate: accepted_run.count("202") as f64 / accepted_run.elapsed.as_secs_f64().max(1e-9),
+        ..async_cost
+    };
+    let health_cost = Cost {
+        rate: health.rps(),
+        ..health_cost
+    };
+
+    // Client commands, one by one: MONITOR slows Redis, so it watches runs
+    // of their own, of fresh users.
+    let admin = &admin;
+    let counted = |first: i64, mode: SaleMode| async move {
+        let tokens = admin.shared_tokens(first, args.counted).await?;
+        let voucher = admin.create_voucher(mode, i64::from(i32::MAX), 2).await?;
+        count_client_commands(target, voucher, &tokens, args.connections).await
+    };
+    let sync_sent = counted(args.users + 1, SaleMode::Sync).await?;
+    let async_sent = counted(args.users + args.counted + 1, SaleMode::Async).await?;
+
+    let healthz_service = health_cost.cpu.get("service").copied().unwrap_or(f64::NAN);
+    let ratio = |cost: &Cost| round(cost.server() / healthz_service);
+    let goals = vec![
+        goal(
+            "server CPU per sync purchase / service CPU per /healthz",
+            ratio(&sync_cost),
+            "<= 6",
+            |m| m <= 6.0,
+        ),
+        goal(
+            "server CPU per async purchase / service CPU per /healthz",
+            ratio(&async_cost),
+            "<= 4",
+            |m| m <= 4.0,
+        ),
+        goal(
+            "sync purchases/s, one hot voucher",
+            round(sync_cost.rate),
+            ">= 10000",
+            |m| m >= 10_000.0,
+        ),
+        goal(
+            "async purchases accepted/s",
+            round(async_cost.rate),
+            ">= 15000",
+            |m| m >= 15_000.0,
+        ),
+        goal(
+            "sync purchases/s / /healthz req/s",
+            round(sync_cost.rate / health_cost.rate),
+            ">= 0.15",
+            |m| m >= 0.15,
+        ),
+        goal(
+            "async purchases/s / /healthz req/s",
+            round(async_cost.rate / health_cost.rate),
+            ">= 0.25",
+            |m| m >= 0.25,
+        ),
+        goal(
+            "Redis client commands per sync purchase",
+            round(sync_sent.per_purchase),
+            "<= 2.1",
+            |m| m <= 2.1,
+        ),
+        goal(
+            "Redis client commands per async purchase",
+            round(async_sent.per_purchase),
+            "<= 1.15",
+            |m| m <= 1.15,
+        ),
+        goal(
+            "PINGs per purchase (sync + async)",
+            round(sync_cost.pings + async_cost.pings),
+            "0",
+            |m| m == 0.0,
+        ),
+    ];
+    print_costs(&[
+        ("/healthz", &health_cost),
+        ("sync purchase", &sync_cost),
+        ("async purchase", &async_cost),
+    ]);
+    eprintln!(
+        "Redis commands sent per purchase, by name: sync {:?}",
+        sync_sent.by_name
+    );
+    eprintln!(
+        "                                          async {:?}",
+        async_sent.by_name
+    );
+    print_goals(&goals);
+
+    let costs = json!({
+        "healthz": health_cost.json(),
+        "sync": sync_cost.json(),
+        "async": async_cost.json(),
+        "client_commands_per_purchase": {
+            "sync": round(sync_sent.per_purchase),
+            "async": round(async_sent.per_purchase),
+            "sync_by_name": sync_sent.by_name,
+            "async_by_name": async_sent.by_name,
+        },
+        "goals": goals.iter().map(Goal::json).collect::<Vec<_>>(),
+    });
+    Ok(vec![
+        Report {
+            scenario: "speed-sync",
+            tally: sync,
+            check: sync_check,
+            ratios: Some(costs),
+            extra: json!({ "connections": args.connections }),
+        },
+        Report {
+            scenario: "speed-async",
+            tally: accepted_run,
+            check: async_check,
+            ratios: None,
+            extra: json!({ "connections": args.connections }),
+        },
+    ])
+}
+
+/// Runs `work` (which says how many units it did) and what it cost per
+/// unit: CPU by process, Redis commands executed and PINGs.
+async fn measured<F, Fut>(target: &Target, work: F) -> Result<(Tally, Cost), String>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<(Tally, u64), String>>,
+{
+    let stats_before = commandstats().await?;
+    let cpu_before = Usage::now(target).await;
+    let (tally, units) = work().await?;
+    let cpu = Usage::now(target).await.micros_per(&cpu_before, units);
+    let stats = commandstats().await?;
+    let delta = |name: &str| {
+        stats.get(name).copied().unwrap_or(0) - stats_before.get(name).copied().unwrap_or(0)
+    };
+    // Less the INFO calls of this measurement.
+    let executed: u64 = stats
+        .keys()
+        .filter(|name| *name != "info")
+        .map(|name| delta(name))
+        .sum();
+    let per = |n: u64| n as f64 / units.max(1) as f64;
+    Ok((
+        tally,
+        Cost {
+            rate: 0.0,
+            cpu,
+            executed: per(executed),
+            pings: per(delta("ping")),
+        },
+    ))
+}
+
+/// Calls per command name, from `INFO commandstats` of the local Redis.
+async fn commandstats() -> Result<BTreeMap<String, u64>, String> {
+    let client = redis::Client::open(redis_url()).map_err(|e| e.to_string())?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(parse_commandstats(&info))
+}
+
+/// `cmdstat_<name>:calls=<n>,...` lines.
+fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
+    info.lines()
+        .filter_map(|line| {
+            let (name, fields) = line.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = fields.split(',').find_map(|f| f.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Commands clients sent per purchase.
+struct Sent {
+    per_purchase: f64,
+    by_name: BTreeMap<String, f64>,
+}
+
+/// Sends one purchase per token while `MONITOR` watches Redis, and counts
+/// the commands clients sent (not those scripts ran: MONITOR marks those
+/// `[0 lua]`), per purchase made.
+async fn count_client_commands(
+    target: &Target,
+    voucher: i64,
+    tokens: &[Arc<str>],
+    connections: usize,
+) -> Result<Sent, String> {
+    let client = redis::Client::open(redis_url()).map_err(|e| e.to_string())?;
+    let monitor = client
+        .get_async_monitor()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut lines = monitor.into_on_message::<String>();
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let counter = tokio::spawn(async move {
+        let mut by_name = BTreeMap::<String, u64>::new();
+        loop {
+            tokio::select! {
+                _ = &mut stopped => break,
+                line = lines.next() => match line {
+                    Some(line) => {
+                        if let Some(name) = client_command(&line) {
+                            *by_name.entry(name).or_default() += 1;
+                        }
+                    }
+                    None => break,
+                },
+            }
+        }
+        by_name
+    });
+    // Let MONITOR start before the purchases do.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let plan = target.purchases(voucher, tokens, 1);
+    let tally = drive(
+        &target.base,
+        Plan::Once(Duration::from_secs(600), plan),
+        connections,
+        "counted",
+    )
+    .await;
+    // Answers a purchase got are committed (sync) or accepted (async);
+    // let the last of its commands reach MONITOR.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = stop.send(());
+    let by_name = counter.await.map_err(|e| e.to_string())?;
+    let purchases = (tally.count("200") + tally.count("202")).max(1) as f64;
+    let per_purchase = by_name.values().sum::<u64>() as f64 / purchases;
+    Ok(Sent {
+        per_purchase,
+        by_name: by_name
+            .into_iter()
+            .map(|(name, n)| (name, round(n as f64 / purchases)))
+            .collect(),
+    })
+}
+
+/// The command of a MONITOR line (`<time> [0 127.0.0.1:5555] "EVALSHA" ...`)
+/// sent by a client, lower case; `None` for one a script ran (`[0 lua]`).
+fn client_command(line: &str) -> Option<String> {
+    let (_, rest) = line.split_once('[')?;
+    let (source, rest) = rest.split_once(']')?;
+    if source.ends_with("lua") {
+        return None;
+    }
+    let command = rest.trim().split('"').nth(1)?;
+    Some(command.to_ascii_lowercase())
+}
+
+fn goal(
+    measure: &'static str,
+    measured: f64,
+    target: &'static str,
+    met: impl Fn(f64) -> bool,
+) -> Goal {
+    Goal {
+        measure,
+        measured,
+        goal: target,
+        met: met(measured),
+    }
+}
+
+fn print_costs(rows: &[(&str, &Cost)]) {
+    eprintln!(
+        "{:<16} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6}",
+        "per request", "rate/s", "service", "redis", "postgres", "driver", "redis cmds", "pings"
+    );
+    for (name, cost) in rows {
+        let us = |part: &str| {
+            cost.cpu
+                .get(part)
+                .map_or("-".to_owned(), |v| format!("{v:.1}"))
+        };
+        eprintln!(
+            "{:<16} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>10.2} {:>6.2}",
+            name,
+            cost.rate,
+            us("service"),
+            us("redis"),
+            us("postgres"),
+            us("driver"),
+            cost.executed,
+            cost.pings
+        );
+    }
+}
+
+fn round(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commandstats_lines_give_calls_by_name() {
+        let info = "# Commandstats\r\ncmdstat_ping:calls=12,usec=3,usec_per_call=0.25,rejected_calls=0,failed_calls=0\r\ncmdstat_client|setinfo:calls=2,usec=1\r\n";
+        let stats = parse_commandstats(info);
+        assert_eq!(stats.get("ping"), Some(&12));
+        assert_eq!(stats.get("client|setinfo"), Some(&2));
+        assert_eq!(stats.len(), 2);
+    }
+
+    #[test]
+    fn monitor_lines_name_client_commands_and_skip_scripts_own() {
+        assert_eq!(
+            client_command(r#"1700000000.123456 [0 127.0.0.1:50000] "EVALSHA" "abc" "1" "k""#),
+            Some("evalsha".to_owned())
+        );
+        assert_eq!(
+            client_command(r#"1700000000.123456 [0 lua] "HINCRBY" "k" "f" "1""#),
+            None
+        );
+        assert_eq!(
+            client_command(r#"1700000000.1 [0 unix:/tmp/redis.sock] "PING""#),
+            Some("ping".to_owned())
+        );
+    }
+}
