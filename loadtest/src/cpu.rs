@@ -11,6 +11,10 @@ use crate::service::Target;
 #[derive(Debug, Clone, Default)]
 pub struct Usage {
     pub parts: BTreeMap<&'static str, f64>,
+    /// Per `postgres` process: backends come and go, and one that exited
+    /// takes its CPU time with it, so a difference is taken per process
+    /// (a new one counts from zero).
+    postgres: BTreeMap<u32, f64>,
 }
 
 impl Usage {
@@ -27,13 +31,14 @@ impl Usage {
         if let Some(seconds) = process_seconds(std::process::id(), tick) {
             parts.insert("driver", seconds);
         }
-        if let Some(seconds) = postgres_seconds(tick) {
-            parts.insert("postgres", seconds);
+        let postgres = postgres_seconds(tick);
+        if !postgres.is_empty() {
+            parts.insert("postgres", postgres.values().sum());
         }
         if let Some(seconds) = redis_seconds().await {
             parts.insert("redis", seconds);
         }
-        Self { parts }
+        Self { parts, postgres }
     }
 
     /// The CPU spent between `earlier` and this reading, per part, in
@@ -42,8 +47,15 @@ impl Usage {
         self.parts
             .iter()
             .filter_map(|(part, now)| {
-                let before = earlier.parts.get(part)?;
-                let per = (now - before) * 1e6 / units.max(1) as f64;
+                let spent = if *part == "postgres" {
+                    self.postgres
+                        .iter()
+                        .map(|(pid, now)| now - earlier.postgres.get(pid).copied().unwrap_or(0.0))
+                        .sum()
+                } else {
+                    now - earlier.parts.get(part)?
+                };
+                let per = spent * 1e6 / units.max(1) as f64;
                 Some((*part, (per * 10.0).round() / 10.0))
             })
             .collect()
@@ -76,10 +88,13 @@ fn stat_seconds(stat: &str, tick: f64) -> Option<f64> {
     Some((utime + stime) / tick)
 }
 
-/// Every process named `postgres` (the server and its backends).
-fn postgres_seconds(tick: f64) -> Option<f64> {
-    let mut total = None;
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+/// Every process named `postgres` (the server and its backends), by pid.
+fn postgres_seconds(tick: f64) -> BTreeMap<u32, f64> {
+    let mut by_pid = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return by_pid;
+    };
+    for entry in entries.flatten() {
         let Some(pid) = entry
             .file_name()
             .to_str()
@@ -91,11 +106,11 @@ fn postgres_seconds(tick: f64) -> Option<f64> {
             .is_ok_and(|comm| comm.trim() == "postgres");
         if is_postgres {
             if let Some(seconds) = process_seconds(pid, tick) {
-                *total.get_or_insert(0.0) += seconds;
+                by_pid.insert(pid, seconds);
             }
         }
     }
-    total
+    by_pid
 }
 
 /// `used_cpu_sys + used_cpu_user` of the Redis at `REDIS_URL`.
