@@ -313,16 +313,20 @@ async fn wait_stored(
         .map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM voucher_orders WHERE voucher_id = $1")
-            .bind(voucher)
-            .fetch_one(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
+        let stored: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM voucher_orders WHERE voucher_id = $1")
+                .bind(voucher)
+                .fetch_one(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
         if stored >= i64::try_from(accepted).unwrap_or(i64::MAX) {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            return Err(format!("{} accepted orders not stored after 120 s", accepted as i64 - stored));
+            return Err(format!(
+                "{} accepted orders not stored after 120 s",
+                accepted as i64 - stored
+            ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

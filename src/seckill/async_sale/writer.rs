@@ -117,16 +117,23 @@ struct Rounds {
     retry_own: bool,
     last_claim: Instant,
     last_prune: Instant,
+    /// Entries read at most, next time: halved after a failed commit (a
+    /// batch too big to commit within the deadline would otherwise fail
+    /// for ever), doubled back after each success, up to `batch_max`.
+    batch: usize,
+    batch_max: usize,
 }
 
 impl Rounds {
-    fn new(now: Instant) -> Self {
+    fn new(now: Instant, batch_max: usize) -> Self {
         Self {
             idle: POLL,
             group_ready: false,
             retry_own: false,
             last_claim: now,
             last_prune: now,
+            batch: batch_max,
+            batch_max,
         }
     }
 
@@ -163,6 +170,11 @@ impl Rounds {
     fn committed(&mut self, read: Read, ok: bool) {
         self.idle = POLL;
         self.retry_own = !ok || read == Read::Own;
+        self.batch = if ok {
+            (self.batch * 2).min(self.batch_max)
+        } else {
+            (self.batch / 2).max(1)
+        };
     }
 
     /// An empty stream was polled: the next pause doubles, up to IDLE_MAX
@@ -186,7 +198,7 @@ pub(super) async fn write(
     stop: CancellationToken,
 ) {
     let keys = sales.keys(voucher_id);
-    let mut rounds = Rounds::new(Instant::now());
+    let mut rounds = Rounds::new(Instant::now(), sales.inner.batch_max);
     loop {
         if !rounds.group_ready {
             rounds.group_ready = ensure_group(&sales, &keys).await;
@@ -199,7 +211,7 @@ pub(super) async fn write(
             prune(&sales, &keys).await;
         }
         let read = rounds.next_read(Instant::now());
-        let entries = match next_entries(&sales, &keys, read).await {
+        let entries = match next_entries(&sales, &keys, read, rounds.batch).await {
             Ok(entries) => entries,
             Err(error) => {
                 if error.code() == Some("NOGROUP") {
@@ -292,6 +304,7 @@ async fn next_entries(
     sales: &AsyncSales,
     keys: &SaleKeys,
     read: Read,
+    count: usize,
 ) -> Result<Vec<Entry>, KvError> {
     let inner = &sales.inner;
     let consumer = Consumer {
@@ -303,7 +316,7 @@ async fn next_entries(
         Read::Claim => {
             let claimed = inner
                 .redis
-                .claim_idle(consumer, inner.claim_idle, inner.batch_max)
+                .claim_idle(consumer, inner.claim_idle, count)
                 .await?;
             if !claimed.is_empty() {
                 tracing::info!(
@@ -317,13 +330,13 @@ async fn next_entries(
         Read::Own => {
             inner
                 .redis
-                .read_group(consumer, Delivery::Own, inner.batch_max)
+                .read_group(consumer, Delivery::Own, count)
                 .await?
         }
         Read::New => {
             inner
                 .redis
-                .read_group(consumer, Delivery::New, inner.batch_max)
+                .read_group(consumer, Delivery::New, count)
                 .await?
         }
     };
@@ -525,7 +538,7 @@ mod tests {
     #[test]
     fn own_entries_go_first_then_claims_once_a_second_then_new_ones() {
         let start = Instant::now();
-        let mut rounds = Rounds::new(start);
+        let mut rounds = Rounds::new(start, 64);
         assert_eq!(rounds.next_read(start), Read::New);
         assert_eq!(rounds.next_read(start + CLAIM_EVERY), Read::Claim);
         assert_eq!(
@@ -551,7 +564,7 @@ mod tests {
 
     #[test]
     fn idle_polls_back_off_to_a_second_and_a_wake_up_resets_them() {
-        let mut rounds = Rounds::new(Instant::now());
+        let mut rounds = Rounds::new(Instant::now(), 64);
         for _ in 0..20 {
             rounds.polled(false);
         }
@@ -565,9 +578,28 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_commit_halves_the_next_batch_and_successes_restore_it() {
+        let mut rounds = Rounds::new(Instant::now(), 1024);
+        assert_eq!(rounds.batch, 1024);
+        rounds.committed(Read::New, false);
+        rounds.committed(Read::Own, false);
+        assert_eq!(rounds.batch, 256);
+        for _ in 0..20 {
+            rounds.committed(Read::Own, false);
+        }
+        assert_eq!(rounds.batch, 1, "never below one entry");
+        rounds.committed(Read::Own, true);
+        assert_eq!(rounds.batch, 2);
+        for _ in 0..20 {
+            rounds.committed(Read::New, true);
+        }
+        assert_eq!(rounds.batch, 1024, "never above the configured most");
+    }
+
+    #[test]
     fn pruning_is_due_once_every_prune_period() {
         let start = Instant::now();
-        let mut rounds = Rounds::new(start);
+        let mut rounds = Rounds::new(start, 64);
         assert!(!rounds.prune_due(start));
         assert!(rounds.prune_due(start + PRUNE_EVERY));
         assert!(!rounds.prune_due(start + PRUNE_EVERY));
