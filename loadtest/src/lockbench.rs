@@ -1,7 +1,8 @@
 //! `loadtest lock`: the lock library against the Redis it runs on.
 //! Uncontended lock + unlock pairs per second beside raw EVALSHA calls of
-//! the acquire script (redis-benchmark), and how soon a waiter wakes after
-//! an unlock.
+//! the acquire script (redis-benchmark), how soon a waiter wakes after an
+//! unlock, and RedLock's latency over five nodes of its own with two of
+//! them frozen against all up.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,6 +18,7 @@ pub struct LockArgs {
     pub seconds: u64,
     pub tasks: usize,
     pub wakeups: usize,
+    pub redlock_rounds: usize,
 }
 
 /// Runs the benchmark; returns the JSON line (and prints a table).
@@ -141,6 +143,9 @@ pub async fn run(args: &LockArgs) -> Result<Value, String> {
         "wake_max_ms": wake.max() as f64 / 1000.0,
         "invariants_ok": true,
     });
+    if args.redlock_rounds > 0 {
+        out["redlock"] = redlock(args.redlock_rounds).await?;
+    }
     if let Ok(rate) = evalsha {
         out["evalsha_per_sec"] = json!((rate * 100.0).round() / 100.0);
         // A pair is two script calls (acquire, release).
@@ -148,4 +153,132 @@ pub async fn run(args: &LockArgs) -> Result<Value, String> {
             json!({ "pairs_vs_evalsha": ((pairs_per_sec / rate) * 100.0).round() / 100.0 });
     }
     Ok(out)
+}
+
+/// A `redis-server` of this benchmark's own on a free port, stopped (and
+/// thawed first, if frozen) when dropped.
+struct Node {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Node {
+    fn start() -> Result<Self, String> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("redis-server: {e}"))?;
+        Ok(Self {
+            child,
+            url: format!("redis://127.0.0.1:{port}"),
+        })
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT: the node keeps its connections and
+    /// answers nothing, as a frozen VM or a GC pause does.
+    fn freeze(&self, frozen: bool) {
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let _ = std::process::Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.freeze(false);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// RedLock over five nodes of its own: the latency of one lock + unlock,
+/// sequential (`rounds` of them), with all nodes up and then with two of
+/// them frozen; the goal is a p50 within 3x.
+pub async fn redlock(rounds: usize) -> Result<Value, String> {
+    use redis_locks::{MultiNodeLocks, Quorum};
+    let nodes = (0..5)
+        .map(|_| Node::start())
+        .collect::<Result<Vec<_>, _>>()?;
+    let clients = nodes
+        .iter()
+        .map(|n| redis::Client::open(n.url.as_str()).map(|c| LockClient::new(c, "redlock-bench:")))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    // Wait for every node to answer.
+    for client in &clients {
+        let started = Instant::now();
+        while client.check_writable().await.is_err() {
+            if started.elapsed() > Duration::from_secs(10) {
+                return Err("a RedLock node did not start".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let locks = MultiNodeLocks::new(clients, Quorum::Majority);
+    let node_timeout = Duration::from_millis(500);
+    let measure = |label: &'static str| {
+        let locks = locks.clone();
+        async move {
+            eprintln!("lock: RedLock, {rounds} lock+unlock, {label}");
+            let mut took =
+                Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+            for i in 0..rounds {
+                let started = Instant::now();
+                let guard = locks
+                    .try_acquire(
+                        &format!("bench:{i}"),
+                        "bench",
+                        Duration::from_secs(10),
+                        node_timeout,
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .ok_or("a free RedLock was refused")?;
+                guard.unlock().await;
+                took.saturating_record(
+                    u64::try_from(started.elapsed().as_micros())
+                        .unwrap_or(u64::MAX)
+                        .max(1),
+                );
+            }
+            Ok::<_, String>(took)
+        }
+    };
+    let all_up = measure("all five nodes up").await?;
+    nodes[3].freeze(true);
+    nodes[4].freeze(true);
+    let two_frozen = measure("two of five nodes frozen").await;
+    nodes[3].freeze(false);
+    nodes[4].freeze(false);
+    let two_frozen = two_frozen?;
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    let ratio = ms(&two_frozen, 0.5) / ms(&all_up, 0.5);
+    println!(
+        "{:<34} {:>9.2} ms p50, {:.2} ms p99",
+        "RedLock lock+unlock, 5 nodes up",
+        ms(&all_up, 0.5),
+        ms(&all_up, 0.99)
+    );
+    println!(
+        "{:<34} {:>9.2} ms p50, {:.2} ms p99 ({ratio:.2}x the p50 with all up; goal <= 3x)",
+        "RedLock lock+unlock, 2 frozen",
+        ms(&two_frozen, 0.5),
+        ms(&two_frozen, 0.99)
+    );
+    Ok(json!({
+        "rounds": rounds,
+        "all_up_p50_ms": ms(&all_up, 0.5),
+        "all_up_p99_ms": ms(&all_up, 0.99),
+        "two_frozen_p50_ms": ms(&two_frozen, 0.5),
+        "two_frozen_p99_ms": ms(&two_frozen, 0.99),
+        "p50_ratio": (ratio * 100.0).round() / 100.0,
+        "within_3x": ratio <= 3.0,
+    }))
 }

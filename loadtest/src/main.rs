@@ -163,6 +163,10 @@ struct LockBenchArgs {
     /// Wake-up samples.
     #[arg(long, default_value_t = 200)]
     wakeups: usize,
+    /// Sequential RedLock lock+unlock rounds over five redis-server nodes
+    /// of its own, all up and then two frozen (0: skip).
+    #[arg(long, default_value_t = 2_000)]
+    redlock_rounds: usize,
 }
 
 #[derive(Args, Clone)]
@@ -225,6 +229,7 @@ async fn main() -> ExitCode {
             seconds: args.seconds,
             tasks: args.tasks,
             wakeups: args.wakeups,
+            redlock_rounds: args.redlock_rounds,
         };
         return match lockbench::run(&args).await {
             Ok(json) => {
