@@ -147,6 +147,12 @@ impl<'a> Admin<'a> {
         Ok(body)
     }
 
+    /// A voucher of `mode` whose stock cannot run out, on sale for two
+    /// hours.
+    pub async fn endless_voucher(&self, mode: SaleMode) -> Result<i64, String> {
+        self.create_voucher(mode, i64::from(i32::MAX), 2).await
+    }
+
     /// A voucher on sale from a minute ago for `hours`, free, with the
     /// default payment window.
     pub async fn create_voucher(

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::api::{Admin, SaleMode};
 use crate::cpu::Usage;
-use crate::drive::{drive, Plan, Request, Tally};
+use crate::drive::{drive, Plan, Tally};
 use crate::invariants::Check;
 use crate::service::Target;
 use crate::{check, round, CrowdArgs, Report, TargetArgs};
@@ -52,37 +52,23 @@ pub async fn run(target: &Target, args: &AsyncArgs) -> Result<Vec<Report>, Strin
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
 
     // The sync path's group-commit rate, on the same machine and users.
-    let voucher = admin
-        .create_voucher(SaleMode::Sync, i64::from(i32::MAX), 2)
-        .await?;
+    let voucher = admin.endless_voucher(SaleMode::Sync).await?;
     let started = chrono::Utc::now().timestamp();
-    let plan = target.purchases(voucher, &tokens, 1);
-    let sync = drive(
-        &target.base,
-        Plan::Once(seconds, plan),
-        args.connections,
-        "sync",
-    )
-    .await;
+    let sync = target
+        .buy_once(voucher, &tokens, seconds, args.connections, "sync")
+        .await;
     let sync_check = check(target, voucher, &sync, started, None, 0).await?;
     let sync_rate = sync_check.orders as f64 / sync.elapsed.as_secs_f64().max(1e-9);
 
     // Async: accepted per second, then until every accepted one is stored.
-    let voucher = admin
-        .create_voucher(SaleMode::Async, i64::from(i32::MAX), 2)
-        .await?;
+    let voucher = admin.endless_voucher(SaleMode::Async).await?;
     let confirms_before = confirm_histogram(target).await?;
     let cpu_before = Usage::now(target).await;
     let started = chrono::Utc::now().timestamp();
     let clock = Instant::now();
-    let plan = target.purchases(voucher, &tokens, 1);
-    let accepted_run = drive(
-        &target.base,
-        Plan::Once(seconds, plan),
-        args.connections,
-        "async",
-    )
-    .await;
+    let accepted_run = target
+        .buy_once(voucher, &tokens, seconds, args.connections, "async")
+        .await;
     let accepted = accepted_run.count("202");
     let drain = drain(&admin, voucher, accepted, clock, args.drain_timeout).await?;
     // Accepting and writing, until the last accepted order was stored.
@@ -93,13 +79,7 @@ pub async fn run(target: &Target, args: &AsyncArgs) -> Result<Vec<Report>, Strin
     let drain_rate = drain.stored as f64 / drain.until_stored.as_secs_f64().max(1e-9);
 
     let cpu_before = Usage::now(target).await;
-    let health = drive(
-        &target.base,
-        Plan::Timed(seconds, vec![Request::get("/healthz")]),
-        args.connections,
-        "healthz",
-    )
-    .await;
+    let health = target.healthz(seconds, args.connections).await;
     let cpu_per_healthz = Usage::now(target)
         .await
         .micros_per(&cpu_before, health.requests);

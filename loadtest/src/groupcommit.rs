@@ -136,20 +136,14 @@ async fn throughput(
     args: &GroupCommitArgs,
 ) -> Result<(Tally, Check, f64), String> {
     let admin = Admin::new(target);
-    let voucher = admin
-        .create_voucher(SaleMode::Sync, i64::from(i32::MAX), 2)
-        .await?;
+    let voucher = admin.endless_voucher(SaleMode::Sync).await?;
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
-    let plan = target.purchases(voucher, &tokens, 1);
     let started = chrono::Utc::now().timestamp();
     let label = format!("throughput x{}", target.bases.len());
-    let tally = drive(
-        &target.base,
-        Plan::Once(Duration::from_secs(args.seconds), plan),
-        args.connections,
-        &label,
-    )
-    .await;
+    let limit = Duration::from_secs(args.seconds);
+    let tally = target
+        .buy_once(voucher, &tokens, limit, args.connections, &label)
+        .await;
     let check = check(target, voucher, &tally, started, None, 0).await?;
     let rate = check.orders as f64 / tally.elapsed.as_secs_f64().max(1e-9);
     Ok((tally, check, rate))

@@ -651,21 +651,16 @@ async fn throughput(
 ) -> Result<Report, String> {
     let admin = Admin::new(target);
     let seconds = args.seconds.unwrap_or(20);
-    let voucher = admin
-        .create_voucher(SaleMode::Sync, i64::from(i32::MAX), 2)
-        .await?;
+    let voucher = admin.endless_voucher(SaleMode::Sync).await?;
     eprintln!("throughput: minting {} tokens", args.users);
-    let plan: Vec<Request> = admin
-        .tokens(1, args.users)
-        .await?
-        .into_iter()
-        .map(|t| Request::purchase(voucher, t.into()))
-        .collect();
+    let tokens = admin.shared_tokens(1, args.users).await?;
     let started = chrono::Utc::now().timestamp();
     // Each user once: a user who comes back is a repeat buyer (409), not a
     // sale, and would cap the rate at users / seconds.
-    let load = Plan::Once(Duration::from_secs(seconds), plan);
-    let tally = drive(&target.base, load, args.connections, "throughput").await;
+    let limit = Duration::from_secs(seconds);
+    let tally = target
+        .buy_once(voucher, &tokens, limit, args.connections, "throughput")
+        .await;
     let check = check(target, voucher, &tally, started, None, 0).await?;
     let orders_per_sec = check.orders as f64 / tally.elapsed.as_secs_f64();
 
@@ -747,13 +742,7 @@ async fn soldout(target: &Target, args: &TimedArgs) -> Result<Report, String> {
     )
     .await;
     let check = check(target, voucher, &tally, started, Some(1), 1).await?;
-    let health = drive(
-        &target.base,
-        Plan::Timed(load, vec![Request::get("/healthz")]),
-        args.connections,
-        "healthz",
-    )
-    .await;
+    let health = target.healthz(load, args.connections).await;
     let rejections = tally.count("409 sold_out") as f64 / tally.elapsed.as_secs_f64();
     Ok(Report {
         scenario: "soldout",

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{Connection, PgConnection};
 
-use crate::drive::Request;
+use crate::drive::{drive, Plan, Request, Tally};
 
 pub struct Target {
     /// The first (or only) instance.
@@ -193,6 +193,26 @@ impl Target {
 
     /// `per_user` purchases of `voucher` by each token's user, the users
     /// spread over the instances in turn.
+    /// Each of `tokens` buys one unit of `voucher`, once, until they run
+    /// out or `limit` passes.
+    pub async fn buy_once(
+        &self,
+        voucher: i64,
+        tokens: &[Arc<str>],
+        limit: Duration,
+        connections: usize,
+        label: &str,
+    ) -> Tally {
+        let plan = Plan::Once(limit, self.purchases(voucher, tokens, 1));
+        drive(&self.base, plan, connections, label).await
+    }
+
+    /// `GET /healthz` for `limit`: the HTTP ceiling at this concurrency.
+    pub async fn healthz(&self, limit: Duration, connections: usize) -> Tally {
+        let plan = Plan::Timed(limit, vec![Request::get("/healthz")]);
+        drive(&self.base, plan, connections, "healthz").await
+    }
+
     pub fn purchases(&self, voucher: i64, tokens: &[Arc<str>], per_user: usize) -> Vec<Request> {
         let path = format!("/seckill/{voucher}");
         let bases: Vec<Arc<str>> = self.bases.iter().map(|b| Arc::from(b.as_str())).collect();

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use crate::api::{Admin, SaleMode};
 use crate::asyncsale::{drain, print_goals, Goal};
 use crate::cpu::Usage;
-use crate::drive::{drive, Plan, Request, Tally};
+use crate::drive::Tally;
 use crate::service::{redis_url, Target};
 use crate::{check, Report};
 
@@ -76,51 +76,31 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
     let tokens = admin.shared_tokens(1, args.users).await?;
 
     let (health, health_cost) = measured(target, || async {
-        let tally = drive(
-            &target.base,
-            Plan::Timed(seconds, vec![Request::get("/healthz")]),
-            args.connections,
-            "healthz",
-        )
-        .await;
+        let tally = target.healthz(seconds, args.connections).await;
         let n = tally.requests;
         Ok((tally, n))
     })
     .await?;
 
-    let voucher = admin
-        .create_voucher(SaleMode::Sync, i64::from(i32::MAX), 2)
-        .await?;
+    let voucher = admin.endless_voucher(SaleMode::Sync).await?;
     let started = chrono::Utc::now().timestamp();
     let (sync, sync_cost) = measured(target, || async {
-        let plan = target.purchases(voucher, &tokens, 1);
-        let tally = drive(
-            &target.base,
-            Plan::Once(seconds, plan),
-            args.connections,
-            "sync",
-        )
-        .await;
+        let tally = target
+            .buy_once(voucher, &tokens, seconds, args.connections, "sync")
+            .await;
         let n = tally.count("200");
         Ok((tally, n))
     })
     .await?;
     let sync_check = check(target, voucher, &sync, started, None, 0).await?;
 
-    let voucher = admin
-        .create_voucher(SaleMode::Async, i64::from(i32::MAX), 2)
-        .await?;
+    let voucher = admin.endless_voucher(SaleMode::Async).await?;
     let started = chrono::Utc::now().timestamp();
     let (accepted_run, async_cost) = measured(target, || async {
         let clock = Instant::now();
-        let plan = target.purchases(voucher, &tokens, 1);
-        let tally = drive(
-            &target.base,
-            Plan::Once(seconds, plan),
-            args.connections,
-            "async",
-        )
-        .await;
+        let tally = target
+            .buy_once(voucher, &tokens, seconds, args.connections, "async")
+            .await;
         let accepted = tally.count("202");
         // The cost of an async purchase includes writing it to Postgres.
         wait_stored(target, &admin, voucher, accepted, clock).await?;
@@ -147,7 +127,7 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
     let admin = &admin;
     let counted = |first: i64, mode: SaleMode| async move {
         let tokens = admin.shared_tokens(first, args.counted).await?;
-        let voucher = admin.create_voucher(mode, i64::from(i32::MAX), 2).await?;
+        let voucher = admin.endless_voucher(mode).await?;
         count_client_commands(target, voucher, &tokens, args.connections).await
     };
     let sync_sent = counted(args.users + 1, SaleMode::Sync).await?;
@@ -399,14 +379,15 @@ async fn count_client_commands(
     });
     // Let MONITOR start before the purchases do.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let plan = target.purchases(voucher, tokens, 1);
-    let tally = drive(
-        &target.base,
-        Plan::Once(Duration::from_secs(600), plan),
-        connections,
-        "counted",
-    )
-    .await;
+    let tally = target
+        .buy_once(
+            voucher,
+            tokens,
+            Duration::from_secs(600),
+            connections,
+            "counted",
+        )
+        .await;
     // Answers a purchase got are committed (sync) or accepted (async);
     // let the last of its commands reach MONITOR.
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use redis_locks::{Acquired, Endpoint, LockClient, LockOptions};
 use reqwest::StatusCode;
 
-use crate::helpers::{buy, spawn_app_with, OwnRedis};
+use crate::helpers::{buy, spawn_app_on_redis, OwnRedis};
 
 /// A private Redis Cluster: `masters` masters, each with `replicas`
 /// replicas, on free loopback ports.
@@ -117,11 +117,7 @@ fn lock_client(cluster: &Cluster, watchdog_lease: Duration) -> LockClient {
 async fn a_crowd_on_two_instances_sells_through_a_three_master_cluster() {
     let cluster = Cluster::start(3, 0);
     let url = cluster.url();
-    let app = spawn_app_with(|mut s| {
-        s.redis_url = url;
-        s
-    })
-    .await;
+    let app = spawn_app_on_redis(url, None).await;
     app.wait_ready().await;
     let second = app.spawn_instance().await;
     let stock = 100;
@@ -258,12 +254,7 @@ async fn a_waiter_hears_an_unlock_published_on_another_node() {
 async fn sales_resume_by_themselves_after_a_master_of_the_cluster_dies() {
     let mut cluster = Cluster::start(3, 1);
     let url = cluster.url();
-    let app = spawn_app_with(|mut s| {
-        s.redis_url = url;
-        s.dependency_timeout_ms = 1_000;
-        s
-    })
-    .await;
+    let app = spawn_app_on_redis(url, Some(1_000)).await;
     app.wait_ready().await;
     let second = app.spawn_instance().await;
     let voucher = app.open_voucher(5_000).await;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 
-use crate::helpers::{buy, redis_conn, spawn_app_with, OwnRedis};
+use crate::helpers::{buy, redis_conn, spawn_app_on_redis, OwnRedis};
 use crate::proxy::Proxy;
 
 async fn run(redis: &OwnRedis, command: &[&str]) {
@@ -27,18 +27,10 @@ async fn a_failover_behind_one_address_is_followed_without_a_restart() {
     let second = OwnRedis::start_with(&["--replicaof", "127.0.0.1", &master_port]);
     let proxy = Proxy::start(first.addr()).await;
     let url = format!("redis://{}", proxy.addr);
-    let app = spawn_app_with(|mut s| {
-        s.redis_url = url;
-        s.dependency_timeout_ms = 1_000;
-        s
-    })
-    .await;
+    let app = spawn_app_on_redis(url, Some(1_000)).await;
     let voucher = app.open_voucher(100).await;
     let tokens = app.tokens(1..=200).await;
-    assert!(buy(&app.client, &app.base, &tokens[&1], voucher)
-        .await
-        .1
-        .starts_with("ok:"));
+    app.assert_bought(&tokens[&1], voucher).await;
     // Let the replica catch up, then fail over: the replica is promoted,
     // the old master follows it, the address now leads to the new master.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -82,11 +74,7 @@ async fn readyz_says_503_while_redis_takes_no_writes() {
     let port = master.port.to_string();
     let replica = OwnRedis::start_with(&["--replicaof", "127.0.0.1", &port]);
     let url = replica.url();
-    let app = spawn_app_with(|mut s| {
-        s.redis_url = url;
-        s
-    })
-    .await;
+    let app = spawn_app_on_redis(url, None).await;
     let ready = app.client.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
     let voucher = app.open_voucher(5).await;
@@ -99,10 +87,7 @@ async fn readyz_says_503_while_redis_takes_no_writes() {
 
     run(&replica, &["REPLICAOF", "NO", "ONE"]).await;
     app.wait_ready().await;
-    assert!(buy(&app.client, &app.base, &token, voucher)
-        .await
-        .1
-        .starts_with("ok:"));
+    app.assert_bought(&token, voucher).await;
     drop(master);
 }
 
@@ -124,18 +109,10 @@ async fn while_no_master_exists_every_request_answers_within_the_deadline() {
     let proxy = Proxy::start(first.addr()).await;
     let url = format!("redis://{}", proxy.addr);
     let deadline = Duration::from_millis(1_000);
-    let app = spawn_app_with(|mut s| {
-        s.redis_url = url;
-        s.dependency_timeout_ms = 1_000;
-        s
-    })
-    .await;
+    let app = spawn_app_on_redis(url, Some(1_000)).await;
     let voucher = app.open_voucher(1_000).await;
     let tokens = app.tokens(1..=400).await;
-    assert!(buy(&app.client, &app.base, &tokens[&1], voucher)
-        .await
-        .1
-        .starts_with("ok:"));
+    app.assert_bought(&tokens[&1], voucher).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // Requests keep coming, a purchase and a /readyz every 50 ms.

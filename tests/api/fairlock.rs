@@ -5,9 +5,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis_locks::{FairLock, Lease};
-use uuid::Uuid;
 
-use crate::helpers::{delete_keys, lock_client, lock_client_on, redis_url};
+use crate::helpers::{delete_keys, lock_client, redis_url, watchdog_client, SHORT_WATCHDOG_LEASE};
 
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -114,10 +113,8 @@ async fn a_dead_waiter_is_skipped_when_its_wait_is_over() {
 
 #[tokio::test]
 async fn the_watchdog_keeps_a_fair_lock_alive_until_unlock() {
-    let prefix = format!("test:{}:", Uuid::new_v4().simple());
-    // Renewed every 500 ms: a busy machine has a second of slack.
-    let lease = Duration::from_millis(1500);
-    let locks = lock_client_on(&redis_url(), &prefix, Some(lease));
+    let (locks, prefix) = watchdog_client();
+    let lease = SHORT_WATCHDOG_LEASE;
     let lock = locks.fair_lock("tickets");
     let owner = locks.owner("long");
     let guard = lock

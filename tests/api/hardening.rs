@@ -12,8 +12,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::helpers::{
-    buy, client, redis_conn, send_purchase, spawn_app, spawn_app_with, start_stoppable, Answer,
-    OwnRedis, TestApp, ADMIN_TOKEN,
+    buy, client, redis_conn, send_purchase, spawn_app, spawn_app_on_redis, spawn_app_with,
+    start_stoppable, Answer, OwnRedis, TestApp, ADMIN_TOKEN,
 };
 use crate::proxy::spawn_app_behind_pg_proxy;
 
@@ -76,14 +76,8 @@ async fn a_sold_out_flag_of_another_database_never_refuses_this_ones_stock() {
         "both databases number their first voucher alike"
     );
     let tokens = second.tokens([1, 2, 3]).await;
-    assert!(buy(&second.client, &second.base, &tokens[&1], fresh)
-        .await
-        .1
-        .starts_with("ok:"));
-    assert!(buy(&second.client, &second.base, &tokens[&2], fresh)
-        .await
-        .1
-        .starts_with("ok:"));
+    second.assert_bought(&tokens[&1], fresh).await;
+    second.assert_bought(&tokens[&2], fresh).await;
     assert_eq!(
         buy(&second.client, &second.base, &tokens[&3], fresh).await,
         (StatusCode::CONFLICT, "sold_out".into())
@@ -91,10 +85,7 @@ async fn a_sold_out_flag_of_another_database_never_refuses_this_ones_stock() {
     // A restock to an initial stock below the other database's flags
     // reopens the sale too.
     assert_eq!(restock(&second, fresh, 1).await, StatusCode::OK);
-    assert!(buy(&second.client, &second.base, &tokens[&3], fresh)
-        .await
-        .1
-        .starts_with("ok:"));
+    second.assert_bought(&tokens[&3], fresh).await;
     second.check_invariants(fresh).await;
     first.check_invariants(sold).await;
 }
@@ -112,10 +103,7 @@ async fn a_restock_reopens_the_sale_even_while_redis_cannot_hear_of_it() {
     .await;
     let voucher = app.open_voucher(1).await;
     let tokens = app.tokens([1, 2]).await;
-    assert!(buy(&app.client, &app.base, &tokens[&1], voucher)
-        .await
-        .1
-        .starts_with("ok:"));
+    app.assert_bought(&tokens[&1], voucher).await;
     assert_eq!(
         buy(&app.client, &app.base, &tokens[&2], voucher).await,
         (StatusCode::CONFLICT, "sold_out".into())
@@ -145,11 +133,7 @@ async fn a_restock_reopens_the_sale_even_while_redis_cannot_hear_of_it() {
 async fn a_counter_lost_within_the_second_is_raised_past_the_ids_taken() {
     let mut redis = OwnRedis::start();
     let url = redis.url();
-    let app = spawn_app_with(|mut s| {
-        s.redis_url = url;
-        s
-    })
-    .await;
+    let app = spawn_app_on_redis(url, None).await;
     let voucher = app.open_voucher(1_000).await;
     let tokens = app.tokens(1..=200).await;
     let mut next_user = 1;
@@ -199,10 +183,7 @@ async fn a_frozen_postgres_is_a_prompt_503_and_sales_resume_when_it_thaws() {
     .await;
     let voucher = app.open_voucher(10).await;
     let tokens = app.tokens(1..=3).await;
-    assert!(buy(&app.client, &app.base, &tokens[&1], voucher)
-        .await
-        .1
-        .starts_with("ok:"));
+    app.assert_bought(&tokens[&1], voucher).await;
 
     proxy.freeze();
     let frozen = tokio::time::timeout(
@@ -241,18 +222,10 @@ async fn a_frozen_postgres_is_a_prompt_503_and_sales_resume_when_it_thaws() {
 async fn a_frozen_redis_is_a_prompt_503_and_sales_resume_when_it_thaws() {
     let redis = OwnRedis::start();
     let url = redis.url();
-    let app = spawn_app_with(|mut s| {
-        s.redis_url = url;
-        s.dependency_timeout_ms = 500;
-        s
-    })
-    .await;
+    let app = spawn_app_on_redis(url, Some(500)).await;
     let voucher = app.open_voucher(10).await;
     let tokens = app.tokens(1..=4).await;
-    assert!(buy(&app.client, &app.base, &tokens[&1], voucher)
-        .await
-        .1
-        .starts_with("ok:"));
+    app.assert_bought(&tokens[&1], voucher).await;
 
     redis.freeze();
     let answers = tokio::time::timeout(

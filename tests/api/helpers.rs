@@ -85,6 +85,19 @@ pub async fn spawn_app() -> TestApp {
 
 /// Like [`spawn_app`], with the settings adjusted first (the database URL
 /// in them names the fresh database).
+/// An app on the Redis at `url` (a test's own), with a dependency deadline
+/// of `timeout_ms` when given.
+pub async fn spawn_app_on_redis(url: String, timeout_ms: Option<u64>) -> TestApp {
+    spawn_app_with(|mut s| {
+        s.redis_url = url;
+        if let Some(ms) = timeout_ms {
+            s.dependency_timeout_ms = ms;
+        }
+        s
+    })
+    .await
+}
+
 pub async fn spawn_app_with(adjust: impl FnOnce(Settings) -> Settings) -> TestApp {
     let db_name = format!("seckill_test_{}", Uuid::new_v4().simple());
     let db_url = format!("{}/{db_name}", pg_server());
@@ -144,6 +157,13 @@ pub async fn start_stoppable(settings: Settings) -> Stoppable {
 }
 
 impl TestApp {
+    /// Buys one unit of `voucher` with `token`, and fails the test unless
+    /// the order was committed.
+    pub async fn assert_bought(&self, token: &str, voucher: i64) {
+        let (status, answer) = buy(&self.client, &self.base, token, voucher).await;
+        assert!(answer.starts_with("ok:"), "{status}: {answer}");
+    }
+
     /// Waits (bounded) until `/readyz` answers 200 again.
     pub async fn wait_ready(&self) {
         for _ in 0..150 {
@@ -634,6 +654,18 @@ pub fn free_port() -> u16 {
 pub fn lock_client() -> (redis_locks::LockClient, String) {
     let prefix = format!("test:{}:", Uuid::new_v4().simple());
     (lock_client_on(&redis_url(), &prefix, None), prefix)
+}
+
+/// The short watchdog lease of the watchdog tests: renewed every 500 ms,
+/// so a busy machine has a second of slack.
+pub const SHORT_WATCHDOG_LEASE: Duration = Duration::from_millis(1500);
+
+/// A lock client of its own key prefix whose watchdog lease is
+/// [`SHORT_WATCHDOG_LEASE`], and the prefix.
+pub fn watchdog_client() -> (redis_locks::LockClient, String) {
+    let prefix = format!("test:{}:", Uuid::new_v4().simple());
+    let locks = lock_client_on(&redis_url(), &prefix, Some(SHORT_WATCHDOG_LEASE));
+    (locks, prefix)
 }
 
 /// A lock client on `url` under `prefix`, with a watchdog lease if given

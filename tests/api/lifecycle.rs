@@ -9,7 +9,8 @@ use serde_json::{json, Value};
 
 use crate::helpers::{
     buy, create_voucher_at, drop_database, pg_server, redis_url, send_purchase, spawn_app,
-    spawn_app_with, start, start_stoppable, tokens_at, OwnRedis, Process, TestApp, PAYMENT_SECRET,
+    spawn_app_on_redis, spawn_app_with, start, start_stoppable, tokens_at, OwnRedis, Process,
+    TestApp, PAYMENT_SECRET,
 };
 
 impl TestApp {
@@ -611,12 +612,7 @@ async fn an_async_cancel_puts_the_unit_back_on_sale_in_redis_within_a_second() {
 async fn an_async_sale_whose_redis_restarts_with_returns_in_flight_sells_each_returned_unit_once() {
     let mut redis = OwnRedis::start();
     let url = redis.url();
-    let app = spawn_app_with(|mut s| {
-        s.redis_url = url;
-        s.dependency_timeout_ms = 1_000;
-        s
-    })
-    .await;
+    let app = spawn_app_on_redis(url, Some(1_000)).await;
     let voucher = app.priced_voucher(10, "async", 0, 600).await;
     let tokens = app.tokens(1..=30).await;
     let mut orders = Vec::new();

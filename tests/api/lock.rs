@@ -5,7 +5,10 @@ use std::time::{Duration, Instant};
 use redis_locks::{Acquired, Lease, LockClient, LockError, LockGuard, Released};
 use uuid::Uuid;
 
-use crate::helpers::{delete_keys, lock_client, lock_client_on, redis_conn, redis_url, OwnRedis};
+use crate::helpers::{
+    delete_keys, lock_client, lock_client_on, redis_conn, redis_url, watchdog_client, OwnRedis,
+    SHORT_WATCHDOG_LEASE,
+};
 
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -334,10 +337,8 @@ async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind(
 
 #[tokio::test]
 async fn the_watchdog_keeps_a_lock_past_three_leases_and_stops_after_unlock() {
-    let prefix = format!("test:{}:", Uuid::new_v4().simple());
-    // Renewed every 500 ms: a busy machine has a second of slack.
-    let lease = Duration::from_millis(1500);
-    let locks = lock_client_on(&redis_url(), &prefix, Some(lease));
+    let (locks, prefix) = watchdog_client();
+    let lease = SHORT_WATCHDOG_LEASE;
     let lock = locks.lock("order:9");
     let owner = locks.owner("long-job");
     let guard = acquired(lock.try_acquire(&owner, Lease::Watchdog).await);

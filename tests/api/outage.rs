@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use tokio::task::JoinSet;
 
-use crate::helpers::{buy, client, send_purchase, spawn_app_with, OwnRedis, TestApp};
+use crate::helpers::{buy, client, send_purchase, spawn_app_on_redis, OwnRedis, TestApp};
 use crate::proxy::spawn_app_behind_pg_proxy;
 
 const DURING_OUTAGE: [&str; 5] = [
@@ -106,11 +106,7 @@ async fn outage(app: TestApp, take_away: impl FnOnce(), bring_back: impl FnOnce(
 async fn redis_going_away_is_a_503_and_the_service_recovers() {
     let redis = std::sync::Mutex::new(OwnRedis::start());
     let url = redis.lock().unwrap().url();
-    let app = spawn_app_with(|mut s| {
-        s.redis_url = url;
-        s
-    })
-    .await;
+    let app = spawn_app_on_redis(url, None).await;
     outage(
         app,
         || redis.lock().unwrap().stop(),

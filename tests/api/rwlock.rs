@@ -3,9 +3,10 @@
 use std::time::{Duration, Instant};
 
 use redis_locks::{Hold, Lease};
-use uuid::Uuid;
 
-use crate::helpers::{delete_keys, lock_client, lock_client_on, redis_conn, redis_url};
+use crate::helpers::{
+    delete_keys, lock_client, redis_conn, redis_url, watchdog_client, SHORT_WATCHDOG_LEASE,
+};
 
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -157,10 +158,8 @@ async fn a_waiting_writer_wakes_when_the_readers_leave() {
 
 #[tokio::test]
 async fn the_watchdog_keeps_read_and_write_holds_alive_and_reports_a_lost_one() {
-    let prefix = format!("test:{}:", Uuid::new_v4().simple());
-    // Renewed every 500 ms: a busy machine has a second of slack.
-    let lease = Duration::from_millis(1500);
-    let locks = lock_client_on(&redis_url(), &prefix, Some(lease));
+    let (locks, prefix) = watchdog_client();
+    let lease = SHORT_WATCHDOG_LEASE;
     let lock = locks.read_write_lock("catalog");
     let reader = lock
         .try_read(&locks.owner("r"), Lease::Watchdog)

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 
-use crate::helpers::{buy, free_port, spawn_app_with, OwnRedis};
+use crate::helpers::{buy, free_port, spawn_app_on_redis, OwnRedis};
 
 /// Three sentinels watching `master` as "mymaster", on free ports.
 struct Sentinels {
@@ -96,12 +96,7 @@ async fn the_service_follows_a_sentinel_failover_by_itself() {
     let replica = OwnRedis::start_with(&["--replicaof", "127.0.0.1", &master_port]);
     let sentinels = Sentinels::start(&master);
     let url = sentinels.url();
-    let app = spawn_app_with(|mut s| {
-        s.redis_url = url;
-        s.dependency_timeout_ms = 1_000;
-        s
-    })
-    .await;
+    let app = spawn_app_on_redis(url, Some(1_000)).await;
     let second = app.spawn_instance().await;
     let voucher = app.open_voucher(1_000).await;
     let tokens = app.tokens(1..=2_000).await;
