@@ -25,6 +25,10 @@
 //!   ([`Quorum::All`]) over one [`LockClient`] per independent Redis server.
 //! - [`Endpoint`]: where a client's Redis is: one server, the master that
 //!   Redis Sentinel names, or a Redis Cluster.
+//! - [`SharedConnection`]: the client's command connection, public so that
+//!   an application can send its own commands over the same layer: one
+//!   multiplexed connection, one deadline per call (connecting included),
+//!   no `PING` per command, and the failover rules below.
 //!
 //! Its async methods must run inside a tokio runtime: the client spawns
 //! tasks there (the watchdog, the subscriber's reader, the background
