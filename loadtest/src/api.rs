@@ -35,7 +35,7 @@ pub struct Admin<'a> {
     base: &'a str,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Deserialize)]
 pub struct Stats {
     pub initial_stock: i64,
     pub stock: i64,
@@ -92,7 +92,7 @@ pub struct OrderLine {
 }
 
 /// What a lab voucher's rows say.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Deserialize)]
 pub struct LabStats {
     pub initial_stock: i64,
     pub stock: i64,
@@ -100,6 +100,7 @@ pub struct LabStats {
     pub distinct_users: i64,
     pub foreign_releases: i64,
     /// The lab voucher's stock in Redis (the Redis-stock designs).
+    #[serde(default)]
     pub redis_stock: Option<i64>,
 }
 
@@ -223,29 +224,13 @@ impl<'a> Admin<'a> {
     }
 
     pub async fn stats(&self, voucher: i64) -> Result<Stats, String> {
-        let s = self
-            .call(
-                reqwest::Method::GET,
-                &format!("/admin/vouchers/{voucher}/stats"),
-                None,
-            )
-            .await?;
-        let field = |name: &str| {
-            s[name]
-                .as_i64()
-                .ok_or_else(|| format!("stats lack {name}: {s}"))
-        };
-        Ok(Stats {
-            initial_stock: field("initial_stock")?,
-            stock: field("stock")?,
-            orders: field("orders")?,
-            distinct_users: field("distinct_users")?,
-            pending: field("pending")?,
-            unpaid: field("unpaid")?,
-            paid: field("paid")?,
-            cancelled: field("cancelled")?,
-            expired: field("expired")?,
-        })
+        self.get(&format!("/admin/vouchers/{voucher}/stats")).await
+    }
+
+    /// A GET of the admin API, its answer read as `T`.
+    async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, String> {
+        let answer = self.call(reqwest::Method::GET, path, None).await?;
+        serde_json::from_value(answer.clone()).map_err(|e| format!("{path}: {e}: {answer}"))
     }
 
     /// Reconciles an async voucher's Redis side with Postgres; its report
@@ -315,26 +300,8 @@ impl<'a> Admin<'a> {
     }
 
     pub async fn lab_stats(&self, voucher: i64) -> Result<LabStats, String> {
-        let s = self
-            .call(
-                reqwest::Method::GET,
-                &format!("/admin/lab/vouchers/{voucher}/stats"),
-                None,
-            )
-            .await?;
-        let field = |name: &str| {
-            s[name]
-                .as_i64()
-                .ok_or_else(|| format!("lab stats lack {name}: {s}"))
-        };
-        Ok(LabStats {
-            initial_stock: field("initial_stock")?,
-            stock: field("stock")?,
-            orders: field("orders")?,
-            distinct_users: field("distinct_users")?,
-            foreign_releases: field("foreign_releases")?,
-            redis_stock: s["redis_stock"].as_i64(),
-        })
+        self.get(&format!("/admin/lab/vouchers/{voucher}/stats"))
+            .await
     }
 
     /// Buys the voucher's units with users the load will not use.

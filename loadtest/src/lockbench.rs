@@ -26,7 +26,6 @@ pub async fn run(args: &LockArgs) -> Result<Value, String> {
     let url = crate::service::redis_url();
     let prefix = format!("loadtest:{}:", uuid::Uuid::new_v4().simple());
     let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
-    let client_for_cleanup = client.clone();
     let locks = LockClient::new(client, prefix.clone());
 
     // Uncontended: each task has a lock of its own.
@@ -111,7 +110,7 @@ pub async fn run(args: &LockArgs) -> Result<Value, String> {
     let _ = locks.shutdown(Duration::from_secs(5)).await;
     // Fencing-token keys outlive their locks on purpose; the benchmark's
     // need not.
-    crate::service::remove_keys(&client_for_cleanup, &prefix).await;
+    crate::service::delete_keys(&url, &prefix).await;
 
     let ms = |q: f64| (wake.value_at_quantile(q) as f64 / 10.0).round() / 100.0;
     println!("{:<34} {:>12}", "lock", "");
@@ -155,60 +154,17 @@ pub async fn run(args: &LockArgs) -> Result<Value, String> {
     Ok(out)
 }
 
-/// A `redis-server` of this benchmark's own on a free port, stopped (and
-/// thawed first, if frozen) when dropped.
-struct Node {
-    child: std::process::Child,
-    url: String,
-}
-
-impl Node {
-    fn start() -> Result<Self, String> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .map_err(|e| format!("redis-server: {e}"))?;
-        Ok(Self {
-            child,
-            url: format!("redis://127.0.0.1:{port}"),
-        })
-    }
-
-    /// SIGSTOP (`true`) or SIGCONT: the node keeps its connections and
-    /// answers nothing, as a frozen VM or a GC pause does.
-    fn freeze(&self, frozen: bool) {
-        let signal = if frozen { "-STOP" } else { "-CONT" };
-        let _ = std::process::Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status();
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.freeze(false);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// RedLock over five nodes of its own: the latency of one lock + unlock,
 /// sequential (`rounds` of them), with all nodes up and then with two of
 /// them frozen; the goal is a p50 within 3x.
 pub async fn redlock(rounds: usize) -> Result<Value, String> {
     use redis_locks::{MultiNodeLocks, Quorum};
     let nodes = (0..5)
-        .map(|_| Node::start())
+        .map(|_| testkit::OwnRedis::try_start_with(&[]))
         .collect::<Result<Vec<_>, _>>()?;
     let clients = nodes
         .iter()
-        .map(|n| redis::Client::open(n.url.as_str()).map(|c| LockClient::new(c, "redlock-bench:")))
+        .map(|n| redis::Client::open(n.url()).map(|c| LockClient::new(c, "redlock-bench:")))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
     // Wait for every node to answer.
@@ -252,11 +208,11 @@ pub async fn redlock(rounds: usize) -> Result<Value, String> {
         }
     };
     let all_up = measure("all five nodes up").await?;
-    nodes[3].freeze(true);
-    nodes[4].freeze(true);
+    nodes[3].freeze();
+    nodes[4].freeze();
     let two_frozen = measure("two of five nodes frozen").await;
-    nodes[3].freeze(false);
-    nodes[4].freeze(false);
+    nodes[3].thaw();
+    nodes[4].thaw();
     let two_frozen = two_frozen?;
     let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     let ratio = ms(&two_frozen, 0.5) / ms(&all_up, 0.5);

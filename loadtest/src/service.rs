@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::{Connection, PgConnection};
+pub use testkit::{delete_keys, free_port, pg_server, redis_url};
 
 use crate::drive::{drive, Plan, Request, Tally};
 
@@ -41,22 +42,6 @@ pub struct Launch {
     pub env: Vec<(String, String)>,
     /// Run `seckill-lab` (the service with the lab compiled in) instead.
     pub lab: bool,
-}
-
-pub fn pg_server() -> String {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/seckill".into());
-    let url = url.split('?').next().unwrap_or(&url).to_owned();
-    match url.rsplit_once('/') {
-        Some((server, _)) if server.contains("//") && !server.ends_with('/') => server.to_owned(),
-        _ => url,
-    }
-}
-
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// The seckill binary (`seckill-lab` for the lab): given, or built next to
@@ -267,9 +252,7 @@ impl Target {
             let _ = child.wait();
         }
         if let Some(prefix) = self.redis_prefix.take() {
-            if let Ok(client) = redis::Client::open(redis_url()) {
-                remove_keys(&client, &prefix).await;
-            }
+            delete_keys(&redis_url(), &prefix).await;
         }
         if let Some(db_name) = self.db_name.take() {
             if let Ok(mut conn) = PgConnection::connect(&format!("{}/postgres", pg_server())).await
@@ -281,40 +264,5 @@ impl Target {
                 .await;
             }
         }
-    }
-}
-
-/// The Redis the services this driver starts use (theirs by default too).
-pub fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-/// Deletes every key under `prefix`.
-pub async fn remove_keys(client: &redis::Client, prefix: &str) {
-    use redis;
-    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-        return;
-    };
-    let mut cursor: u64 = 0;
-    loop {
-        let Ok((next, keys)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-        else {
-            return;
-        };
-        if !keys.is_empty() {
-            let _: redis::RedisResult<()> =
-                redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
-        }
-        if next == 0 {
-            return;
-        }
-        cursor = next;
     }
 }

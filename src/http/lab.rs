@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::extract::{voucher_id, Admin, AppJson, User, VoucherIdPath};
 use super::AppState;
-use crate::lab::{Lab, LabOrder, Stall, StallAt, Strategy, MAX_STALL};
+use crate::lab::{Attempt, Lab, LabOrder, Stall, StallAt, Strategy, MAX_STALL};
 
 fn lab(state: &AppState) -> Result<&Lab, ApiError> {
     // The routes exist only when the lab does; this is for the type.
@@ -138,7 +138,12 @@ pub async fn purchase(
     let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
     let stall = query.stall()?;
     let order = lab(&state)?
-        .purchase(path.strategy, user_id, path.voucher_id, stall)
+        .purchase(Attempt {
+            strategy: path.strategy,
+            user_id,
+            voucher_id: path.voucher_id,
+            stall,
+        })
         .await?;
     Ok(match order {
         LabOrder::Stored(id) => (StatusCode::OK, Json(json!({ "order_id": id.to_string() }))),

@@ -16,7 +16,7 @@
 mod redis_stock;
 mod strategy;
 
-pub use strategy::{Stall, StallAt, Strategy};
+pub use strategy::{Attempt, Stall, StallAt, Strategy};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -122,55 +122,39 @@ impl Lab {
 
     /// Buys one unit of lab voucher `voucher_id` for `user_id` the way
     /// `strategy` does.
-    pub async fn purchase(
-        &self,
-        strategy: Strategy,
-        user_id: i64,
-        voucher_id: i64,
-        stall: Option<Stall>,
-    ) -> Result<LabOrder> {
-        let result = self
-            .try_purchase(strategy, user_id, voucher_id, stall)
-            .await;
+    pub async fn purchase(&self, attempt: Attempt) -> Result<LabOrder> {
+        let result = self.try_purchase(attempt).await;
         let outcome = result
             .as_ref()
             .map_or_else(SeckillError::outcome, |_| "ordered");
         metrics::counter!(
             "seckill_lab_purchases_total",
-            "strategy" => strategy.name(),
+            "strategy" => attempt.strategy.name(),
             "outcome" => outcome
         )
         .increment(1);
         result
     }
 
-    async fn try_purchase(
-        &self,
-        strategy: Strategy,
-        user_id: i64,
-        voucher_id: i64,
-        stall: Option<Stall>,
-    ) -> Result<LabOrder> {
+    async fn try_purchase(&self, attempt: Attempt) -> Result<LabOrder> {
+        let Attempt {
+            strategy,
+            voucher_id,
+            ..
+        } = attempt;
         let result = match strategy {
-            Strategy::Naive | Strategy::Version | Strategy::StockGtZero => self
-                .unguarded(strategy, user_id, voucher_id, stall)
-                .await
-                .map(LabOrder::Stored),
-            Strategy::ProcessMutex => self
-                .process_mutex(user_id, voucher_id, stall)
-                .await
-                .map(LabOrder::Stored),
-            Strategy::Setnx | Strategy::SetnxOwner => self
-                .setnx(strategy, user_id, voucher_id, stall)
-                .await
-                .map(LabOrder::Stored),
-            Strategy::Reentrant | Strategy::Fenced => self
-                .reentrant(strategy, user_id, voucher_id, stall)
-                .await
-                .map(LabOrder::Stored),
+            Strategy::Naive | Strategy::Version | Strategy::StockGtZero => {
+                self.unguarded(attempt).await.map(LabOrder::Stored)
+            }
+            Strategy::ProcessMutex => self.process_mutex(attempt).await.map(LabOrder::Stored),
+            Strategy::Setnx | Strategy::SetnxOwner => {
+                self.setnx(attempt).await.map(LabOrder::Stored)
+            }
+            Strategy::Reentrant | Strategy::Fenced => {
+                self.reentrant(attempt).await.map(LabOrder::Stored)
+            }
             Strategy::RedisDecr | Strategy::RedisLua | Strategy::RedisStream => {
-                self.redis_stock_purchase(strategy, user_id, voucher_id, stall)
-                    .await
+                self.redis_stock_purchase(attempt).await
             }
         };
         // A refused sale on an unknown voucher is "not found", not "sold out".
@@ -185,13 +169,13 @@ impl Lab {
     /// `naive`, `version`, `stock_gt_zero`: "already bought?" with no guard,
     /// and the sale under the strategy's condition. `naive` and `version`
     /// read the stock first and check it themselves.
-    async fn unguarded(
-        &self,
-        strategy: Strategy,
-        user_id: i64,
-        voucher_id: i64,
-        stall: Option<Stall>,
-    ) -> Result<i64> {
+    async fn unguarded(&self, attempt: Attempt) -> Result<i64> {
+        let Attempt {
+            strategy,
+            user_id,
+            voucher_id,
+            stall,
+        } = attempt;
         let store = &self.inner.store;
         let decrement = match strategy {
             Strategy::StockGtZero => Decrement::IfLeft,
@@ -227,14 +211,13 @@ impl Lab {
     /// holder whose lease ran out can write neither after its successor
     /// entered (the successor's check would have missed that write) nor
     /// after its successor wrote.
-    async fn guarded_sale(
-        &self,
-        strategy: Strategy,
-        user_id: i64,
-        voucher_id: i64,
-        stall: Option<Stall>,
-        fence: Option<i64>,
-    ) -> Result<i64> {
+    async fn guarded_sale(&self, attempt: Attempt, fence: Option<i64>) -> Result<i64> {
+        let Attempt {
+            strategy,
+            user_id,
+            voucher_id,
+            stall,
+        } = attempt;
         let store = &self.inner.store;
         if let Some(token) = fence {
             if !store.claim_fence(user_id, voucher_id, token).await? {
@@ -261,12 +244,13 @@ impl Lab {
 
     /// `process_mutex`: a mutex per user and voucher in this process. Sound
     /// on one instance; a second instance has mutexes of its own.
-    async fn process_mutex(
-        &self,
-        user_id: i64,
-        voucher_id: i64,
-        stall: Option<Stall>,
-    ) -> Result<i64> {
+    async fn process_mutex(&self, attempt: Attempt) -> Result<i64> {
+        let Attempt {
+            user_id,
+            voucher_id,
+            stall,
+            ..
+        } = attempt;
         let mutex = self
             .inner
             .mutexes
@@ -274,9 +258,7 @@ impl Lab {
         let Ok(held) = mutex.try_lock() else {
             return Err(SeckillError::InProgress);
         };
-        let result = self
-            .guarded_sale(Strategy::ProcessMutex, user_id, voucher_id, stall, None)
-            .await;
+        let result = self.guarded_sale(attempt, None).await;
         pause(stall, StallAt::Release).await;
         drop(held);
         result
@@ -287,13 +269,13 @@ impl Lab {
     /// our own value (`setnx_owner`). The delete is `GETDEL`, which deletes
     /// exactly as `DEL` does and also says whose lock it was, so the lab
     /// can count releases that freed another request's lock.
-    async fn setnx(
-        &self,
-        strategy: Strategy,
-        user_id: i64,
-        voucher_id: i64,
-        stall: Option<Stall>,
-    ) -> Result<i64> {
+    async fn setnx(&self, attempt: Attempt) -> Result<i64> {
+        let Attempt {
+            strategy,
+            user_id,
+            voucher_id,
+            stall,
+        } = attempt;
         let inner = &self.inner;
         let key = format!(
             "{}setnx:{voucher_id}:{user_id}",
@@ -320,9 +302,7 @@ impl Lab {
         if taken.is_none() {
             return Err(SeckillError::InProgress);
         }
-        let result = self
-            .guarded_sale(strategy, user_id, voucher_id, stall, None)
-            .await;
+        let result = self.guarded_sale(attempt, None).await;
 
         if let Err(error) = self
             .setnx_release(strategy, &key, &owner, voucher_id, stall)
@@ -367,13 +347,13 @@ impl Lab {
     /// `reentrant` and `fenced`: the service's own lock (a hash of owner ->
     /// holds, released by a Lua script that only the owner can run); `fenced`
     /// also hands the lock's fencing token to the sale.
-    async fn reentrant(
-        &self,
-        strategy: Strategy,
-        user_id: i64,
-        voucher_id: i64,
-        stall: Option<Stall>,
-    ) -> Result<i64> {
+    async fn reentrant(&self, attempt: Attempt) -> Result<i64> {
+        let Attempt {
+            strategy,
+            user_id,
+            voucher_id,
+            stall,
+        } = attempt;
         let inner = &self.inner;
         let lock = inner.locks.lock(&format!("order:{voucher_id}:{user_id}"));
         let owner = inner
@@ -384,9 +364,7 @@ impl Lab {
             Acquired::HeldByOther { .. } => return Err(SeckillError::InProgress),
         };
         let fence = (strategy == Strategy::Fenced).then(|| guard.fence());
-        let result = self
-            .guarded_sale(strategy, user_id, voucher_id, stall, fence)
-            .await;
+        let result = self.guarded_sale(attempt, fence).await;
         pause(stall, StallAt::Release).await;
         match guard.unlock().await {
             Ok(_) => {}

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use redis::{self, streams::StreamId, Script};
 use tokio_util::sync::CancellationToken;
 
-use super::{Lab, LabOrder, Stall, StallAt, Strategy};
+use super::{Attempt, Lab, LabOrder, Stall, StallAt, Strategy};
 use crate::kv::{Consumer, Delivery};
 use crate::seckill::{Result, SeckillError};
 use crate::store::Decrement;
@@ -82,13 +82,13 @@ impl Lab {
     }
 
     /// `redis_decr`, `redis_lua` and `redis_stream`.
-    pub(super) async fn redis_stock_purchase(
-        &self,
-        strategy: Strategy,
-        user_id: i64,
-        voucher_id: i64,
-        stall: Option<Stall>,
-    ) -> Result<LabOrder> {
+    pub(super) async fn redis_stock_purchase(&self, attempt: Attempt) -> Result<LabOrder> {
+        let Attempt {
+            strategy,
+            user_id,
+            voucher_id,
+            stall,
+        } = attempt;
         let inner = &self.inner;
         let keys = keys(&inner.settings.redis_prefix, voucher_id);
         let store = &inner.store;

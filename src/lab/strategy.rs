@@ -118,6 +118,16 @@ pub struct Stall {
     pub duration: Duration,
 }
 
+/// One lab purchase as asked for: the design, the buyer, the voucher and
+/// the pause to make a race happen.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt {
+    pub strategy: Strategy,
+    pub user_id: i64,
+    pub voucher_id: i64,
+    pub stall: Option<Stall>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,26 +12,12 @@ use seckill::config::Settings;
 use seckill::startup::Application;
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection, PgPool};
+pub use testkit::{delete_keys, pg_server, redis_conn, redis_url, OwnRedis};
 use uuid::Uuid;
 
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 pub const TOKEN_SECRET: &str = "test-token-secret";
 pub const PAYMENT_SECRET: &str = "test-payment-secret";
-
-/// The Postgres server the tests use, without a database name.
-pub fn pg_server() -> String {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/seckill".into());
-    let without_query = url.split('?').next().unwrap_or(&url).to_owned();
-    match without_query.rsplit_once('/') {
-        Some((server, _db)) if server.contains("//") && !server.ends_with('/') => server.to_owned(),
-        _ => without_query,
-    }
-}
-
-pub fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
 
 /// Settings for one test app; `db_url` and `redis_url` say where to go.
 pub fn settings(db_url: &str, redis_url: &str, prefix: &str) -> Settings {
@@ -367,24 +353,6 @@ pub async fn drop_database(db_name: &str, prefix: &str) {
     delete_keys(&redis_url(), prefix).await;
 }
 
-/// Deletes every key under `prefix`.
-pub async fn delete_keys(redis_url: &str, prefix: &str) {
-    let Ok(client) = redis::Client::open(redis_url) else {
-        return;
-    };
-    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-        return;
-    };
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap_or_default();
-    if !keys.is_empty() {
-        let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
-    }
-}
-
 /// Sends `POST /seckill/{voucher}` and returns the status and the error
 /// code (or `"ok"` with the order id).
 pub async fn buy(
@@ -402,15 +370,6 @@ pub struct Answer {
     pub retry_after: Option<String>,
     pub body: Value,
     pub took: Duration,
-}
-
-/// A connection to the Redis at `url`, for a test's own commands.
-pub async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .expect("a Redis URL")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("Redis answers")
 }
 
 /// Tokens for these users, minted through the admin API of the instance
@@ -545,140 +504,7 @@ impl Drop for Process {
     }
 }
 
-pub struct OwnRedis {
-    pub port: u16,
-    child: Option<Child>,
-    extra: Vec<String>,
-    /// Its working directory: a master writes its replication snapshot
-    /// there, not in the project.
-    dir: std::path::PathBuf,
-}
-
-impl OwnRedis {
-    pub fn start() -> Self {
-        Self::start_with(&[])
-    }
-
-    /// A server started with these extra arguments (`--replicaof`, ...).
-    pub fn start_with(extra: &[&str]) -> Self {
-        let port = free_port();
-        let dir = std::env::temp_dir().join(format!("seckill-redis-{}", Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).expect("a temporary directory");
-        let mut redis = Self {
-            port,
-            child: None,
-            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
-            dir,
-        };
-        redis.restart();
-        redis
-    }
-
-    pub fn addr(&self) -> std::net::SocketAddr {
-        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// (Re)starts the server on the same port and waits until it answers.
-    pub fn restart(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is installed (scripts/deps.sh installs it)");
-        self.child = Some(child);
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        panic!("redis-server did not start on port {}", self.port);
-    }
-
-    /// Freezes the server (SIGSTOP): connections stay open, nothing is
-    /// answered, as with a stuck process or a `DEBUG SLEEP`.
-    pub fn freeze(&self) {
-        self.signal("-STOP");
-    }
-
-    /// Lets a frozen server run again (SIGCONT).
-    pub fn thaw(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, signal: &str) {
-        let child = self.child.as_ref().expect("the server is running");
-        let status = Command::new("kill")
-            .args([signal, &child.id().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill {signal} failed");
-    }
-
-    pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-CONT", &child.id().to_string()])
-                .status();
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        self.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
+/// A free loopback port (tests may panic when there is none).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A lock client on `redis_url` with a fresh key prefix (returned too).
-pub fn lock_client() -> (redis_locks::LockClient, String) {
-    let prefix = format!("test:{}:", Uuid::new_v4().simple());
-    (lock_client_on(&redis_url(), &prefix, None), prefix)
-}
-
-/// The short watchdog lease of the watchdog tests: renewed every 500 ms,
-/// so a busy machine has a second of slack.
-pub const SHORT_WATCHDOG_LEASE: Duration = Duration::from_millis(1500);
-
-/// A lock client of its own key prefix whose watchdog lease is
-/// [`SHORT_WATCHDOG_LEASE`], and the prefix.
-pub fn watchdog_client() -> (redis_locks::LockClient, String) {
-    let prefix = format!("test:{}:", Uuid::new_v4().simple());
-    let locks = lock_client_on(&redis_url(), &prefix, Some(SHORT_WATCHDOG_LEASE));
-    (locks, prefix)
-}
-
-/// A lock client on `url` under `prefix`, with a watchdog lease if given
-/// (short ones let tests see several renewals).
-pub fn lock_client_on(
-    url: &str,
-    prefix: &str,
-    watchdog_lease: Option<Duration>,
-) -> redis_locks::LockClient {
-    let mut options = redis_locks::LockOptions::default();
-    if let Some(lease) = watchdog_lease {
-        options.watchdog_lease = lease;
-    }
-    let client = redis::Client::open(url).expect("a Redis URL");
-    redis_locks::LockClient::with_options(client, prefix, options)
+    testkit::free_port().expect("a free loopback port")
 }

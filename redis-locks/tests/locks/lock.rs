@@ -3,14 +3,11 @@
 use std::time::{Duration, Instant};
 
 use redis_locks::{Acquired, Lease, LockClient, LockError, LockGuard, Released};
-use uuid::Uuid;
 
-use crate::helpers::{
-    delete_keys, lock_client, lock_client_on, redis_conn, redis_url, watchdog_client, OwnRedis,
+use crate::support::{
+    client_on, delete_behind_its_back, held, redis_conn, redis_url, OwnRedis, TestLocks, LEASE,
     SHORT_WATCHDOG_LEASE,
 };
-
-const LEASE: Duration = Duration::from_secs(10);
 
 #[track_caller]
 fn acquired(result: Result<Acquired, LockError>) -> LockGuard {
@@ -33,7 +30,7 @@ async fn raw_hash(key: &str) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn the_same_owner_reenters_and_the_last_release_frees() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.lock("order:1");
     let owner = locks.owner("request-1");
 
@@ -64,19 +61,18 @@ async fn the_same_owner_reenters_and_the_last_release_frees() {
         .unlock()
         .await
         .unwrap();
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn a_release_by_someone_else_changes_nothing_and_is_reported() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.lock("order:2");
     let owner = locks.owner("holder");
     let guard = acquired(lock.try_acquire(&owner, LEASE).await);
     let before = raw_hash(lock.key()).await;
 
     // Another owner in this process, and the same id in another process.
-    let strangers = [locks.owner("stranger"), lock_client().0.owner("holder")];
+    let strangers = [locks.owner("stranger"), TestLocks::new().owner("holder")];
     for stranger in &strangers {
         match lock.release(stranger, LEASE).await {
             Err(LockError::NotHeld { .. }) => {}
@@ -86,12 +82,11 @@ async fn a_release_by_someone_else_changes_nothing_and_is_reported() {
     assert_eq!(raw_hash(lock.key()).await, before);
     assert_eq!(lock.hold_count(&owner).await.unwrap(), 1);
     guard.unlock().await.unwrap();
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn an_expired_lease_frees_the_lock_and_the_late_release_is_reported() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.lock("order:3");
     let slow = locks.owner("slow");
     let guard = acquired(lock.try_acquire(&slow, Duration::from_millis(100)).await);
@@ -106,12 +101,11 @@ async fn an_expired_lease_frees_the_lock_and_the_late_release_is_reported() {
     // The late release did not touch the new holder's lock.
     assert_eq!(lock.hold_count(&next).await.unwrap(), 1);
     next_guard.unlock().await.unwrap();
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn a_dropped_guard_releases_and_shutdown_waits_for_it() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.lock("order:4");
     let owner = locks.owner("dropped");
     drop(acquired(lock.try_acquire(&owner, LEASE).await));
@@ -120,12 +114,11 @@ async fn a_dropped_guard_releases_and_shutdown_waits_for_it() {
         "the release finished"
     );
     assert!(!lock.is_locked().await.unwrap());
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn a_waiter_gives_up_when_its_wait_time_is_spent() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.lock("order:5");
     let holder = acquired(lock.try_acquire(&locks.owner("holder"), LEASE).await);
     let asked = Instant::now();
@@ -141,12 +134,11 @@ async fn a_waiter_gives_up_when_its_wait_time_is_spent() {
     );
     assert!(waited < LEASE / 2, "overslept its wait time: {waited:?}");
     holder.unlock().await.unwrap();
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn a_waiter_wakes_on_unlock_long_before_the_lease_ends() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.lock("order:6");
     let holder = acquired(lock.try_acquire(&locks.owner("holder"), LEASE).await);
     let waiter = {
@@ -179,12 +171,11 @@ async fn a_waiter_wakes_on_unlock_long_before_the_lease_ends() {
         "woke by the lease, not the unlock: {delay:?}"
     );
     guard.unlock().await.unwrap();
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn a_waiter_takes_a_lock_whose_lease_ran_out_without_a_message() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.lock("order:7");
     let crashed = acquired(
         lock.try_acquire(&locks.owner("crashed"), Duration::from_millis(300))
@@ -192,32 +183,26 @@ async fn a_waiter_takes_a_lock_whose_lease_ran_out_without_a_message() {
     );
     std::mem::forget(crashed); // a holder that never releases
     let asked = Instant::now();
-    let guard = lock
-        .acquire(&locks.owner("waiter"), LEASE, LEASE)
-        .await
-        .unwrap()
-        .expect("the lease ran out");
+    let guard = held(
+        lock.acquire(&locks.owner("waiter"), LEASE, LEASE).await,
+        "the lease ran out",
+    );
     assert!(
         asked.elapsed() < LEASE / 2,
         "slept past the holder's lease: {:?}",
         asked.elapsed()
     );
     guard.unlock().await.unwrap();
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn force_unlock_frees_the_lock_and_wakes_its_waiters() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.lock("order:8");
     let holder = locks.owner("holder");
     let guard = acquired(lock.try_acquire(&holder, LEASE).await);
     assert!(lock.is_held_by(&holder).await.unwrap());
-    let lease = lock
-        .remaining_lease()
-        .await
-        .unwrap()
-        .expect("a held lock has a lease");
+    let lease = held(lock.remaining_lease().await, "a held lock has a lease");
     assert!(lease > LEASE / 2 && lease <= LEASE, "{lease:?}");
 
     let waiter = {
@@ -240,15 +225,13 @@ async fn force_unlock_frees_the_lock_and_wakes_its_waiters() {
         "a free lock reports nothing to free"
     );
     assert_eq!(lock.remaining_lease().await.unwrap(), None);
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind() {
-    let prefix = format!("test:{}:", Uuid::new_v4().simple());
-    let clients: Vec<LockClient> = (0..4)
-        .map(|_| lock_client_on(&redis_url(), &prefix, None))
-        .collect();
+    let first = TestLocks::new();
+    let prefix = first.prefix();
+    let clients: Vec<LockClient> = (0..4).map(|_| first.another_client()).collect();
     let counter = format!("{prefix}counter");
     let tasks: Vec<_> = (0..100)
         .map(|i| {
@@ -257,11 +240,10 @@ async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind(
             tokio::spawn(async move {
                 let lock = locks.lock("counter");
                 let owner = locks.owner(format!("task-{i}"));
-                let guard = lock
-                    .acquire(&owner, Duration::from_secs(60), LEASE)
-                    .await
-                    .unwrap()
-                    .expect("every task gets its turn");
+                let guard = held(
+                    lock.acquire(&owner, Duration::from_secs(60), LEASE).await,
+                    "every task gets its turn",
+                );
                 // Read, yield, write: without the lock, updates get lost.
                 let client = redis::Client::open(redis_url()).unwrap();
                 let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -332,12 +314,11 @@ async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind(
         channels.is_empty(),
         "channels left subscribed: {channels:?}"
     );
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn the_watchdog_keeps_a_lock_past_three_leases_and_stops_after_unlock() {
-    let (locks, prefix) = watchdog_client();
+    let locks = TestLocks::with_watchdog();
     let lease = SHORT_WATCHDOG_LEASE;
     let lock = locks.lock("order:9");
     let owner = locks.owner("long-job");
@@ -350,11 +331,7 @@ async fn the_watchdog_keeps_a_lock_past_three_leases_and_stops_after_unlock() {
         "the lease ran out despite the watchdog"
     );
     assert!(!guard.is_lost());
-    let left = lock
-        .remaining_lease()
-        .await
-        .unwrap()
-        .expect("a renewed lease");
+    let left = held(lock.remaining_lease().await, "a renewed lease");
     assert!(left <= lease);
 
     assert_eq!(guard.unlock().await.unwrap(), Released::Free);
@@ -370,25 +347,18 @@ async fn the_watchdog_keeps_a_lock_past_three_leases_and_stops_after_unlock() {
     assert_eq!(locks.watched_locks(), 0);
     assert!(locks.shutdown(Duration::from_secs(5)).await);
     assert!(!lock.is_locked().await.unwrap());
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn the_holder_hears_at_once_when_its_lock_is_deleted() {
-    let prefix = format!("test:{}:", Uuid::new_v4().simple());
-    let locks = lock_client_on(&redis_url(), &prefix, Some(Duration::from_millis(600)));
+    let locks = TestLocks::on(&redis_url(), Some(Duration::from_millis(600)));
     let lock = locks.lock("order:10");
     let guard = acquired(
         lock.try_acquire(&locks.owner("holder"), Lease::Watchdog)
             .await,
     );
 
-    let mut conn = redis_conn(&redis_url()).await;
-    redis::cmd("DEL")
-        .arg(lock.key())
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    delete_behind_its_back(&redis_url(), lock.key()).await;
 
     tokio::time::timeout(Duration::from_secs(10), guard.lost())
         .await
@@ -399,13 +369,12 @@ async fn the_holder_hears_at_once_when_its_lock_is_deleted() {
         guard.unlock().await,
         Err(LockError::NotHeld { .. })
     ));
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn the_holder_hears_when_redis_restarts_and_loses_the_lock() {
     let mut redis = OwnRedis::start();
-    let locks = lock_client_on(&redis.url(), "", Some(Duration::from_millis(600)));
+    let locks = client_on(&redis.url(), "", Some(Duration::from_millis(600)));
     let lock = locks.lock("order:11");
     let guard = acquired(
         lock.try_acquire(&locks.owner("holder"), Lease::Watchdog)
@@ -428,7 +397,7 @@ async fn the_holder_hears_when_redis_restarts_and_loses_the_lock() {
 
 #[tokio::test]
 async fn a_fixed_lease_hold_is_lost_when_its_lease_runs_out() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.lock("order:12");
     let guard = acquired(
         lock.try_acquire(&locks.owner("brief"), Duration::from_millis(200))
@@ -439,12 +408,11 @@ async fn a_fixed_lease_hold_is_lost_when_its_lease_runs_out() {
         .await
         .expect("lost() resolves at the end of the lease");
     assert!(guard.is_lost());
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn every_new_holder_gets_a_larger_fencing_token_and_reentry_keeps_it() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.lock("order:13");
     let (a, b) = (locks.owner("a"), locks.owner("b"));
     let mut last = 0;
@@ -471,12 +439,11 @@ async fn every_new_holder_gets_a_larger_fencing_token_and_reentry_keeps_it() {
     let guard = acquired(lock.try_acquire(&a, LEASE).await);
     assert!(guard.fence() > last);
     guard.unlock().await.unwrap();
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn a_resent_acquire_or_release_does_not_count_twice() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.lock("order:14");
     let owner = locks.owner("retrying");
 
@@ -515,5 +482,4 @@ async fn a_resent_acquire_or_release_does_not_count_twice() {
         "a resent release gave back a second hold"
     );
     assert_eq!(first.unlock().await.unwrap(), Released::Free);
-    delete_keys(&redis_url(), &prefix).await;
 }

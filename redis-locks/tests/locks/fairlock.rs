@@ -6,9 +6,7 @@ use std::time::{Duration, Instant};
 
 use redis_locks::{FairLock, Lease};
 
-use crate::helpers::{delete_keys, lock_client, redis_url, watchdog_client, SHORT_WATCHDOG_LEASE};
-
-const LEASE: Duration = Duration::from_secs(10);
+use crate::support::{held, TestLocks, LEASE, SHORT_WATCHDOG_LEASE};
 
 /// Waits (bounded) until `n` owners stand in line.
 async fn line_reaches(lock: &FairLock, n: usize) {
@@ -23,23 +21,21 @@ async fn line_reaches(lock: &FairLock, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_get_the_lock_in_the_order_they_asked() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.fair_lock("tickets");
-    let holder = lock
-        .try_acquire(&locks.owner("holder"), LEASE)
-        .await
-        .unwrap()
-        .unwrap();
+    let holder = held(
+        lock.try_acquire(&locks.owner("holder"), LEASE).await,
+        "the lock is free",
+    );
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     for i in 1..=5 {
         let (lock2, owner, order) = (lock.clone(), locks.owner(format!("w{i}")), order.clone());
         waiters.push(tokio::spawn(async move {
-            let guard = lock2
-                .acquire(&owner, LEASE * 3, LEASE)
-                .await
-                .unwrap()
-                .expect("its turn came");
+            let guard = held(
+                lock2.acquire(&owner, LEASE * 3, LEASE).await,
+                "its turn came",
+            );
             order.lock().unwrap().push(i);
             tokio::time::sleep(Duration::from_millis(10)).await;
             guard.unlock().await.unwrap();
@@ -59,18 +55,16 @@ async fn waiters_get_the_lock_in_the_order_they_asked() {
     }
     assert_eq!(*order.lock().unwrap(), vec![1, 2, 3, 4, 5]);
     assert!(lock.queue().await.unwrap().is_empty());
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_waiter_is_skipped_when_its_wait_is_over() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.fair_lock("tickets");
-    let holder = lock
-        .try_acquire(&locks.owner("holder"), LEASE)
-        .await
-        .unwrap()
-        .unwrap();
+    let holder = held(
+        lock.try_acquire(&locks.owner("holder"), LEASE).await,
+        "the lock is free",
+    );
 
     // A waiter that will wait 300 ms, and dies in line (its task is killed
     // before it can leave).
@@ -108,20 +102,18 @@ async fn a_dead_waiter_is_skipped_when_its_wait_is_over() {
         "the dead waiter is still in line"
     );
     guard.unlock().await.unwrap();
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn the_watchdog_keeps_a_fair_lock_alive_until_unlock() {
-    let (locks, prefix) = watchdog_client();
+    let locks = TestLocks::with_watchdog();
     let lease = SHORT_WATCHDOG_LEASE;
     let lock = locks.fair_lock("tickets");
     let owner = locks.owner("long");
-    let guard = lock
-        .try_acquire(&owner, Lease::Watchdog)
-        .await
-        .unwrap()
-        .unwrap();
+    let guard = held(
+        lock.try_acquire(&owner, Lease::Watchdog).await,
+        "the lock is free",
+    );
     tokio::time::sleep(lease * 3).await;
     assert!(
         lock.as_lock().is_held_by(&owner).await.unwrap(),
@@ -130,5 +122,4 @@ async fn the_watchdog_keeps_a_fair_lock_alive_until_unlock() {
     guard.unlock().await.unwrap();
     assert_eq!(locks.watched_locks(), 0);
     assert!(!lock.as_lock().is_locked().await.unwrap());
-    delete_keys(&redis_url(), &prefix).await;
 }

@@ -4,28 +4,18 @@ use std::time::{Duration, Instant};
 
 use redis_locks::{Hold, Lease};
 
-use crate::helpers::{
-    delete_keys, lock_client, redis_conn, redis_url, watchdog_client, SHORT_WATCHDOG_LEASE,
+use crate::support::{
+    delete_behind_its_back, held, redis_url, TestLocks, LEASE, SHORT_WATCHDOG_LEASE,
 };
-
-const LEASE: Duration = Duration::from_secs(10);
 
 #[tokio::test]
 async fn many_readers_or_one_writer() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.read_write_lock("catalog");
     let (r1, r2, w) = (locks.owner("r1"), locks.owner("r2"), locks.owner("w"));
 
-    let read1 = lock
-        .try_read(&r1, LEASE)
-        .await
-        .unwrap()
-        .expect("a free lock reads");
-    let read2 = lock
-        .try_read(&r2, LEASE)
-        .await
-        .unwrap()
-        .expect("readers share");
+    let read1 = held(lock.try_read(&r1, LEASE).await, "a free lock reads");
+    let read2 = held(lock.try_read(&r2, LEASE).await, "readers share");
     assert_eq!(lock.mode().await.unwrap(), Some(Hold::Read));
     assert!(
         lock.try_write(&w, LEASE).await.unwrap().is_none(),
@@ -44,16 +34,8 @@ async fn many_readers_or_one_writer() {
     assert_eq!(read2.unlock().await.unwrap(), 0);
     assert_eq!(lock.mode().await.unwrap(), None);
 
-    let write = lock
-        .try_write(&w, LEASE)
-        .await
-        .unwrap()
-        .expect("a free lock writes");
-    let again = lock
-        .try_write(&w, LEASE)
-        .await
-        .unwrap()
-        .expect("the writer reenters");
+    let write = held(lock.try_write(&w, LEASE).await, "a free lock writes");
+    let again = held(lock.try_write(&w, LEASE).await, "the writer reenters");
     assert!(
         lock.try_read(&r1, LEASE).await.unwrap().is_none(),
         "a reader got in beside a writer"
@@ -65,21 +47,16 @@ async fn many_readers_or_one_writer() {
     assert_eq!(again.unlock().await.unwrap(), 1);
     assert_eq!(write.unlock().await.unwrap(), 0);
     assert_eq!(lock.mode().await.unwrap(), None);
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn a_writer_downgrades_to_a_reader() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.read_write_lock("catalog");
     let (w, other) = (locks.owner("w"), locks.owner("other"));
 
     let write = lock.try_write(&w, LEASE).await.unwrap().unwrap();
-    let read = lock
-        .try_read(&w, LEASE)
-        .await
-        .unwrap()
-        .expect("the writer may read");
+    let read = held(lock.try_read(&w, LEASE).await, "the writer may read");
     assert!(lock.try_read(&other, LEASE).await.unwrap().is_none());
     write.unlock().await.unwrap();
     assert_eq!(
@@ -87,33 +64,27 @@ async fn a_writer_downgrades_to_a_reader() {
         Some(Hold::Read),
         "write -> read downgrade"
     );
-    let shared = lock
-        .try_read(&other, LEASE)
-        .await
-        .unwrap()
-        .expect("now others read too");
+    let shared = held(lock.try_read(&other, LEASE).await, "now others read too");
     assert!(lock.try_write(&other, LEASE).await.unwrap().is_none());
     read.unlock().await.unwrap();
     shared.unlock().await.unwrap();
     assert_eq!(lock.mode().await.unwrap(), None);
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn an_expired_reader_does_not_hold_the_lock_once_the_others_leave() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.read_write_lock("catalog");
-    let dead = lock
-        .try_read(&locks.owner("dies"), Duration::from_millis(150))
-        .await
-        .unwrap()
-        .unwrap();
+    let dead = held(
+        lock.try_read(&locks.owner("dies"), Duration::from_millis(150))
+            .await,
+        "the lock is free",
+    );
     std::mem::forget(dead); // a reader that crashed
-    let alive = lock
-        .try_read(&locks.owner("lives"), LEASE)
-        .await
-        .unwrap()
-        .unwrap();
+    let alive = held(
+        lock.try_read(&locks.owner("lives"), LEASE).await,
+        "the lock is free",
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     alive.unlock().await.unwrap();
     assert_eq!(
@@ -121,24 +92,21 @@ async fn an_expired_reader_does_not_hold_the_lock_once_the_others_leave() {
         None,
         "the dead reader's hold kept the lock"
     );
-    let write = lock
-        .try_write(&locks.owner("w"), LEASE)
-        .await
-        .unwrap()
-        .expect("free for a writer");
+    let write = held(
+        lock.try_write(&locks.owner("w"), LEASE).await,
+        "free for a writer",
+    );
     write.unlock().await.unwrap();
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn a_waiting_writer_wakes_when_the_readers_leave() {
-    let (locks, prefix) = lock_client();
+    let locks = TestLocks::new();
     let lock = locks.read_write_lock("catalog");
-    let reader = lock
-        .try_read(&locks.owner("r"), LEASE)
-        .await
-        .unwrap()
-        .unwrap();
+    let reader = held(
+        lock.try_read(&locks.owner("r"), LEASE).await,
+        "the lock is free",
+    );
     let writer = {
         let (lock, owner) = (lock.clone(), locks.owner("w"));
         tokio::spawn(async move { lock.write(&owner, LEASE, LEASE).await.unwrap() })
@@ -153,19 +121,17 @@ async fn a_waiting_writer_wakes_when_the_readers_leave() {
     );
     assert_eq!(lock.mode().await.unwrap(), Some(Hold::Write));
     write.unlock().await.unwrap();
-    delete_keys(&redis_url(), &prefix).await;
 }
 
 #[tokio::test]
 async fn the_watchdog_keeps_read_and_write_holds_alive_and_reports_a_lost_one() {
-    let (locks, prefix) = watchdog_client();
+    let locks = TestLocks::with_watchdog();
     let lease = SHORT_WATCHDOG_LEASE;
     let lock = locks.read_write_lock("catalog");
-    let reader = lock
-        .try_read(&locks.owner("r"), Lease::Watchdog)
-        .await
-        .unwrap()
-        .unwrap();
+    let reader = held(
+        lock.try_read(&locks.owner("r"), Lease::Watchdog).await,
+        "the lock is free",
+    );
     tokio::time::sleep(lease * 3).await;
     assert!(!reader.is_lost());
     assert_eq!(
@@ -181,21 +147,14 @@ async fn the_watchdog_keeps_read_and_write_holds_alive_and_reports_a_lost_one() 
     reader.unlock().await.unwrap();
     assert_eq!(locks.watched_locks(), 0);
 
-    let writer = lock
-        .try_write(&locks.owner("w"), Lease::Watchdog)
-        .await
-        .unwrap()
-        .unwrap();
+    let writer = held(
+        lock.try_write(&locks.owner("w"), Lease::Watchdog).await,
+        "the lock is free",
+    );
     tokio::time::sleep(lease * 2).await;
     assert_eq!(lock.mode().await.unwrap(), Some(Hold::Write));
-    let mut conn = redis_conn(&redis_url()).await;
-    redis::cmd("DEL")
-        .arg(lock.key())
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    delete_behind_its_back(&redis_url(), lock.key()).await;
     tokio::time::timeout(Duration::from_secs(10), writer.lost())
         .await
         .expect("the writer heard its lock was lost");
-    delete_keys(&redis_url(), &prefix).await;
 }

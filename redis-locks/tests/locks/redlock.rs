@@ -1,0 +1,178 @@
+//! RedLock and MultiLock over three private Redis servers.
+
+use std::time::Duration;
+
+use redis_locks::{LockClient, LockError, MultiNodeLocks, Quorum};
+
+use crate::support::{client_on, held, redis_conn, OwnRedis, LEASE};
+
+const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+
+fn node(redis: &OwnRedis) -> LockClient {
+    client_on(&redis.url(), "", None)
+}
+
+async fn exists(redis: &OwnRedis, key: &str) -> bool {
+    let mut conn = redis_conn(&redis.url()).await;
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn redlock_survives_one_node_of_three_and_refuses_with_two_down() {
+    let mut servers: Vec<OwnRedis> = (0..3).map(|_| OwnRedis::start()).collect();
+    let locks = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::Majority);
+
+    let first = held(
+        locks.try_acquire("order:1", "a", LEASE, NODE_TIMEOUT).await,
+        "all three nodes grant a free lock",
+    );
+    assert_eq!(first.nodes(), 3);
+    assert!(!first.is_expired());
+    // Someone else cannot take it while it is first.
+    assert!(locks
+        .try_acquire("order:1", "b", LEASE, NODE_TIMEOUT)
+        .await
+        .unwrap()
+        .is_none());
+
+    // A node dies mid-hold: the hold stands, and releases on the others.
+    servers[0].stop();
+    assert_eq!(first.unlock().await, 2);
+    for server in &servers[1..] {
+        assert!(
+            !exists(server, "lock:{order:1}").await,
+            "a live node kept the lock"
+        );
+    }
+
+    // With one node down, two of three still make a majority.
+    let again = held(
+        locks.try_acquire("order:1", "b", LEASE, NODE_TIMEOUT).await,
+        "two of three nodes are a majority",
+    );
+    assert_eq!(again.nodes(), 2);
+    again.unlock().await;
+
+    // With two down, one node is no majority: refused, and the one live
+    // node does not keep what it granted.
+    servers[1].stop();
+    let refused = locks.try_acquire("order:1", "c", LEASE, NODE_TIMEOUT).await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::NodesUnavailable {
+                answered: 1,
+                needed: 2
+            })
+        ),
+        "{refused:?}"
+    );
+    assert!(
+        !exists(&servers[2], "lock:{order:1}").await,
+        "a failed attempt left the lock on a node"
+    );
+}
+
+#[tokio::test]
+async fn a_multilock_needs_every_node() {
+    let mut servers: Vec<OwnRedis> = (0..3).map(|_| OwnRedis::start()).collect();
+    let locks = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::All);
+    let first = held(
+        locks.try_acquire("order:2", "a", LEASE, NODE_TIMEOUT).await,
+        "all grant it",
+    );
+    assert_eq!(first.unlock().await, 3);
+
+    servers[2].stop();
+    let refused = locks.try_acquire("order:2", "a", LEASE, NODE_TIMEOUT).await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::NodesUnavailable {
+                answered: 2,
+                needed: 3
+            })
+        ),
+        "{refused:?}"
+    );
+    for server in &servers[..2] {
+        assert!(
+            !exists(server, "lock:{order:2}").await,
+            "a refused multilock left a key behind"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn competing_redlock_holders_never_overlap() {
+    let servers: Vec<OwnRedis> = (0..3).map(|_| OwnRedis::start()).collect();
+    // Two processes' worth of clients on the same three nodes.
+    let first = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::Majority);
+    let second = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::Majority);
+    let inside = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let locks = if i % 2 == 0 {
+                first.clone()
+            } else {
+                second.clone()
+            };
+            let inside = inside.clone();
+            tokio::spawn(async move {
+                let guard = locks
+                    .acquire(
+                        "order:3",
+                        &format!("task-{i}"),
+                        Duration::from_secs(60),
+                        LEASE,
+                        NODE_TIMEOUT,
+                    )
+                    .await
+                    .unwrap()
+                    .expect("every task gets its turn");
+                let before = inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                assert_eq!(before, 0, "two holders at once");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                guard.unlock().await;
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_answers_once_a_majority_has_without_waiting_for_frozen_nodes() {
+    let servers: Vec<OwnRedis> = (0..5).map(|_| OwnRedis::start()).collect();
+    let locks = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::Majority);
+    // Two of five frozen: they hold their connections and answer nothing.
+    servers[3].freeze();
+    servers[4].freeze();
+    let node_timeout = Duration::from_secs(5);
+    for round in 0..3 {
+        let asked = std::time::Instant::now();
+        let first = held(
+            locks
+                .try_acquire(&format!("order:{round}"), "a", LEASE, node_timeout)
+                .await,
+            "three live nodes of five grant a free lock",
+        );
+        let took = asked.elapsed();
+        assert_eq!(first.nodes(), 3);
+        // Not the frozen nodes' timeout: the majority's answer, and after
+        // the first round the frozen nodes are not even asked.
+        assert!(
+            took < node_timeout / 2,
+            "round {round} took {took:?} with a {node_timeout:?} node timeout"
+        );
+        assert_eq!(first.unlock().await, 3);
+    }
+    servers[3].thaw();
+    servers[4].thaw();
+}

@@ -1,0 +1,113 @@
+//! What the lock tests share: a lock client under a key prefix of its own
+//! whose keys go when it drops, and a way to unwrap a hold that must exist.
+
+use std::ops::Deref;
+use std::time::Duration;
+
+use redis_locks::{LockClient, LockError, LockOptions};
+pub use testkit::{redis_conn, redis_url, OwnRedis};
+
+/// The lease of holds that must outlive the test.
+pub const LEASE: Duration = Duration::from_secs(10);
+
+/// The short watchdog lease of the watchdog tests: renewed every 500 ms,
+/// so a busy machine has a second of slack.
+pub const SHORT_WATCHDOG_LEASE: Duration = Duration::from_millis(1500);
+
+/// A lock client on the local Redis under a fresh key prefix; every key
+/// under that prefix is deleted when it drops, whatever the test did.
+pub struct TestLocks {
+    client: LockClient,
+    url: String,
+    prefix: String,
+}
+
+impl TestLocks {
+    /// With the default options.
+    pub fn new() -> Self {
+        Self::on(&redis_url(), None)
+    }
+
+    /// With a watchdog lease of [`SHORT_WATCHDOG_LEASE`], so that tests see
+    /// several renewals.
+    pub fn with_watchdog() -> Self {
+        Self::on(&redis_url(), Some(SHORT_WATCHDOG_LEASE))
+    }
+
+    /// On the Redis at `url`, with this watchdog lease if given.
+    pub fn on(url: &str, watchdog_lease: Option<Duration>) -> Self {
+        let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+        Self {
+            client: client_on(url, &prefix, watchdog_lease),
+            url: url.to_owned(),
+            prefix,
+        }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Another client (another process, as far as the locks can tell) under
+    /// the same prefix.
+    pub fn another_client(&self) -> LockClient {
+        client_on(&self.url, &self.prefix, None)
+    }
+}
+
+impl Deref for TestLocks {
+    type Target = LockClient;
+
+    fn deref(&self) -> &LockClient {
+        &self.client
+    }
+}
+
+impl Drop for TestLocks {
+    fn drop(&mut self) {
+        let Ok(client) = redis::Client::open(self.url.as_str()) else {
+            return;
+        };
+        let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_secs(2)) else {
+            return;
+        };
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}*", self.prefix))
+            .query(&mut conn)
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query(&mut conn);
+        }
+    }
+}
+
+/// A lock client on `url` under `prefix`, with a watchdog lease if given.
+pub fn client_on(url: &str, prefix: &str, watchdog_lease: Option<Duration>) -> LockClient {
+    let mut options = LockOptions::default();
+    if let Some(lease) = watchdog_lease {
+        options.watchdog_lease = lease;
+    }
+    let client = redis::Client::open(url).expect("a Redis URL");
+    LockClient::with_options(client, prefix, options)
+}
+
+/// The hold an attempt must have got.
+#[track_caller]
+pub fn held<T>(attempt: Result<Option<T>, LockError>, why: &str) -> T {
+    match attempt {
+        Ok(Some(hold)) => hold,
+        Ok(None) => panic!("no hold: {why}"),
+        Err(e) => panic!("{e}: {why}"),
+    }
+}
+
+/// Deletes `key` behind the lock library's back, as an operator or an
+/// eviction would.
+pub async fn delete_behind_its_back(url: &str, key: &str) {
+    let mut conn = redis_conn(url).await;
+    redis::cmd("DEL")
+        .arg(key)
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+}

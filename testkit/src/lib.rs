@@ -1,0 +1,190 @@
+//! Test support shared by the workspace's tests and its load driver: where
+//! the local Postgres and Redis are, free loopback ports, private
+//! `redis-server` processes to restart or freeze, and key clean-up.
+//!
+//! It depends on no crate of the workspace, so the lock library's tests and
+//! the service's use the same servers without the lock library depending on
+//! the service.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The Redis the tests use: `REDIS_URL`, by default the local one.
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// The Postgres server the tests use (`DATABASE_URL` without its database
+/// name and query), so that each test can make a database of its own.
+pub fn pg_server() -> String {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/seckill".into());
+    let without_query = url.split('?').next().unwrap_or(&url).to_owned();
+    match without_query.rsplit_once('/') {
+        Some((server, _db)) if server.contains("//") && !server.ends_with('/') => server.to_owned(),
+        _ => without_query,
+    }
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A connection to the Redis at `url`, for a test's own commands.
+pub async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("a Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis answers")
+}
+
+/// Deletes every key under `prefix` (SCAN, so a large Redis is not blocked);
+/// a Redis that does not answer is left as it is.
+pub async fn delete_keys(url: &str, prefix: &str) {
+    let Ok(client) = redis::Client::open(url) else {
+        return;
+    };
+    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+        return;
+    };
+    let mut cursor: u64 = 0;
+    loop {
+        let Ok((next, keys)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+        else {
+            return;
+        };
+        if !keys.is_empty() {
+            let _: redis::RedisResult<()> =
+                redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
+        }
+        if next == 0 {
+            return;
+        }
+        cursor = next;
+    }
+}
+
+/// A `redis-server` of the caller's own on a free loopback port, without
+/// persistence, working in a temporary directory; stopped (thawed first if
+/// frozen) and its directory removed when dropped.
+pub struct OwnRedis {
+    pub port: u16,
+    child: Option<Child>,
+    extra: Vec<String>,
+    /// Its working directory: a master writes its replication snapshot
+    /// there, not in the project.
+    dir: PathBuf,
+}
+
+impl OwnRedis {
+    /// A server, or a panic saying why none started (for tests).
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A server started with these extra arguments (`--replicaof`, ...).
+    pub fn start_with(extra: &[&str]) -> Self {
+        Self::try_start_with(extra).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A server, or why none started (for callers that report errors).
+    pub fn try_start_with(extra: &[&str]) -> Result<Self, String> {
+        static STARTED: AtomicU64 = AtomicU64::new(0);
+        let port = free_port().map_err(|e| format!("no free port: {e}"))?;
+        let dir = std::env::temp_dir().join(format!(
+            "testkit-redis-{}-{}",
+            std::process::id(),
+            STARTED.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut redis = Self {
+            port,
+            child: None,
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
+            dir,
+        };
+        redis.try_restart()?;
+        Ok(redis)
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// (Re)starts the server on the same port and waits until it answers.
+    pub fn restart(&mut self) {
+        self.try_restart().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn try_restart(&mut self) -> Result<(), String> {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("redis-server does not start (is it installed?): {e}"))?;
+        self.child = Some(child);
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        Err(format!("redis-server did not start on port {}", self.port))
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is
+    /// answered, as with a stuck process, a frozen VM or a `DEBUG SLEEP`.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen server run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status();
+        }
+    }
+
+    pub fn stop(&mut self) {
+        self.thaw();
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
