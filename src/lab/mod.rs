@@ -137,11 +137,7 @@ impl Lab {
     }
 
     async fn try_purchase(&self, attempt: Attempt) -> Result<LabOrder> {
-        let Attempt {
-            strategy,
-            voucher_id,
-            ..
-        } = attempt;
+        let (strategy, _, voucher_id, _) = attempt.parts();
         let result = match strategy {
             Strategy::Naive | Strategy::Version | Strategy::StockGtZero => {
                 self.unguarded(attempt).await.map(LabOrder::Stored)
@@ -170,12 +166,7 @@ impl Lab {
     /// and the sale under the strategy's condition. `naive` and `version`
     /// read the stock first and check it themselves.
     async fn unguarded(&self, attempt: Attempt) -> Result<i64> {
-        let Attempt {
-            strategy,
-            user_id,
-            voucher_id,
-            stall,
-        } = attempt;
+        let (strategy, user_id, voucher_id, stall) = attempt.parts();
         let store = &self.inner.store;
         let decrement = match strategy {
             Strategy::StockGtZero => Decrement::IfLeft,
@@ -212,12 +203,7 @@ impl Lab {
     /// entered (the successor's check would have missed that write) nor
     /// after its successor wrote.
     async fn guarded_sale(&self, attempt: Attempt, fence: Option<i64>) -> Result<i64> {
-        let Attempt {
-            strategy,
-            user_id,
-            voucher_id,
-            stall,
-        } = attempt;
+        let (strategy, user_id, voucher_id, stall) = attempt.parts();
         let store = &self.inner.store;
         if let Some(token) = fence {
             if !store.claim_fence(user_id, voucher_id, token).await? {
@@ -245,12 +231,7 @@ impl Lab {
     /// `process_mutex`: a mutex per user and voucher in this process. Sound
     /// on one instance; a second instance has mutexes of its own.
     async fn process_mutex(&self, attempt: Attempt) -> Result<i64> {
-        let Attempt {
-            user_id,
-            voucher_id,
-            stall,
-            ..
-        } = attempt;
+        let (_, user_id, voucher_id, stall) = attempt.parts();
         let mutex = self
             .inner
             .mutexes
@@ -270,12 +251,7 @@ impl Lab {
     /// exactly as `DEL` does and also says whose lock it was, so the lab
     /// can count releases that freed another request's lock.
     async fn setnx(&self, attempt: Attempt) -> Result<i64> {
-        let Attempt {
-            strategy,
-            user_id,
-            voucher_id,
-            stall,
-        } = attempt;
+        let (strategy, user_id, voucher_id, stall) = attempt.parts();
         let inner = &self.inner;
         let key = format!(
             "{}setnx:{voucher_id}:{user_id}",
@@ -348,12 +324,7 @@ impl Lab {
     /// holds, released by a Lua script that only the owner can run); `fenced`
     /// also hands the lock's fencing token to the sale.
     async fn reentrant(&self, attempt: Attempt) -> Result<i64> {
-        let Attempt {
-            strategy,
-            user_id,
-            voucher_id,
-            stall,
-        } = attempt;
+        let (strategy, user_id, voucher_id, stall) = attempt.parts();
         let inner = &self.inner;
         let lock = inner.locks.lock(&format!("order:{voucher_id}:{user_id}"));
         let owner = inner

@@ -83,12 +83,7 @@ impl Lab {
 
     /// `redis_decr`, `redis_lua` and `redis_stream`.
     pub(super) async fn redis_stock_purchase(&self, attempt: Attempt) -> Result<LabOrder> {
-        let Attempt {
-            strategy,
-            user_id,
-            voucher_id,
-            stall,
-        } = attempt;
+        let (strategy, user_id, voucher_id, stall) = attempt.parts();
         let inner = &self.inner;
         let keys = keys(&inner.settings.redis_prefix, voucher_id);
         let store = &inner.store;

@@ -128,6 +128,13 @@ pub struct Attempt {
     pub stall: Option<Stall>,
 }
 
+impl Attempt {
+    /// Strategy, user, voucher and stall, to bind in one line.
+    pub fn parts(self) -> (Strategy, i64, i64, Option<Stall>) {
+        (self.strategy, self.user_id, self.voucher_id, self.stall)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
