@@ -20,6 +20,7 @@ use crate::cpu::Usage;
 use crate::drive::{drive, Plan, Tally};
 use crate::invariants::Check;
 use crate::service::Target;
+use crate::table::Table;
 use crate::{check, round, CrowdArgs, Report, TargetArgs};
 
 #[derive(Args, Clone)]
@@ -118,7 +119,7 @@ pub async fn run(target: &Target, args: &AsyncArgs) -> Result<Vec<Report>, Strin
             met: drain.lost + flash_drain.lost == 0,
         },
     ];
-    print_goals(&goals);
+    print_goals("async", &goals);
     eprintln!("CPU µs per accepted order (accepted and written): {cpu_per_order:?}");
     eprintln!("CPU µs per /healthz request: {cpu_per_healthz:?}");
     if accepted_run.count("409 already_purchased") > 0 {
@@ -585,20 +586,19 @@ impl Goal {
     }
 }
 
-pub(crate) fn print_goals(goals: &[Goal]) {
-    eprintln!(
-        "{:<48} {:>9} {:>7} {:>4}",
-        "goal", "measured", "target", "met"
-    );
+/// Prints the goals judged, and records them under the guide's page `page`.
+pub(crate) fn print_goals(page: &str, goals: &[Goal]) {
+    let mut table = Table::new(["goal", "measured", "target", "met"]);
     for g in goals {
-        eprintln!(
-            "{:<48} {:>9} {:>7} {:>4}",
-            g.measure,
-            g.measured,
-            g.goal,
-            if g.met { "yes" } else { "NO" }
-        );
+        table.row([
+            g.measure.to_owned(),
+            g.measured.to_string(),
+            g.goal.to_owned(),
+            if g.met { "yes" } else { "NO" }.to_owned(),
+        ]);
     }
+    eprint!("{}", table.text());
+    crate::table::record(page, "Goals", &table);
 }
 
 #[cfg(test)]

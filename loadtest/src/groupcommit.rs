@@ -16,6 +16,7 @@ use crate::api::{Admin, SaleMode};
 use crate::drive::{drive, Plan, Tally};
 use crate::invariants::Check;
 use crate::service::{Launch, Target};
+use crate::table::Table;
 use crate::{check, round, CrowdArgs, TargetArgs};
 
 #[derive(Args, Clone)]
@@ -200,8 +201,7 @@ async fn flash(
 }
 
 pub fn print_table(rows: &[Row]) {
-    println!(
-        "{:<8} {:>5} {:<11} {:>9} {:>8} {:>11} {:>8} {:>8} {:>10}",
+    let mut table = Table::new([
         "design",
         "inst",
         "scenario",
@@ -210,23 +210,24 @@ pub fn print_table(rows: &[Row]) {
         "orders/s",
         "p50 ms",
         "p99 ms",
-        "invariants"
-    );
+        "invariants",
+    ]);
     for r in rows {
-        println!(
-            "{:<8} {:>5} {:<11} {:>9} {:>8} {:>11.0} {:>8.2} {:>8.2} {:>10}",
-            r.design,
-            r.instances,
-            r.scenario,
-            r.tally.requests,
-            r.check.orders,
-            r.orders_per_sec,
-            r.tally.ms(0.50),
-            r.tally.ms(0.99),
-            if r.check.ok() { "ok" } else { "BROKEN" }
-        );
-        for problem in &r.check.problems {
-            println!("    {problem}");
-        }
+        table.row([
+            r.design.to_owned(),
+            r.instances.to_string(),
+            r.scenario.to_owned(),
+            r.tally.requests.to_string(),
+            r.check.orders.to_string(),
+            format!("{:.0}", r.orders_per_sec),
+            format!("{:.2}", r.tally.ms(0.50)),
+            format!("{:.2}", r.tally.ms(0.99)),
+            if r.check.ok() { "ok" } else { "BROKEN" }.to_owned(),
+        ]);
     }
+    print!("{}", table.text());
+    for problem in rows.iter().flat_map(|r| &r.check.problems) {
+        println!("    {problem}");
+    }
+    crate::table::record("groupcommit", "", &table);
 }

@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use crate::api::{Admin, LabStats};
 use crate::drive::{self, drive, Plan, Request, Tally};
 use crate::service::Target;
+use crate::table::Table;
 
 /// The strategies, in the order LAB.md tells them.
 pub const STRATEGIES: [&str; 11] = [
@@ -416,13 +417,19 @@ async fn pairs(
     })
 }
 
-/// The lab's table as text.
-pub fn table(rows: &[Row]) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<14} {:>4} {:>8} {:>7} {:>6} {:>9} {:>10} {:>10} {:>8} {:>6} {:>8} {:>8}  {:<8} verdict",
+impl Expect {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Holds => "holds",
+            Self::Breaks => "breaks",
+            Self::Nothing => "-",
+        }
+    }
+}
+
+/// The lab's table: a row per strategy, instance count and stall.
+pub fn table(rows: &[Row]) -> Table {
+    let mut table = Table::new([
         "strategy",
         "inst",
         "stall",
@@ -436,32 +443,82 @@ pub fn table(rows: &[Row]) -> String {
         "rps",
         "p99 ms",
         "expected",
-    );
+        "verdict",
+    ]);
     for r in rows {
-        let _ = writeln!(
-            out,
-            "{:<14} {:>4} {:>8} {:>7} {:>6} {:>9} {:>10} {:>10} {:>8} {:>6} {:>8.0} {:>8.1}  {:<8} {}",
-            r.strategy,
-            r.instances,
-            r.stall.name(),
-            r.stats.orders,
-            r.stats.stock,
-            r.oversold(),
-            r.undersold(),
-            r.duplicate_users(),
-            r.stats.foreign_releases,
-            r.lost(),
-            r.tally.rps(),
-            r.tally.ms(0.99),
-            match r.expected() {
-                Expect::Holds => "holds",
-                Expect::Breaks => "breaks",
-                Expect::Nothing => "-",
-            },
-            r.verdict()
-        );
+        table.row([
+            r.strategy.to_owned(),
+            r.instances.to_string(),
+            r.stall.name().to_owned(),
+            r.stats.orders.to_string(),
+            r.stats.stock.to_string(),
+            r.oversold().to_string(),
+            r.undersold().to_string(),
+            r.duplicate_users().to_string(),
+            r.stats.foreign_releases.to_string(),
+            r.lost().to_string(),
+            format!("{:.0}", r.tally.rps()),
+            format!("{:.1}", r.tally.ms(0.99)),
+            r.expected().name().to_owned(),
+            r.verdict().to_owned(),
+        ]);
     }
-    out
+    table
+}
+
+/// What a row shows at a glance: `holds`, or each anomaly with its count.
+fn anomalies(r: &Row) -> String {
+    let found: Vec<String> = [
+        ("oversold", r.oversold()),
+        ("undersold", r.undersold()),
+        ("users with two orders", r.duplicate_users()),
+        ("foreign releases", r.stats.foreign_releases),
+        ("lost", r.lost()),
+    ]
+    .iter()
+    .filter(|(_, n)| *n > 0)
+    .map(|(what, n)| format!("{what} {n}"))
+    .collect();
+    let cell = if found.is_empty() {
+        "holds".to_owned()
+    } else {
+        format!("**{}**", found.join(", "))
+    };
+    match r.verdict() {
+        "FAILED" => format!("{cell} (FAILED: its design promises better)"),
+        "race not seen" => format!("{cell} (the race did not happen this run)"),
+        _ => cell,
+    }
+}
+
+/// The strategy x scenario grid: a row per strategy, a column per
+/// instance count and stall, each cell `holds` or the anomalies with counts.
+pub fn grid(rows: &[Row]) -> Table {
+    let mut scenarios: Vec<(usize, Stall)> = Vec::new();
+    let mut strategies: Vec<&str> = Vec::new();
+    for r in rows {
+        if !scenarios.contains(&(r.instances, r.stall)) {
+            scenarios.push((r.instances, r.stall));
+        }
+        if !strategies.contains(&r.strategy) {
+            strategies.push(r.strategy);
+        }
+    }
+    let mut grid = Table::new(
+        std::iter::once("strategy".to_owned()).chain(scenarios.iter().map(|(n, stall)| {
+            let who = if *n == 1 { "1 instance" } else { "2 instances" };
+            format!("{who}, stall: {}", stall.name())
+        })),
+    );
+    for strategy in strategies {
+        let cells = scenarios.iter().map(|(n, stall)| {
+            rows.iter()
+                .find(|r| r.strategy == strategy && r.instances == *n && r.stall == *stall)
+                .map_or("·".to_owned(), anomalies)
+        });
+        grid.row(std::iter::once(format!("`{strategy}`")).chain(cells));
+    }
+    grid
 }
 
 #[cfg(test)]

@@ -32,6 +32,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sqlx::postgres::{PgPool, PgPoolOptions};
+
+use crate::table::Table;
 use tokio::task::JoinSet;
 
 /// The pause between a read and the write that trusts it.
@@ -143,35 +145,26 @@ impl LifeRow {
     }
 }
 
-/// The table LAB.md shows.
-pub fn table(rows: &[LifeRow]) -> String {
-    let mut out = format!(
-        "{:<21} {:<26} {:>6} {:>9} {:>9} {:>8} {:>6} {:>7}  {}\n",
-        "scenario",
-        "design",
-        "orders",
-        "pay lost",
-        "paid+res",
-        "ret x2",
-        "hidden",
-        "phantom",
-        "verdict"
-    );
+/// The naive lifecycle designs beside the right ones, a row each.
+pub fn table(rows: &[LifeRow]) -> Table {
+    let mut table = Table::new([
+        "scenario", "design", "orders", "pay lost", "paid+res", "ret x2", "hidden", "phantom",
+        "verdict",
+    ]);
     for r in rows {
-        out.push_str(&format!(
-            "{:<21} {:<26} {:>6} {:>9} {:>9} {:>8} {:>6} {:>7}  {}\n",
-            r.scenario.name(),
-            r.scenario.design(r.right),
-            r.orders,
-            r.payments_lost,
-            r.paid_units_resold,
-            r.returned_twice,
-            r.hidden,
-            r.phantom,
-            r.verdict()
-        ));
+        table.row([
+            r.scenario.name().to_owned(),
+            r.scenario.design(r.right).to_owned(),
+            r.orders.to_string(),
+            r.payments_lost.to_string(),
+            r.paid_units_resold.to_string(),
+            r.returned_twice.to_string(),
+            r.hidden.to_string(),
+            r.phantom.to_string(),
+            r.verdict().to_owned(),
+        ]);
     }
-    out
+    table
 }
 
 /// Every scenario with the naive and the right design, `orders` orders

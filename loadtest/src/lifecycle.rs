@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 use crate::api::{Admin, NewSale, SaleMode, Stats};
 use crate::drive::{self, drive, Plan, Tally};
 use crate::service::Target;
+use crate::table::Table;
 
 /// What every lifecycle voucher costs, in cents.
 const PRICE_CENTS: i64 = 1999;
@@ -141,21 +142,23 @@ pub async fn run(target: &Target, secret: &str, args: &LifecycleArgs) -> Result<
 }
 
 fn print_part(part: &Part) {
-    println!(
-        "{}: {}",
-        part.name,
-        if part.problems.is_empty() {
-            "ok"
-        } else {
-            "FAILED"
-        }
-    );
+    let verdict = if part.problems.is_empty() {
+        "ok"
+    } else {
+        "FAILED"
+    };
+    println!("{}: {verdict}", part.name);
+    let mut table = Table::new(["measure", "value"]);
     for (k, v) in &part.facts {
         println!("    {k}: {v}");
+        let value = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+        table.row([k.replace('_', " "), value]);
     }
     for p in &part.problems {
         println!("    BROKEN: {p}");
+        table.row(["BROKEN", p.as_str()]);
     }
+    crate::table::record("lifecycle", &format!("{} ({verdict})", part.name), &table);
 }
 
 /// A notification's answer, and when it was sent and answered (the

@@ -21,6 +21,7 @@ mod lockbench;
 mod report;
 mod service;
 mod speed;
+mod table;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +36,7 @@ use api::{Admin, SaleMode};
 use drive::{drive, Plan, Request, Tally};
 use invariants::{Check, Observed};
 use service::{Launch, Target};
+use table::Table;
 
 #[derive(Parser)]
 #[command(about = "Load tests for seckill: no oversell, and how fast")]
@@ -43,6 +45,10 @@ struct Cli {
     scenario: Scenario,
     #[command(flatten)]
     target: TargetArgs,
+    /// Write the run's tables into the guide (docs/guide/src/measured/),
+    /// replacing what an earlier run wrote there.
+    #[arg(long, global = true)]
+    record: bool,
 }
 
 #[derive(Args)]
@@ -224,6 +230,9 @@ struct Report {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.record {
+        table::start_recording();
+    }
     if let Scenario::Lock(args) = &cli.scenario {
         let args = lockbench::LockArgs {
             seconds: args.seconds,
@@ -288,7 +297,6 @@ async fn main() -> ExitCode {
         (_, result) => result,
     };
     exit(result.map(|reports| {
-        print_table(&reports);
         let sections: Vec<report::Section> = reports.iter().map(report_section).collect();
         let name = match (&cli.scenario, reports.as_slice()) {
             (Scenario::Async(_), _) => "async",
@@ -296,6 +304,7 @@ async fn main() -> ExitCode {
             (_, [only]) => only.scenario,
             _ => "all",
         };
+        print_table(name, &reports);
         save_report(
             name,
             &report::html(&format!("seckill load test: {name}"), &sections, None, &[]),
@@ -421,8 +430,9 @@ async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, Strin
     target.stop().await;
     let rows = result?;
     let life = life.transpose()?.unwrap_or_default();
-    let table = lab::table(&rows);
+    let table = lab::table(&rows).text();
     print!("{table}");
+    table::record("lab", "", &lab::grid(&rows));
     let label = |r: &lab::Row| format!("{} x{} {}", r.strategy, r.instances, r.stall.name());
     let anomaly = |title: &str, value: fn(&lab::Row) -> i64| report::Bars {
         title: title.to_owned(),
@@ -442,12 +452,13 @@ async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, Strin
         &report::html(
             "seckill lab: every design, broken with real rows",
             &[],
-            Some(&format!("{table}\n{}", lablife::table(&life))),
+            Some(&format!("{table}\n{}", lablife::table(&life).text())),
             &bars,
         ),
     );
     let life_table = lablife::table(&life);
-    print!("\n{life_table}");
+    print!("\n{}", life_table.text());
+    table::record("lab-lifecycle", "", &life_table);
     let failed: Vec<&lab::Row> = rows.iter().filter(|r| r.failed()).collect();
     let life_failed: Vec<&lablife::LifeRow> = life.iter().filter(|r| r.failed()).collect();
     for r in &life_failed {
@@ -851,9 +862,8 @@ fn report_json(r: &Report) -> Value {
     v
 }
 
-fn print_table(reports: &[Report]) {
-    println!(
-        "{:<11} {:>9} {:>9} {:>8} {:>8} {:>8} {:>7} {:>6} {:>9} {:>9} {:>10}",
+fn print_table(name: &str, reports: &[Report]) {
+    let mut table = Table::new([
         "scenario",
         "requests",
         "rps",
@@ -864,25 +874,26 @@ fn print_table(reports: &[Report]) {
         "stock",
         "oversold",
         "dup users",
-        "invariants"
-    );
+        "invariants",
+    ]);
     for r in reports {
         let t = &r.tally;
-        println!(
-            "{:<11} {:>9} {:>9.0} {:>8.2} {:>8.2} {:>8.1} {:>7} {:>6} {:>9} {:>9} {:>10}",
-            r.scenario,
-            t.requests,
-            t.rps(),
-            t.ms(0.50),
-            t.ms(0.99),
-            t.latency.max() as f64 / 1000.0,
-            r.check.orders,
-            r.check.stock_left,
-            r.check.oversold,
-            r.check.duplicate_users,
-            if r.check.ok() { "ok" } else { "FAILED" }
-        );
+        table.row([
+            r.scenario.to_owned(),
+            t.requests.to_string(),
+            format!("{:.0}", t.rps()),
+            format!("{:.2}", t.ms(0.50)),
+            format!("{:.2}", t.ms(0.99)),
+            format!("{:.1}", t.latency.max() as f64 / 1000.0),
+            r.check.orders.to_string(),
+            r.check.stock_left.to_string(),
+            r.check.oversold.to_string(),
+            r.check.duplicate_users.to_string(),
+            if r.check.ok() { "ok" } else { "FAILED" }.to_owned(),
+        ]);
     }
+    print!("{}", table.text());
+    table::record(name, "Runs", &table);
     for r in reports {
         let statuses: Vec<String> = r
             .tally

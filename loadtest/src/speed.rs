@@ -18,6 +18,7 @@ use crate::asyncsale::{drain, print_goals, Goal};
 use crate::cpu::Usage;
 use crate::drive::Tally;
 use crate::service::{redis_url, Target};
+use crate::table::Table;
 use crate::{check, Report};
 
 #[derive(clap::Args, Clone)]
@@ -204,7 +205,7 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
         "                                          async {:?}",
         async_sent.by_name
     );
-    print_goals(&goals);
+    print_goals("speed", &goals);
 
     let costs = json!({
         "healthz": health_cost.json(),
@@ -431,28 +432,35 @@ fn goal(
 }
 
 fn print_costs(rows: &[(&str, &Cost)]) {
-    eprintln!(
-        "{:<16} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6}",
-        "per request", "rate/s", "service", "redis", "postgres", "driver", "redis cmds", "pings"
-    );
+    let mut table = Table::new([
+        "per request",
+        "rate/s",
+        "service µs",
+        "Redis µs",
+        "Postgres µs",
+        "driver µs",
+        "Redis commands",
+        "PINGs",
+    ]);
     for (name, cost) in rows {
         let us = |part: &str| {
             cost.cpu
                 .get(part)
                 .map_or("-".to_owned(), |v| format!("{v:.1}"))
         };
-        eprintln!(
-            "{:<16} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>10.2} {:>6.2}",
-            name,
-            cost.rate,
+        table.row([
+            (*name).to_owned(),
+            format!("{:.0}", cost.rate),
             us("service"),
             us("redis"),
             us("postgres"),
             us("driver"),
-            cost.executed,
-            cost.pings
-        );
+            format!("{:.2}", cost.executed),
+            format!("{:.2}", cost.pings),
+        ]);
     }
+    eprint!("{}", table.text());
+    crate::table::record("speed", "CPU per request, by process", &table);
 }
 
 fn round(x: f64) -> f64 {
