@@ -18,6 +18,11 @@
 //! - [`id`]: 64-bit order ids from Redis.
 //! - [`kv`]: Redis for the service's own commands, each under a deadline,
 //!   on the lock library's connection layer (`redis_locks::SharedConnection`).
+//!
+//! Beside this crate in the workspace: `redis-locks` (the lock library, its
+//! own tests and doc examples), `loadtest` (the load driver and the lab's
+//! runs) and `testkit` (test support: the local servers, private
+//! `redis-server` processes, free ports), which the tests of all three use.
 
 pub mod cli;
 pub mod config;
