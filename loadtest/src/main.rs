@@ -186,16 +186,16 @@ struct TokensArgs {
 }
 
 #[derive(Args, Clone)]
-struct FlashArgs {
+pub(crate) struct FlashArgs {
     #[arg(long, default_value_t = 10_000)]
-    users: i64,
+    pub users: i64,
     #[arg(long, default_value_t = 100)]
-    stock: i64,
+    pub stock: i64,
     /// Requests per user.
     #[arg(long, default_value_t = 3)]
-    per_user: usize,
+    pub per_user: usize,
     #[arg(long, default_value_t = 1_000)]
-    connections: usize,
+    pub connections: usize,
 }
 
 #[derive(Args, Clone)]
@@ -592,7 +592,7 @@ async fn run(
     })
 }
 
-async fn flash(target: &Target, args: &FlashArgs) -> Result<Report, String> {
+pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> Result<Report, String> {
     let admin = Admin::new(target);
     let voucher = admin.create_voucher(SaleMode::Sync, args.stock, 2).await?;
     eprintln!("flash: minting {} tokens", args.users);

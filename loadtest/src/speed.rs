@@ -36,6 +36,11 @@ pub struct SpeedArgs {
     /// one with MONITOR, in a run of their own after the timed ones.
     #[arg(long, default_value_t = 2_000)]
     pub counted: i64,
+    /// Users of the flash crowd (three requests each, 1,000 connections,
+    /// 100 units) whose p99 is judged beside /healthz's at the same
+    /// concurrency.
+    #[arg(long, default_value_t = 10_000)]
+    pub flash_users: i64,
 }
 
 /// One timed run's cost.
@@ -133,6 +138,19 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
     };
     let sync_sent = counted(args.users + 1, SaleMode::Sync).await?;
     let async_sent = counted(args.users + args.counted + 1, SaleMode::Async).await?;
+    // The crowd's tail beside the HTTP floor's, at the same concurrency.
+    let crowd = crate::flash(
+        target,
+        &crate::FlashArgs {
+            users: args.flash_users,
+            stock: 100,
+            per_user: 3,
+            connections: 1_000,
+        },
+    )
+    .await?;
+    let flash_p99_ratio =
+        round(crowd.tally.ms(0.99) / crowd.extra["healthz_p99_ms"].as_f64().unwrap_or(f64::NAN));
 
     let healthz_service = health_cost.cpu.get("service").copied().unwrap_or(f64::NAN);
     let ratio = |cost: &Cost| round(cost.server() / healthz_service);
@@ -186,6 +204,12 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
             |m| m <= 1.15,
         ),
         goal(
+            "flash crowd p99 / /healthz p99, 1,000 connections",
+            flash_p99_ratio,
+            "<= 1.1",
+            |m| m <= 1.1,
+        ),
+        goal(
             "PINGs per purchase (sync + async)",
             round(sync_cost.pings + async_cost.pings),
             "0",
@@ -234,6 +258,7 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
             ratios: None,
             extra: json!({ "connections": args.connections }),
         },
+        crowd,
     ])
 }
 

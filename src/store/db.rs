@@ -51,6 +51,40 @@ impl Db {
     }
 }
 
+impl Db {
+    /// The row `sql` finds for `id`, its one parameter, if any.
+    pub(super) async fn row_by_id<T>(&self, sql: &'static str, id: i64) -> Result<Option<T>>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin + 'static,
+    {
+        self.run(|c, persistent| {
+            Box::pin(
+                sqlx::query_as(sql)
+                    .bind(id)
+                    .persistent(persistent)
+                    .fetch_optional(c),
+            )
+        })
+        .await
+    }
+
+    /// Every row `sql` finds for `id`, its one parameter.
+    pub(super) async fn rows_by_id<T>(&self, sql: &'static str, id: i64) -> Result<Vec<T>>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin + 'static,
+    {
+        self.run(|c, persistent| {
+            Box::pin(
+                sqlx::query_as(sql)
+                    .bind(id)
+                    .persistent(persistent)
+                    .fetch_all(c),
+            )
+        })
+        .await
+    }
+}
+
 /// `.within(timeout)` on any sqlx future: its answer, or
 /// [`StoreError::TimedOut`] once `timeout` has passed.
 pub(super) trait Within<T>: Future<Output = Result<T, sqlx::Error>> + Sized {

@@ -75,16 +75,11 @@ sqlx::query_scalar(
 
     /// The stock as committed now; `None` for an unknown voucher.
     pub async fn stock(&self, voucher_id: i64) -> Result<Option<i32>> {
-        self.db
-            .run(|c, persistent| {
-                Box::pin(
-                    sqlx::query_scalar("SELECT stock FROM lab_vouchers WHERE id = $1")
-                        .bind(voucher_id)
-                        .persistent(persistent)
-                        .fetch_optional(c),
-                )
-            })
-            .await
+        let row: Option<(i32,)> = self
+            .db
+            .row_by_id("SELECT stock FROM lab_vouchers WHERE id = $1", voucher_id)
+            .await?;
+        Ok(row.map(|(stock,)| stock))
     }
 
     pub async fn has_order(&self, user_id: i64, voucher_id: i64) -> Result<bool> {

@@ -352,36 +352,18 @@ impl Store {
     }
 
     pub async fn voucher(&self, id: i64) -> Result<Option<Voucher>> {
-        self.db
-            .run(|c, persistent| {
-                Box::pin(
-                    sqlx::query_as(concat!(
-                        "SELECT ",
-                        voucher_columns!(),
-                        " FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id
-                          WHERE v.id = $1"
-                    ))
-                    .bind(id)
-                    .persistent(persistent)
-                    .fetch_optional(c),
-                )
-            })
-            .await
+        const SQL: &str = concat!(
+            "SELECT ",
+            voucher_columns!(),
+            " FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id WHERE v.id = $1"
+        );
+        self.db.row_by_id(SQL, id).await
     }
 
     pub async fn stock_level(&self, voucher_id: i64) -> Result<Option<StockLevel>> {
-        self.db
-            .run(|c, persistent| {
-                Box::pin(
-                    sqlx::query_as(
-                        "SELECT stock, initial_stock, returned FROM seckill_vouchers WHERE voucher_id = $1",
-                    )
-                    .bind(voucher_id)
-                    .persistent(persistent)
-                    .fetch_optional(c),
-                )
-            })
-            .await
+        const SQL: &str =
+            "SELECT stock, initial_stock, returned FROM seckill_vouchers WHERE voucher_id = $1";
+        self.db.row_by_id(SQL, voucher_id).await
     }
 
     /// Adds `units` to both the stock and the initial stock; returns the
@@ -431,36 +413,19 @@ impl Store {
     }
 
     pub async fn order(&self, order_id: i64) -> Result<Option<Order>> {
-        self.db
-            .run(|c, persistent| {
-                Box::pin(
-                    sqlx::query_as(concat!(
-                        "SELECT ",
-                        order_columns!(),
-                        " FROM voucher_orders o WHERE o.id = $1"
-                    ))
-                    .bind(order_id)
-                    .persistent(persistent)
-                    .fetch_optional(c),
-                )
-            })
-            .await
+        const SQL: &str = concat!(
+            "SELECT ",
+            order_columns!(),
+            " FROM voucher_orders o WHERE o.id = $1"
+        );
+        self.db.row_by_id(SQL, order_id).await
     }
 
     /// Every order of a voucher, oldest first.
     pub async fn orders_for_voucher(&self, voucher_id: i64) -> Result<Vec<OrderLine>> {
-        self.db
-            .run(|c, persistent| {
-                Box::pin(
-                    sqlx::query_as(
-                        "SELECT id, user_id, status FROM voucher_orders WHERE voucher_id = $1 ORDER BY id",
-                    )
-                    .bind(voucher_id)
-                    .persistent(persistent)
-                    .fetch_all(c),
-                )
-            })
-            .await
+        const SQL: &str =
+            "SELECT id, user_id, status FROM voucher_orders WHERE voucher_id = $1 ORDER BY id";
+        self.db.rows_by_id(SQL, voucher_id).await
     }
 
     /// The voucher's books and how many of `listed` (order ids) are
