@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use redis_locks::{FairLock, Lease};
 
-use crate::support::{held, TestLocks, LEASE, SHORT_WATCHDOG_LEASE};
+use crate::support::{held, refused, TestLocks, LEASE, SHORT_WATCHDOG_LEASE};
 
 /// Waits (bounded) until `n` owners stand in line.
 async fn line_reaches(lock: &FairLock, n: usize) {
@@ -43,11 +43,10 @@ async fn waiters_get_the_lock_in_the_order_they_asked() {
         line_reaches(&lock, i).await;
     }
     // Nobody jumps the line, not even when the lock is free for a moment.
-    assert!(lock
-        .try_acquire(&locks.owner("late"), LEASE)
-        .await
-        .unwrap()
-        .is_none());
+    refused(
+        lock.try_acquire(&locks.owner("late"), LEASE).await,
+        "the lock is held",
+    );
 
     holder.unlock().await.unwrap();
     for waiter in waiters {

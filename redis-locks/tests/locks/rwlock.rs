@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use redis_locks::{Hold, Lease};
 
 use crate::support::{
-    delete_behind_its_back, held, redis_url, TestLocks, LEASE, SHORT_WATCHDOG_LEASE,
+    delete_behind_its_back, held, redis_url, refused, TestLocks, LEASE, SHORT_WATCHDOG_LEASE,
 };
 
 #[tokio::test]
@@ -17,33 +17,27 @@ async fn many_readers_or_one_writer() {
     let read1 = held(lock.try_read(&r1, LEASE).await, "a free lock reads");
     let read2 = held(lock.try_read(&r2, LEASE).await, "readers share");
     assert_eq!(lock.mode().await.unwrap(), Some(Hold::Read));
-    assert!(
-        lock.try_write(&w, LEASE).await.unwrap().is_none(),
-        "a writer got in beside readers"
+    refused(
+        lock.try_write(&w, LEASE).await,
+        "a writer got in beside readers",
     );
-    assert!(
-        lock.try_write(&r1, LEASE).await.unwrap().is_none(),
-        "a reader upgraded"
-    );
+    refused(lock.try_write(&r1, LEASE).await, "a reader upgraded");
 
     assert_eq!(read1.unlock().await.unwrap(), 0);
-    assert!(
-        lock.try_write(&w, LEASE).await.unwrap().is_none(),
-        "a writer got in beside a reader"
+    refused(
+        lock.try_write(&w, LEASE).await,
+        "a writer got in beside a reader",
     );
     assert_eq!(read2.unlock().await.unwrap(), 0);
     assert_eq!(lock.mode().await.unwrap(), None);
 
     let write = held(lock.try_write(&w, LEASE).await, "a free lock writes");
     let again = held(lock.try_write(&w, LEASE).await, "the writer reenters");
-    assert!(
-        lock.try_read(&r1, LEASE).await.unwrap().is_none(),
-        "a reader got in beside a writer"
+    refused(
+        lock.try_read(&r1, LEASE).await,
+        "a reader got in beside a writer",
     );
-    assert!(
-        lock.try_write(&r1, LEASE).await.unwrap().is_none(),
-        "two writers"
-    );
+    refused(lock.try_write(&r1, LEASE).await, "two writers");
     assert_eq!(again.unlock().await.unwrap(), 1);
     assert_eq!(write.unlock().await.unwrap(), 0);
     assert_eq!(lock.mode().await.unwrap(), None);
@@ -57,7 +51,7 @@ async fn a_writer_downgrades_to_a_reader() {
 
     let write = lock.try_write(&w, LEASE).await.unwrap().unwrap();
     let read = held(lock.try_read(&w, LEASE).await, "the writer may read");
-    assert!(lock.try_read(&other, LEASE).await.unwrap().is_none());
+    refused(lock.try_read(&other, LEASE).await, "held by another");
     write.unlock().await.unwrap();
     assert_eq!(
         lock.mode().await.unwrap(),
@@ -65,7 +59,7 @@ async fn a_writer_downgrades_to_a_reader() {
         "write -> read downgrade"
     );
     let shared = held(lock.try_read(&other, LEASE).await, "now others read too");
-    assert!(lock.try_write(&other, LEASE).await.unwrap().is_none());
+    refused(lock.try_write(&other, LEASE).await, "held by another");
     read.unlock().await.unwrap();
     shared.unlock().await.unwrap();
     assert_eq!(lock.mode().await.unwrap(), None);
@@ -139,11 +133,10 @@ async fn the_watchdog_keeps_read_and_write_holds_alive_and_reports_a_lost_one() 
         Some(Hold::Read),
         "the read hold expired despite the watchdog"
     );
-    assert!(lock
-        .try_write(&locks.owner("w"), LEASE)
-        .await
-        .unwrap()
-        .is_none());
+    refused(
+        lock.try_write(&locks.owner("w"), LEASE).await,
+        "the lock is held",
+    );
     reader.unlock().await.unwrap();
     assert_eq!(locks.watched_locks(), 0);
 

@@ -101,6 +101,16 @@ pub fn held<T>(attempt: Result<Option<T>, LockError>, why: &str) -> T {
     }
 }
 
+/// An attempt that must have been refused (the lock held elsewhere).
+#[track_caller]
+pub fn refused<T>(attempt: Result<Option<T>, LockError>, why: &str) {
+    match attempt {
+        Ok(None) => {}
+        Ok(Some(_)) => panic!("not refused: {why}"),
+        Err(e) => panic!("{e}: {why}"),
+    }
+}
+
 /// Deletes `key` behind the lock library's back, as an operator or an
 /// eviction would.
 pub async fn delete_behind_its_back(url: &str, key: &str) {
