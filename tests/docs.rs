@@ -243,6 +243,10 @@ fn check_span(span: &str, doc_dir: &Path, root: &Path, code: &Code) -> Option<St
     }
     // A path in the repository.
     let top = span.split('/').next().unwrap_or("");
+    // What a build writes (`target/guide/index.html`) is not in the tree.
+    if top == "target" {
+        return None;
+    }
     let looks_like_path = span.contains('/')
         && !span.contains("://")
         && !span.contains(['*', '{', '<', '$', '='])

@@ -307,7 +307,7 @@ async fn main() -> ExitCode {
         print_table(name, &reports);
         save_report(
             name,
-            &report::html(&format!("seckill load test: {name}"), &sections, None, &[]),
+            &report::html(&format!("seckill load test: {name}"), &sections, &[], &[]),
         );
         let ok = reports.iter().all(|r| r.check.ok());
         let json = if let [only] = reports.as_slice() {
@@ -430,13 +430,22 @@ async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, Strin
     target.stop().await;
     let rows = result?;
     let life = life.transpose()?.unwrap_or_default();
-    let table = lab::table(&rows).text();
-    print!("{table}");
-    table::record("lab", "", &lab::grid(&rows));
+    print!("{}", lab::table(&rows).text());
+    let grid = lab::grid(&rows);
+    table::record("lab", "", &grid);
+    let life_table = lablife::table(&life);
+    print!("\n{}", life_table.text());
+    table::record("lab-lifecycle", "", &life_table);
+    // A chart per anomaly, of the rows where it happened: a reader takes
+    // in the grid first, then how large each failure was.
     let label = |r: &lab::Row| format!("{} x{} {}", r.strategy, r.instances, r.stall.name());
     let anomaly = |title: &str, value: fn(&lab::Row) -> i64| report::Bars {
-        title: title.to_owned(),
-        rows: rows.iter().map(|r| (label(r), value(r) as f64)).collect(),
+        title: format!("{title}, where it happened"),
+        rows: rows
+            .iter()
+            .filter(|r| value(r) > 0)
+            .map(|r| (label(r), value(r) as f64))
+            .collect(),
     };
     let bars = [
         anomaly("Oversold units", lab::Row::oversold),
@@ -452,13 +461,13 @@ async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, Strin
         &report::html(
             "seckill lab: every design, broken with real rows",
             &[],
-            Some(&format!("{table}\n{}", lablife::table(&life).text())),
+            &[
+                ("Each design in each scenario", grid.html()),
+                ("After the grab: the lifecycle's designs", life_table.html()),
+            ],
             &bars,
         ),
     );
-    let life_table = lablife::table(&life);
-    print!("\n{}", life_table.text());
-    table::record("lab-lifecycle", "", &life_table);
     let failed: Vec<&lab::Row> = rows.iter().filter(|r| r.failed()).collect();
     let life_failed: Vec<&lablife::LifeRow> = life.iter().filter(|r| r.failed()).collect();
     for r in &life_failed {

@@ -37,11 +37,13 @@ pub struct Bars {
 }
 
 /// The report as one HTML page.
-pub fn html(title: &str, sections: &[Section], table: Option<&str>, bars: &[Bars]) -> String {
+/// `tables` are HTML blocks, each under its heading; `bars` charts drawn
+/// after them.
+pub fn html(title: &str, sections: &[Section], tables: &[(&str, String)], bars: &[Bars]) -> String {
     let mut page = format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\
          <style>body{{font-family:sans-serif;margin:2em;max-width:{w}px}}\
-         table{{border-collapse:collapse;font-size:12px}}td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}\
+         table{{border-collapse:collapse;font-size:12px}}td,th{{border:1px solid #ccc;padding:2px 6px;text-align:left}}\
          h2{{margin-top:2em}}</style></head><body><h1>{t}</h1>\n",
         t = escape(title),
         w = WIDTH + 40,
@@ -67,8 +69,8 @@ pub fn html(title: &str, sections: &[Section], table: Option<&str>, bars: &[Bars
             page.push_str(&orders_over_time(section.tally, ceilings));
         }
     }
-    if let Some(table) = table {
-        let _ = write!(page, "<h2>Table</h2>\n<pre>{}</pre>\n", escape(table));
+    for (heading, table) in tables {
+        let _ = write!(page, "<h2>{}</h2>\n{table}", escape(heading));
     }
     for chart in bars {
         page.push_str(&bar_chart(chart));
@@ -330,7 +332,7 @@ mod tests {
                     per_sec: 800.0,
                 }]),
             }],
-            Some("a | table"),
+            &[("Table", "<table><tr><td>a</td></tr></table>".to_owned())],
             &[Bars {
                 title: "Oversold units".into(),
                 rows: vec![

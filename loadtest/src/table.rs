@@ -96,6 +96,52 @@ impl Table {
     }
 }
 
+impl Table {
+    /// An HTML table (for the run's report); `**bold**` and `` `code` ``
+    /// in cells become `<b>` and `<code>`.
+    pub fn html(&self) -> String {
+        let cell = |tag: &str, text: &str| {
+            let mut out = String::new();
+            let (mut bold, mut code) = (false, false);
+            let mut rest = text;
+            while let Some(c) = rest.chars().next() {
+                if let Some(after) = rest.strip_prefix("**") {
+                    bold = !bold;
+                    out.push_str(if bold { "<b>" } else { "</b>" });
+                    rest = after;
+                    continue;
+                }
+                match c {
+                    '`' => {
+                        code = !code;
+                        out.push_str(if code { "<code>" } else { "</code>" });
+                    }
+                    '<' => out.push_str("&lt;"),
+                    '>' => out.push_str("&gt;"),
+                    '&' => out.push_str("&amp;"),
+                    c => out.push(c),
+                }
+                rest = &rest[c.len_utf8()..];
+            }
+            format!("<{tag}>{out}</{tag}>")
+        };
+        let mut out = String::from("<table>\n<tr>");
+        for h in &self.header {
+            out.push_str(&cell("th", h));
+        }
+        out.push_str("</tr>\n");
+        for row in &self.rows {
+            out.push_str("<tr>");
+            for c in row {
+                out.push_str(&cell("td", c));
+            }
+            out.push_str("</tr>\n");
+        }
+        out.push_str("</table>\n");
+        out
+    }
+}
+
 /// The command line of a `--record` run; unset when not recording.
 static RECORDING: OnceLock<String> = OnceLock::new();
 
@@ -165,6 +211,17 @@ mod tests {
             sample().markdown(),
             "| design | orders/s | p99 ms |\n|---|---:|---:|\n\
              | single | 412 | 680.1 |\n| batched \\| 256 | 5,052 | - |\n"
+        );
+    }
+
+    #[test]
+    fn html_escapes_and_turns_bold_and_code_into_tags() {
+        let mut t = Table::new(["strategy", "1 inst."]);
+        t.row(["`naive`", "**oversold 3** <5 & more>"]);
+        assert_eq!(
+            t.html(),
+            "<table>\n<tr><th>strategy</th><th>1 inst.</th></tr>\n\
+             <tr><td><code>naive</code></td><td><b>oversold 3</b> &lt;5 &amp; more&gt;</td></tr>\n</table>\n"
         );
     }
 
