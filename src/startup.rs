@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 
 use crate::config::{PgPooler, Settings};
 use crate::http::serve::{serve, DrainOutcome, ServeSettings};
-use crate::http::{self, AppState};
+use crate::http::{self, AppParts, AppState};
 use crate::kv::{Kv, RedisTarget};
 #[cfg(feature = "lab")]
 use crate::lab::{Lab, LabSettings};
@@ -96,7 +96,7 @@ impl Application {
             Some(secret) if !secret.is_empty() => TokenSigner::new(secret.as_bytes()),
             _ => TokenSigner::random(),
         };
-        let state = AppState {
+        let state = AppState::new(AppParts {
             seckill,
             tokens,
             admin_token: settings.admin_token().map(Arc::from),
@@ -104,7 +104,7 @@ impl Application {
             metrics: http::ops::prometheus(),
             #[cfg(feature = "lab")]
             lab,
-        };
+        });
         let listener =
             TcpListener::bind(&settings.addr)
                 .await

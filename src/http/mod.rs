@@ -37,9 +37,28 @@ use crate::lab::Lab;
 use crate::seckill::{Seckill, SeckillError};
 use crate::token::TokenSigner;
 
-/// What every handler can reach.
+/// What every handler can reach: one shared value, so that the copy axum
+/// hands each request is one reference count, not a clone of every part
+/// (the token key alone was an allocation and a free per request).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<AppParts>);
+
+impl AppState {
+    pub fn new(parts: AppParts) -> Self {
+        Self(Arc::new(parts))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = AppParts;
+
+    fn deref(&self) -> &AppParts {
+        &self.0
+    }
+}
+
+/// The parts of [`AppState`].
+pub struct AppParts {
     pub seckill: Seckill,
     pub tokens: TokenSigner,
     /// `None`: no admin token configured, admin routes answer 403.
