@@ -10,8 +10,8 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    redis_conn, redis_url, send_purchase, spawn_app_on_redis, spawn_app_with, OwnRedis, Process,
-    TestApp, ADMIN_TOKEN,
+    redis_conn, redis_url, send_purchase, spawn_app_on_own_redis, spawn_app_with, OwnRedis,
+    Process, TestApp, ADMIN_TOKEN,
 };
 use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy};
 
@@ -248,9 +248,7 @@ async fn overlapping_reconciliations_during_a_crowd_never_sell_a_unit_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_left_with_a_dead_consumer_are_claimed_and_written() {
-    let redis = OwnRedis::start();
-    let url = redis.url();
-    let app = spawn_app_on_redis(url, None).await;
+    let (redis, app) = spawn_app_on_own_redis(None).await;
     let voucher = app.open_async_voucher(1_000).await;
     let keyspace = app.keyspace().await;
     let stream = format!("{keyspace}async:{{{voucher}}}:orders");
@@ -442,9 +440,7 @@ async fn an_instance_killed_mid_batch_loses_none_of_its_accepted_orders() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_without_persistence_pauses_the_sale_until_reconciled() {
-    let mut redis = OwnRedis::start();
-    let url = redis.url();
-    let app = spawn_app_on_redis(url, None).await;
+    let (mut redis, app) = spawn_app_on_own_redis(None).await;
     let voucher = app.open_async_voucher(20).await;
     let tokens = app.tokens(1..=40).await;
     let mut orders = Vec::new();
@@ -574,9 +570,7 @@ async fn a_refused_reconciliation_leaves_nothing_that_holds_back_a_later_sale() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sale_created_while_redis_is_down_opens_once_redis_is_back() {
-    let mut redis = OwnRedis::start();
-    let url = redis.url();
-    let app = spawn_app_on_redis(url, None).await;
+    let (mut redis, app) = spawn_app_on_own_redis(None).await;
     redis.stop();
     // Postgres takes the voucher; loading its sale into Redis fails, here
     // and in the supervisor's first look at it.
@@ -618,9 +612,7 @@ async fn calls_of(conn: &mut redis::aio::MultiplexedConnection, command: &str) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_writers_poll_their_streams_about_once_a_second_and_still_write() {
-    let redis = OwnRedis::start();
-    let url = redis.url();
-    let app = spawn_app_on_redis(url, None).await;
+    let (redis, app) = spawn_app_on_own_redis(None).await;
     const SALES: u64 = 20;
     let mut vouchers = Vec::new();
     for _ in 0..SALES {

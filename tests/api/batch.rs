@@ -9,7 +9,7 @@ use seckill::store::{Sale, SaleRequest, Store};
 use tokio::task::JoinSet;
 
 use crate::helpers::{buy, client, spawn_app, spawn_app_with, TestApp};
-use crate::proxy::spawn_app_behind_pg_proxy;
+use crate::proxy::{spawn_app_behind_pg_proxy, spawn_app_behind_pg_proxy_timing_out};
 
 fn store(app: &TestApp) -> Store {
     Store::from_pool(app.db.clone(), Duration::from_secs(10))
@@ -132,11 +132,7 @@ async fn one_user_whose_leases_lapse_at_once_still_gets_one_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_on_a_frozen_postgres_answers_503_to_all_and_commits_nothing_halfway() {
-    let (app, proxy) = spawn_app_behind_pg_proxy(|mut s| {
-        s.dependency_timeout_ms = 700;
-        s
-    })
-    .await;
+    let (app, proxy) = spawn_app_behind_pg_proxy_timing_out(700).await;
     let voucher = app.open_voucher(100).await;
     let tokens = app.tokens(1..=40).await;
     // Warm: the voucher's window is cached, connections are open.

@@ -12,10 +12,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::helpers::{
-    buy, client, redis_conn, send_purchase, spawn_app, spawn_app_on_redis, spawn_app_with,
-    start_stoppable, Answer, OwnRedis, TestApp, ADMIN_TOKEN,
+    buy, client, redis_conn, send_purchase, spawn_app, spawn_app_on_own_redis, spawn_app_on_redis,
+    spawn_app_with, start_stoppable, Answer, OwnRedis, TestApp, ADMIN_TOKEN,
 };
-use crate::proxy::spawn_app_behind_pg_proxy;
+use crate::proxy::spawn_app_behind_pg_proxy_timing_out;
 
 /// Sends a purchase and returns the status, the headers' `Retry-After`,
 /// the body and how long the answer took.
@@ -131,9 +131,7 @@ async fn a_restock_reopens_the_sale_even_while_redis_cannot_hear_of_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_counter_lost_within_the_second_is_raised_past_the_ids_taken() {
-    let mut redis = OwnRedis::start();
-    let url = redis.url();
-    let app = spawn_app_on_redis(url, None).await;
+    let (mut redis, app) = spawn_app_on_own_redis(None).await;
     let voucher = app.open_voucher(1_000).await;
     let tokens = app.tokens(1..=200).await;
     let mut next_user = 1;
@@ -176,11 +174,7 @@ async fn a_counter_lost_within_the_second_is_raised_past_the_ids_taken() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_postgres_is_a_prompt_503_and_sales_resume_when_it_thaws() {
-    let (app, proxy) = spawn_app_behind_pg_proxy(|mut s| {
-        s.dependency_timeout_ms = 500;
-        s
-    })
-    .await;
+    let (app, proxy) = spawn_app_behind_pg_proxy_timing_out(500).await;
     let voucher = app.open_voucher(10).await;
     let tokens = app.tokens(1..=3).await;
     app.assert_bought(&tokens[&1], voucher).await;

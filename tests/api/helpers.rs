@@ -84,6 +84,14 @@ pub async fn spawn_app_on_redis(url: String, timeout_ms: Option<u64>) -> TestApp
     .await
 }
 
+/// A private `redis-server` and an app on it (dependency deadline
+/// `timeout_ms` if given): for tests that restart or stop Redis.
+pub async fn spawn_app_on_own_redis(timeout_ms: Option<u64>) -> (OwnRedis, TestApp) {
+    let redis = OwnRedis::start();
+    let app = spawn_app_on_redis(redis.url(), timeout_ms).await;
+    (redis, app)
+}
+
 pub async fn spawn_app_with(adjust: impl FnOnce(Settings) -> Settings) -> TestApp {
     let db_name = format!("seckill_test_{}", Uuid::new_v4().simple());
     let db_url = format!("{}/{db_name}", pg_server());

@@ -14,6 +14,15 @@ use crate::helpers::{pg_server, spawn_app_with, TestApp};
 
 /// An app whose Postgres connections all pass through a proxy the test can
 /// cut (the test's own checks still reach Postgres directly).
+/// [`spawn_app_behind_pg_proxy`] with this dependency deadline.
+pub async fn spawn_app_behind_pg_proxy_timing_out(timeout_ms: u64) -> (TestApp, Proxy) {
+    spawn_app_behind_pg_proxy(|mut s| {
+        s.dependency_timeout_ms = timeout_ms;
+        s
+    })
+    .await
+}
+
 pub async fn spawn_app_behind_pg_proxy(
     adjust: impl FnOnce(Settings) -> Settings,
 ) -> (TestApp, Proxy) {
