@@ -472,13 +472,6 @@ fn a_renamed_path_symbol_route_field_or_variable_is_caught() {
     assert_eq!(check_doc(&doc, fenced, &root, &code), Vec::new());
 }
 
-fn chromium() -> &'static str {
-    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .expect("chromium is installed (scripts/deps.sh installs it)")
-}
-
 /// The page's DOM after its scripts ran, in headless Chromium with every
 /// host unresolvable: what a reader sees with no network at all.
 fn rendered_offline(page: &Path) -> String {
@@ -486,19 +479,11 @@ fn rendered_offline(page: &Path) -> String {
         "seckill-guide-chromium-{}",
         uuid::Uuid::new_v4().simple()
     ));
-    let output = std::process::Command::new(chromium())
+    let output = testkit::headless_chromium(&profile)
         .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
             "--host-resolver-rules=MAP * ~NOTFOUND",
             "--virtual-time-budget=20000",
         ])
-        .arg(format!("--user-data-dir={}", profile.display()))
         .arg("--dump-dom")
         .arg(format!("file://{}", page.display()))
         .output()

@@ -157,12 +157,19 @@ impl Row {
         }
     }
 
+    /// Every anomaly the lab counts, with its count in this row.
+    pub fn anomalies(&self) -> [(&'static str, i64); 5] {
+        [
+            ("oversold", self.oversold()),
+            ("undersold", self.undersold()),
+            ("users with two orders", self.duplicate_users()),
+            ("foreign releases", self.stats.foreign_releases),
+            ("lost", self.lost()),
+        ]
+    }
+
     pub fn broke(&self) -> bool {
-        self.oversold() > 0
-            || self.undersold() > 0
-            || self.duplicate_users() > 0
-            || self.stats.foreign_releases > 0
-            || self.lost() > 0
+        self.anomalies().iter().any(|(_, n)| *n > 0)
     }
 
     pub fn expected(&self) -> Expect {
@@ -468,17 +475,12 @@ pub fn table(rows: &[Row]) -> Table {
 
 /// What a row shows at a glance: `holds`, or each anomaly with its count.
 fn anomalies(r: &Row) -> String {
-    let found: Vec<String> = [
-        ("oversold", r.oversold()),
-        ("undersold", r.undersold()),
-        ("users with two orders", r.duplicate_users()),
-        ("foreign releases", r.stats.foreign_releases),
-        ("lost", r.lost()),
-    ]
-    .iter()
-    .filter(|(_, n)| *n > 0)
-    .map(|(what, n)| format!("{what} {n}"))
-    .collect();
+    let found: Vec<String> = r
+        .anomalies()
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(what, n)| format!("{what} {n}"))
+        .collect();
     let cell = if found.is_empty() {
         "holds".to_owned()
     } else {

@@ -311,13 +311,6 @@ mod tests {
     }
 
     /// Debian's Chromium, which scripts/deps.sh installs for the tests.
-    fn chromium() -> &'static str {
-        ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-            .into_iter()
-            .find(|p| std::path::Path::new(p).exists())
-            .expect("chromium is installed (scripts/deps.sh installs it)")
-    }
-
     #[test]
     fn a_report_is_self_contained_and_renders_in_chromium() {
         let tally = tally();
@@ -357,17 +350,8 @@ mod tests {
         let file = dir.join("report.html");
         std::fs::write(&file, &page).unwrap();
         let shot = dir.join("report.png");
-        let status = std::process::Command::new(chromium())
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--window-size=800,2400",
-            ])
-            .arg(format!("--user-data-dir={}", dir.join("profile").display()))
+        let status = testkit::headless_chromium(&dir.join("profile"))
+            .arg("--window-size=800,2400")
             .arg(format!("--screenshot={}", shot.display()))
             .arg(format!("file://{}", file.display()))
             .stdout(std::process::Stdio::null())

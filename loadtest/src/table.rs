@@ -51,6 +51,7 @@ impl Table {
                     .unwrap_or(0)
             })
             .collect();
+        let numeric: Vec<bool> = (0..self.header.len()).map(|i| self.numeric(i)).collect();
         let mut out = String::new();
         for cells in std::iter::once(&self.header).chain(&self.rows) {
             let line: Vec<String> = cells
@@ -58,7 +59,7 @@ impl Table {
                 .enumerate()
                 .map(|(i, c)| {
                     let w = widths.get(i).copied().unwrap_or(0);
-                    if self.numeric(i) {
+                    if numeric.get(i).copied().unwrap_or(false) {
                         format!("{c:>w$}")
                     } else {
                         format!("{c:<w$}")
@@ -94,9 +95,7 @@ impl Table {
         }
         out
     }
-}
 
-impl Table {
     /// An HTML table (for the run's report); `**bold**` and `` `code` ``
     /// in cells become `<b>` and `<code>`.
     pub fn html(&self) -> String {

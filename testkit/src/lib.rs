@@ -6,7 +6,7 @@
 //! the service's use the same servers without the lock library depending on
 //! the service.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -75,6 +75,31 @@ pub async fn delete_keys(url: &str, prefix: &str) {
         }
         cursor = next;
     }
+}
+
+/// Debian's Chromium, headless, with its profile in `profile` and none of
+/// its own traffic (first run, background networking, component updates,
+/// sync): the start of every test that loads a page in a browser. The
+/// caller adds what it loads and how (`--dump-dom`, `--screenshot=...`,
+/// host rules, a virtual time budget).
+pub fn headless_chromium(profile: &Path) -> Command {
+    let binary = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("chromium is installed (scripts/deps.sh installs it)");
+    let mut chromium = Command::new(binary);
+    chromium
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()));
+    chromium
 }
 
 /// A `redis-server` of the caller's own on a free loopback port, without

@@ -3,7 +3,6 @@
 //! page renders in a real browser with no network.
 
 use std::collections::BTreeSet;
-use std::process::Command;
 
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -121,14 +120,6 @@ async fn openapi_json_describes_every_route_status_and_error_code() {
     assert!(schemes.contains_key("admin") && schemes.contains_key("user"));
 }
 
-/// Debian's Chromium, which scripts/deps.sh installs for the tests.
-fn chromium() -> &'static str {
-    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .expect("chromium is installed (scripts/deps.sh installs it)")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_docs_page_shows_the_purchase_operation_in_a_browser_without_network() {
     let app = spawn_app().await;
@@ -141,19 +132,8 @@ async fn the_docs_page_shows_the_purchase_operation_in_a_browser_without_network
     // must need nothing from a CDN.
     let host = app.base.trim_start_matches("http://").to_owned();
     let dom = tokio::task::spawn_blocking(move || {
-        let output = Command::new(chromium())
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--virtual-time-budget=15000",
-            ])
-            .arg(format!("--user-data-dir={}", profile.display()))
+        let output = testkit::headless_chromium(&profile)
+            .args(["--disable-quic", "--virtual-time-budget=15000"])
             .arg(format!(
                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE {}",
                 host.split(':').next().unwrap()
