@@ -3,11 +3,10 @@
 //! dies) loses its place when its wait time is over, so it cannot block
 //! the line. Released like the reentrant lock (same hash, same guard).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::watchdog::Renewal;
 use super::{
-    lease_ms, wait_turn, Lease, Life, Lock, LockError, LockGuard, Owner, FENCE_KEY_TTL_MS,
+    lease_left, lease_ms, wait_turn, Lease, Lock, LockError, LockGuard, Owner, FENCE_KEY_TTL_MS,
 };
 
 /// A named fair lock. Cheap to clone.
@@ -37,8 +36,7 @@ impl FairLock {
         wait: Duration,
     ) -> Result<Result<LockGuard, Option<Duration>>, LockError> {
         let shared = &self.lock.shared;
-        let (lease, watched) = shared.resolve(lease);
-        let sent = Instant::now();
+        let term = shared.resolve(lease);
         let (granted, value, fence): (i64, i64, i64) = shared
             .conn
             .invoke(
@@ -48,31 +46,21 @@ impl FairLock {
                     .key(self.lock.fence_key())
                     .key(self.queue_key())
                     .key(self.deadlines_key())
-                    .arg(lease_ms(lease))
+                    .arg(lease_ms(term.lease))
                     .arg(owner.as_str())
                     .arg(FENCE_KEY_TTL_MS)
                     .arg(lease_ms(wait)),
             )
             .await?;
         if granted == 1 {
-            let life = if watched {
-                Life::Watched(shared.watchdog.watch(
-                    self.lock.key.clone(),
-                    owner.clone(),
-                    Renewal::Plain,
-                ))
-            } else {
-                Life::Until(sent + lease)
-            };
-            Ok(Ok(LockGuard::new(
+            Ok(Ok(LockGuard::granted(
                 self.lock.clone(),
-                owner.clone(),
-                lease,
+                owner,
+                term,
                 fence,
-                life,
             )))
         } else {
-            Ok(Err(u64::try_from(value).ok().map(Duration::from_millis)))
+            Ok(Err(lease_left(value)))
         }
     }
 

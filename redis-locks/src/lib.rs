@@ -308,6 +308,7 @@
 mod conn;
 mod endpoint;
 mod fairlock;
+mod guard;
 mod pubsub;
 mod redlock;
 mod rwlock;
@@ -323,8 +324,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use guard::{GuardCore, GuardedLock, Term};
 use pubsub::{Subscriber, Woken};
-use watchdog::{Registration, Renewal, Watchdog};
+use watchdog::{Renewal, Watchdog};
 
 use redis::Script;
 use tokio_util::task::TaskTracker;
@@ -443,11 +445,17 @@ struct Shared {
 }
 
 impl Shared {
-    /// The lease a hold gets, and whether the watchdog renews it.
-    fn resolve(&self, lease: Lease) -> (Duration, bool) {
-        match lease {
+    /// The lease a hold gets, and whether the watchdog renews it, for a
+    /// request going out now.
+    fn resolve(&self, lease: Lease) -> Term {
+        let (lease, watched) = match lease {
             Lease::Fixed(lease) => (lease, false),
             Lease::Watchdog => (self.watchdog.lease, true),
+        };
+        Term {
+            lease,
+            watched,
+            sent: Instant::now(),
         }
     }
 }
@@ -583,6 +591,16 @@ impl fmt::Debug for Lock {
     }
 }
 
+impl GuardedLock for Lock {
+    fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    fn hash_key(&self) -> &Arc<str> {
+        &self.key
+    }
+}
+
 impl Lock {
     /// The Redis key of this lock.
     pub fn key(&self) -> &str {
@@ -651,7 +669,7 @@ impl Lock {
             .conn
             .query(redis::cmd("PTTL").arg(&*self.key))
             .await?;
-        Ok(u64::try_from(pttl).ok().map(Duration::from_millis))
+        Ok(lease_left(pttl))
     }
 
     /// Takes the lock for `owner` with the given lease, without waiting.
@@ -676,43 +694,28 @@ impl Lock {
         lease: impl Into<Lease>,
         request_id: &str,
     ) -> Result<Acquired, LockError> {
-        let (lease, watched) = self.shared.resolve(lease.into());
-        let sent = Instant::now();
+        let term = self.shared.resolve(lease.into());
         let (acquired, value, fence): (i64, i64, i64) = self
-            .with_retries(|| {
-                let mut invocation = self.shared.acquire.key(&*self.key);
-                invocation
-                    .key(self.fence_key())
-                    .key(self.requests_key())
-                    .arg(lease_ms(lease))
-                    .arg(owner.as_str())
-                    .arg(FENCE_KEY_TTL_MS)
-                    .arg(request_id)
-                    .arg(REQUEST_MEMORY_MS);
-                invocation
-            })
+            .send_logged(
+                &self.shared.acquire,
+                self.fence_key(),
+                owner,
+                term.lease,
+                &[FENCE_KEY_TTL_MS],
+                request_id,
+            )
             .await?;
         if acquired == 1 {
-            let life = if watched {
-                Life::Watched(self.shared.watchdog.watch(
-                    self.key.clone(),
-                    owner.clone(),
-                    Renewal::Plain,
-                ))
-            } else {
-                Life::Until(sent + lease)
-            };
-            Ok(Acquired::Yes(LockGuard {
-                lock: self.clone(),
-                owner: owner.clone(),
-                lease,
+            Ok(Acquired::Yes(LockGuard::granted(
+                self.clone(),
+                owner,
+                term,
                 fence,
-                life,
-                armed: true,
-            }))
+            )))
         } else {
-            let lease_left = u64::try_from(value).ok().map(Duration::from_millis);
-            Ok(Acquired::HeldByOther { lease_left })
+            Ok(Acquired::HeldByOther {
+                lease_left: lease_left(value),
+            })
         }
     }
 
@@ -731,17 +734,14 @@ impl Lock {
         request_id: &str,
     ) -> Result<Released, LockError> {
         let left: i64 = self
-            .with_retries(|| {
-                let mut invocation = self.shared.release.key(&*self.key);
-                invocation
-                    .key(self.channel())
-                    .key(self.requests_key())
-                    .arg(lease_ms(lease))
-                    .arg(owner.as_str())
-                    .arg(request_id)
-                    .arg(REQUEST_MEMORY_MS);
-                invocation
-            })
+            .send_logged(
+                &self.shared.release,
+                self.channel(),
+                owner,
+                lease,
+                &[],
+                request_id,
+            )
             .await?;
         match left {
             0 => Ok(Released::Free),
@@ -753,12 +753,30 @@ impl Lock {
         }
     }
 
-    /// Runs a script invocation, resending it (same request id, so at most
-    /// once in effect) when the connection failed or timed out.
-    async fn with_retries<'s, T: redis::FromRedisValue>(
-        &'s self,
-        invocation: impl Fn() -> redis::ScriptInvocation<'s>,
+    /// Runs one of the scripts that log their request ids (acquire,
+    /// release) on `owner`'s hold. Their KEYS: the lock, `key`, the request
+    /// log; their ARGV: the lease, the owner, `args`, the request id, how
+    /// long the log keeps it. Resent (same request id, so at most once in
+    /// effect) when the connection failed or timed out.
+    async fn send_logged<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        key: String,
+        owner: &Owner,
+        lease: Duration,
+        args: &[u64],
+        request_id: &str,
     ) -> Result<T, LockError> {
+        let mut invocation = script.key(&*self.key);
+        invocation
+            .key(key)
+            .key(self.requests_key())
+            .arg(lease_ms(lease))
+            .arg(owner.as_str());
+        for arg in args {
+            invocation.arg(arg);
+        }
+        invocation.arg(request_id).arg(REQUEST_MEMORY_MS);
         // Every attempt within one deadline: resending never makes a call
         // outlast the command timeout.
         let deadline = tokio::time::Instant::now() + self.shared.conn.timeout();
@@ -767,7 +785,7 @@ impl Lock {
             let result = self
                 .shared
                 .conn
-                .invoke_by(deadline, &invocation())
+                .invoke_by(deadline, &invocation)
                 .await
                 .map_err(LockError::from);
             match result {
@@ -807,81 +825,33 @@ impl Lock {
 /// it back in the background instead.
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
-    lock: Lock,
-    owner: Owner,
-    lease: Duration,
+    core: GuardCore<Lock>,
     fence: i64,
-    life: Life,
-    armed: bool,
-}
-
-/// How a hold stays alive, and how its holder learns that it ended.
-enum Life {
-    /// Renewed by the watchdog, which says when it finds the hold gone.
-    Watched(Registration),
-    /// A fixed lease ending then, counted from before the request was sent,
-    /// so it errs early, never late.
-    Until(Instant),
-}
-
-impl Life {
-    fn is_lost(&self) -> bool {
-        match self {
-            Self::Watched(watch) => *watch.lost.borrow(),
-            Self::Until(expires) => Instant::now() >= *expires,
-        }
-    }
-
-    async fn lost(&self) {
-        match self {
-            Self::Watched(watch) => {
-                let mut heard = watch.lost.clone();
-                // An error means the watchdog is gone with its client: the
-                // lock is no longer renewed, so it will be lost.
-                let _ = heard.wait_for(|lost| *lost).await;
-            }
-            Self::Until(expires) => tokio::time::sleep_until((*expires).into()).await,
-        }
-    }
-
-    /// The hold is being released: stop renewing it.
-    fn end(&self, watchdog: &Watchdog) {
-        if let Self::Watched(watch) = self {
-            watchdog.unwatch(watch.id);
-        }
-    }
 }
 
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockGuard")
-            .field("key", &self.lock.key)
-            .field("owner", &self.owner)
-            .finish()
+        self.core.debug(f, "LockGuard").finish()
     }
 }
 
 impl LockGuard {
-    /// A hold just granted by Redis.
-    fn new(lock: Lock, owner: Owner, lease: Duration, fence: i64, life: Life) -> Self {
+    /// A hold just granted by Redis, with its fencing token.
+    fn granted(lock: Lock, owner: &Owner, term: Term, fence: i64) -> Self {
         Self {
-            lock,
-            owner,
-            lease,
+            core: GuardCore::granted(lock, owner, term, Renewal::Plain),
             fence,
-            life,
-            armed: true,
         }
     }
 
     /// The owner this hold belongs to.
     pub fn owner(&self) -> &Owner {
-        &self.owner
+        &self.core.owner
     }
 
     /// The lock this hold is on.
     pub fn lock(&self) -> &Lock {
-        &self.lock
+        &self.core.lock
     }
 
     /// This hold's fencing token: larger than the token of every earlier
@@ -967,37 +937,26 @@ impl LockGuard {
     /// Whether this hold can no longer be trusted: the watchdog found the
     /// lock gone, or a fixed lease has run out.
     pub fn is_lost(&self) -> bool {
-        self.life.is_lost()
+        self.core.is_lost()
     }
 
     /// Resolves when the hold is lost (see [`LockGuard::is_lost`]): race it
     /// against the work done under the lock and abort the work if it wins.
     pub async fn lost(&self) {
-        self.life.lost().await;
-    }
-
-    fn disarm(&mut self) {
-        self.armed = false;
-        self.life.end(&self.lock.shared.watchdog);
+        self.core.lost().await;
     }
 
     /// Gives the hold back now. `Err(NotHeld)` means the lease ran out
     /// while the work was being done: someone else may have held the lock.
     pub async fn unlock(mut self) -> Result<Released, LockError> {
-        self.disarm();
-        self.lock.release(&self.owner, self.lease).await
+        let (lock, owner, lease) = self.core.give_back();
+        lock.release(owner, lease).await
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        self.disarm();
-        let (lock, owner, lease) = (self.lock.clone(), self.owner.clone(), self.lease);
-        let shared = lock.shared.clone();
-        shared.release_in_background(lock.key.clone(), owner.clone(), async move {
+        self.core.release_on_drop(|lock, owner, lease| async move {
             lock.release(&owner, lease).await.map(drop)
         });
     }
@@ -1092,6 +1051,11 @@ fn is_transient(error: &LockError) -> bool {
 /// Lifetime of a lock's fencing-token key, renewed by each new holder. Only
 /// a speed-up: tokens keep growing with Redis's clock if the key expires.
 const FENCE_KEY_TTL_MS: u64 = 7 * 86_400_000;
+
+/// The lease left on a lock, from Redis's milliseconds (negative: none).
+fn lease_left(ms: i64) -> Option<Duration> {
+    u64::try_from(ms).ok().map(Duration::from_millis)
+}
 
 fn lease_ms(lease: Duration) -> u64 {
     // PEXPIRE 0 would delete the key at once; a lease is at least 1 ms.

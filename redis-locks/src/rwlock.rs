@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use redis::{FromRedisValue, ScriptInvocation};
 
-use std::time::Instant;
-
+use super::guard::{GuardCore, GuardedLock};
 use super::watchdog::Renewal;
-use super::{lease_ms, wait_turn, Lease, Life, LockError, Owner, Shared};
+use super::{lease_left, lease_ms, wait_turn, Lease, LockError, Owner, Shared};
 
 /// A named read-write lock. Cheap to clone.
 ///
@@ -73,6 +72,16 @@ pub struct ReadWriteLock {
     pub(super) key: Arc<str>,
 }
 
+impl GuardedLock for ReadWriteLock {
+    fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    fn hash_key(&self) -> &Arc<str> {
+        &self.key
+    }
+}
+
 /// Which hold a guard has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hold {
@@ -86,19 +95,14 @@ pub enum Hold {
 /// back in the background.
 #[must_use = "dropping the guard releases the hold at once"]
 pub struct RwGuard {
-    lock: ReadWriteLock,
-    owner: Owner,
+    core: GuardCore<ReadWriteLock>,
     hold: Hold,
-    lease: Duration,
-    life: Life,
-    armed: bool,
 }
 
 impl fmt::Debug for RwGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RwGuard")
-            .field("key", &self.lock.key)
-            .field("owner", &self.owner)
+        self.core
+            .debug(f, "RwGuard")
             .field("hold", &self.hold)
             .finish()
     }
@@ -133,48 +137,49 @@ impl ReadWriteLock {
         hold: Hold,
         lease: Lease,
     ) -> Result<Result<RwGuard, Option<Duration>>, LockError> {
-        let (lease, watched) = self.shared.resolve(lease);
-        let sent = Instant::now();
+        let term = self.shared.resolve(lease);
         let (granted, value): (i64, i64) = match hold {
             Hold::Read => {
                 let mut invocation = self.shared.rw_read.key(&*self.key);
                 invocation
                     .key(self.timeouts_prefix())
-                    .arg(lease_ms(lease))
+                    .arg(lease_ms(term.lease))
                     .arg(owner.as_str());
                 self.run(invocation).await?
             }
             Hold::Write => {
                 let mut invocation = self.shared.rw_write.key(&*self.key);
-                invocation.arg(lease_ms(lease)).arg(owner.as_str());
+                invocation.arg(lease_ms(term.lease)).arg(owner.as_str());
                 self.run(invocation).await?
             }
         };
         if granted == 1 {
-            let life = if watched {
-                let renewal = Renewal::ReadWrite {
-                    timeouts: self.timeouts_prefix().into(),
-                    write: hold == Hold::Write,
-                };
-                Life::Watched(
-                    self.shared
-                        .watchdog
-                        .watch(self.key.clone(), owner.clone(), renewal),
-                )
-            } else {
-                Life::Until(sent + lease)
+            let renewal = Renewal::ReadWrite {
+                timeouts: self.timeouts_prefix().into(),
+                write: hold == Hold::Write,
             };
             Ok(Ok(RwGuard {
-                lock: self.clone(),
-                owner: owner.clone(),
+                core: GuardCore::granted(self.clone(), owner, term, renewal),
                 hold,
-                lease,
-                life,
-                armed: true,
             }))
         } else {
-            Ok(Err(u64::try_from(value).ok().map(Duration::from_millis)))
+            Ok(Err(lease_left(value)))
         }
+    }
+
+    /// Takes a hold, waiting at most `wait` for the holds in its way to
+    /// be given back.
+    async fn wait_for(
+        &self,
+        owner: &Owner,
+        hold: Hold,
+        wait: Duration,
+        lease: Lease,
+    ) -> Result<Option<RwGuard>, LockError> {
+        wait_turn(&self.shared.subscriber, &self.channel(), wait, || {
+            self.attempt(owner, hold, lease)
+        })
+        .await
     }
 
     /// A read hold now, or `None` if a writer has the lock.
@@ -202,11 +207,7 @@ impl ReadWriteLock {
         wait: Duration,
         lease: impl Into<Lease>,
     ) -> Result<Option<RwGuard>, LockError> {
-        let lease = lease.into();
-        wait_turn(&self.shared.subscriber, &self.channel(), wait, || {
-            self.attempt(owner, Hold::Read, lease)
-        })
-        .await
+        self.wait_for(owner, Hold::Read, wait, lease.into()).await
     }
 
     /// The write hold, waiting at most `wait` for readers and writers to
@@ -217,11 +218,7 @@ impl ReadWriteLock {
         wait: Duration,
         lease: impl Into<Lease>,
     ) -> Result<Option<RwGuard>, LockError> {
-        let lease = lease.into();
-        wait_turn(&self.shared.subscriber, &self.channel(), wait, || {
-            self.attempt(owner, Hold::Write, lease)
-        })
-        .await
+        self.wait_for(owner, Hold::Write, wait, lease.into()).await
     }
 
     /// The lock's mode: `None` when free.
@@ -265,38 +262,28 @@ impl RwGuard {
 
     /// Whether this hold can no longer be trusted (see `LockGuard::is_lost`).
     pub fn is_lost(&self) -> bool {
-        self.life.is_lost()
+        self.core.is_lost()
     }
 
     /// Resolves when the hold is lost (see `LockGuard::lost`).
     pub async fn lost(&self) {
-        self.life.lost().await;
-    }
-
-    fn disarm(&mut self) {
-        self.armed = false;
-        self.life.end(&self.lock.shared.watchdog);
+        self.core.lost().await;
     }
 
     /// Gives the hold back; returns the owner's holds of this kind left.
     /// `Err(NotHeld)`: the lease ran out first.
     pub async fn unlock(mut self) -> Result<u32, LockError> {
-        self.disarm();
-        self.lock.release(&self.owner, self.hold, self.lease).await
+        let (lock, owner, lease) = self.core.give_back();
+        lock.release(owner, self.hold, lease).await
     }
 }
 
 impl Drop for RwGuard {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        self.disarm();
-        let (lock, owner, hold, lease) =
-            (self.lock.clone(), self.owner.clone(), self.hold, self.lease);
-        let shared = lock.shared.clone();
-        shared.release_in_background(lock.key.clone(), owner.clone(), async move {
-            lock.release(&owner, hold, lease).await.map(drop)
-        });
+        let hold = self.hold;
+        self.core
+            .release_on_drop(move |lock, owner, lease| async move {
+                lock.release(&owner, hold, lease).await.map(drop)
+            });
     }
 }

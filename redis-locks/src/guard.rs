@@ -1,0 +1,153 @@
+//! What the guards of the single-server locks share: how a hold stays
+//! alive and tells its holder when it ended, and giving it back, by
+//! `unlock` or, for a guard dropped without one, in the background.
+//! [`LockGuard`](super::LockGuard) and [`RwGuard`](super::RwGuard) each
+//! wrap a [`GuardCore`] and add what their own holds carry (a fencing
+//! token, a read or write hold).
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::watchdog::{Registration, Renewal, Watchdog};
+use super::{LockError, Owner, Shared};
+
+/// A hold's lease as asked for, resolved as its request goes out.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Term {
+    /// How long the hold lasts unless the watchdog renews it.
+    pub(super) lease: Duration,
+    /// Whether the watchdog renews it.
+    pub(super) watched: bool,
+    /// When the request went out: a fixed lease is counted from then.
+    pub(super) sent: Instant,
+}
+
+/// How a hold stays alive, and how its holder learns that it ended.
+enum Life {
+    /// Renewed by the watchdog, which says when it finds the hold gone.
+    Watched(Registration),
+    /// A fixed lease ending then, counted from before the request was sent,
+    /// so it errs early, never late.
+    Until(Instant),
+}
+
+impl Life {
+    fn is_lost(&self) -> bool {
+        match self {
+            Self::Watched(watch) => *watch.lost.borrow(),
+            Self::Until(expires) => Instant::now() >= *expires,
+        }
+    }
+
+    async fn lost(&self) {
+        match self {
+            Self::Watched(watch) => {
+                let mut heard = watch.lost.clone();
+                // An error means the watchdog is gone with its client: the
+                // lock is no longer renewed, so it will be lost.
+                let _ = heard.wait_for(|lost| *lost).await;
+            }
+            Self::Until(expires) => tokio::time::sleep_until((*expires).into()).await,
+        }
+    }
+
+    /// The hold is being released: stop renewing it.
+    fn end(&self, watchdog: &Watchdog) {
+        if let Self::Watched(watch) = self {
+            watchdog.unwatch(watch.id);
+        }
+    }
+}
+
+/// What a [`GuardCore`] needs of the lock it holds.
+pub(super) trait GuardedLock: Clone + Send + 'static {
+    /// The client the lock belongs to: its watchdog, its background
+    /// releases.
+    fn shared(&self) -> &Arc<Shared>;
+    /// The key of the lock's hash, as the watchdog and the logs name it.
+    fn hash_key(&self) -> &Arc<str>;
+}
+
+/// One hold of a single-server lock, whatever its kind: the lock, whose
+/// hold it is, its lease, how it stays alive, and whether it still has to
+/// be given back.
+pub(super) struct GuardCore<L> {
+    pub(super) lock: L,
+    pub(super) owner: Owner,
+    pub(super) lease: Duration,
+    life: Life,
+    armed: bool,
+}
+
+impl<L: GuardedLock> GuardCore<L> {
+    /// A hold just granted by Redis: the watchdog renews it (the way
+    /// `renewal` says) if its term asks so; otherwise it ends with its
+    /// lease.
+    pub(super) fn granted(lock: L, owner: &Owner, term: Term, renewal: Renewal) -> Self {
+        let life = if term.watched {
+            let watchdog = &lock.shared().watchdog;
+            Life::Watched(watchdog.watch(lock.hash_key().clone(), owner.clone(), renewal))
+        } else {
+            Life::Until(term.sent + term.lease)
+        };
+        Self {
+            lock,
+            owner: owner.clone(),
+            lease: term.lease,
+            life,
+            armed: true,
+        }
+    }
+
+    /// A guard's `Debug`, begun with the fields every guard shows.
+    pub(super) fn debug<'a, 'b>(
+        &self,
+        f: &'a mut fmt::Formatter<'b>,
+        guard: &str,
+    ) -> fmt::DebugStruct<'a, 'b> {
+        let mut debug = f.debug_struct(guard);
+        debug
+            .field("key", self.lock.hash_key())
+            .field("owner", &self.owner);
+        debug
+    }
+
+    /// Whether this hold can no longer be trusted: the watchdog found the
+    /// lock gone, or a fixed lease has run out.
+    pub(super) fn is_lost(&self) -> bool {
+        self.life.is_lost()
+    }
+
+    /// Resolves when the hold is lost (see [`GuardCore::is_lost`]).
+    pub(super) async fn lost(&self) {
+        self.life.lost().await;
+    }
+
+    /// The hold is being given back by its guard: stops renewing it (and
+    /// leaves nothing for the guard's drop to give back), and lends what
+    /// giving it back takes: the lock, the owner, the lease.
+    pub(super) fn give_back(&mut self) -> (&L, &Owner, Duration) {
+        self.armed = false;
+        self.life.end(&self.lock.shared().watchdog);
+        (&self.lock, &self.owner, self.lease)
+    }
+
+    /// For a guard's `Drop`: unless `unlock` gave the hold back already,
+    /// gives it back in the background by `release` (the lock's own
+    /// release of the owner's hold with this lease).
+    pub(super) fn release_on_drop<F, Fut>(&mut self, release: F)
+    where
+        F: FnOnce(L, Owner, Duration) -> Fut,
+        Fut: Future<Output = Result<(), LockError>> + Send + 'static,
+    {
+        if !self.armed {
+            return;
+        }
+        let (lock, owner, lease) = self.give_back();
+        let releasing = release(lock.clone(), owner.clone(), lease);
+        lock.shared()
+            .release_in_background(lock.hash_key().clone(), owner.clone(), releasing);
+    }
+}
