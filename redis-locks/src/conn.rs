@@ -282,7 +282,7 @@ pub(crate) fn reaches_no_master(value: &Value) -> bool {
 impl ConnectionLike for Handle {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         async move {
-            let answer = self.conn.req_packed_command(cmd).await;
+            let answer = self.conn.connection().req_packed_command(cmd).await;
             self.check(answer.as_ref().map(std::iter::once));
             answer
         }
@@ -296,7 +296,11 @@ impl ConnectionLike for Handle {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         async move {
-            let answer = self.conn.req_packed_commands(cmd, offset, count).await;
+            let answer = self
+                .conn
+                .connection()
+                .req_packed_commands(cmd, offset, count)
+                .await;
             self.check(answer.as_ref());
             answer
         }
@@ -304,6 +308,6 @@ impl ConnectionLike for Handle {
     }
 
     fn get_db(&self) -> i64 {
-        self.conn.get_db()
+        self.conn.db()
     }
 }

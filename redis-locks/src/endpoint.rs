@@ -12,7 +12,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::RedisResult;
 use tokio::sync::Mutex;
 
 /// A lock client's Redis.
@@ -125,27 +125,17 @@ impl From<redis::Client> for Endpoint {
     }
 }
 
-impl ConnectionLike for Multiplexed {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+impl Multiplexed {
+    /// The connection to send on, whichever kind it is.
+    pub(super) fn connection(&mut self) -> &mut (dyn ConnectionLike + Send) {
         match self {
-            Self::Single(conn) => conn.req_packed_command(cmd),
-            Self::Cluster(conn) => conn.req_packed_command(cmd),
+            Self::Single(conn) => conn,
+            Self::Cluster(conn) => conn,
         }
     }
 
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Self::Single(conn) => conn.req_packed_commands(cmd, offset, count),
-            Self::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
+    /// The database the connection's commands go to.
+    pub(super) fn db(&self) -> i64 {
         match self {
             Self::Single(conn) => conn.get_db(),
             Self::Cluster(conn) => conn.get_db(),
