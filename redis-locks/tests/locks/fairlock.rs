@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis_locks::{FairLock, Lease};
+use redis_locks::{FairLock, Lease, LockGuard};
 
 use crate::support::{held, refused, TestLocks, LEASE, SHORT_WATCHDOG_LEASE};
 
@@ -19,27 +19,35 @@ async fn line_reaches(lock: &FairLock, n: usize) {
     panic!("the line never reached {n}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_get_the_lock_in_the_order_they_asked() {
-    let locks = TestLocks::new();
+/// The fair lock the tests stand in line for, taken by "holder".
+async fn held_tickets(locks: &TestLocks) -> (FairLock, LockGuard) {
     let lock = locks.fair_lock("tickets");
     let holder = held(
         lock.try_acquire(&locks.owner("holder"), LEASE).await,
         "the lock is free",
     );
+    (lock, holder)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_get_the_lock_in_the_order_they_asked() {
+    let locks = TestLocks::new();
+    let (lock, holder) = held_tickets(&locks).await;
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     for i in 1..=5 {
-        let (lock2, owner, order) = (lock.clone(), locks.owner(format!("w{i}")), order.clone());
-        waiters.push(tokio::spawn(async move {
-            let guard = held(
-                lock2.acquire(&owner, LEASE * 3, LEASE).await,
-                "its turn came",
-            );
-            order.lock().unwrap().push(i);
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            guard.unlock().await.unwrap();
-        }));
+        let order = order.clone();
+        waiters.push(
+            locks.spawn_as(format!("w{i}"), &lock, |lock, owner| async move {
+                let guard = held(
+                    lock.acquire(&owner, LEASE * 3, LEASE).await,
+                    "its turn came",
+                );
+                order.lock().unwrap().push(i);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                guard.unlock().await.unwrap();
+            }),
+        );
         line_reaches(&lock, i).await;
     }
     // Nobody jumps the line, not even when the lock is free for a moment.
@@ -59,30 +67,20 @@ async fn waiters_get_the_lock_in_the_order_they_asked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_waiter_is_skipped_when_its_wait_is_over() {
     let locks = TestLocks::new();
-    let lock = locks.fair_lock("tickets");
-    let holder = held(
-        lock.try_acquire(&locks.owner("holder"), LEASE).await,
-        "the lock is free",
-    );
+    let (lock, holder) = held_tickets(&locks).await;
 
     // A waiter that will wait 300 ms, and dies in line (its task is killed
     // before it can leave).
-    let dead = {
-        let (lock, owner) = (lock.clone(), locks.owner("dead"));
-        tokio::spawn(async move {
-            lock.acquire(&owner, Duration::from_millis(300), LEASE)
-                .await
-        })
-    };
+    let dead = locks.spawn_as("dead", &lock, |lock, owner| async move {
+        lock.acquire(&owner, Duration::from_millis(300), LEASE)
+            .await
+    });
     line_reaches(&lock, 1).await;
     dead.abort();
-    let patient = {
-        let (lock, owner) = (lock.clone(), locks.owner("patient"));
-        tokio::spawn(async move {
-            let guard = lock.acquire(&owner, LEASE, LEASE).await.unwrap();
-            (guard, Instant::now())
-        })
-    };
+    let patient = locks.spawn_as("patient", &lock, |lock, owner| async move {
+        let guard = lock.acquire(&owner, LEASE, LEASE).await.unwrap();
+        (guard, Instant::now())
+    });
     line_reaches(&lock, 2).await;
 
     // Freed while the dead waiter still stands first: the patient one gets
@@ -106,14 +104,13 @@ async fn a_dead_waiter_is_skipped_when_its_wait_is_over() {
 #[tokio::test]
 async fn the_watchdog_keeps_a_fair_lock_alive_until_unlock() {
     let locks = TestLocks::with_watchdog();
-    let lease = SHORT_WATCHDOG_LEASE;
     let lock = locks.fair_lock("tickets");
     let owner = locks.owner("long");
     let guard = held(
         lock.try_acquire(&owner, Lease::Watchdog).await,
         "the lock is free",
     );
-    tokio::time::sleep(lease * 3).await;
+    tokio::time::sleep(SHORT_WATCHDOG_LEASE * 3).await;
     assert!(
         lock.as_lock().is_held_by(&owner).await.unwrap(),
         "the lease ran out despite the watchdog"

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use redis_locks::{Acquired, Lease, LockClient, LockError, LockGuard, Released};
+use redis_locks::{Acquired, Lease, Lock, LockClient, LockError, LockGuard, Owner, Released};
 
 use crate::support::{
     client_on, delete_behind_its_back, held, redis_conn, redis_url, OwnRedis, TestLocks, LEASE,
@@ -15,6 +15,28 @@ fn acquired(result: Result<Acquired, LockError>) -> LockGuard {
         Ok(Acquired::Yes(guard)) => guard,
         other => panic!("expected to acquire, got {other:?}"),
     }
+}
+
+/// A lock client of the test's own (see [`TestLocks`]) and its lock `name`.
+fn new_lock(name: &str) -> (TestLocks, Lock) {
+    let locks = TestLocks::new();
+    let lock = locks.lock(name);
+    (locks, lock)
+}
+
+/// The hold `owner` must get on `lock` at once.
+async fn take(lock: &Lock, owner: &Owner, lease: impl Into<Lease>) -> LockGuard {
+    acquired(lock.try_acquire(owner, lease).await)
+}
+
+/// A release (or unlock) that must have been refused: the owner holds no
+/// hold on the lock (any more).
+#[track_caller]
+fn assert_not_held<T: std::fmt::Debug>(release: Result<T, LockError>) {
+    assert!(
+        matches!(release, Err(LockError::NotHeld { .. })),
+        "{release:?}"
+    );
 }
 
 async fn raw_hash(key: &str) -> Vec<(String, String)> {
@@ -30,12 +52,11 @@ async fn raw_hash(key: &str) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn the_same_owner_reenters_and_the_last_release_frees() {
-    let locks = TestLocks::new();
-    let lock = locks.lock("order:1");
+    let (locks, lock) = new_lock("order:1");
     let owner = locks.owner("request-1");
 
-    let outer = acquired(lock.try_acquire(&owner, LEASE).await);
-    let inner = acquired(lock.try_acquire(&owner, LEASE).await);
+    let outer = take(&lock, &owner, LEASE).await;
+    let inner = take(&lock, &owner, LEASE).await;
     assert_eq!(lock.hold_count(&owner).await.unwrap(), 2);
     assert_eq!(
         raw_hash(lock.key()).await,
@@ -57,18 +78,14 @@ async fn the_same_owner_reenters_and_the_last_release_frees() {
     assert!(lock.is_locked().await.unwrap());
     assert_eq!(outer.unlock().await.unwrap(), Released::Free);
     assert!(!lock.is_locked().await.unwrap());
-    acquired(lock.try_acquire(&other, LEASE).await)
-        .unlock()
-        .await
-        .unwrap();
+    take(&lock, &other, LEASE).await.unlock().await.unwrap();
 }
 
 #[tokio::test]
 async fn a_release_by_someone_else_changes_nothing_and_is_reported() {
-    let locks = TestLocks::new();
-    let lock = locks.lock("order:2");
+    let (locks, lock) = new_lock("order:2");
     let owner = locks.owner("holder");
-    let guard = acquired(lock.try_acquire(&owner, LEASE).await);
+    let guard = take(&lock, &owner, LEASE).await;
     let before = raw_hash(lock.key()).await;
 
     // Another owner in this process, and the same id in another process.
@@ -86,18 +103,13 @@ async fn a_release_by_someone_else_changes_nothing_and_is_reported() {
 
 #[tokio::test]
 async fn an_expired_lease_frees_the_lock_and_the_late_release_is_reported() {
-    let locks = TestLocks::new();
-    let lock = locks.lock("order:3");
-    let slow = locks.owner("slow");
-    let guard = acquired(lock.try_acquire(&slow, Duration::from_millis(100)).await);
+    let (locks, lock) = new_lock("order:3");
+    let guard = take(&lock, &locks.owner("slow"), Duration::from_millis(100)).await;
     tokio::time::sleep(Duration::from_millis(250)).await;
 
     let next = locks.owner("next");
-    let next_guard = acquired(lock.try_acquire(&next, LEASE).await);
-    assert!(matches!(
-        guard.unlock().await,
-        Err(LockError::NotHeld { .. })
-    ));
+    let next_guard = take(&lock, &next, LEASE).await;
+    assert_not_held(guard.unlock().await);
     // The late release did not touch the new holder's lock.
     assert_eq!(lock.hold_count(&next).await.unwrap(), 1);
     next_guard.unlock().await.unwrap();
@@ -105,10 +117,8 @@ async fn an_expired_lease_frees_the_lock_and_the_late_release_is_reported() {
 
 #[tokio::test]
 async fn a_dropped_guard_releases_and_shutdown_waits_for_it() {
-    let locks = TestLocks::new();
-    let lock = locks.lock("order:4");
-    let owner = locks.owner("dropped");
-    drop(acquired(lock.try_acquire(&owner, LEASE).await));
+    let (locks, lock) = new_lock("order:4");
+    drop(take(&lock, &locks.owner("dropped"), LEASE).await);
     assert!(
         locks.shutdown(Duration::from_secs(5)).await,
         "the release finished"
@@ -118,9 +128,8 @@ async fn a_dropped_guard_releases_and_shutdown_waits_for_it() {
 
 #[tokio::test]
 async fn a_waiter_gives_up_when_its_wait_time_is_spent() {
-    let locks = TestLocks::new();
-    let lock = locks.lock("order:5");
-    let holder = acquired(lock.try_acquire(&locks.owner("holder"), LEASE).await);
+    let (locks, lock) = new_lock("order:5");
+    let holder = take(&lock, &locks.owner("holder"), LEASE).await;
     let asked = Instant::now();
     let got = lock
         .acquire(&locks.owner("waiter"), Duration::from_millis(300), LEASE)
@@ -138,16 +147,12 @@ async fn a_waiter_gives_up_when_its_wait_time_is_spent() {
 
 #[tokio::test]
 async fn a_waiter_wakes_on_unlock_long_before_the_lease_ends() {
-    let locks = TestLocks::new();
-    let lock = locks.lock("order:6");
-    let holder = acquired(lock.try_acquire(&locks.owner("holder"), LEASE).await);
-    let waiter = {
-        let (lock, owner) = (lock.clone(), locks.owner("waiter"));
-        tokio::spawn(async move {
-            let guard = lock.acquire(&owner, LEASE, LEASE).await.unwrap();
-            (guard, Instant::now())
-        })
-    };
+    let (locks, lock) = new_lock("order:6");
+    let holder = take(&lock, &locks.owner("holder"), LEASE).await;
+    let waiter = locks.spawn_as("waiter", &lock, |lock, owner| async move {
+        let guard = lock.acquire(&owner, LEASE, LEASE).await.unwrap();
+        (guard, Instant::now())
+    });
     // Bounded wait until the waiter listens on the lock's channel.
     for _ in 0..500 {
         if locks.waiting_channels() == 1 {
@@ -175,12 +180,8 @@ async fn a_waiter_wakes_on_unlock_long_before_the_lease_ends() {
 
 #[tokio::test]
 async fn a_waiter_takes_a_lock_whose_lease_ran_out_without_a_message() {
-    let locks = TestLocks::new();
-    let lock = locks.lock("order:7");
-    let crashed = acquired(
-        lock.try_acquire(&locks.owner("crashed"), Duration::from_millis(300))
-            .await,
-    );
+    let (locks, lock) = new_lock("order:7");
+    let crashed = take(&lock, &locks.owner("crashed"), Duration::from_millis(300)).await;
     std::mem::forget(crashed); // a holder that never releases
     let asked = Instant::now();
     let guard = held(
@@ -197,28 +198,23 @@ async fn a_waiter_takes_a_lock_whose_lease_ran_out_without_a_message() {
 
 #[tokio::test]
 async fn force_unlock_frees_the_lock_and_wakes_its_waiters() {
-    let locks = TestLocks::new();
-    let lock = locks.lock("order:8");
+    let (locks, lock) = new_lock("order:8");
     let holder = locks.owner("holder");
-    let guard = acquired(lock.try_acquire(&holder, LEASE).await);
+    let guard = take(&lock, &holder, LEASE).await;
     assert!(lock.is_held_by(&holder).await.unwrap());
     let lease = held(lock.remaining_lease().await, "a held lock has a lease");
     assert!(lease > LEASE / 2 && lease <= LEASE, "{lease:?}");
 
-    let waiter = {
-        let (lock, owner) = (lock.clone(), locks.owner("waiter"));
-        tokio::spawn(async move { lock.acquire(&owner, LEASE, LEASE).await.unwrap() })
-    };
+    let waiter = locks.spawn_as("waiter", &lock, |lock, owner| async move {
+        lock.acquire(&owner, LEASE, LEASE).await.unwrap()
+    });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let forced = Instant::now();
     assert!(lock.force_unlock().await.unwrap());
     let next = waiter.await.unwrap().expect("the waiter got the lock");
     assert!(forced.elapsed() < LEASE / 2);
     assert!(!lock.is_held_by(&holder).await.unwrap());
-    assert!(matches!(
-        guard.unlock().await,
-        Err(LockError::NotHeld { .. })
-    ));
+    assert_not_held(guard.unlock().await);
     next.unlock().await.unwrap();
     assert!(
         !lock.force_unlock().await.unwrap(),
@@ -319,20 +315,19 @@ async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind(
 #[tokio::test]
 async fn the_watchdog_keeps_a_lock_past_three_leases_and_stops_after_unlock() {
     let locks = TestLocks::with_watchdog();
-    let lease = SHORT_WATCHDOG_LEASE;
     let lock = locks.lock("order:9");
     let owner = locks.owner("long-job");
-    let guard = acquired(lock.try_acquire(&owner, Lease::Watchdog).await);
+    let guard = take(&lock, &owner, Lease::Watchdog).await;
     assert_eq!(locks.watched_locks(), 1);
 
-    tokio::time::sleep(lease * 3).await;
+    tokio::time::sleep(SHORT_WATCHDOG_LEASE * 3).await;
     assert!(
         lock.is_held_by(&owner).await.unwrap(),
         "the lease ran out despite the watchdog"
     );
     assert!(!guard.is_lost());
     let left = held(lock.remaining_lease().await, "a renewed lease");
-    assert!(left <= lease);
+    assert!(left <= SHORT_WATCHDOG_LEASE);
 
     assert_eq!(guard.unlock().await.unwrap(), Released::Free);
     assert_eq!(
@@ -342,7 +337,7 @@ async fn the_watchdog_keeps_a_lock_past_three_leases_and_stops_after_unlock() {
     );
 
     // A dropped guard stops the renewals too.
-    let guard = acquired(lock.try_acquire(&owner, Lease::Watchdog).await);
+    let guard = take(&lock, &owner, Lease::Watchdog).await;
     drop(guard);
     assert_eq!(locks.watched_locks(), 0);
     assert!(locks.shutdown(Duration::from_secs(5)).await);
@@ -353,10 +348,7 @@ async fn the_watchdog_keeps_a_lock_past_three_leases_and_stops_after_unlock() {
 async fn the_holder_hears_at_once_when_its_lock_is_deleted() {
     let locks = TestLocks::on(&redis_url(), Some(Duration::from_millis(600)));
     let lock = locks.lock("order:10");
-    let guard = acquired(
-        lock.try_acquire(&locks.owner("holder"), Lease::Watchdog)
-            .await,
-    );
+    let guard = take(&lock, &locks.owner("holder"), Lease::Watchdog).await;
 
     delete_behind_its_back(&redis_url(), lock.key()).await;
 
@@ -365,10 +357,7 @@ async fn the_holder_hears_at_once_when_its_lock_is_deleted() {
         .expect("the lost signal fired");
     assert!(guard.is_lost());
     assert_eq!(locks.watched_locks(), 0);
-    assert!(matches!(
-        guard.unlock().await,
-        Err(LockError::NotHeld { .. })
-    ));
+    assert_not_held(guard.unlock().await);
 }
 
 #[tokio::test]
@@ -376,10 +365,7 @@ async fn the_holder_hears_when_redis_restarts_and_loses_the_lock() {
     let mut redis = OwnRedis::start();
     let locks = client_on(&redis.url(), "", Some(Duration::from_millis(600)));
     let lock = locks.lock("order:11");
-    let guard = acquired(
-        lock.try_acquire(&locks.owner("holder"), Lease::Watchdog)
-            .await,
-    );
+    let guard = take(&lock, &locks.owner("holder"), Lease::Watchdog).await;
 
     redis.stop();
     redis.restart();
@@ -388,21 +374,14 @@ async fn the_holder_hears_when_redis_restarts_and_loses_the_lock() {
         .expect("the lost signal fired");
     assert!(guard.is_lost());
     // The client works again on the restarted server.
-    let again = acquired(
-        lock.try_acquire(&locks.owner("next"), Duration::from_secs(5))
-            .await,
-    );
+    let again = take(&lock, &locks.owner("next"), Duration::from_secs(5)).await;
     again.unlock().await.unwrap();
 }
 
 #[tokio::test]
 async fn a_fixed_lease_hold_is_lost_when_its_lease_runs_out() {
-    let locks = TestLocks::new();
-    let lock = locks.lock("order:12");
-    let guard = acquired(
-        lock.try_acquire(&locks.owner("brief"), Duration::from_millis(200))
-            .await,
-    );
+    let (locks, lock) = new_lock("order:12");
+    let guard = take(&lock, &locks.owner("brief"), Duration::from_millis(200)).await;
     assert!(!guard.is_lost());
     tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await
@@ -412,13 +391,12 @@ async fn a_fixed_lease_hold_is_lost_when_its_lease_runs_out() {
 
 #[tokio::test]
 async fn every_new_holder_gets_a_larger_fencing_token_and_reentry_keeps_it() {
-    let locks = TestLocks::new();
-    let lock = locks.lock("order:13");
+    let (locks, lock) = new_lock("order:13");
     let (a, b) = (locks.owner("a"), locks.owner("b"));
     let mut last = 0;
     for owner in [&a, &b, &a, &b] {
-        let outer = acquired(lock.try_acquire(owner, LEASE).await);
-        let inner = acquired(lock.try_acquire(owner, LEASE).await);
+        let outer = take(&lock, owner, LEASE).await;
+        let inner = take(&lock, owner, LEASE).await;
         assert!(outer.fence() > last, "token {} after {last}", outer.fence());
         assert_eq!(
             inner.fence(),
@@ -436,15 +414,14 @@ async fn every_new_holder_gets_a_larger_fencing_token_and_reentry_keeps_it() {
         .query_async::<()>(&mut conn)
         .await
         .unwrap();
-    let guard = acquired(lock.try_acquire(&a, LEASE).await);
+    let guard = take(&lock, &a, LEASE).await;
     assert!(guard.fence() > last);
     guard.unlock().await.unwrap();
 }
 
 #[tokio::test]
 async fn a_resent_acquire_or_release_does_not_count_twice() {
-    let locks = TestLocks::new();
-    let lock = locks.lock("order:14");
+    let (locks, lock) = new_lock("order:14");
     let owner = locks.owner("retrying");
 
     // The same acquisition sent twice (its first answer lost in transit).

@@ -2,14 +2,52 @@
 
 use std::time::Duration;
 
-use redis_locks::{LockClient, LockError, MultiNodeLocks, Quorum};
+use redis_locks::{LockError, MultiGuard, MultiNodeLocks, Quorum};
 
 use crate::support::{client_on, held, redis_conn, refused, OwnRedis, LEASE};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(500);
 
-fn node(redis: &OwnRedis) -> LockClient {
-    client_on(&redis.url(), "", None)
+/// `n` private Redis servers, to be the lock nodes.
+fn start_nodes(n: usize) -> Vec<OwnRedis> {
+    (0..n).map(|_| OwnRedis::start()).collect()
+}
+
+/// Locks over these nodes (a client each) that need `quorum` of them.
+fn locks_on(servers: &[OwnRedis], quorum: Quorum) -> MultiNodeLocks {
+    let nodes = servers
+        .iter()
+        .map(|redis| client_on(&redis.url(), "", None))
+        .collect();
+    MultiNodeLocks::new(nodes, quorum)
+}
+
+/// An attempt at the lock `name` for the owner `id`, with the tests' lease
+/// and node timeout.
+async fn try_take(
+    locks: &MultiNodeLocks,
+    name: &str,
+    id: &str,
+) -> Result<Option<MultiGuard>, LockError> {
+    locks.try_acquire(name, id, LEASE, NODE_TIMEOUT).await
+}
+
+/// An attempt that must have been undecided: only `answered` of the
+/// `needed` nodes answered.
+#[track_caller]
+fn assert_unavailable(
+    attempt: Result<Option<MultiGuard>, LockError>,
+    answered: usize,
+    needed: usize,
+) {
+    assert!(
+        matches!(
+            attempt,
+            Err(LockError::NodesUnavailable { answered: a, needed: n })
+                if (a, n) == (answered, needed)
+        ),
+        "{attempt:?}"
+    );
 }
 
 async fn exists(redis: &OwnRedis, key: &str) -> bool {
@@ -23,20 +61,17 @@ async fn exists(redis: &OwnRedis, key: &str) -> bool {
 
 #[tokio::test]
 async fn redlock_survives_one_node_of_three_and_refuses_with_two_down() {
-    let mut servers: Vec<OwnRedis> = (0..3).map(|_| OwnRedis::start()).collect();
-    let locks = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::Majority);
+    let mut servers = start_nodes(3);
+    let locks = locks_on(&servers, Quorum::Majority);
 
     let first = held(
-        locks.try_acquire("order:1", "a", LEASE, NODE_TIMEOUT).await,
+        try_take(&locks, "order:1", "a").await,
         "all three nodes grant a free lock",
     );
     assert_eq!(first.nodes(), 3);
     assert!(!first.is_expired());
     // Someone else cannot take it while it is first.
-    refused(
-        locks.try_acquire("order:1", "b", LEASE, NODE_TIMEOUT).await,
-        "the lock is held",
-    );
+    refused(try_take(&locks, "order:1", "b").await, "the lock is held");
 
     // A node dies mid-hold: the hold stands, and releases on the others.
     servers[0].stop();
@@ -50,7 +85,7 @@ async fn redlock_survives_one_node_of_three_and_refuses_with_two_down() {
 
     // With one node down, two of three still make a majority.
     let again = held(
-        locks.try_acquire("order:1", "b", LEASE, NODE_TIMEOUT).await,
+        try_take(&locks, "order:1", "b").await,
         "two of three nodes are a majority",
     );
     assert_eq!(again.nodes(), 2);
@@ -59,17 +94,7 @@ async fn redlock_survives_one_node_of_three_and_refuses_with_two_down() {
     // With two down, one node is no majority: refused, and the one live
     // node does not keep what it granted.
     servers[1].stop();
-    let refused = locks.try_acquire("order:1", "c", LEASE, NODE_TIMEOUT).await;
-    assert!(
-        matches!(
-            refused,
-            Err(LockError::NodesUnavailable {
-                answered: 1,
-                needed: 2
-            })
-        ),
-        "{refused:?}"
-    );
+    assert_unavailable(try_take(&locks, "order:1", "c").await, 1, 2);
     assert!(
         !exists(&servers[2], "lock:{order:1}").await,
         "a failed attempt left the lock on a node"
@@ -78,26 +103,13 @@ async fn redlock_survives_one_node_of_three_and_refuses_with_two_down() {
 
 #[tokio::test]
 async fn a_multilock_needs_every_node() {
-    let mut servers: Vec<OwnRedis> = (0..3).map(|_| OwnRedis::start()).collect();
-    let locks = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::All);
-    let first = held(
-        locks.try_acquire("order:2", "a", LEASE, NODE_TIMEOUT).await,
-        "all grant it",
-    );
+    let mut servers = start_nodes(3);
+    let locks = locks_on(&servers, Quorum::All);
+    let first = held(try_take(&locks, "order:2", "a").await, "all grant it");
     assert_eq!(first.unlock().await, 3);
 
     servers[2].stop();
-    let refused = locks.try_acquire("order:2", "a", LEASE, NODE_TIMEOUT).await;
-    assert!(
-        matches!(
-            refused,
-            Err(LockError::NodesUnavailable {
-                answered: 2,
-                needed: 3
-            })
-        ),
-        "{refused:?}"
-    );
+    assert_unavailable(try_take(&locks, "order:2", "a").await, 2, 3);
     for server in &servers[..2] {
         assert!(
             !exists(server, "lock:{order:2}").await,
@@ -108,10 +120,10 @@ async fn a_multilock_needs_every_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn competing_redlock_holders_never_overlap() {
-    let servers: Vec<OwnRedis> = (0..3).map(|_| OwnRedis::start()).collect();
+    let servers = start_nodes(3);
     // Two processes' worth of clients on the same three nodes.
-    let first = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::Majority);
-    let second = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::Majority);
+    let first = locks_on(&servers, Quorum::Majority);
+    let second = locks_on(&servers, Quorum::Majority);
     let inside = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let tasks: Vec<_> = (0..20)
         .map(|i| {
@@ -148,8 +160,8 @@ async fn competing_redlock_holders_never_overlap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_answers_once_a_majority_has_without_waiting_for_frozen_nodes() {
-    let servers: Vec<OwnRedis> = (0..5).map(|_| OwnRedis::start()).collect();
-    let locks = MultiNodeLocks::new(servers.iter().map(node).collect(), Quorum::Majority);
+    let servers = start_nodes(5);
+    let locks = locks_on(&servers, Quorum::Majority);
     // Two of five frozen: they hold their connections and answer nothing.
     servers[3].freeze();
     servers[4].freeze();

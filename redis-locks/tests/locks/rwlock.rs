@@ -2,16 +2,23 @@
 
 use std::time::{Duration, Instant};
 
-use redis_locks::{Hold, Lease};
+use redis_locks::{Hold, Lease, ReadWriteLock};
 
 use crate::support::{
     delete_behind_its_back, held, redis_url, refused, TestLocks, LEASE, SHORT_WATCHDOG_LEASE,
 };
 
-#[tokio::test]
-async fn many_readers_or_one_writer() {
+/// A lock client of the test's own (see [`TestLocks`]) and its read-write
+/// lock "catalog".
+fn new_catalog() -> (TestLocks, ReadWriteLock) {
     let locks = TestLocks::new();
     let lock = locks.read_write_lock("catalog");
+    (locks, lock)
+}
+
+#[tokio::test]
+async fn many_readers_or_one_writer() {
+    let (locks, lock) = new_catalog();
     let (r1, r2, w) = (locks.owner("r1"), locks.owner("r2"), locks.owner("w"));
 
     let read1 = held(lock.try_read(&r1, LEASE).await, "a free lock reads");
@@ -45,8 +52,7 @@ async fn many_readers_or_one_writer() {
 
 #[tokio::test]
 async fn a_writer_downgrades_to_a_reader() {
-    let locks = TestLocks::new();
-    let lock = locks.read_write_lock("catalog");
+    let (locks, lock) = new_catalog();
     let (w, other) = (locks.owner("w"), locks.owner("other"));
 
     let write = lock.try_write(&w, LEASE).await.unwrap().unwrap();
@@ -67,8 +73,7 @@ async fn a_writer_downgrades_to_a_reader() {
 
 #[tokio::test]
 async fn an_expired_reader_does_not_hold_the_lock_once_the_others_leave() {
-    let locks = TestLocks::new();
-    let lock = locks.read_write_lock("catalog");
+    let (locks, lock) = new_catalog();
     let dead = held(
         lock.try_read(&locks.owner("dies"), Duration::from_millis(150))
             .await,
@@ -95,16 +100,14 @@ async fn an_expired_reader_does_not_hold_the_lock_once_the_others_leave() {
 
 #[tokio::test]
 async fn a_waiting_writer_wakes_when_the_readers_leave() {
-    let locks = TestLocks::new();
-    let lock = locks.read_write_lock("catalog");
+    let (locks, lock) = new_catalog();
     let reader = held(
         lock.try_read(&locks.owner("r"), LEASE).await,
         "the lock is free",
     );
-    let writer = {
-        let (lock, owner) = (lock.clone(), locks.owner("w"));
-        tokio::spawn(async move { lock.write(&owner, LEASE, LEASE).await.unwrap() })
-    };
+    let writer = locks.spawn_as("w", &lock, |lock, owner| async move {
+        lock.write(&owner, LEASE, LEASE).await.unwrap()
+    });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let released = Instant::now();
     reader.unlock().await.unwrap();
@@ -120,13 +123,12 @@ async fn a_waiting_writer_wakes_when_the_readers_leave() {
 #[tokio::test]
 async fn the_watchdog_keeps_read_and_write_holds_alive_and_reports_a_lost_one() {
     let locks = TestLocks::with_watchdog();
-    let lease = SHORT_WATCHDOG_LEASE;
     let lock = locks.read_write_lock("catalog");
     let reader = held(
         lock.try_read(&locks.owner("r"), Lease::Watchdog).await,
         "the lock is free",
     );
-    tokio::time::sleep(lease * 3).await;
+    tokio::time::sleep(SHORT_WATCHDOG_LEASE * 3).await;
     assert!(!reader.is_lost());
     assert_eq!(
         lock.mode().await.unwrap(),
@@ -144,7 +146,7 @@ async fn the_watchdog_keeps_read_and_write_holds_alive_and_reports_a_lost_one() 
         lock.try_write(&locks.owner("w"), Lease::Watchdog).await,
         "the lock is free",
     );
-    tokio::time::sleep(lease * 2).await;
+    tokio::time::sleep(SHORT_WATCHDOG_LEASE * 2).await;
     assert_eq!(lock.mode().await.unwrap(), Some(Hold::Write));
     delete_behind_its_back(&redis_url(), lock.key()).await;
     tokio::time::timeout(Duration::from_secs(10), writer.lost())

@@ -1,11 +1,15 @@
 //! What the lock tests share: a lock client under a key prefix of its own
-//! whose keys go when it drops, and a way to unwrap a hold that must exist.
+//! whose keys go when it drops, a way to unwrap a hold that must exist, and
+//! one to run an owner in a task of its own.
 
+use std::fmt::Display;
+use std::future::Future;
 use std::ops::Deref;
 use std::time::Duration;
 
-use redis_locks::{LockClient, LockError, LockOptions};
+use redis_locks::{LockClient, LockError, LockOptions, Owner};
 pub use testkit::{redis_conn, redis_url, OwnRedis};
+use tokio::task::JoinHandle;
 
 /// The lease of holds that must outlive the test.
 pub const LEASE: Duration = Duration::from_secs(10);
@@ -52,6 +56,22 @@ impl TestLocks {
     /// the same prefix.
     pub fn another_client(&self) -> LockClient {
         client_on(&self.url, &self.prefix, None)
+    }
+
+    /// Spawns `task` as the owner `id`, on a clone of `lock`: a waiter (or a
+    /// holder) in a task of its own.
+    pub fn spawn_as<L, F, T>(
+        &self,
+        id: impl Display,
+        lock: &L,
+        task: impl FnOnce(L, Owner) -> F,
+    ) -> JoinHandle<T>
+    where
+        L: Clone,
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        tokio::spawn(task(lock.clone(), self.owner(id)))
     }
 }
 
