@@ -91,20 +91,23 @@ pub struct Settings {
     pub async_batch_max: u64,
 
     /// Lease of the per-user purchase lock, in milliseconds.
-    #[arg(long, env = "SECKILL_LOCK_LEASE_MS", default_value_t = 10_000)]
-    pub lock_lease_ms: u64,
+    #[arg(long = "lock-lease-ms", env = "SECKILL_LOCK_LEASE_MS",
+          default_value = "10000", value_name = "MS", value_parser = millis)]
+    pub lock_lease: Duration,
 
     /// Deadline of every Postgres query and Redis command (getting a
     /// connection included), in milliseconds; past it the request answers
     /// 503 and the connection is not reused.
-    #[arg(long, env = "SECKILL_DEPENDENCY_TIMEOUT_MS", default_value_t = 2_000)]
-    pub dependency_timeout_ms: u64,
+    #[arg(long = "dependency-timeout-ms", env = "SECKILL_DEPENDENCY_TIMEOUT_MS",
+          default_value = "2000", value_name = "MS", value_parser = millis)]
+    pub dependency_timeout: Duration,
 
     /// Longest time to read a request's headers, and to wait for the next
     /// request on an idle keep-alive connection, in milliseconds; also the
     /// longest pause while a request's body arrives.
-    #[arg(long, env = "SECKILL_HEADER_TIMEOUT_MS", default_value_t = 10_000)]
-    pub header_timeout_ms: u64,
+    #[arg(long = "header-timeout-ms", env = "SECKILL_HEADER_TIMEOUT_MS",
+          default_value = "10000", value_name = "MS", value_parser = millis)]
+    pub header_timeout: Duration,
 
     /// Most client connections open at once (default: what the process's
     /// open-file limit allows, less room for the pools and the logs).
@@ -112,12 +115,14 @@ pub struct Settings {
     pub max_connections: Option<usize>,
 
     /// How long a voucher's time window is served from memory, in ms.
-    #[arg(long, env = "SECKILL_VOUCHER_CACHE_MS", default_value_t = 1_000)]
-    pub voucher_cache_ms: u64,
+    #[arg(long = "voucher-cache-ms", env = "SECKILL_VOUCHER_CACHE_MS",
+          default_value = "1000", value_name = "MS", value_parser = millis)]
+    pub voucher_cache_ttl: Duration,
 
     /// At start-up, how long to keep retrying an unreachable Postgres.
-    #[arg(long, env = "SECKILL_STARTUP_WAIT_MS", default_value_t = 30_000)]
-    pub startup_wait_ms: u64,
+    #[arg(long = "startup-wait-ms", env = "SECKILL_STARTUP_WAIT_MS",
+          default_value = "30000", value_name = "MS", value_parser = millis)]
+    pub startup_wait: Duration,
 
     /// Serve the lab (LAB.md): `/lab/{strategy}/seckill/{id}` and its
     /// admin routes, which run deliberately flawed strategies on the lab's
@@ -134,13 +139,15 @@ pub struct Settings {
 
     /// Lease of the lab's locks, in milliseconds: short, so that a stall
     /// past it is quick to show.
-    #[arg(long, env = "SECKILL_LAB_LEASE_MS", default_value_t = 1_000)]
-    pub lab_lease_ms: u64,
+    #[arg(long = "lab-lease-ms", env = "SECKILL_LAB_LEASE_MS",
+          default_value = "1000", value_name = "MS", value_parser = millis)]
+    pub lab_lease: Duration,
 
     /// On SIGTERM, how long the drain of in-flight requests and the lock
     /// releases may take together; connections still open then are closed.
-    #[arg(long, env = "SECKILL_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
-    pub shutdown_timeout_ms: u64,
+    #[arg(long = "shutdown-timeout-ms", env = "SECKILL_SHUTDOWN_TIMEOUT_MS",
+          default_value = "10000", value_name = "MS", value_parser = millis)]
+    pub shutdown_timeout: Duration,
 
     /// Fault injection for tests: pretend this host's clock is off by this
     /// many milliseconds (the sale window still follows Redis's clock).
@@ -199,30 +206,6 @@ impl Settings {
         })
     }
 
-    pub fn lock_lease(&self) -> Duration {
-        Duration::from_millis(self.lock_lease_ms)
-    }
-
-    pub fn lab_lease(&self) -> Duration {
-        Duration::from_millis(self.lab_lease_ms)
-    }
-
-    pub fn dependency_timeout(&self) -> Duration {
-        Duration::from_millis(self.dependency_timeout_ms)
-    }
-
-    pub fn voucher_cache_ttl(&self) -> Duration {
-        Duration::from_millis(self.voucher_cache_ms)
-    }
-
-    pub fn startup_wait(&self) -> Duration {
-        Duration::from_millis(self.startup_wait_ms)
-    }
-
-    pub fn header_timeout(&self) -> Duration {
-        Duration::from_millis(self.header_timeout_ms)
-    }
-
     /// The connection bound: as configured, or what the open-file limit
     /// `nofile` leaves after the pools' connections and a reserve.
     pub fn max_connections(&self, nofile: u64) -> usize {
@@ -236,8 +219,11 @@ impl Settings {
             usize::try_from(left.clamp(16, 100_000)).unwrap_or(100_000)
         })
     }
+}
 
-    pub fn shutdown_timeout(&self) -> Duration {
-        Duration::from_millis(self.shutdown_timeout_ms)
-    }
+/// A duration given in whole milliseconds, as every `*_MS` setting is.
+fn millis(text: &str) -> Result<Duration, String> {
+    text.parse::<u64>()
+        .map(Duration::from_millis)
+        .map_err(|e| format!("{text:?} is not a whole number of milliseconds: {e}"))
 }

@@ -84,11 +84,11 @@ impl Application {
             clock,
             SeckillSettings {
                 redis_prefix: prefix,
-                lock_lease: settings.lock_lease(),
-                voucher_cache_ttl: settings.voucher_cache_ttl(),
+                lock_lease: settings.lock_lease,
+                voucher_cache_ttl: settings.voucher_cache_ttl,
                 sale_batch_max: usize::try_from(settings.sale_batch_max).unwrap_or(1),
                 async_batch_max: usize::try_from(settings.async_batch_max).unwrap_or(1),
-                async_claim_idle: (settings.dependency_timeout() * 3).max(Duration::from_secs(5)),
+                async_claim_idle: (settings.dependency_timeout * 3).max(Duration::from_secs(5)),
             },
         );
         seckill.start_workers();
@@ -113,7 +113,7 @@ impl Application {
                     source,
                 })?;
         let serve = ServeSettings {
-            header_timeout: settings.header_timeout(),
+            header_timeout: settings.header_timeout,
             max_connections: settings.max_connections(open_file_limit()),
         };
         Ok(Self {
@@ -159,7 +159,7 @@ impl Application {
             max_connections = serve_settings.max_connections,
             "serving"
         );
-        let timeout = settings.shutdown_timeout();
+        let timeout = settings.shutdown_timeout;
         let (began, drained) = serve(
             listener,
             http::router(state, serve_settings.header_timeout),
@@ -228,7 +228,7 @@ async fn lab(
         locks,
         LabSettings {
             redis_prefix: prefix,
-            lease: settings.lab_lease(),
+            lease: settings.lab_lease,
         },
     )))
 }
@@ -245,7 +245,7 @@ fn redis_endpoint(url: &str) -> Result<redis_locks::Endpoint, StartupError> {
 /// commands bounded by the dependency timeout.
 fn lock_client(settings: &Settings, url: &str, prefix: &str) -> Result<LockClient, StartupError> {
     let options = LockOptions {
-        command_timeout: settings.dependency_timeout(),
+        command_timeout: settings.dependency_timeout,
         ..LockOptions::default()
     };
     Ok(LockClient::with_options(
@@ -273,9 +273,7 @@ fn user_locks(settings: &Settings, prefix: &str) -> Result<UserLocks, StartupErr
     );
     Ok(UserLocks::RedLock {
         locks: MultiNodeLocks::new(clients, Quorum::Majority),
-        node_timeout: settings
-            .dependency_timeout()
-            .min(Duration::from_millis(500)),
+        node_timeout: settings.dependency_timeout.min(Duration::from_millis(500)),
     })
 }
 
@@ -283,7 +281,7 @@ fn user_locks(settings: &Settings, prefix: &str) -> Result<UserLocks, StartupErr
 fn kv(settings: &Settings) -> Result<Kv, StartupError> {
     Ok(Kv::new(
         redis_endpoint(&settings.redis_url)?,
-        settings.dependency_timeout(),
+        settings.dependency_timeout,
     ))
 }
 
@@ -292,7 +290,7 @@ fn kv(settings: &Settings) -> Result<Kv, StartupError> {
 async fn connect_store(settings: &Settings) -> Result<Store, StoreError> {
     let pool = PoolSettings {
         max_connections: settings.pg_pool_size(),
-        timeout: settings.dependency_timeout(),
+        timeout: settings.dependency_timeout,
         transaction_pooler: settings.pg_pooler == PgPooler::Transaction,
         direct_url: settings
             .database_direct_url
@@ -302,7 +300,7 @@ async fn connect_store(settings: &Settings) -> Result<Store, StoreError> {
     let started = Instant::now();
     loop {
         match Store::connect(&settings.database_url, &pool).await {
-            Err(StoreError::Unavailable(error)) if started.elapsed() < settings.startup_wait() => {
+            Err(StoreError::Unavailable(error)) if started.elapsed() < settings.startup_wait => {
                 tracing::warn!(%error, "Postgres is not reachable yet; retrying");
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }

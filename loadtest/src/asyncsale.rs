@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::api::{Admin, SaleMode};
 use crate::cpu::Usage;
-use crate::drive::{drive, Plan, Tally};
+use crate::drive::Tally;
 use crate::invariants::Check;
 use crate::service::Target;
 use crate::table::Table;
@@ -175,8 +175,8 @@ pub async fn run(target: &Target, args: &AsyncArgs) -> Result<Vec<Report>, Strin
             check: flash_check,
             ratios: None,
             extra: json!({
-                "users": args.crowd.users,
-                "stock": args.crowd.stock,
+                "users": args.crowd.flash_users,
+                "stock": args.crowd.flash_stock,
                 "stored_after_load_s": round(flash_drain.after_load.as_secs_f64()),
             }),
         },
@@ -188,25 +188,21 @@ pub async fn run(target: &Target, args: &AsyncArgs) -> Result<Vec<Report>, Strin
 async fn flash(target: &Target, args: &AsyncArgs) -> Result<(Tally, Check, Drain), String> {
     let admin = Admin::new(target);
     let voucher = admin
-        .create_voucher(SaleMode::Async, args.crowd.stock, 2)
+        .create_voucher(SaleMode::Async, args.crowd.flash_stock, 2)
         .await?;
     let tokens: Vec<Arc<str>> = admin
-        .shared_tokens(args.users + 1, args.crowd.users)
+        .shared_tokens(args.users + 1, args.crowd.flash_users)
         .await?;
     let mut plan = target.purchases(voucher, &tokens, 3);
     plan.shuffle(&mut rand::rng());
     let started = chrono::Utc::now().timestamp();
     let clock = Instant::now();
-    let tally = drive(
-        &target.base,
-        Plan::Fixed(plan),
-        args.crowd.connections,
-        "async flash",
-    )
-    .await;
+    let tally = target
+        .send_each(plan, args.crowd.flash_connections, "async flash")
+        .await;
     let accepted = tally.count("202");
     let drain = drain(&admin, voucher, accepted, clock, args.drain_timeout).await?;
-    let expected = args.crowd.stock.min(args.crowd.users);
+    let expected = args.crowd.flash_stock.min(args.crowd.flash_users);
     let mut check = check(target, voucher, &tally, started, Some(expected), 0).await?;
     if accepted != expected as u64 {
         check
@@ -237,9 +233,9 @@ pub async fn killed(target: &TargetArgs, args: &AsyncArgs) -> Result<Report, Str
 
 async fn killed_crowd(target: &Target, args: &AsyncArgs) -> Result<Report, String> {
     let admin = Admin::new(target);
-    let users = args.crowd.users * 2;
+    let users = args.crowd.flash_users * 2;
     let voucher = admin
-        .create_voucher(SaleMode::Async, args.crowd.users, 2)
+        .create_voucher(SaleMode::Async, args.crowd.flash_users, 2)
         .await?;
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, users).await?;
     let mut plan = target.purchases(voucher, &tokens, 3);
@@ -247,12 +243,7 @@ async fn killed_crowd(target: &Target, args: &AsyncArgs) -> Result<Report, Strin
     let claimed_before = metric_sum(&target.bases[0], CLAIMED_METRIC).await?;
     let started = chrono::Utc::now().timestamp();
     let clock = Instant::now();
-    let crowd = drive(
-        &target.base,
-        Plan::Fixed(plan),
-        args.crowd.connections,
-        "async kill -9",
-    );
+    let crowd = target.send_each(plan, args.crowd.flash_connections, "async kill -9");
     let kill = async {
         tokio::time::sleep(KILL_AFTER).await;
         // Mid-batch: once its writer holds entries it has not acknowledged.
@@ -312,7 +303,7 @@ async fn killed_crowd(target: &Target, args: &AsyncArgs) -> Result<Report, Strin
         scenario: "async-kill",
         extra: json!({
             "users": users,
-            "stock": args.crowd.users,
+            "stock": args.crowd.flash_users,
             "instances": 2,
             "killed_after_s": round(killed_at.as_secs_f64()),
             "accepted": tally.count("202"),

@@ -13,7 +13,7 @@ use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
 use crate::api::{Admin, SaleMode};
-use crate::drive::{drive, Plan, Tally};
+use crate::drive::Tally;
 use crate::invariants::Check;
 use crate::service::{Launch, Target};
 use crate::table::Table;
@@ -161,8 +161,8 @@ async fn flash(
     let admin = Admin::new(target);
     // With a kill, a crowd that lasts: stock for half of the users.
     let (users, stock) = match kill_after {
-        Some(_) => (args.crowd.users * 2, args.crowd.users),
-        None => (args.crowd.users, args.crowd.stock),
+        Some(_) => (args.crowd.flash_users * 2, args.crowd.flash_users),
+        None => (args.crowd.flash_users, args.crowd.flash_stock),
     };
     let voucher = admin.create_voucher(SaleMode::Sync, stock, 2).await?;
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, users).await?;
@@ -171,12 +171,7 @@ async fn flash(
     let started = chrono::Utc::now().timestamp();
     let clock = Instant::now();
     let label = format!("flash x{}", target.bases.len());
-    let crowd = drive(
-        &target.base,
-        Plan::Fixed(plan),
-        args.crowd.connections,
-        &label,
-    );
+    let crowd = target.send_each(plan, args.crowd.flash_connections, &label);
     let tally = match kill_after {
         None => crowd.await,
         Some(after) => {

@@ -16,7 +16,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 
 use crate::api::{Admin, LabStats};
-use crate::drive::{self, drive, Plan, Request, Tally};
+use crate::drive::{self, Request, Tally};
 use crate::service::Target;
 use crate::table::Table;
 
@@ -261,18 +261,18 @@ pub async fn run(target: &Target, args: &LabArgs) -> Result<Vec<Row>, String> {
             for stall in stalls(strategy) {
                 let started = Instant::now();
                 let label = format!("{strategy} x{instances} {}", stall.name());
-                let on = &bases[..instances];
-                let row = match stall {
-                    Stall::None | Stall::Crash => {
-                        crowd(target, &admin, on, &tokens, strategy, stall, args, &label).await?
-                    }
-                    _ => pairs(&admin, on, &tokens, strategy, stall, args, &label).await?,
-                };
-                let row = Row {
+                let cell = Cell {
+                    admin: &admin,
+                    bases: &bases[..instances],
+                    tokens: &tokens,
                     strategy,
-                    instances,
                     stall,
-                    ..row
+                    args,
+                    label: &label,
+                };
+                let row = match stall {
+                    Stall::None | Stall::Crash => crowd(target, &cell).await?,
+                    _ => pairs(&cell).await?,
                 };
                 eprintln!(
                     "lab [{:>2}/{total}] {label:<28} {:>5.1} s  {}",
@@ -285,6 +285,33 @@ pub async fn run(target: &Target, args: &LabArgs) -> Result<Vec<Row>, String> {
         }
     }
     Ok(rows)
+}
+
+/// One cell of the grid: a strategy on some instances under one stall.
+#[derive(Clone, Copy)]
+struct Cell<'a> {
+    admin: &'a Admin<'a>,
+    bases: &'a [Arc<str>],
+    tokens: &'a [Arc<str>],
+    strategy: &'static str,
+    stall: Stall,
+    args: &'a LabArgs,
+    /// The progress display's name of the cell.
+    label: &'a str,
+}
+
+impl Cell<'_> {
+    /// The cell's row, from what `users` users made of it.
+    fn row(&self, users: i64, stats: LabStats, tally: Tally) -> Row {
+        Row {
+            strategy: self.strategy,
+            instances: self.bases.len(),
+            stall: self.stall,
+            users,
+            stats,
+            tally,
+        }
+    }
 }
 
 fn lab_path(strategy: &str, voucher: i64, stall: Stall, lease: Duration) -> String {
@@ -304,24 +331,15 @@ fn lab_path(strategy: &str, voucher: i64, stall: Stall, lease: Duration) -> Stri
 /// stock. With `Stall::Crash`, every other user's requests crash between
 /// Redis and Postgres; a stream design's writers are then given time to
 /// recover what their dead consumer left.
-#[allow(clippy::too_many_arguments)]
-async fn crowd(
-    target: &Target,
-    admin: &Admin<'_>,
-    bases: &[Arc<str>],
-    tokens: &[Arc<str>],
-    strategy: &'static str,
-    stall: Stall,
-    args: &LabArgs,
-    label: &str,
-) -> Result<Row, String> {
+async fn crowd(target: &Target, cell: &Cell<'_>) -> Result<Row, String> {
+    let (admin, args, bases) = (cell.admin, cell.args, cell.bases);
     let voucher = admin.lab_voucher(args.stock).await?;
-    let plain = lab_path(strategy, voucher, Stall::None, args.lease());
-    let crashing = lab_path(strategy, voucher, stall, args.lease());
+    let plain = lab_path(cell.strategy, voucher, Stall::None, args.lease());
+    let crashing = lab_path(cell.strategy, voucher, cell.stall, args.lease());
     // A user's requests stand next to each other in the plan, so that
     // different connections send them at the same moment.
     let users = usize::try_from(args.users).unwrap_or(0);
-    let plan: Vec<Request> = tokens[..users]
+    let plan: Vec<Request> = cell.tokens[..users]
         .iter()
         .enumerate()
         .flat_map(|(u, token)| (0..args.per_user).map(move |i| (u, i, token.clone())))
@@ -330,9 +348,9 @@ async fn crowd(
             Request::post_to(bases[(u + i) % bases.len()].clone(), path.clone(), token)
         })
         .collect();
-    let tally = drive(&target.base, Plan::Fixed(plan), args.connections, label).await;
+    let tally = target.send_each(plan, args.connections, cell.label).await;
     let mut stats = admin.lab_stats(voucher).await?;
-    if strategy == "redis_stream" {
+    if cell.strategy == "redis_stream" {
         // Accepted orders are written by the stream's writers: wait (at
         // most 20 leases) until every unit Redis handed out is stored.
         let deadline = Instant::now() + args.lease() * 20;
@@ -345,31 +363,17 @@ async fn crowd(
             stats = admin.lab_stats(voucher).await?;
         }
     }
-    Ok(Row {
-        strategy,
-        instances: bases.len(),
-        stall,
-        users: args.users,
-        stats,
-        tally,
-    })
+    Ok(cell.row(args.users, stats, tally))
 }
 
 /// Stalled pairs (see the module's text), every user at once.
-async fn pairs(
-    admin: &Admin<'_>,
-    bases: &[Arc<str>],
-    tokens: &[Arc<str>],
-    strategy: &'static str,
-    stall: Stall,
-    args: &LabArgs,
-    label: &str,
-) -> Result<Row, String> {
+async fn pairs(cell: &Cell<'_>) -> Result<Row, String> {
+    let (admin, args, bases) = (cell.admin, cell.args, cell.bases);
     // Plenty of stock: these rows are about users, not units.
     let voucher = admin.lab_voucher(args.pairs * 10).await?;
-    let path = lab_path(strategy, voucher, stall, args.lease());
+    let path = lab_path(cell.strategy, voucher, cell.stall, args.lease());
     let users = usize::try_from(args.pairs).unwrap_or(0);
-    let progress = ProgressBar::new(users as u64).with_prefix(label.to_owned());
+    let progress = ProgressBar::new(users as u64).with_prefix(cell.label.to_owned());
     progress.set_style(
         ProgressStyle::with_template("{prefix:>28} [{bar:40}] {pos}/{len} pairs")
             .expect("a valid template")
@@ -377,7 +381,7 @@ async fn pairs(
     );
     let client = drive::client(users * 2);
     let (lease, started) = (args.lease(), Instant::now());
-    let tasks: Vec<_> = tokens[..users]
+    let tasks: Vec<_> = cell.tokens[..users]
         .iter()
         .map(|token| {
             let a = Request::post_to(bases[0].clone(), path.clone(), token.clone());
@@ -414,14 +418,7 @@ async fn pairs(
     }
     tally.elapsed = started.elapsed();
     progress.finish_and_clear();
-    Ok(Row {
-        strategy,
-        instances: bases.len(),
-        stall,
-        users: args.pairs,
-        stats: admin.lab_stats(voucher).await?,
-        tally,
-    })
+    Ok(cell.row(args.pairs, admin.lab_stats(voucher).await?, tally))
 }
 
 impl Expect {

@@ -728,13 +728,7 @@ async fn races(
         .iter()
         .map(|t| drive::Request::post_to(second.clone(), format!("/seckill/{voucher}"), t.clone()))
         .collect();
-    let again = drive(
-        &target.base,
-        Plan::Fixed(plan),
-        args.connections,
-        "buy again",
-    )
-    .await;
+    let again = target.send_each(plan, args.connections, "buy again").await;
     let sold_again = again.count("200") + again.count("202");
     part.fact("returned_units", returned);
     part.fact("bought_again", sold_again);
@@ -1102,7 +1096,7 @@ async fn mass_expiry(
     eprintln!("mass-expiry: minting {} tokens", args.expiring);
     let buyers = admin.shared_tokens(first_user, args.expiring).await?;
     let plan = target.purchases(expiring, &buyers, 1);
-    let bought = drive(&target.base, Plan::Fixed(plan), args.connections, "buy").await;
+    let bought = target.send_each(plan, args.connections, "buy").await;
     if bought.count("200") != u64::try_from(args.expiring).unwrap_or(0) {
         return Err(format!("buying the expiring sale: {:?}", bought.statuses));
     }

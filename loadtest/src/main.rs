@@ -97,29 +97,14 @@ impl TargetArgs {
 #[derive(Args, Clone)]
 pub struct CrowdArgs {
     /// Users of the flash crowd (three requests each).
-    #[arg(
-        id = "flash_users",
-        long = "flash-users",
-        value_name = "USERS",
-        default_value_t = 10_000
-    )]
-    pub users: i64,
+    #[arg(long, default_value_t = 10_000)]
+    pub flash_users: i64,
     /// Units on sale to the flash crowd.
-    #[arg(
-        id = "flash_stock",
-        long = "flash-stock",
-        value_name = "UNITS",
-        default_value_t = 100
-    )]
-    pub stock: i64,
+    #[arg(long, default_value_t = 100)]
+    pub flash_stock: i64,
     /// Connections of the flash crowd.
-    #[arg(
-        id = "flash_connections",
-        long = "flash-connections",
-        value_name = "CONNECTIONS",
-        default_value_t = 1_000
-    )]
-    pub connections: usize,
+    #[arg(long, default_value_t = 1_000)]
+    pub flash_connections: usize,
 }
 
 #[derive(Subcommand)]
@@ -612,7 +597,7 @@ pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> Result<Report, S
         .collect();
     plan.shuffle(&mut rand::rng());
     let started = chrono::Utc::now().timestamp();
-    let tally = drive(&target.base, Plan::Fixed(plan), args.connections, "flash").await;
+    let tally = target.send_each(plan, args.connections, "flash").await;
     let check = check(
         target,
         voucher,
@@ -624,13 +609,9 @@ pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> Result<Report, S
     .await?;
     // The HTTP ceiling at the same concurrency and request count.
     let health_plan = vec![Request::get("/healthz"); usize::try_from(tally.requests).unwrap_or(0)];
-    let health = drive(
-        &target.base,
-        Plan::Fixed(health_plan),
-        args.connections,
-        "healthz",
-    )
-    .await;
+    let health = target
+        .send_each(health_plan, args.connections, "healthz")
+        .await;
     Ok(Report {
         scenario: "flash",
         tally,
@@ -653,7 +634,7 @@ async fn hammer(target: &Target, args: &HammerArgs) -> Result<Report, String> {
     let token: Arc<str> = admin.tokens(1, 1).await?.remove(0).into();
     let plan = vec![Request::purchase(voucher, token); args.requests];
     let started = chrono::Utc::now().timestamp();
-    let tally = drive(&target.base, Plan::Fixed(plan), args.connections, "hammer").await;
+    let tally = target.send_each(plan, args.connections, "hammer").await;
     let check = check(target, voucher, &tally, started, Some(1), 0).await?;
     Ok(Report {
         scenario: "hammer",
@@ -947,7 +928,7 @@ mod tests {
         let Scenario::Async(args) = cli.scenario else {
             panic!("not the async scenario")
         };
-        assert_eq!((args.crowd.users, args.crowd.stock), (7, 3));
-        assert_eq!(args.crowd.connections, 1_000);
+        assert_eq!((args.crowd.flash_users, args.crowd.flash_stock), (7, 3));
+        assert_eq!(args.crowd.flash_connections, 1_000);
     }
 }

@@ -192,6 +192,11 @@ impl Target {
         drive(&self.base, plan, connections, label).await
     }
 
+    /// Each of `plan`'s requests once, in order, over `connections`.
+    pub async fn send_each(&self, plan: Vec<Request>, connections: usize, label: &str) -> Tally {
+        drive(&self.base, Plan::Fixed(plan), connections, label).await
+    }
+
     /// `GET /healthz` for `limit`: the HTTP ceiling at this concurrency.
     pub async fn healthz(&self, limit: Duration, connections: usize) -> Tally {
         let plan = Plan::Timed(limit, vec![Request::get("/healthz")]);

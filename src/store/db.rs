@@ -52,20 +52,13 @@ impl Db {
 }
 
 impl Db {
-    /// The row `sql` finds for `id`, its one parameter, if any.
+    /// The row `sql` finds for `id`, its one parameter, if any: `sql`
+    /// selects by a key, so one row at most.
     pub(super) async fn row_by_id<T>(&self, sql: &'static str, id: i64) -> Result<Option<T>>
     where
         T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin + 'static,
     {
-        self.run(|c, persistent| {
-            Box::pin(
-                sqlx::query_as(sql)
-                    .bind(id)
-                    .persistent(persistent)
-                    .fetch_optional(c),
-            )
-        })
-        .await
+        Ok(self.rows_by_id(sql, id).await?.into_iter().next())
     }
 
     /// Every row `sql` finds for `id`, its one parameter.

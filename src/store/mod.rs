@@ -38,13 +38,6 @@ macro_rules! voucher_columns {
 }
 pub(crate) use voucher_columns;
 
-/// The columns of an [`Order`], for `o` = `voucher_orders`.
-macro_rules! order_columns {
-    () => {
-        "o.id, o.user_id, o.voucher_id, o.created_at, o.status, o.pay_by, o.paid_at"
-    };
-}
-
 /// The unique index that allows one order per user and voucher.
 const ONE_ORDER_PER_USER: &str = "voucher_orders_user_voucher";
 /// The primary key of orders: a repeated order id lands here.
@@ -413,11 +406,8 @@ impl Store {
     }
 
     pub async fn order(&self, order_id: i64) -> Result<Option<Order>> {
-        const SQL: &str = concat!(
-            "SELECT ",
-            order_columns!(),
-            " FROM voucher_orders o WHERE o.id = $1"
-        );
+        const SQL: &str = "SELECT id, user_id, voucher_id, created_at, status, pay_by, paid_at
+                           FROM voucher_orders WHERE id = $1";
         self.db.row_by_id(SQL, order_id).await
     }
 

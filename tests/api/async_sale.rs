@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
+use seckill::config::Settings;
 use serde_json::{json, Value};
 
 use crate::helpers::{
     redis_conn, redis_url, send_purchase, spawn_app_on_own_redis, spawn_app_with, OwnRedis,
     Process, TestApp, ADMIN_TOKEN,
 };
-use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy};
+use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy, Proxy};
 
 impl TestApp {
     pub(crate) async fn reconcile(&self, voucher: i64) -> (StatusCode, Value) {
@@ -116,23 +117,15 @@ async fn an_async_crowd_is_accepted_then_confirmed_with_every_invariant_held() {
     assert_eq!(body["error"], "already_purchased");
     assert_eq!(body["order_id"].as_str(), Some(order.as_str()));
     // The buyer sees their order, pending or stored; another user does not.
-    let response = app
-        .client
-        .get(app.url(&format!("/orders/{order}")))
-        .bearer_auth(&tokens[&user])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    let (status, _) = app
+        .get_as(&format!("/orders/{order}"), &tokens[&user])
+        .await;
+    assert_eq!(status, StatusCode::OK);
     let other = if user == 1 { 2 } else { 1 };
-    let response = app
-        .client
-        .get(app.url(&format!("/orders/{order}")))
-        .bearer_auth(&tokens[&other])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let (status, _) = app
+        .get_as(&format!("/orders/{order}"), &tokens[&other])
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 
     let orders: Vec<String> = accepted.values().cloned().collect();
     app.wait_confirmed(&orders).await;
@@ -332,7 +325,7 @@ async fn an_instance_killed_mid_batch_loses_none_of_its_accepted_orders() {
     // The instance that survives (in this test's process) claims what the
     // killed one held after max(5 s, 3 x its dependency deadline).
     let app = spawn_app_with(|mut s| {
-        s.dependency_timeout_ms = 1_000;
+        s.dependency_timeout = Duration::from_millis(1_000);
         s
     })
     .await;
@@ -485,22 +478,39 @@ async fn a_redis_restart_without_persistence_pauses_the_sale_until_reconciled() 
     assert_eq!(app.reconcile(sync).await.0, StatusCode::BAD_REQUEST);
 }
 
+/// Settings for a sale that goes on while Postgres is away: the voucher's
+/// window stays cached all test long, and a Postgres call gives up after
+/// 500 ms.
+fn postgres_may_go(mut s: Settings) -> Settings {
+    s.dependency_timeout = Duration::from_millis(500);
+    s.voucher_cache_ttl = Duration::from_secs(60);
+    s
+}
+
+/// An async voucher of `stock` units and tokens for users 1 to `users`:
+/// user 1 buys (the voucher's window is cached then), Postgres is cut, and
+/// users 2 to `buyers` buy. The voucher, the tokens and the accepted orders.
+async fn accept_with_postgres_cut(
+    app: &TestApp,
+    proxy: &Proxy,
+    stock: i64,
+    users: i64,
+    buyers: i64,
+) -> (i64, HashMap<i64, String>, Vec<String>) {
+    let voucher = app.open_async_voucher(stock).await;
+    let tokens = app.tokens(1..=users).await;
+    let mut orders = vec![accept(app, &app.base, &tokens[&1], voucher).await];
+    proxy.cut();
+    for user in 2..=buyers {
+        orders.push(accept(app, &app.base, &tokens[&user], voucher).await);
+    }
+    (voucher, tokens, orders)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_accepted_while_postgres_is_down_are_written_when_it_returns() {
-    let (app, proxy) = spawn_app_behind_pg_proxy(|mut s| {
-        s.dependency_timeout_ms = 500;
-        s.voucher_cache_ms = 60_000;
-        s
-    })
-    .await;
-    let voucher = app.open_async_voucher(50).await;
-    let tokens = app.tokens(1..=30).await;
-    // The voucher's window is cached by the first purchase.
-    let mut orders = vec![accept(&app, &app.base, &tokens[&1], voucher).await];
-    proxy.cut();
-    for user in 2..=30 {
-        orders.push(accept(&app, &app.base, &tokens[&user], voucher).await);
-    }
+    let (app, proxy) = spawn_app_behind_pg_proxy(postgres_may_go).await;
+    let (voucher, _, orders) = accept_with_postgres_cut(&app, &proxy, 50, 30, 30).await;
     // Pending while Postgres is away.
     let (status, body) = app.admin_get(&format!("/orders/{}", orders[29])).await;
     assert!(
@@ -518,21 +528,13 @@ async fn orders_accepted_while_postgres_is_down_are_written_when_it_returns() {
 async fn with_aof_always_a_redis_killed_with_orders_pending_loses_none_of_them() {
     let mut redis = OwnRedis::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let url = redis.url();
-    let (app, proxy) = spawn_app_behind_pg_proxy(|mut s| {
-        s.redis_url = url;
-        s.dependency_timeout_ms = 500;
-        s.voucher_cache_ms = 60_000;
-        s
+    let (app, proxy) = spawn_app_behind_pg_proxy(|s| Settings {
+        redis_url: url,
+        ..postgres_may_go(s)
     })
     .await;
-    let voucher = app.open_async_voucher(40).await;
-    let tokens = app.tokens(1..=40).await;
-    let mut orders = vec![accept(&app, &app.base, &tokens[&1], voucher).await];
     // Postgres away: the accepted orders wait in the stream.
-    proxy.cut();
-    for user in 2..=20 {
-        orders.push(accept(&app, &app.base, &tokens[&user], voucher).await);
-    }
+    let (voucher, tokens, mut orders) = accept_with_postgres_cut(&app, &proxy, 40, 40, 20).await;
     // Redis is killed (SIGKILL) and comes back from its append-only file.
     redis.stop();
     redis.restart();

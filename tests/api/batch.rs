@@ -105,7 +105,7 @@ async fn one_user_whose_leases_lapse_at_once_still_gets_one_order() {
     // A one-millisecond lease: the lock no longer keeps a user's purchases
     // apart, so they meet in one batch; the batch and the unique index do.
     let app = spawn_app_with(|mut s| {
-        s.lock_lease_ms = 1;
+        s.lock_lease = Duration::from_millis(1);
         s
     })
     .await;
@@ -133,10 +133,7 @@ async fn one_user_whose_leases_lapse_at_once_still_gets_one_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_on_a_frozen_postgres_answers_503_to_all_and_commits_nothing_halfway() {
     let (app, proxy) = spawn_app_behind_pg_proxy_timing_out(700).await;
-    let voucher = app.open_voucher(100).await;
-    let tokens = app.tokens(1..=40).await;
-    // Warm: the voucher's window is cached, connections are open.
-    app.assert_bought(&tokens[&1], voucher).await;
+    let (voucher, tokens) = app.warm_sale(100, 40).await;
 
     proxy.freeze();
     let client = client();
@@ -159,9 +156,7 @@ async fn a_batch_on_a_frozen_postgres_answers_503_to_all_and_commits_nothing_hal
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_whose_client_left_while_its_batch_committed_stands() {
     let (app, proxy) = spawn_app_behind_pg_proxy(|s| s).await;
-    let voucher = app.open_voucher(5).await;
-    let tokens = app.tokens([1, 2]).await;
-    app.assert_bought(&tokens[&1], voucher).await;
+    let (voucher, tokens) = app.warm_sale(5, 2).await;
 
     // Postgres stalls while user 2's batch is on its way; the client gives
     // up; Postgres resumes within the service's deadline and commits.
@@ -256,7 +251,7 @@ async fn shutdown_stops_every_background_worker_within_its_timeout() {
     let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
     let db_url = format!("{}/{db_name}", pg_server());
     let mut settings = crate::helpers::settings(&db_url, &redis_url(), &prefix);
-    settings.shutdown_timeout_ms = 5_000;
+    settings.shutdown_timeout = Duration::from_millis(5_000);
     let app = seckill::startup::Application::build(settings)
         .await
         .expect("the app builds");

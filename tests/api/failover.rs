@@ -28,9 +28,7 @@ async fn a_failover_behind_one_address_is_followed_without_a_restart() {
     let proxy = Proxy::start(first.addr()).await;
     let url = format!("redis://{}", proxy.addr);
     let app = spawn_app_on_redis(url, Some(1_000)).await;
-    let voucher = app.open_voucher(100).await;
-    let tokens = app.tokens(1..=200).await;
-    app.assert_bought(&tokens[&1], voucher).await;
+    let (voucher, tokens) = app.warm_sale(100, 200).await;
     // Let the replica catch up, then fail over: the replica is promoted,
     // the old master follows it, the address now leads to the new master.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -110,9 +108,7 @@ async fn while_no_master_exists_every_request_answers_within_the_deadline() {
     let url = format!("redis://{}", proxy.addr);
     let deadline = Duration::from_millis(1_000);
     let app = spawn_app_on_redis(url, Some(1_000)).await;
-    let voucher = app.open_voucher(1_000).await;
-    let tokens = app.tokens(1..=400).await;
-    app.assert_bought(&tokens[&1], voucher).await;
+    let (voucher, tokens) = app.warm_sale(1_000, 400).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // Requests keep coming, a purchase and a /readyz every 50 ms.

@@ -3,13 +3,22 @@
 
 use std::time::Duration;
 
-use redis_locks::{Acquired, LockClient};
+use redis_locks::{Acquired, Lock, LockClient, LockGuard};
 use reqwest::StatusCode;
 use seckill::id::IdGenerator;
 use seckill::kv::Kv;
 use seckill::store::{Sale, SaleRequest, Store};
 
 use crate::helpers::{buy, redis_url, spawn_app};
+
+/// `name` takes `lock`, which must be free (or its lease run out), for
+/// `lease`.
+async fn take(locks: &LockClient, lock: &Lock, name: &str, lease: Duration) -> LockGuard {
+    match lock.try_acquire(&locks.owner(name), lease).await.unwrap() {
+        Acquired::Yes(guard) => guard,
+        Acquired::HeldByOther { .. } => panic!("{name} did not get the lock"),
+    }
+}
 
 #[tokio::test]
 async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
@@ -29,13 +38,7 @@ async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
     let lock = locks.lock(&format!("order:{user}"));
 
     // A takes the user's lock with a short lease, checks, and stalls.
-    let Acquired::Yes(a) = lock
-        .try_acquire(&locks.owner("A"), Duration::from_millis(100))
-        .await
-        .unwrap()
-    else {
-        panic!("A did not get the free lock");
-    };
+    let a = take(&locks, &lock, "A", Duration::from_millis(100)).await;
     let held: Option<i64> =
         sqlx::query_scalar("SELECT id FROM voucher_orders WHERE user_id = $1 AND voucher_id = $2")
             .bind(user)
@@ -48,13 +51,7 @@ async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
     assert!(a.is_lost(), "A's lease ran out while it stalled");
 
     // B takes the lock (A's lease ran out) and buys.
-    let Acquired::Yes(b) = lock
-        .try_acquire(&locks.owner("B"), Duration::from_secs(10))
-        .await
-        .unwrap()
-    else {
-        panic!("B did not get the expired lock");
-    };
+    let b = take(&locks, &lock, "B", Duration::from_secs(10)).await;
     assert!(b.fence() > a.fence());
     let sell = |target: i64, fence: i64| {
         let (store, ids) = (&store, &ids);

@@ -96,14 +96,12 @@ async fn a_restock_reopens_the_sale_even_while_redis_cannot_hear_of_it() {
     let url = redis.url();
     let app = spawn_app_with(|mut s| {
         s.redis_url = url;
-        s.dependency_timeout_ms = 500;
-        s.voucher_cache_ms = 100;
+        s.dependency_timeout = Duration::from_millis(500);
+        s.voucher_cache_ttl = Duration::from_millis(100);
         s
     })
     .await;
-    let voucher = app.open_voucher(1).await;
-    let tokens = app.tokens([1, 2]).await;
-    app.assert_bought(&tokens[&1], voucher).await;
+    let (voucher, tokens) = app.warm_sale(1, 2).await;
     assert_eq!(
         buy(&app.client, &app.base, &tokens[&2], voucher).await,
         (StatusCode::CONFLICT, "sold_out".into())
@@ -175,9 +173,7 @@ async fn a_counter_lost_within_the_second_is_raised_past_the_ids_taken() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_postgres_is_a_prompt_503_and_sales_resume_when_it_thaws() {
     let (app, proxy) = spawn_app_behind_pg_proxy_timing_out(500).await;
-    let voucher = app.open_voucher(10).await;
-    let tokens = app.tokens(1..=3).await;
-    app.assert_bought(&tokens[&1], voucher).await;
+    let (voucher, tokens) = app.warm_sale(10, 3).await;
 
     proxy.freeze();
     let frozen = tokio::time::timeout(
@@ -217,9 +213,7 @@ async fn a_frozen_redis_is_a_prompt_503_and_sales_resume_when_it_thaws() {
     let redis = OwnRedis::start();
     let url = redis.url();
     let app = spawn_app_on_redis(url, Some(500)).await;
-    let voucher = app.open_voucher(10).await;
-    let tokens = app.tokens(1..=4).await;
-    app.assert_bought(&tokens[&1], voucher).await;
+    let (voucher, tokens) = app.warm_sale(10, 4).await;
 
     redis.freeze();
     let answers = tokio::time::timeout(
@@ -262,8 +256,8 @@ async fn a_frozen_redis_is_a_prompt_503_and_sales_resume_when_it_thaws() {
 async fn shutdown_ends_within_its_timeout_whatever_half_sent_requests_do() {
     let app = spawn_app().await;
     let mut settings = app.settings();
-    settings.shutdown_timeout_ms = 1_000;
-    settings.header_timeout_ms = 60_000;
+    settings.shutdown_timeout = Duration::from_millis(1_000);
+    settings.header_timeout = Duration::from_millis(60_000);
     let running = start_stoppable(settings).await;
     let addr = running.base.trim_start_matches("http://").to_owned();
 
@@ -301,7 +295,7 @@ async fn shutdown_ends_within_its_timeout_whatever_half_sent_requests_do() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_clients_are_cut_off_and_cannot_hold_the_door() {
     let app = spawn_app_with(|mut s| {
-        s.header_timeout_ms = 500;
+        s.header_timeout = Duration::from_millis(500);
         s.max_connections = Some(20);
         s
     })

@@ -77,7 +77,7 @@ pub async fn spawn_app_on_redis(url: String, timeout_ms: Option<u64>) -> TestApp
     spawn_app_with(|mut s| {
         s.redis_url = url;
         if let Some(ms) = timeout_ms {
-            s.dependency_timeout_ms = ms;
+            s.dependency_timeout = Duration::from_millis(ms);
         }
         s
     })
@@ -158,6 +158,16 @@ impl TestApp {
         assert!(answer.starts_with("ok:"), "{status}: {answer}");
     }
 
+    /// A voucher on sale with `stock` units, tokens for users 1 to `users`,
+    /// and user 1's order bought: the voucher's window is cached and the
+    /// connections are open.
+    pub async fn warm_sale(&self, stock: i64, users: i64) -> (i64, HashMap<i64, String>) {
+        let voucher = self.open_voucher(stock).await;
+        let tokens = self.tokens(1..=users).await;
+        self.assert_bought(&tokens[&1], voucher).await;
+        (voucher, tokens)
+    }
+
     /// Waits (bounded) until `/readyz` answers 200 again.
     pub async fn wait_ready(&self) {
         for _ in 0..150 {
@@ -214,26 +224,32 @@ impl TestApp {
 
     /// A voucher on sale from a minute ago for an hour.
     pub async fn open_voucher(&self, stock: i64) -> i64 {
-        let now = Utc::now();
-        self.create_voucher(
-            stock,
-            now - chrono::Duration::minutes(1),
-            now + chrono::Duration::hours(1),
-        )
-        .await
+        self.open_voucher_with(stock, json!({})).await
     }
 
     /// An async voucher on sale from a minute ago for an hour.
     pub async fn open_async_voucher(&self, stock: i64) -> i64 {
+        self.open_voucher_with(stock, json!({ "sale_mode": "async" }))
+            .await
+    }
+
+    /// A voucher on sale from a minute ago for an hour, with the fields of
+    /// `extra` (an object) added to its `POST /admin/vouchers` body.
+    pub async fn open_voucher_with(&self, stock: i64, extra: Value) -> i64 {
         let now = Utc::now();
-        self.create_voucher_from(json!({
-            "title": "async voucher",
+        let mut body = json!({
+            "title": "test voucher",
             "stock": stock,
             "begin_time": now - chrono::Duration::minutes(1),
             "end_time": now + chrono::Duration::hours(1),
-            "sale_mode": "async",
-        }))
-        .await
+        });
+        body.as_object_mut().unwrap().extend(
+            extra
+                .as_object()
+                .expect("extra fields are an object")
+                .clone(),
+        );
+        self.create_voucher_from(body).await
     }
 
     /// Tokens for these users, minted through the admin API.
@@ -246,15 +262,12 @@ impl TestApp {
     }
 
     pub async fn admin_get(&self, path: &str) -> (StatusCode, Value) {
-        let response = self
-            .client
-            .get(self.url(path))
-            .bearer_auth(ADMIN_TOKEN)
-            .send()
-            .await
-            .expect("admin GET");
-        let status = response.status();
-        (status, response.json().await.unwrap_or(Value::Null))
+        self.get_as(path, ADMIN_TOKEN).await
+    }
+
+    /// `GET path` with `token`: the status and the JSON body (null if none).
+    pub async fn get_as(&self, path: &str, token: &str) -> (StatusCode, Value) {
+        answer(self.client.get(self.url(path)).bearer_auth(token)).await
     }
 
     /// The `/metrics` page as text.
@@ -331,6 +344,13 @@ impl Drop for TestApp {
         });
         let _ = cleanup.join();
     }
+}
+
+/// Sends `request`: the status and the JSON body (null if none).
+pub async fn answer(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
+    let response = request.send().await.expect("the request was sent");
+    let status = response.status();
+    (status, response.json().await.unwrap_or(Value::Null))
 }
 
 /// Creates a voucher on the service at `base` from a whole `POST

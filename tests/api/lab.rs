@@ -18,7 +18,7 @@ const LEASE_MS: u64 = 500;
 async fn lab_app() -> TestApp {
     spawn_app_with(|mut s| {
         s.lab = true;
-        s.lab_lease_ms = LEASE_MS;
+        s.lab_lease = Duration::from_millis(LEASE_MS);
         s
     })
     .await
@@ -448,7 +448,7 @@ async fn lab_answers_503_while_redis_is_away_and_recovers() {
     let url = redis.url();
     let app = spawn_app_with(|mut s| {
         s.lab = true;
-        s.lab_lease_ms = LEASE_MS;
+        s.lab_lease = Duration::from_millis(LEASE_MS);
         s.redis_url = url;
         s
     })

@@ -8,7 +8,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    buy, create_voucher_at, drop_database, pg_server, redis_url, send_purchase, spawn_app,
+    answer, buy, create_voucher_at, drop_database, pg_server, redis_url, send_purchase, spawn_app,
     spawn_app_on_redis, spawn_app_with, start, start_stoppable, tokens_at, OwnRedis, Process,
     TestApp, PAYMENT_SECRET,
 };
@@ -16,17 +16,9 @@ use crate::helpers::{
 impl TestApp {
     /// A voucher on sale now, with a price and a payment window.
     async fn priced_voucher(&self, stock: i64, mode: &str, price: i64, pay_within: i64) -> i64 {
-        let now = Utc::now();
-        self.create_voucher_from(json!({
-            "title": "lifecycle",
-            "stock": stock,
-            "begin_time": now - chrono::Duration::minutes(1),
-            "end_time": now + chrono::Duration::hours(1),
-            "sale_mode": mode,
-            "price_cents": price,
-            "pay_within_seconds": pay_within,
-        }))
-        .await
+        let priced =
+            json!({ "sale_mode": mode, "price_cents": price, "pay_within_seconds": pay_within });
+        self.open_voucher_with(stock, priced).await
     }
 
     /// Buys as `user` through `base`; the order id.
@@ -80,15 +72,8 @@ impl TestApp {
     }
 
     async fn cancel(&self, base: &str, order_id: &str, token: &str) -> (StatusCode, Value) {
-        let response = self
-            .client
-            .post(format!("{base}/orders/{order_id}/cancel"))
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status();
-        (status, response.json().await.unwrap())
+        let url = format!("{base}/orders/{order_id}/cancel");
+        answer(self.client.post(url).bearer_auth(token)).await
     }
 }
 
@@ -106,16 +91,12 @@ async fn notify(
 ) -> (StatusCode, Value) {
     let body = json!({ "payment_id": payment_id, "order_id": order_id, "amount_cents": amount })
         .to_string();
-    let response = client
+    let notice = client
         .post(format!("{base}/payments/notify"))
         .header("content-type", "application/json")
         .header("x-signature", signature(&body))
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status();
-    (status, response.json().await.unwrap())
+        .body(body);
+    answer(notice).await
 }
 
 /// `stock + pending + unpaid + paid = initial_stock` in the stats.

@@ -120,7 +120,7 @@ async fn postgres_going_away_is_a_503_and_the_service_recovers() {
     let (app, proxy) = spawn_app_behind_pg_proxy(|mut s| {
         // Windows served from memory would hide the outage from the
         // first requests; read them every time here.
-        s.voucher_cache_ms = 1;
+        s.voucher_cache_ttl = Duration::from_millis(1);
         s
     })
     .await;

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use seckill::config::Settings;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -17,7 +18,7 @@ use crate::helpers::{pg_server, spawn_app_with, TestApp};
 /// [`spawn_app_behind_pg_proxy`] with this dependency deadline.
 pub async fn spawn_app_behind_pg_proxy_timing_out(timeout_ms: u64) -> (TestApp, Proxy) {
     spawn_app_behind_pg_proxy(|mut s| {
-        s.dependency_timeout_ms = timeout_ms;
+        s.dependency_timeout = Duration::from_millis(timeout_ms);
         s
     })
     .await

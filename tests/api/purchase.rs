@@ -2,6 +2,7 @@
 //! instance and on two.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use chrono::Utc;
 use reqwest::StatusCode;
@@ -177,7 +178,7 @@ async fn order_ids_carry_the_creation_second_and_orders_can_be_read_back() {
 async fn a_sold_out_voucher_is_refused_without_postgres_until_restocked() {
     // Windows stay cached, so that only the sold-out flag decides.
     let (app, proxy) = spawn_app_behind_pg_proxy(|mut s| {
-        s.voucher_cache_ms = 600_000;
+        s.voucher_cache_ttl = Duration::from_millis(600_000);
         s
     })
     .await;
