@@ -32,9 +32,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sqlx::postgres::{PgPool, PgPoolOptions};
+use tokio::task::JoinSet;
 
 use crate::table::Table;
-use tokio::task::JoinSet;
 
 /// The pause between a read and the write that trusts it.
 const STALL: Duration = Duration::from_millis(100);

@@ -310,7 +310,6 @@ mod tests {
         tally
     }
 
-    /// Debian's Chromium, which scripts/deps.sh installs for the tests.
     #[test]
     fn a_report_is_self_contained_and_renders_in_chromium() {
         let tally = tally();

@@ -83,12 +83,17 @@ pub(super) struct GuardCore<L> {
 
 impl<L: GuardedLock> GuardCore<L> {
     /// A hold just granted by Redis: the watchdog renews it (the way
-    /// `renewal` says) if its term asks so; otherwise it ends with its
-    /// lease.
-    pub(super) fn granted(lock: L, owner: &Owner, term: Term, renewal: Renewal) -> Self {
+    /// `renewal` says, asked only then) if its term asks so; otherwise it
+    /// ends with its lease.
+    pub(super) fn granted(
+        lock: L,
+        owner: &Owner,
+        term: Term,
+        renewal: impl FnOnce() -> Renewal,
+    ) -> Self {
         let life = if term.watched {
             let watchdog = &lock.shared().watchdog;
-            Life::Watched(watchdog.watch(lock.hash_key().clone(), owner.clone(), renewal))
+            Life::Watched(watchdog.watch(lock.hash_key().clone(), owner.clone(), renewal()))
         } else {
             Life::Until(term.sent + term.lease)
         };

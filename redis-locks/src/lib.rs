@@ -839,7 +839,7 @@ impl LockGuard {
     /// A hold just granted by Redis, with its fencing token.
     fn granted(lock: Lock, owner: &Owner, term: Term, fence: i64) -> Self {
         Self {
-            core: GuardCore::granted(lock, owner, term, Renewal::Plain),
+            core: GuardCore::granted(lock, owner, term, || Renewal::Plain),
             fence,
         }
     }

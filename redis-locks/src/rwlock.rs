@@ -154,7 +154,7 @@ impl ReadWriteLock {
             }
         };
         if granted == 1 {
-            let renewal = Renewal::ReadWrite {
+            let renewal = || Renewal::ReadWrite {
                 timeouts: self.timeouts_prefix().into(),
                 write: hold == Hold::Write,
             };

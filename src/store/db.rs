@@ -49,9 +49,7 @@ impl Db {
         };
         work.within(self.timeout).await
     }
-}
 
-impl Db {
     /// The row `sql` finds for `id`, its one parameter, if any: `sql`
     /// selects by a key, so one row at most.
     pub(super) async fn row_by_id<T>(&self, sql: &'static str, id: i64) -> Result<Option<T>>

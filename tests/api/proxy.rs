@@ -13,8 +13,6 @@ use tokio::task::JoinHandle;
 
 use crate::helpers::{pg_server, spawn_app_with, TestApp};
 
-/// An app whose Postgres connections all pass through a proxy the test can
-/// cut (the test's own checks still reach Postgres directly).
 /// [`spawn_app_behind_pg_proxy`] with this dependency deadline.
 pub async fn spawn_app_behind_pg_proxy_timing_out(timeout_ms: u64) -> (TestApp, Proxy) {
     spawn_app_behind_pg_proxy(|mut s| {
@@ -24,6 +22,8 @@ pub async fn spawn_app_behind_pg_proxy_timing_out(timeout_ms: u64) -> (TestApp, 
     .await
 }
 
+/// An app whose Postgres connections all pass through a proxy the test can
+/// cut (the test's own checks still reach Postgres directly).
 pub async fn spawn_app_behind_pg_proxy(
     adjust: impl FnOnce(Settings) -> Settings,
 ) -> (TestApp, Proxy) {
