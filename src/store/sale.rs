@@ -55,13 +55,15 @@ pub struct BatchSale {
 ///   order) is not fenced.
 /// - `held`: users who already hold a live (`unpaid` or `paid`) order for
 ///   this voucher; `used`: order ids that are taken. Both look each request
-///   up in an index (`LATERAL`), whatever the planner believes of the
-///   table: on a table whose statistics lag behind a sale (a new database,
-///   a voucher selling its first 100,000 units) a generic plan would
-///   otherwise read every live order of the voucher for each batch, and a
-///   batch of the async writer took seconds. A request whose own
-///   order id is stored for the same user and voucher (an async entry
-///   written twice, whatever its order became since) is `held` by it.
+///   up in an index (`LATERAL`, with a `LIMIT` that keeps the planner from
+///   turning it into a join), whatever the planner believes of the table:
+///   a connection keeps the generic plan it chose on a new database, whose
+///   empty table a scan reads cheapest, and that plan would read every
+///   order (for `held`, every live order of the voucher) for each batch,
+///   more with every unit sold; a batch of the async writer took seconds.
+///   A request whose own order id is stored for the same user and voucher
+///   (an async entry written twice, whatever its order became since) is
+///   `held` by it.
 /// - `eligible`: the rest, ranked by arrival.
 /// - `locked`: the voucher's row, locked, as the last committed writer left
 ///   it (a row lock wait in READ COMMITTED re-reads the newest version), so
@@ -96,6 +98,7 @@ WITH req AS (
     SELECT o.id, o.user_id, o.voucher_id FROM req r, LATERAL (
         SELECT o.id, o.user_id, o.voucher_id FROM voucher_orders o
         WHERE o.id = r.order_id
+        LIMIT 1
     ) o
 ), eligible AS (
     SELECT r.pos, r.order_id, r.user_id, r.at, row_number() OVER (ORDER BY r.pos) AS rank
