@@ -191,21 +191,19 @@ pub async fn redis(
     let (host, port) = hostport.split_once(':').unwrap_or((hostport, "6379"));
     let script = include_str!("../../redis-locks/lua/lock_acquire.lua");
     let sha = sha1_smol::Sha1::from(script).digest().to_string();
-    // KEYS and ARGV as redis-locks/lua/lock_acquire.lua takes them: lock key, fence
-    // key, request log; lease (1 s, so the keys go away), owner,
-    // fence-key lifetime, request id, request-log memory.
+    // KEYS and ARGV as redis-locks/lua/lock_acquire.lua takes them: lock key,
+    // fence key; lease (1 s, so the keys go away), owner, request id,
+    // fence-key lifetime.
     let args = |verb: &str, script_or_sha: String| -> Vec<String> {
         let lock = format!("{prefix}bench:lock:{{__rand_int__}}");
         vec![
             verb.into(),
             script_or_sha,
-            "3".into(),
+            "2".into(),
             lock.clone(),
             format!("{lock}:fence"),
-            format!("{lock}:requests"),
             "1000".into(),
             "bench".into(),
-            "1000".into(),
             "req:__rand_int__".into(),
             "1000".into(),
         ]

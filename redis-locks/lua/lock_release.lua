@@ -6,39 +6,44 @@
 -- its channel so they try again at once instead of sleeping out the lease.
 --
 -- Idempotent per request id: a release resent after a timeout gets the
--- first answer again instead of giving back a second hold.
+-- first answer again instead of giving back a second hold. While holds
+-- remain, the answer is the owner's record in the lock's hash (see
+-- lock_acquire.lua); the last release deletes the hash, so its answer is
+-- kept in a key of its own, named after the request, which expires.
 --
 -- KEYS[1]  the lock's key
 -- KEYS[2]  the lock's channel
--- KEYS[3]  the lock's request log (request id -> answer)
+-- KEYS[3]  where the answer of a last release is kept (one key per request)
 -- ARGV[1]  lease in milliseconds, renewed while holds remain
 -- ARGV[2]  the owner
 -- ARGV[3]  the request id
--- ARGV[4]  how long the request log remembers, in milliseconds
+-- ARGV[4]  how long the answer of a last release is kept, in milliseconds
 --
 -- Returns -1  the owner does not hold the lock (never did, or its lease
 --             ran out): nothing was changed
 --          0  the last hold was released, the key deleted, waiters told
 --         >0  holds still left to this owner; the lease was renewed
-local replay = redis.call('hget', KEYS[3], ARGV[3])
-if replay then
-    return tonumber(replay)
+local record = 'req:' .. ARGV[2]
+local found = redis.call('hmget', KEYS[1], ARGV[2], record)
+local holds, _, id = string.match(found[2] or '', '^(%d+) (%d*) (.*)$')
+if id == ARGV[3] then
+    return tonumber(holds)
+end
+if not found[1] then
+    -- Not held: unless this very request released the last hold.
+    if redis.call('exists', KEYS[3]) == 1 then
+        return 0
+    end
+    return -1
 end
 
-local function answer(result)
-    redis.call('hset', KEYS[3], ARGV[3], result)
-    redis.call('pexpire', KEYS[3], ARGV[4])
-    return result
-end
-
-if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
-    return answer(-1)
-end
-local holds = redis.call('hincrby', KEYS[1], ARGV[2], -1)
-if holds > 0 then
+if tonumber(found[1]) > 1 then
+    holds = redis.call('hincrby', KEYS[1], ARGV[2], -1)
+    redis.call('hset', KEYS[1], record, holds .. '  ' .. ARGV[3])
     redis.call('pexpire', KEYS[1], ARGV[1])
-    return answer(holds)
+    return holds
 end
 redis.call('del', KEYS[1])
 redis.call('publish', KEYS[2], 'released')
-return answer(0)
+redis.call('set', KEYS[3], 0, 'PX', ARGV[4])
+return 0

@@ -163,10 +163,11 @@
 //!
 //! With the client's prefix `p` (which may be empty) and a lock named `n`:
 //!
-//! - [`Lock`]: `p` + `lock:{n}`, the hash of holds, with the lease;
-//!   `…:fence`, the last fencing token (kept 7 days after each new holder);
-//!   `…:requests`, the request log (60 s); channel `…:released`.
-//! - [`FairLock`]: `p` + `fairlock:{n}`, with the same three keys and
+//! - [`Lock`]: `p` + `lock:{n}`, the hash of holds (and of each holder's
+//!   last request id, `req:<owner>`), with the lease; `…:fence`, the last fencing token (kept 7 days after each new holder);
+//!   `…:release:<request id>`, the answer of a last release, kept for a
+//!   resend (60 s); channel `…:released`.
+//! - [`FairLock`]: `p` + `fairlock:{n}`, with the same keys and
 //!   channel, plus `…:queue` and `…:deadlines`, the waiters.
 //! - [`ReadWriteLock`]: `p` + `rwlock:{n}`, the hash; `…:timeout:<owner>:<i>`,
 //!   one lease key per read hold; channel `…:released`.
@@ -242,12 +243,12 @@
 //! assert!(lock.is_held_by(&bob).await?);
 //! guard.unlock().await?;
 //! assert!(!lock.is_locked().await?);
-//! # // This example's keys: the lock, its fencing token, its request log.
+//! # // This example's keys: the lock and its fencing token (the answer kept
+//! # // for a resend of the last release expires by itself).
 //! # let mut conn = client.get_multiplexed_async_connection().await?;
 //! # redis::cmd("DEL")
 //! #     .arg(lock.key())
 //! #     .arg(format!("{}:fence", lock.key()))
-//! #     .arg(format!("{}:requests", lock.key()))
 //! #     .query_async::<()>(&mut conn)
 //! #     .await?;
 //! # Ok(())
@@ -295,7 +296,6 @@
 //! # redis::cmd("DEL")
 //! #     .arg(lock.key())
 //! #     .arg(format!("{}:fence", lock.key()))
-//! #     .arg(format!("{}:requests", lock.key()))
 //! #     .query_async::<()>(&mut conn)
 //! #     .await?;
 //! # Ok(())
@@ -607,9 +607,10 @@ impl Lock {
         &self.key
     }
 
-    /// The hash remembering recent request ids and their answers.
-    fn requests_key(&self) -> String {
-        format!("{}:requests", self.key)
+    /// Where the answer of the last release sent under `request_id` is
+    /// kept for a resend (the lock's hash is gone by then).
+    fn released_key(&self, request_id: &str) -> String {
+        format!("{}:release:{request_id}", self.key)
     }
 
     /// The key holding this lock's last fencing token.
@@ -698,11 +699,11 @@ impl Lock {
         let (acquired, value, fence): (i64, i64, i64) = self
             .send_logged(
                 &self.shared.acquire,
-                self.fence_key(),
+                &[self.fence_key()],
                 owner,
                 term.lease,
-                &[FENCE_KEY_TTL_MS],
                 request_id,
+                &[FENCE_KEY_TTL_MS],
             )
             .await?;
         if acquired == 1 {
@@ -736,11 +737,11 @@ impl Lock {
         let left: i64 = self
             .send_logged(
                 &self.shared.release,
-                self.channel(),
+                &[self.channel(), self.released_key(request_id)],
                 owner,
                 lease,
-                &[],
                 request_id,
+                &[RELEASE_MEMORY_MS],
             )
             .await?;
         match left {
@@ -753,30 +754,31 @@ impl Lock {
         }
     }
 
-    /// Runs one of the scripts that log their request ids (acquire,
-    /// release) on `owner`'s hold. Their KEYS: the lock, `key`, the request
-    /// log; their ARGV: the lease, the owner, `args`, the request id, how
-    /// long the log keeps it. Resent (same request id, so at most once in
-    /// effect) when the connection failed or timed out.
+    /// Runs one of the scripts that remember their request ids (acquire,
+    /// release) on `owner`'s hold. Their KEYS: the lock, then `keys`; their
+    /// ARGV: the lease, the owner, the request id, then `args`. Resent (same
+    /// request id, so at most once in effect) when the connection failed or
+    /// timed out.
     async fn send_logged<T: redis::FromRedisValue>(
         &self,
         script: &Script,
-        key: String,
+        keys: &[String],
         owner: &Owner,
         lease: Duration,
-        args: &[u64],
         request_id: &str,
+        args: &[u64],
     ) -> Result<T, LockError> {
         let mut invocation = script.key(&*self.key);
+        for key in keys {
+            invocation.key(key);
+        }
         invocation
-            .key(key)
-            .key(self.requests_key())
             .arg(lease_ms(lease))
-            .arg(owner.as_str());
+            .arg(owner.as_str())
+            .arg(request_id);
         for arg in args {
             invocation.arg(arg);
         }
-        invocation.arg(request_id).arg(REQUEST_MEMORY_MS);
         // Every attempt within one deadline: resending never makes a call
         // outlast the command timeout.
         let deadline = tokio::time::Instant::now() + self.shared.conn.timeout();
@@ -919,12 +921,12 @@ impl LockGuard {
     /// assert!(matches!(stalled.unlock().await, Err(LockError::NotHeld { .. })));
     /// assert_eq!(store.value, "written by job 2");
     /// next.unlock().await?;
-    /// # // This example's keys: the lock, its fencing token, its request log.
+    /// # // This example's keys: the lock and its fencing token (the answer kept
+    /// # // for a resend of the last release expires by itself).
     /// # let mut conn = client.get_multiplexed_async_connection().await?;
     /// # redis::cmd("DEL")
     /// #     .arg(lock.key())
     /// #     .arg(format!("{}:fence", lock.key()))
-    /// #     .arg(format!("{}:requests", lock.key()))
     /// #     .query_async::<()>(&mut conn)
     /// #     .await?;
     /// # Ok(())
@@ -1032,8 +1034,9 @@ where
 
 /// How many times a lock command is sent before its error is returned.
 const SEND_ATTEMPTS: u64 = 3;
-/// How long a lock remembers a request id: longer than any resend.
-const REQUEST_MEMORY_MS: u64 = 60_000;
+/// How long the answer of a last release is kept for a resend: longer
+/// than any resend (they all go out within one command deadline).
+const RELEASE_MEMORY_MS: u64 = 60_000;
 
 fn new_request_id() -> String {
     Uuid::new_v4().simple().to_string()

@@ -63,12 +63,12 @@ pub enum Quorum {
 /// assert!(!guard.is_expired());
 /// assert!(guard.valid_until() > Instant::now());
 /// assert_eq!(guard.unlock().await, 1);
-/// # // This example's keys: the lock, its fencing token, its request log.
+/// # // This example's keys: the lock and its fencing token (the answer kept
+/// # // for a resend of the last release expires by itself).
 /// # let mut conn = client.get_multiplexed_async_connection().await?;
 /// # redis::cmd("DEL")
 /// #     .arg(key.as_str())
 /// #     .arg(format!("{key}:fence"))
-/// #     .arg(format!("{key}:requests"))
 /// #     .query_async::<()>(&mut conn)
 /// #     .await?;
 /// # Ok(())

@@ -58,10 +58,13 @@ async fn the_same_owner_reenters_and_the_last_release_frees() {
     let outer = take(&lock, &owner, LEASE).await;
     let inner = take(&lock, &owner, LEASE).await;
     assert_eq!(lock.hold_count(&owner).await.unwrap(), 2);
-    assert_eq!(
-        raw_hash(lock.key()).await,
-        vec![(owner.to_string(), "2".to_owned())]
-    );
+    // The owner's holds, and its record of its last request (see
+    // lua/lock_acquire.lua): nothing of anyone else.
+    let fields = raw_hash(lock.key()).await;
+    assert_eq!(fields.len(), 2, "{fields:?}");
+    assert_eq!(fields[0], (owner.to_string(), "2".to_owned()));
+    assert_eq!(fields[1].0, format!("req:{owner}"));
+    assert!(fields[1].1.starts_with("2 "), "{fields:?}");
     assert!(owner.as_str().starts_with(&locks.process_id().to_string()));
 
     // Another owner of the same process is someone else.
@@ -271,19 +274,26 @@ async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind(
         .unwrap();
     assert_eq!(n, 100);
 
-    // No lock key: only the fencing-token key and the request log, both
-    // expiring; and (once the unsubscribes have gone out) no channel.
-    let mut keys: Vec<String> = redis::cmd("KEYS")
+    // No lock key: only the fencing-token key and the answers of the last
+    // releases (one per release that freed the lock), all expiring; and
+    // (once the unsubscribes have gone out) no channel.
+    let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}lock:*"))
         .query_async(&mut conn)
         .await
         .unwrap();
-    keys.sort();
-    let expected: Vec<String> = ["fence", "requests"]
+    let base = format!("{prefix}lock:{{counter}}");
+    assert!(keys.contains(&format!("{base}:fence")), "{keys:?}");
+    assert!(!keys.contains(&base), "the lock is still held");
+    let answers = keys
         .iter()
-        .map(|k| format!("{prefix}lock:{{counter}}:{k}"))
-        .collect();
-    assert_eq!(keys, expected, "lock keys left");
+        .filter(|k| k.starts_with(&format!("{base}:release:")))
+        .count();
+    assert_eq!(answers, keys.len() - 1, "lock keys left: {keys:?}");
+    assert_eq!(
+        answers, 100,
+        "one kept answer per release that freed the lock"
+    );
     for key in &keys {
         let ttl: i64 = redis::cmd("PTTL")
             .arg(key)
@@ -458,5 +468,43 @@ async fn a_resent_acquire_or_release_does_not_count_twice() {
         1,
         "a resent release gave back a second hold"
     );
+
+    // The last release, sent twice: the lock's hash is gone after the
+    // first, and the resend still gets the first answer, not "not held".
+    for _ in 0..2 {
+        assert_eq!(
+            lock.release_request(&owner, LEASE, "release-2")
+                .await
+                .unwrap(),
+            Released::Free
+        );
+    }
+    assert!(!lock.is_locked().await.unwrap());
+    std::mem::forget(first); // released above, under the test's own ids
+
+    // Another request that finds no hold is refused as before.
+    assert_not_held(lock.release_request(&owner, LEASE, "release-3").await);
+}
+
+#[tokio::test]
+async fn a_resent_acquire_whose_hold_has_ended_takes_no_hold_it_did_not_win() {
+    let (locks, lock) = new_lock("order:15");
+    let owner = locks.owner("first");
+    let other = locks.owner("second");
+
+    // The first send took the lock; its hold ended (released here) and
+    // another owner took the lock before the resend came.
+    let first = acquired(lock.try_acquire_request(&owner, LEASE, "acquire-1").await);
     assert_eq!(first.unlock().await.unwrap(), Released::Free);
+    let next = take(&lock, &other, LEASE).await;
+    match lock
+        .try_acquire_request(&owner, LEASE, "acquire-1")
+        .await
+        .unwrap()
+    {
+        Acquired::HeldByOther { .. } => {}
+        Acquired::Yes(_) => panic!("a resend took a lock another owner holds"),
+    }
+    assert_eq!(lock.hold_count(&owner).await.unwrap(), 0);
+    assert_eq!(next.unlock().await.unwrap(), Released::Free);
 }
