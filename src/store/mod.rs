@@ -23,7 +23,7 @@ mod states;
 use db::{Db, Within};
 #[cfg(feature = "lab")]
 pub use lab::{Decrement, LabSale, LabStats, LabStore};
-pub use lifecycle::{Closed, Payment, PaymentOutcome, StockReturn};
+pub use lifecycle::{Closed, Payment, PaymentOutcome, StockReturn, CANCEL, EXPIRE_ONE};
 pub use reconcile::SaleSnapshot;
 pub use sale::{BatchSale, Sale, SaleRequest, SELL_BATCH};
 pub use states::{OrderStatus, SaleMode, UnknownState};

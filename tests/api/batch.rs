@@ -29,57 +29,6 @@ fn requests(users: impl IntoIterator<Item = i64>, first_id: i64) -> Vec<SaleRequ
         .collect()
 }
 
-/// A connection keeps the generic plan it chose for the batch statement,
-/// and a service's connections choose it early: on a new database, whose
-/// tables are empty and have no statistics. That plan must still read the
-/// orders and the fences through their indexes; a hash join over a scan of
-/// `voucher_orders` would cost each batch the whole table, more with every
-/// order sold.
-#[tokio::test]
-async fn the_batch_statement_plans_index_lookups_even_on_an_empty_new_database() {
-    let app = spawn_app().await;
-    let mut conn = app.db.acquire().await.unwrap();
-    sqlx::query("SET plan_cache_mode = force_generic_plan")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    sqlx::query(&format!(
-        "PREPARE sell(bigint, bigint[], bigint[], bigint[], timestamptz[]) AS {}",
-        seckill::store::SELL_BATCH
-    ))
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    let plan: Vec<String> =
-        sqlx::query_scalar("EXPLAIN EXECUTE sell(1, '{1}', '{1}', '{1}', ARRAY[now()])")
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap();
-    let plan = plan.join("\n");
-    for table in ["voucher_orders", "user_fences", "seckill_vouchers"] {
-        assert!(
-            !plan.contains(&format!("Seq Scan on {table}")),
-            "the generic plan scans {table}:\n{plan}"
-        );
-    }
-    assert!(
-        plan.contains("Index Scan using voucher_orders_pkey"),
-        "{plan}"
-    );
-    assert!(
-        plan.contains("Index Scan using voucher_orders_user_voucher"),
-        "{plan}"
-    );
-    sqlx::query("DEALLOCATE sell")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    sqlx::query("RESET plan_cache_mode")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-}
-
 #[tokio::test]
 async fn a_batch_larger_than_the_stock_sells_the_stock_first_come_first_served() {
     let app = spawn_app().await;

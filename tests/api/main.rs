@@ -15,6 +15,7 @@ mod lab;
 mod lifecycle;
 mod openapi;
 mod outage;
+mod plans;
 mod pooler;
 mod proxy;
 mod purchase;
