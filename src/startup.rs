@@ -89,6 +89,7 @@ impl Application {
                 sale_batch_max: usize::try_from(settings.sale_batch_max).unwrap_or(1),
                 async_batch_max: usize::try_from(settings.async_batch_max).unwrap_or(1),
                 async_claim_idle: (settings.dependency_timeout * 3).max(Duration::from_secs(5)),
+                gate_wait: settings.dependency_timeout,
             },
         );
         seckill.start_workers();

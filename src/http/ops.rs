@@ -47,6 +47,7 @@ pub fn prometheus() -> PrometheusHandle {
 /// (Labelled ones: every label value of their bounded set.)
 const EVENT_COUNTERS: &[&str] = &[
     "seckill_lock_contended_total",
+    "seckill_gate_waits_total",
     "seckill_id_counter_recoveries_total",
     "seckill_async_accepted_total",
     "seckill_async_claimed_total",

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::clock::SaleClock;
 use super::error::{Result, SeckillError};
+use super::gate::{Gates, Ticket};
 use super::soldout::SoldOutFlags;
 use super::workers::{Background, Workers};
 use crate::id::{self, IdGenerator, OrderId};
@@ -50,6 +51,9 @@ struct Pending {
     fence: i64,
     redraws: u8,
     reply: oneshot::Sender<Result<Outcome>>,
+    /// The purchase's place at the gate, given up when it is answered (or
+    /// dropped): those waiting there wake.
+    _place: Ticket,
 }
 
 /// The batchers of every voucher. Cheap to clone.
@@ -62,6 +66,7 @@ struct Inner {
     store: Store,
     ids: IdGenerator,
     flags: Arc<SoldOutFlags>,
+    gates: Arc<Gates>,
     clock: SaleClock,
     /// Most purchases in one batch; 1 is one order per transaction.
     max: usize,
@@ -74,6 +79,7 @@ impl Batcher {
         store: Store,
         ids: IdGenerator,
         flags: Arc<SoldOutFlags>,
+        gates: Arc<Gates>,
         clock: SaleClock,
         max: usize,
         background: Background,
@@ -83,6 +89,7 @@ impl Batcher {
                 store,
                 ids,
                 flags,
+                gates,
                 clock,
                 max: max.max(1),
                 writers: Workers::new(background),
@@ -91,13 +98,15 @@ impl Batcher {
     }
 
     /// Sells one unit of `voucher` to `user_id`, who holds the lock whose
-    /// token is `fence`, in the voucher's next batch. If this future is
-    /// dropped while its batch commits, the order stands.
+    /// token is `fence` and the gate's `place`, in the voucher's next
+    /// batch. If this future is dropped while its batch commits, the order
+    /// stands.
     pub(super) async fn sell(
         &self,
         voucher: Arc<Voucher>,
         user_id: i64,
         fence: i64,
+        place: Ticket,
     ) -> Result<Outcome> {
         let (reply, answer) = oneshot::channel();
         let mut pending = Pending {
@@ -106,6 +115,7 @@ impl Batcher {
             fence,
             redraws: 0,
             reply,
+            _place: place,
         };
         loop {
             let writer = self.writer(pending.voucher.id);
@@ -268,6 +278,11 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
         }
     };
 
+    // Before anyone is answered: those waiting at the gate for this batch
+    // find what it left when they wake.
+    if let Some(level) = level {
+        inner.gates.saw(voucher_id, level);
+    }
     let voucher = batch[0].voucher.clone();
     let mut redo = Vec::new();
     let mut taken_id = None;

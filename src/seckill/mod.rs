@@ -2,15 +2,16 @@
 //! keeps stock and orders right. Knows nothing of HTTP.
 //!
 //! A purchase runs: voucher (short-lived cache) → time window (by Redis's
-//! clock) → sold-out flag in Redis → the user's reentrant lock → the
-//! voucher's next batch, where one statement checks "already bought?",
+//! clock) → sold-out flag in Redis → the gate (no more purchases on at once
+//! than units left) → the user's reentrant lock → the voucher's next batch, where one statement checks "already bought?",
 //! decrements `stock > 0` by what it can grant and inserts the orders, under
 //! ids drawn for the whole batch → release. Each step is cheaper than the
 //! next, so the crowd that cannot buy is turned away before it reaches the
 //! voucher's row lock, and those who reach it share one commit.
 //!
 //! Stages in their own files: [`clock`] (the shared clock of the window),
-//! [`soldout`] (the flags), [`user_lock`] (the per-user lock), [`batch`]
+//! [`soldout`] (the flags), [`gate`] (a crowd waits for the units'
+//! outcome before it takes locks), [`user_lock`] (the per-user lock), [`batch`]
 //! (group commit), [`error`]. A voucher created with `sale_mode: async`
 //! is sold by [`async_sale`] instead: stock in Redis, orders through a
 //! stream that a consumer group writes with group commit's statement.
@@ -28,6 +29,7 @@ mod async_sale;
 mod batch;
 mod clock;
 mod error;
+mod gate;
 mod lifecycle;
 mod soldout;
 mod user_lock;
@@ -45,6 +47,7 @@ use crate::kv::Kv;
 use crate::store::{NewVoucher, Store, StoreError};
 use async_sale::AsyncSales;
 use batch::{Batcher, Outcome};
+use gate::{Admission, Gates};
 use soldout::SoldOutFlags;
 use workers::Background;
 
@@ -86,6 +89,9 @@ pub struct SeckillSettings {
     /// How long an async sale's entry may stay unacknowledged with one
     /// writer before another claims it.
     pub async_claim_idle: Duration,
+    /// Longest a purchase waits at the gate for the purchases ahead of it
+    /// (see `gate`); then it goes on to its lock as if there were none.
+    pub gate_wait: Duration,
 }
 
 /// A purchase that went through.
@@ -155,10 +161,12 @@ struct Inner {
     async_sales: AsyncSales,
     clock: SaleClock,
     /// Vouchers as last read, so a crowd on one voucher does not read its
-    /// row once per request. Only the time window and the epoch of the
-    /// sold-out flag are taken from here, never the stock.
+    /// row once per request. The time window and the epoch of the sold-out
+    /// flag are taken from here, and the gate takes the stock as what is
+    /// left at most at that epoch; the batch never does.
     windows: moka::future::Cache<i64, Arc<Voucher>>,
     flags: Arc<SoldOutFlags>,
+    gates: Arc<Gates>,
     settings: SeckillSettings,
     /// Per-purchase lock owner ids, unique within this process.
     purchases: AtomicU64,
@@ -190,10 +198,12 @@ impl Seckill {
         ));
         let ids = IdGenerator::new(redis.clone(), settings.redis_prefix.clone());
         let background = Background::default();
+        let gates = Arc::new(Gates::new(settings.gate_wait));
         let batcher = Batcher::new(
             store.clone(),
             ids.clone(),
             flags.clone(),
+            gates.clone(),
             clock.clone(),
             settings.sale_batch_max,
             background.clone(),
@@ -212,6 +222,7 @@ impl Seckill {
                 batcher,
                 async_sales,
                 flags,
+                gates,
                 store,
                 redis,
                 clock,
@@ -300,8 +311,12 @@ impl Seckill {
         if self.inner.flags.is_sold_out(&voucher).await? {
             return Err(SeckillError::SoldOut);
         }
-
         let inner = &self.inner;
+        let place = match inner.gates.admit(&voucher).await {
+            Admission::Go(place) => place,
+            Admission::SoldOut => return Err(SeckillError::SoldOut),
+        };
+
         let purchase = inner.purchases.fetch_add(1, Ordering::Relaxed);
         let asked = Instant::now();
         let acquired = inner
@@ -314,7 +329,9 @@ impl Seckill {
             return Err(SeckillError::InProgress);
         };
 
-        let result = self.buy_locked(user_id, voucher, guard.fence()).await;
+        let result = self
+            .buy_locked(user_id, voucher, guard.fence(), place)
+            .await;
         // Released here on every path that returns; if this future is
         // dropped instead (client gone, panic), the guard's Drop releases.
         if let Err(error) = guard.unlock().await {
@@ -326,10 +343,22 @@ impl Seckill {
     }
 
     /// The part of a purchase that runs under the user's lock: a place in
-    /// the voucher's next batch.
-    async fn buy_locked(&self, user_id: i64, voucher: Arc<Voucher>, fence: i64) -> Result<OrderId> {
+    /// the voucher's next batch, which keeps its `place` at the gate until
+    /// it answers.
+    async fn buy_locked(
+        &self,
+        user_id: i64,
+        voucher: Arc<Voucher>,
+        fence: i64,
+        place: gate::Ticket,
+    ) -> Result<OrderId> {
         let voucher_id = voucher.id;
-        match self.inner.batcher.sell(voucher, user_id, fence).await? {
+        match self
+            .inner
+            .batcher
+            .sell(voucher, user_id, fence, place)
+            .await?
+        {
             Outcome::Sold(order_id) => Ok(order_id),
             Outcome::SoldOut => Err(SeckillError::SoldOut),
             Outcome::Held(order_id) => Err(SeckillError::AlreadyPurchased { order_id }),

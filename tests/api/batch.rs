@@ -153,6 +153,48 @@ async fn a_batch_on_a_frozen_postgres_answers_503_to_all_and_commits_nothing_hal
     app.check_invariants(voucher).await;
 }
 
+/// A crowd larger than the units left does not queue at the users' locks:
+/// while Postgres holds the first batch, only as many purchases as there
+/// are units left go on to their locks; the rest wait at the gate for
+/// their outcome and are told "sold out" without ever taking a lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_beyond_the_units_left_waits_at_the_gate_instead_of_taking_locks() {
+    let (app, proxy) = spawn_app_behind_pg_proxy(|s| s).await;
+    let (voucher, tokens) = app.warm_sale(5, 51).await; // 4 units left
+
+    proxy.freeze();
+    let client = client();
+    let mut tasks = JoinSet::new();
+    for user in 2..=51 {
+        let (client, base, token) = (client.clone(), app.base.clone(), tokens[&user].clone());
+        tasks.spawn(async move { buy(&client, &base, &token, voucher).await });
+    }
+    // Every request is in by now: four at their locks and batches (held
+    // by Postgres), the rest at the gate.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    proxy.thaw();
+    let answers = tasks.join_all().await;
+    let sold = answers.iter().filter(|a| a.1.starts_with("ok:")).count();
+    assert_eq!(sold, 4, "{answers:?}");
+    for (status, code) in &answers {
+        assert!(
+            code.starts_with("ok:") || code == "sold_out",
+            "{status} {code}"
+        );
+    }
+    assert_eq!(app.check_invariants(voucher).await, 5);
+
+    // A user who took the lock left its fencing-token key: user 1 (the warm
+    // purchase) and the four who bought, none of the 46 refused.
+    let mut conn = testkit::redis_conn(&testkit::redis_url()).await;
+    let fences: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*order:*:fence", app.keyspace().await))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(fences.len(), 5, "users who took their lock: {fences:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_whose_client_left_while_its_batch_committed_stands() {
     let (app, proxy) = spawn_app_behind_pg_proxy(|s| s).await;
