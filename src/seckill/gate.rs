@@ -65,6 +65,7 @@ struct State {
 }
 
 /// What the gate decides now.
+#[derive(Debug, PartialEq, Eq)]
 enum Verdict {
     Go,
     Wait,
@@ -180,44 +181,37 @@ mod tests {
         State { stock, ahead }
     }
 
-    fn verdict(stock: Option<(i64, i64)>, ahead: i64, epoch: i64, waited: bool) -> Verdict {
-        state(stock, ahead).verdict(epoch, waited)
-    }
+    /// Units known left as (epoch, units), purchases ahead, the purchase's
+    /// epoch, whether it waited; and the verdict on it.
+    type Case = (Option<(i64, i64)>, i64, i64, bool, Verdict);
 
-    #[test]
-    fn purchases_go_while_fewer_are_ahead_than_units_left_then_wait() {
-        assert!(matches!(
-            verdict(Some((100, 3)), 2, 100, false),
-            Verdict::Go
-        ));
-        assert!(matches!(
-            verdict(Some((100, 3)), 3, 100, false),
-            Verdict::Wait
-        ));
-        assert!(matches!(
-            verdict(Some((100, 3)), 3, 100, true),
-            Verdict::Wait
-        ));
-        assert!(matches!(verdict(None, 1_000, 100, false), Verdict::Go));
-    }
-
-    #[test]
-    fn sold_out_only_to_a_purchase_that_waited_for_the_last_units() {
-        assert!(matches!(
-            verdict(Some((100, 0)), 0, 100, true),
-            Verdict::SoldOut
-        ));
+    const CASES: &[Case] = &[
+        // Fewer ahead than units left: go; as many: wait.
+        (Some((100, 3)), 2, 100, false, Verdict::Go),
+        (Some((100, 3)), 3, 100, false, Verdict::Wait),
+        (Some((100, 3)), 3, 100, true, Verdict::Wait),
+        (None, 1_000, 100, false, Verdict::Go),
+        // Sold out only to one that waited while the last units went.
+        (Some((100, 0)), 0, 100, true, Verdict::SoldOut),
         // One that did not wait goes on: what the gate remembers may be
         // older than the flag it has just passed.
-        assert!(matches!(
-            verdict(Some((100, 0)), 0, 100, false),
-            Verdict::Go
-        ));
+        (Some((100, 0)), 0, 100, false, Verdict::Go),
         // A return or a restock since (a newer epoch than the one seen
         // here) reopens; a newer state than the purchase's view is no
         // verdict on it.
-        assert!(matches!(verdict(Some((100, 0)), 0, 101, true), Verdict::Go));
-        assert!(matches!(verdict(Some((101, 0)), 5, 100, true), Verdict::Go));
+        (Some((100, 0)), 0, 101, true, Verdict::Go),
+        (Some((101, 0)), 5, 100, true, Verdict::Go),
+    ];
+
+    #[test]
+    fn purchases_wait_while_those_ahead_cover_the_units_and_only_waiters_hear_sold_out() {
+        for (stock, ahead, epoch, waited, expected) in CASES {
+            assert_eq!(
+                &state(*stock, *ahead).verdict(*epoch, *waited),
+                expected,
+                "{stock:?}, {ahead} ahead, epoch {epoch}, waited {waited}"
+            );
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! batcher's edges through the API (lapsed leases, a frozen Postgres, a
 //! client that leaves while its batch commits, one order per transaction).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -13,6 +14,22 @@ use crate::proxy::{spawn_app_behind_pg_proxy, spawn_app_behind_pg_proxy_timing_o
 
 fn store(app: &TestApp) -> Store {
     Store::from_pool(app.db.clone(), Duration::from_secs(10))
+}
+
+/// One purchase of `voucher` by each of `users`, all at once.
+fn buyers(
+    app: &TestApp,
+    tokens: &HashMap<i64, String>,
+    voucher: i64,
+    users: impl IntoIterator<Item = i64>,
+) -> JoinSet<(StatusCode, String)> {
+    let client = client();
+    let mut tasks = JoinSet::new();
+    for user in users {
+        let (client, base, token) = (client.clone(), app.base.clone(), tokens[&user].clone());
+        tasks.spawn(async move { buy(&client, &base, &token, voucher).await });
+    }
+    tasks
 }
 
 /// Requests for these users, with ids and fences of their own.
@@ -136,13 +153,7 @@ async fn a_batch_on_a_frozen_postgres_answers_503_to_all_and_commits_nothing_hal
     let (voucher, tokens) = app.warm_sale(100, 40).await;
 
     proxy.freeze();
-    let client = client();
-    let mut tasks = JoinSet::new();
-    for user in 2..=40 {
-        let (client, base, token) = (client.clone(), app.base.clone(), tokens[&user].clone());
-        tasks.spawn(async move { buy(&client, &base, &token, voucher).await });
-    }
-    let answers = tasks.join_all().await;
+    let answers = buyers(&app, &tokens, voucher, 2..=40).join_all().await;
     proxy.thaw();
     for answer in &answers {
         assert_eq!(answer.0, StatusCode::SERVICE_UNAVAILABLE, "{answer:?}");
@@ -163,12 +174,7 @@ async fn a_crowd_beyond_the_units_left_waits_at_the_gate_instead_of_taking_locks
     let (voucher, tokens) = app.warm_sale(5, 51).await; // 4 units left
 
     proxy.freeze();
-    let client = client();
-    let mut tasks = JoinSet::new();
-    for user in 2..=51 {
-        let (client, base, token) = (client.clone(), app.base.clone(), tokens[&user].clone());
-        tasks.spawn(async move { buy(&client, &base, &token, voucher).await });
-    }
+    let tasks = buyers(&app, &tokens, voucher, 2..=51);
     // Every request is in by now: four at their locks and batches (held
     // by Postgres), the rest at the gate.
     tokio::time::sleep(Duration::from_millis(400)).await;
