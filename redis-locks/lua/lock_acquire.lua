@@ -15,10 +15,10 @@
 -- instead of a second hold. The answer is remembered in the lock's own
 -- hash, in the owner's record field ('req:' .. owner: an owner starts with
 -- its process UUID, so no owner has that name), as 'holds token request-id'
--- (a release's record has no token: 'holds  request-id'): it lives as long
--- as the hold it describes, and costs no key and no expiry of its own. A
--- first send whose hold has since ended (released or run out) left nothing
--- to replay, and nothing to take twice: the resend is a new attempt.
+-- (acquire and release alike): it lives as long as the hold it describes,
+-- and costs no key and no expiry of its own. A first send whose hold has
+-- since ended (released or run out) left nothing to replay, and nothing to
+-- take twice: the resend is a new attempt.
 --
 -- KEYS[1]  the lock's key
 -- KEYS[2]  the lock's fencing-token key
@@ -54,8 +54,8 @@ local holds, token, id = string.match(found[2] or '', '^(%d+) (%d*) (.*)$')
 if id == ARGV[3] then
     return {1, tonumber(holds), tonumber(token)}
 end
--- The holder's token: in its record since it took the lock, unless a
--- release (whose record has none) or the fair lock's script wrote last.
+-- The holder's token: in its record since it took the lock, unless the
+-- fair lock's script (which writes no record) took it.
 if token == nil or token == '' then
     token = string.format('%.0f', tonumber(redis.call('get', KEYS[2]) or '0'))
 end

@@ -25,7 +25,7 @@
 --         >0  holds still left to this owner; the lease was renewed
 local record = 'req:' .. ARGV[2]
 local found = redis.call('hmget', KEYS[1], ARGV[2], record)
-local holds, _, id = string.match(found[2] or '', '^(%d+) (%d*) (.*)$')
+local holds, token, id = string.match(found[2] or '', '^(%d+) (%d*) (.*)$')
 if id == ARGV[3] then
     return tonumber(holds)
 end
@@ -39,7 +39,9 @@ end
 
 if tonumber(found[1]) > 1 then
     holds = redis.call('hincrby', KEYS[1], ARGV[2], -1)
-    redis.call('hset', KEYS[1], record, holds .. '  ' .. ARGV[3])
+    -- The holder's token stays in its record ('' for a hold the fair
+    -- lock's script took, which writes no record).
+    redis.call('hset', KEYS[1], record, holds .. ' ' .. (token or '') .. ' ' .. ARGV[3])
     redis.call('pexpire', KEYS[1], ARGV[1])
     return holds
 end

@@ -164,7 +164,8 @@
 //! With the client's prefix `p` (which may be empty) and a lock named `n`:
 //!
 //! - [`Lock`]: `p` + `lock:{n}`, the hash of holds (and of each holder's
-//!   last request id, `req:<owner>`), with the lease; `…:fence`, the last fencing token (kept 7 days after each new holder);
+//!   last request id, `req:<owner>`), with the lease; `…:fence`, the last
+//!   fencing token (kept 7 days after each new holder);
 //!   `…:release:<request id>`, the answer of a last release, kept for a
 //!   resend (60 s); channel `…:released`.
 //! - [`FairLock`]: `p` + `fairlock:{n}`, with the same keys and

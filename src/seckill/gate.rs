@@ -72,6 +72,20 @@ enum Verdict {
     SoldOut,
 }
 
+impl Gate {
+    /// The gate's state; a panic while it was held left it whole (every
+    /// change to it is one assignment).
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lets one more purchase through, counted in `state` (this gate's).
+    fn enter(self: &Arc<Self>, state: &mut State) -> Ticket {
+        state.ahead += 1;
+        Ticket { gate: self.clone() }
+    }
+}
+
 impl State {
     /// Keeps the newest of what it knew and `(epoch, units)`: a newer
     /// epoch replaces, the same epoch can only have fewer units left.
@@ -128,14 +142,11 @@ impl Gates {
             // in between still wakes this one.
             left_one.as_mut().enable();
             {
-                let mut state = gate.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut state = gate.state();
                 state.saw(epoch, i64::from(voucher.stock));
                 match state.verdict(epoch, waited) {
                     Verdict::SoldOut => return Admission::SoldOut,
-                    Verdict::Go => {
-                        state.ahead += 1;
-                        return Admission::Go(Ticket { gate: gate.clone() });
-                    }
+                    Verdict::Go => return Admission::Go(gate.enter(&mut state)),
                     Verdict::Wait => {}
                 }
             }
@@ -146,8 +157,7 @@ impl Gates {
             if tokio::time::timeout_at(give_up, left_one).await.is_err() {
                 // Those ahead take long (a slow Postgres): go on as if
                 // there were no gate; the batch decides.
-                gate.state.lock().unwrap_or_else(|e| e.into_inner()).ahead += 1;
-                return Admission::Go(Ticket { gate: gate.clone() });
+                return Admission::Go(gate.enter(&mut gate.state()));
             }
         }
     }
@@ -156,19 +166,15 @@ impl Gates {
     /// batch's purchases are answered, so that those waiting for them see
     /// it when they wake.
     pub(super) fn saw(&self, voucher_id: i64, level: StockLevel) {
-        let gate = self.gate(voucher_id);
-        let mut state = gate.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.saw(level.epoch(), i64::from(level.stock));
+        self.gate(voucher_id)
+            .state()
+            .saw(level.epoch(), i64::from(level.stock));
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.gate
-            .state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .ahead -= 1;
+        self.gate.state().ahead -= 1;
         self.gate.left_one.notify_waiters();
     }
 }

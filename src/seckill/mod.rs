@@ -3,16 +3,17 @@
 //!
 //! A purchase runs: voucher (short-lived cache) → time window (by Redis's
 //! clock) → sold-out flag in Redis → the gate (no more purchases on at once
-//! than units left) → the user's reentrant lock → the voucher's next batch, where one statement checks "already bought?",
-//! decrements `stock > 0` by what it can grant and inserts the orders, under
-//! ids drawn for the whole batch → release. Each step is cheaper than the
+//! than units left) → the user's reentrant lock → the voucher's next batch,
+//! where one statement checks "already bought?", decrements `stock > 0` by
+//! what it can grant and inserts the orders, under ids drawn for the whole
+//! batch → release. Each step is cheaper than the
 //! next, so the crowd that cannot buy is turned away before it reaches the
 //! voucher's row lock, and those who reach it share one commit.
 //!
 //! Stages in their own files: [`clock`] (the shared clock of the window),
 //! [`soldout`] (the flags), [`gate`] (a crowd waits for the units'
-//! outcome before it takes locks), [`user_lock`] (the per-user lock), [`batch`]
-//! (group commit), [`error`]. A voucher created with `sale_mode: async`
+//! outcome before it takes locks), [`user_lock`] (the per-user lock),
+//! [`batch`] (group commit), [`error`]. A voucher created with `sale_mode: async`
 //! is sold by [`async_sale`] instead: stock in Redis, orders through a
 //! stream that a consumer group writes with group commit's statement.
 //! After the grab, [`lifecycle`]: pay, cancel, expire, and the unit back
