@@ -1,54 +1,90 @@
--- An async sale's purchase, in one atomic step: the window, the user's
--- earlier order, the stock; then the decrement, the buyer and the order
+-- Async sales' purchases of one voucher, in one atomic step for a batch of
+-- them (those that arrived at an instance while its previous call was
+-- under way): the window, each user's earlier order, the stock; then, for
+-- each purchase that passes, the decrement, the buyer and the order
 -- appended to the voucher's stream, which a consumer group writes to
--- Postgres. Nothing of it happens unless all of it does.
+-- Postgres. Nothing of a purchase happens unless all of it does. One call
+-- for many purchases reads the sale and the clock once and writes the
+-- stock and the buyers once.
 --
--- All keys carry the voucher's hash tag, so on a Redis Cluster they live
--- in one slot and this script runs on one node.
+-- All KEYS[1..3] carry the voucher's hash tag, so on a Redis Cluster they
+-- live in one slot and this script runs on one node.
 --
--- KEYS[1]  the sale: a hash {stock, begin_ms, end_ms}; missing while the
---          sale is not loaded (a Redis that lost it, or a reconciliation
---          under way): the sale pauses rather than sell stock twice
--- KEYS[2]  the buyers: a hash user id -> order id
--- KEYS[3]  the stream of accepted orders
--- KEYS[4]  optional: the order's lookup key ("<voucher>:<user>:<now_ms>",
---          for GET /orders/{id} while pending); given on a single Redis,
---          where it saves a round trip (on a cluster it is in another
---          slot and the caller writes it)
--- ARGV[1]  the user id
--- ARGV[2]  the order id drawn for this purchase (lua/order_id.lua)
--- ARGV[3]  with KEYS[4]: the voucher id
--- ARGV[4]  with KEYS[4]: the lookup key's life in seconds
+-- KEYS[1]    the sale: a hash {stock, begin_ms, end_ms}; missing while the
+--            sale is not loaded (a Redis that lost it, or a reconciliation
+--            under way): the sale pauses rather than sell stock twice
+-- KEYS[2]    the buyers: a hash user id -> order id
+-- KEYS[3]    the stream of accepted orders
+-- KEYS[3+i]  optional, for every purchase or none: the lookup key of the
+--            i-th purchase's order ("<voucher>:<user>:<now_ms>", for GET
+--            /orders/{id} while pending); given on a single Redis, where it
+--            saves a round trip (on a cluster it is in another slot and the
+--            caller writes it)
+-- ARGV[1]    the voucher id (for the lookup keys)
+-- ARGV[2]    the lookup keys' life in seconds
+-- ARGV[2i+1] the i-th purchase's user id
+-- ARGV[2i+2] the order id drawn for it (lua/order_id.lua)
 --
--- Returns {1, now_ms}       accepted: the order is in the stream
+-- Returns one answer per purchase, in order:
+--         {1, now_ms}       accepted: the order is in the stream
 --         {-1}              the sale has not begun (Redis's clock)
 --         {-2}              the sale is over
 --         {-3}              no stock left
---         {-4, order_id}    this user holds this order already
+--         {-4, order_id}    this user holds this order already (also when
+--                           an earlier purchase of the same call took it)
 --         {-5}              the sale is not loaded: answer 503
+local n = (#ARGV - 2) / 2
+local answers = {}
 local sale = redis.call('hmget', KEYS[1], 'stock', 'begin_ms', 'end_ms')
+local verdict, now
 if not sale[1] or not sale[2] or not sale[3] then
-    return {-5}
+    verdict = {-5}
+else
+    local t = redis.call('time')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    if now < tonumber(sale[2]) then
+        verdict = {-1}
+    elseif now >= tonumber(sale[3]) then
+        verdict = {-2}
+    end
 end
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if now < tonumber(sale[2]) then
-    return {-1}
+if verdict then
+    for i = 1, n do
+        answers[i] = verdict
+    end
+    return answers
 end
-if now >= tonumber(sale[3]) then
-    return {-2}
+
+local users = {}
+for i = 1, n do
+    users[i] = ARGV[2 * i + 1]
 end
-local held = redis.call('hget', KEYS[2], ARGV[1])
-if held then
-    return {-4, held}
+local held = redis.call('hmget', KEYS[2], unpack(users))
+local stock = tonumber(sale[1])
+local taken = {}
+local buyers = {}
+local lookups = #KEYS > 3
+for i = 1, n do
+    local user, order = ARGV[2 * i + 1], ARGV[2 * i + 2]
+    local had = held[i] or taken[user]
+    if had then
+        answers[i] = {-4, had}
+    elseif stock <= 0 then
+        answers[i] = {-3}
+    else
+        stock = stock - 1
+        taken[user] = order
+        buyers[#buyers + 1] = user
+        buyers[#buyers + 1] = order
+        redis.call('xadd', KEYS[3], '*', 'order', order, 'user', user, 'at', now)
+        if lookups then
+            redis.call('set', KEYS[3 + i], ARGV[1] .. ':' .. user .. ':' .. now, 'EX', ARGV[2])
+        end
+        answers[i] = {1, now}
+    end
 end
-if tonumber(sale[1]) <= 0 then
-    return {-3}
+if #buyers > 0 then
+    redis.call('hincrby', KEYS[1], 'stock', -(#buyers / 2))
+    redis.call('hset', KEYS[2], unpack(buyers))
 end
-redis.call('hincrby', KEYS[1], 'stock', -1)
-redis.call('hset', KEYS[2], ARGV[1], ARGV[2])
-redis.call('xadd', KEYS[3], '*', 'order', ARGV[2], 'user', ARGV[1], 'at', now)
-if KEYS[4] then
-    redis.call('set', KEYS[4], ARGV[3] .. ':' .. ARGV[1] .. ':' .. now, 'EX', ARGV[4])
-end
-return {1, now}
+return answers

@@ -20,46 +20,64 @@
 -- since ended (released or run out) left nothing to replay, and nothing to
 -- take twice: the resend is a new attempt.
 --
--- KEYS[1]  the lock's key
--- KEYS[2]  the lock's fencing-token key
--- ARGV[1]  lease in milliseconds (> 0); every acquisition resets it
--- ARGV[2]  the owner
--- ARGV[3]  the request id
--- ARGV[4]  lifetime of the fencing-token key in milliseconds
+-- One call may take several locks, each as if alone (a caller that gathers
+-- the acquisitions of many owners at once); Redis's clock is read once.
+-- For the i-th lock (i = 1, 2, ...):
+-- KEYS[2i-1]  the lock's key
+-- KEYS[2i]    the lock's fencing-token key
+-- ARGV[3i-2]  lease in milliseconds (> 0); every acquisition resets it
+-- ARGV[3i-1]  the owner
+-- ARGV[3i]    the request id
+-- and last, ARGV[#ARGV]: lifetime of the fencing-token keys in milliseconds.
 --
--- Returns {1, holds, token}  acquired; holds is this owner's hold count after
+-- Returns one answer per lock, in order:
+--         {1, holds, token}  acquired; holds is this owner's hold count after
 --                            it, token the holder's fencing token
 --         {0, pttl, 0}       held by another owner; pttl is the lease left in
 --                            ms (-1 only if someone removed the lease by hand)
-local record = 'req:' .. ARGV[2]
+local token_life = ARGV[#ARGV]
+local now
 
-if redis.call('exists', KEYS[1]) == 0 then
-    local time = redis.call('time')
-    local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-    local last = tonumber(redis.call('get', KEYS[2]) or '0')
-    local token = math.max(last + 1, now)
-    -- '%.0f': tostring() would write large numbers as 1.7e+15
-    token = string.format('%.0f', token)
-    redis.call('set', KEYS[2], token, 'PX', ARGV[4])
-    redis.call('hset', KEYS[1], ARGV[2], 1, record, '1 ' .. token .. ' ' .. ARGV[3])
-    redis.call('pexpire', KEYS[1], ARGV[1])
-    return {1, 1, tonumber(token)}
+local function acquire(lock, fence, lease, owner, request)
+    local record = 'req:' .. owner
+
+    if redis.call('exists', lock) == 0 then
+        if not now then
+            local time = redis.call('time')
+            now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+        end
+        local last = tonumber(redis.call('get', fence) or '0')
+        local token = math.max(last + 1, now)
+        -- '%.0f': tostring() would write large numbers as 1.7e+15
+        token = string.format('%.0f', token)
+        redis.call('set', fence, token, 'PX', token_life)
+        redis.call('hset', lock, owner, 1, record, '1 ' .. token .. ' ' .. request)
+        redis.call('pexpire', lock, lease)
+        return {1, 1, tonumber(token)}
+    end
+
+    local found = redis.call('hmget', lock, owner, record)
+    if not found[1] then
+        return {0, redis.call('pttl', lock), 0}
+    end
+    local holds, token, id = string.match(found[2] or '', '^(%d+) (%d*) (.*)$')
+    if id == request then
+        return {1, tonumber(holds), tonumber(token)}
+    end
+    -- The holder's token: in its record since it took the lock, unless the
+    -- fair lock's script (which writes no record) took it.
+    if token == nil or token == '' then
+        token = string.format('%.0f', tonumber(redis.call('get', fence) or '0'))
+    end
+    holds = redis.call('hincrby', lock, owner, 1)
+    redis.call('hset', lock, record, holds .. ' ' .. token .. ' ' .. request)
+    redis.call('pexpire', lock, lease)
+    return {1, holds, tonumber(token)}
 end
 
-local found = redis.call('hmget', KEYS[1], ARGV[2], record)
-if not found[1] then
-    return {0, redis.call('pttl', KEYS[1]), 0}
+local answers = {}
+for i = 1, #KEYS / 2 do
+    answers[i] = acquire(KEYS[2 * i - 1], KEYS[2 * i],
+        ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i])
 end
-local holds, token, id = string.match(found[2] or '', '^(%d+) (%d*) (.*)$')
-if id == ARGV[3] then
-    return {1, tonumber(holds), tonumber(token)}
-end
--- The holder's token: in its record since it took the lock, unless the
--- fair lock's script (which writes no record) took it.
-if token == nil or token == '' then
-    token = string.format('%.0f', tonumber(redis.call('get', KEYS[2]) or '0'))
-end
-holds = redis.call('hincrby', KEYS[1], ARGV[2], 1)
-redis.call('hset', KEYS[1], record, holds .. ' ' .. token .. ' ' .. ARGV[3])
-redis.call('pexpire', KEYS[1], ARGV[1])
-return {1, holds, tonumber(token)}
+return answers

@@ -157,6 +157,34 @@ pub fn cluster_client(urls: Vec<String>, timeout: Duration) -> RedisResult<Clust
         .build()
 }
 
+/// `items` in groups for one script call each, at most `max` to a group;
+/// on a cluster, each group's keys (`key` of each item) in one slot, since
+/// a script may only touch keys of the node it runs on.
+pub(super) fn script_batches<'a, T>(
+    cluster: bool,
+    items: impl IntoIterator<Item = &'a T>,
+    key: impl Fn(&T) -> &str,
+    max: usize,
+) -> Vec<Vec<&'a T>> {
+    let groups: Vec<Vec<&T>> = if cluster {
+        let mut by_slot: std::collections::HashMap<u16, Vec<&T>> = Default::default();
+        for item in items {
+            by_slot
+                .entry(slot(key(item).as_bytes()))
+                .or_default()
+                .push(item);
+        }
+        by_slot.into_values().collect()
+    } else {
+        vec![items.into_iter().collect()]
+    };
+    groups
+        .iter()
+        .flat_map(|group| group.chunks(max.max(1)).map(<[&T]>::to_vec))
+        .filter(|group| !group.is_empty())
+        .collect()
+}
+
 /// The Redis Cluster slot of `key`: CRC-16/XMODEM of its hash tag (the
 /// part between the first `{` and the next `}`, when not empty) or of the
 /// whole key, modulo 16384.

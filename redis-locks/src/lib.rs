@@ -329,7 +329,7 @@ use guard::{GuardCore, GuardedLock, Term};
 use pubsub::{Subscriber, Woken};
 use watchdog::{Renewal, Watchdog};
 
-use redis::Script;
+use redis::{Script, ScriptInvocation};
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
@@ -347,6 +347,36 @@ pub enum LockError {
     /// it, or its lease ran out (and someone else may hold it now).
     #[error("lock {key} is not held by {owner}")]
     NotHeld { key: String, owner: String },
+}
+
+impl LockError {
+    /// The error of one call that gave back several locks, as each of them
+    /// reports it (`RedisError` cannot be cloned; its kind, message and
+    /// whether it timed out are kept).
+    fn for_each_lock(&self) -> Self {
+        match self {
+            Self::Redis(e) if e.is_io_error() => Self::Redis(
+                std::io::Error::new(
+                    if e.is_timeout() {
+                        std::io::ErrorKind::TimedOut
+                    } else {
+                        std::io::ErrorKind::Other
+                    },
+                    e.to_string(),
+                )
+                .into(),
+            ),
+            Self::Redis(e) => Self::Redis((e.kind(), "lock command failed", e.to_string()).into()),
+            Self::NodesUnavailable { answered, needed } => Self::NodesUnavailable {
+                answered: *answered,
+                needed: *needed,
+            },
+            Self::NotHeld { key, owner } => Self::NotHeld {
+                key: key.clone(),
+                owner: owner.clone(),
+            },
+        }
+    }
 }
 
 /// Who holds a lock: a process UUID and an id chosen by the caller.
@@ -505,6 +535,90 @@ impl LockClient {
                 pending_releases: TaskTracker::new(),
             }),
         }
+    }
+
+    /// Tries each `(lock, owner, lease)` of `requests` as
+    /// [`Lock::try_acquire`] would, in as few calls as Redis allows: one
+    /// script call for up to [`LOCKS_PER_CALL`] locks (on a Redis Cluster,
+    /// one per slot, the calls at once). For a caller that gathers the
+    /// acquisitions of many owners that arrive together. The answers come
+    /// in the order of `requests`; a lock of another client is tried on its
+    /// own.
+    pub async fn try_acquire_all(
+        &self,
+        requests: &[(&Lock, &Owner, Lease)],
+    ) -> Vec<Result<Acquired, LockError>> {
+        let (ours, others): (Vec<_>, Vec<_>) = requests
+            .iter()
+            .enumerate()
+            .partition(|(_, (lock, ..))| Arc::ptr_eq(&lock.shared, &self.shared));
+        // (place, (lock, owner, term, request id)) of each lock tried here.
+        let tries: Vec<_> = ours
+            .into_iter()
+            .map(|(at, (lock, owner, lease))| {
+                let term = self.shared.resolve(*lease);
+                (at, (*lock, *owner, term, new_request_id()))
+            })
+            .collect();
+        let acquired = self.shared.per_lock(
+            &self.shared.acquire,
+            &tries,
+            |(lock, ..)| lock,
+            |(lock, owner, term, request_id), invocation| {
+                lock.add_acquire(invocation, owner, *term, request_id);
+            },
+            FENCE_KEY_TTL_MS,
+            |(lock, owner, term, _), answer: Option<(i64, i64, i64)>| {
+                Ok(lock.acquired(owner, *term, answer.unwrap_or((0, -1, 0))))
+            },
+        );
+        let alone = others
+            .into_iter()
+            .map(|(at, (lock, owner, lease))| async move {
+                vec![(at, lock.try_acquire(owner, *lease).await)]
+            });
+        gathered(acquired, alone).await
+    }
+
+    /// Gives back every hold in `guards` as [`LockGuard::unlock`] would, in
+    /// as few calls as Redis allows: one script call for up to
+    /// [`LOCKS_PER_CALL`] locks (on a Redis Cluster, one per slot, the calls
+    /// at once). For a caller that ends many holds together, such as a batch
+    /// of work whose locks all end when it commits. The answers come in the
+    /// order of `guards`; a guard of another client is given back on its
+    /// own.
+    pub async fn unlock_all(&self, guards: Vec<LockGuard>) -> Vec<Result<Released, LockError>> {
+        let (ours, others): (Vec<_>, Vec<_>) = guards
+            .into_iter()
+            .enumerate()
+            .partition(|(_, guard)| Arc::ptr_eq(&guard.core.lock.shared, &self.shared));
+        // (place, (lock, owner, lease, request id)) of each hold given back.
+        let holds: Vec<_> = ours
+            .into_iter()
+            .map(|(at, mut guard)| {
+                let (lock, owner, lease) = guard.core.give_back();
+                (at, (lock.clone(), owner.clone(), lease, new_request_id()))
+            })
+            .collect();
+        let released = self.shared.per_lock(
+            &self.shared.release,
+            &holds,
+            |(lock, ..)| lock,
+            |(lock, owner, lease, request_id), invocation| {
+                lock.add_release(invocation, owner, *lease, request_id);
+            },
+            RELEASE_MEMORY_MS,
+            |(lock, owner, ..), left: Option<i64>| lock.released(owner, left.unwrap_or(-1)),
+        );
+        let alone = others
+            .into_iter()
+            .map(|(at, guard)| async move { vec![(at, guard.unlock().await)] });
+        gathered(released, alone).await
+    }
+
+    /// The deadline of each call to Redis (`LockOptions::command_timeout`).
+    pub fn command_timeout(&self) -> Duration {
+        self.shared.conn.timeout()
     }
 
     /// This process's part of every owner it makes.
@@ -697,27 +811,47 @@ impl Lock {
         request_id: &str,
     ) -> Result<Acquired, LockError> {
         let term = self.shared.resolve(lease.into());
-        let (acquired, value, fence): (i64, i64, i64) = self
-            .send_logged(
-                &self.shared.acquire,
-                &[self.fence_key()],
-                owner,
-                term.lease,
-                request_id,
-                &[FENCE_KEY_TTL_MS],
-            )
-            .await?;
+        let mut invocation = self.shared.acquire.prepare_invoke();
+        self.add_acquire(&mut invocation, owner, term, request_id);
+        invocation.arg(FENCE_KEY_TTL_MS);
+        let answers: Vec<(i64, i64, i64)> =
+            self.shared.send_idempotent(&self.key, &invocation).await?;
+        let answer = answers.first().copied().unwrap_or((0, -1, 0));
+        Ok(self.acquired(owner, term, answer))
+    }
+
+    /// Adds `owner`'s acquisition to a call of the acquire script
+    /// (`lua/lock_acquire.lua`, which takes each lock it is given as if
+    /// alone).
+    fn add_acquire(
+        &self,
+        invocation: &mut ScriptInvocation<'_>,
+        owner: &Owner,
+        term: Term,
+        request_id: &str,
+    ) {
+        invocation
+            .key(&*self.key)
+            .key(self.fence_key())
+            .arg(lease_ms(term.lease))
+            .arg(owner.as_str())
+            .arg(request_id);
+    }
+
+    /// What the acquire script answered for this lock: `(1, holds, token)`
+    /// or `(0, pttl, 0)`.
+    fn acquired(
+        &self,
+        owner: &Owner,
+        term: Term,
+        (acquired, value, fence): (i64, i64, i64),
+    ) -> Acquired {
         if acquired == 1 {
-            Ok(Acquired::Yes(LockGuard::granted(
-                self.clone(),
-                owner,
-                term,
-                fence,
-            )))
+            Acquired::Yes(LockGuard::granted(self.clone(), owner, term, fence))
         } else {
-            Ok(Acquired::HeldByOther {
+            Acquired::HeldByOther {
                 lease_left: lease_left(value),
-            })
+            }
         }
     }
 
@@ -735,16 +869,34 @@ impl Lock {
         lease: Duration,
         request_id: &str,
     ) -> Result<Released, LockError> {
-        let left: i64 = self
-            .send_logged(
-                &self.shared.release,
-                &[self.channel(), self.released_key(request_id)],
-                owner,
-                lease,
-                request_id,
-                &[RELEASE_MEMORY_MS],
-            )
-            .await?;
+        let mut invocation = self.shared.release.prepare_invoke();
+        self.add_release(&mut invocation, owner, lease, request_id);
+        invocation.arg(RELEASE_MEMORY_MS);
+        let left: Vec<i64> = self.shared.send_idempotent(&self.key, &invocation).await?;
+        self.released(owner, left.first().copied().unwrap_or(-1))
+    }
+
+    /// Adds the release of `owner`'s hold to a call of the release script
+    /// (`lua/lock_release.lua`, which gives back one hold of each lock it
+    /// is given).
+    fn add_release(
+        &self,
+        invocation: &mut ScriptInvocation<'_>,
+        owner: &Owner,
+        lease: Duration,
+        request_id: &str,
+    ) {
+        invocation
+            .key(&*self.key)
+            .key(self.channel())
+            .key(self.released_key(request_id))
+            .arg(lease_ms(lease))
+            .arg(owner.as_str())
+            .arg(request_id);
+    }
+
+    /// What the release script answered for this lock.
+    fn released(&self, owner: &Owner, left: i64) -> Result<Released, LockError> {
         match left {
             0 => Ok(Released::Free),
             n if n > 0 => Ok(Released::StillHeld(u32::try_from(n).unwrap_or(u32::MAX))),
@@ -752,53 +904,6 @@ impl Lock {
                 key: self.key.to_string(),
                 owner: owner.to_string(),
             }),
-        }
-    }
-
-    /// Runs one of the scripts that remember their request ids (acquire,
-    /// release) on `owner`'s hold. Their KEYS: the lock, then `keys`; their
-    /// ARGV: the lease, the owner, the request id, then `args`. Resent (same
-    /// request id, so at most once in effect) when the connection failed or
-    /// timed out.
-    async fn send_logged<T: redis::FromRedisValue>(
-        &self,
-        script: &Script,
-        keys: &[String],
-        owner: &Owner,
-        lease: Duration,
-        request_id: &str,
-        args: &[u64],
-    ) -> Result<T, LockError> {
-        let mut invocation = script.key(&*self.key);
-        for key in keys {
-            invocation.key(key);
-        }
-        invocation
-            .arg(lease_ms(lease))
-            .arg(owner.as_str())
-            .arg(request_id);
-        for arg in args {
-            invocation.arg(arg);
-        }
-        // Every attempt within one deadline: resending never makes a call
-        // outlast the command timeout.
-        let deadline = tokio::time::Instant::now() + self.shared.conn.timeout();
-        let mut attempt = 1;
-        loop {
-            let result = self
-                .shared
-                .conn
-                .invoke_by(deadline, &invocation)
-                .await
-                .map_err(LockError::from);
-            match result {
-                Err(error) if attempt < SEND_ATTEMPTS && is_transient(&error) => {
-                    tracing::debug!(key = %self.key, %error, attempt, "resending a lock command");
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
-                }
-                other => return other,
-            }
         }
     }
 
@@ -966,6 +1071,88 @@ impl Drop for LockGuard {
 }
 
 impl Shared {
+    /// Runs one of the scripts that remember their request ids (acquire,
+    /// release) within one command deadline, resending it (same request
+    /// ids, so at most once in effect) when the connection failed or timed
+    /// out. `key` names the lock in the logs.
+    async fn send_idempotent<T: redis::FromRedisValue>(
+        &self,
+        key: &str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, LockError> {
+        // Every attempt within one deadline: resending never makes a call
+        // outlast the command timeout.
+        let deadline = tokio::time::Instant::now() + self.conn.timeout();
+        let mut attempt = 1;
+        loop {
+            let result = self
+                .conn
+                .invoke_by(deadline, invocation)
+                .await
+                .map_err(LockError::from);
+            match result {
+                Err(error) if attempt < SEND_ATTEMPTS && is_transient(&error) => {
+                    tracing::debug!(%key, %error, attempt, "resending a lock command");
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Runs `script` for many locks: one call per [`LOCKS_PER_CALL`] of
+    /// `items` (on a cluster, per slot; the calls at once), each item
+    /// adding its keys and arguments (`add`), `last` the call's final
+    /// argument. Each item's answer is `answer` of its part of the script's
+    /// answer, or the call's error; `at` (the item's place) goes with it.
+    async fn per_lock<I, A, R>(
+        &self,
+        script: &Script,
+        items: &[(usize, I)],
+        lock_of: impl Fn(&I) -> &Lock,
+        add: impl Fn(&I, &mut ScriptInvocation<'_>),
+        last: u64,
+        answer: impl Fn(&I, Option<A>) -> Result<R, LockError>,
+    ) -> Vec<(usize, Result<R, LockError>)>
+    where
+        A: redis::FromRedisValue + Clone,
+    {
+        let batches = endpoint::script_batches(
+            self.conn.is_cluster(),
+            items,
+            |(_, item)| &lock_of(item).key,
+            LOCKS_PER_CALL,
+        );
+        let (add, answer, lock_of) = (&add, &answer, &lock_of);
+        let calls = batches.into_iter().map(|batch| async move {
+            let mut invocation = script.prepare_invoke();
+            for (_, item) in &batch {
+                add(item, &mut invocation);
+            }
+            invocation.arg(last);
+            let answers: Result<Vec<A>, LockError> = self
+                .send_idempotent(&lock_of(&batch[0].1).key, &invocation)
+                .await;
+            batch
+                .iter()
+                .enumerate()
+                .map(|(i, (at, item))| {
+                    let mine = match &answers {
+                        Ok(answers) => answer(item, answers.get(i).cloned()),
+                        Err(error) => Err(error.for_each_lock()),
+                    };
+                    (*at, mine)
+                })
+                .collect::<Vec<_>>()
+        });
+        futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
     /// Releases the hold of a guard dropped without `unlock`, on a task the
     /// client tracks (so `shutdown` waits for it). Failing that, the lease
     /// frees the lock; either way it is logged.
@@ -1031,6 +1218,29 @@ where
             subscription = None;
         }
     }
+}
+
+/// Most locks one call of the acquire or the release script takes or gives
+/// back.
+pub const LOCKS_PER_CALL: usize = 64;
+
+/// The answers of a call on many locks, back in the caller's order: those
+/// of the script calls (`batched`) and those of the locks tried on their
+/// own.
+async fn gathered<T>(
+    batched: impl std::future::Future<Output = Vec<(usize, Result<T, LockError>)>>,
+    alone: impl IntoIterator<
+        Item = impl std::future::Future<Output = Vec<(usize, Result<T, LockError>)>>,
+    >,
+) -> Vec<Result<T, LockError>> {
+    let (batched, alone) =
+        futures_util::future::join(batched, futures_util::future::join_all(alone)).await;
+    let mut answers: Vec<_> = batched
+        .into_iter()
+        .chain(alone.into_iter().flatten())
+        .collect();
+    answers.sort_by_key(|(at, _)| *at);
+    answers.into_iter().map(|(_, answer)| answer).collect()
 }
 
 /// How many times a lock command is sent before its error is returned.

@@ -183,31 +183,10 @@ impl Watchdog {
         true
     }
 
-    /// The plain holds in script calls of at most [`BATCH`] keys; on a
-    /// cluster, each call's keys in one slot (a script may only touch keys
-    /// of the node it runs on).
+    /// The plain holds in script calls of at most [`BATCH`] keys (on a
+    /// cluster, each call's keys in one slot).
     fn batches<'a>(&self, plain: &'a [Entry]) -> Vec<Vec<&'a Entry>> {
-        let mut groups: Vec<Vec<&Entry>> = if self.conn.is_cluster() {
-            let mut by_slot: HashMap<u16, Vec<&Entry>> = HashMap::new();
-            for entry in plain {
-                by_slot
-                    .entry(super::endpoint::slot(entry.1.as_bytes()))
-                    .or_default()
-                    .push(entry);
-            }
-            by_slot.into_values().collect()
-        } else {
-            vec![plain.iter().collect()]
-        };
-        groups
-            .drain(..)
-            .flat_map(|group| {
-                group
-                    .chunks(BATCH)
-                    .map(<[&Entry]>::to_vec)
-                    .collect::<Vec<_>>()
-            })
-            .collect()
+        super::endpoint::script_batches(self.conn.is_cluster(), plain, |entry| &entry.1, BATCH)
     }
 
     /// Records renewal results: `Ok(false)` means the hold is gone; an error

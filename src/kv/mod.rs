@@ -157,6 +157,11 @@ impl Kv {
         self.conn.is_cluster()
     }
 
+    /// The deadline of every call.
+    pub fn timeout(&self) -> Duration {
+        self.conn.timeout()
+    }
+
     /// Runs one command.
     pub async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, KvError> {
         Ok(self.conn.query(cmd).await?)

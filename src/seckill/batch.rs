@@ -20,7 +20,8 @@ use super::clock::SaleClock;
 use super::error::{Result, SeckillError};
 use super::gate::{Gates, Ticket};
 use super::soldout::SoldOutFlags;
-use super::workers::{Background, Workers};
+use super::user_lock::{UserGuard, UserLocks};
+use super::workers::{Background, Queue, Workers};
 use crate::id::{self, IdGenerator, OrderId};
 use crate::store::{BatchSale, Sale, SaleRequest, StockLevel, Store, StoreError, Voucher};
 
@@ -51,6 +52,9 @@ struct Pending {
     fence: i64,
     redraws: u8,
     reply: oneshot::Sender<Result<Outcome>>,
+    /// The user's lock, given back (with the rest of its batch's, in one
+    /// call) just before the purchase is answered.
+    guard: UserGuard,
     /// The purchase's place at the gate, given up when it is answered (or
     /// dropped): those waiting there wake.
     _place: Ticket,
@@ -63,90 +67,66 @@ pub(super) struct Batcher {
 }
 
 struct Inner {
-    store: Store,
-    ids: IdGenerator,
-    flags: Arc<SoldOutFlags>,
-    gates: Arc<Gates>,
-    clock: SaleClock,
+    deps: Deps,
     /// Most purchases in one batch; 1 is one order per transaction.
     max: usize,
     /// Each voucher's writer, by its queue.
-    writers: Workers<mpsc::UnboundedSender<Pending>>,
+    writers: Workers<Queue<Pending>>,
+}
+
+/// What the batch writers work with, from the rest of the instance.
+pub(super) struct Deps {
+    pub(super) store: Store,
+    pub(super) ids: IdGenerator,
+    pub(super) flags: Arc<SoldOutFlags>,
+    pub(super) gates: Arc<Gates>,
+    pub(super) locks: UserLocks,
+    pub(super) clock: SaleClock,
 }
 
 impl Batcher {
-    pub(super) fn new(
-        store: Store,
-        ids: IdGenerator,
-        flags: Arc<SoldOutFlags>,
-        gates: Arc<Gates>,
-        clock: SaleClock,
-        max: usize,
-        background: Background,
-    ) -> Self {
+    /// Batchers of at most `max` purchases per batch, whose writers run
+    /// among `background`'s tasks.
+    pub(super) fn new(deps: Deps, max: usize, background: Background) -> Self {
         Self {
             inner: Arc::new(Inner {
-                store,
-                ids,
-                flags,
-                gates,
-                clock,
+                deps,
                 max: max.max(1),
                 writers: Workers::new(background),
             }),
         }
     }
 
-    /// Sells one unit of `voucher` to `user_id`, who holds the lock whose
-    /// token is `fence` and the gate's `place`, in the voucher's next
-    /// batch. If this future is dropped while its batch commits, the order
-    /// stands.
+    /// Sells one unit of `voucher` to `user_id`, who holds the lock
+    /// `guard` and the gate's `place`, in the voucher's next batch. The
+    /// batch gives the lock back before it answers. If this future is
+    /// dropped while its batch commits, the order stands.
     pub(super) async fn sell(
         &self,
         voucher: Arc<Voucher>,
         user_id: i64,
-        fence: i64,
+        guard: UserGuard,
         place: Ticket,
     ) -> Result<Outcome> {
         let (reply, answer) = oneshot::channel();
-        let mut pending = Pending {
+        let pending = Pending {
             voucher,
             user_id,
-            fence,
+            fence: guard.fence(),
             redraws: 0,
             reply,
+            guard,
             _place: place,
         };
-        loop {
-            let writer = self.writer(pending.voucher.id);
-            match writer.send(pending) {
-                Ok(()) => break,
-                // The writer retired between our lookup and the send.
-                Err(mpsc::error::SendError(back)) => {
-                    pending = back;
-                    self.inner
-                        .writers
-                        .retire_if(pending.voucher.id, |w| w.same_channel(&writer));
-                }
-            }
-        }
+        let voucher_id = pending.voucher.id;
+        self.inner
+            .writers
+            .send(voucher_id, pending, |arrivals, stop| {
+                write(self.inner.clone(), voucher_id, arrivals, stop)
+            });
         answer
             .await
             .map_err(|_| SeckillError::Internal("the sale writer stopped".into()))?
-    }
-
-    /// The queue of `voucher_id`'s writer, starting the writer if there is
-    /// none.
-    fn writer(&self, voucher_id: i64) -> mpsc::UnboundedSender<Pending> {
-        self.inner.writers.get_or_start(
-            voucher_id,
-            |writer| !writer.is_closed(),
-            |stop| {
-                let (queue, arrivals) = mpsc::unbounded_channel();
-                let task = write(self.inner.clone(), voucher_id, arrivals, stop);
-                (queue, task)
-            },
-        )
     }
 }
 
@@ -176,7 +156,7 @@ async fn write(
             match arrived {
                 Some(Some(pending)) => waiting.push_back(pending),
                 Some(None) => return,
-                None => retiring = retire(&inner, voucher_id, &mut arrivals),
+                None => retiring = inner.writers.retire_idle(voucher_id, &mut arrivals),
             }
         }
         while waiting.len() < inner.max {
@@ -193,19 +173,6 @@ async fn write(
             }
         }
     }
-}
-
-/// Stops taking purchases when the queue is empty: removes the writer from
-/// the map and closes its queue (a purchase that still gets through before
-/// the close is served by the last batches). `false`: not idle after all.
-fn retire(inner: &Inner, voucher_id: i64, arrivals: &mut mpsc::UnboundedReceiver<Pending>) -> bool {
-    inner.writers.retire_if(voucher_id, |_| {
-        if !arrivals.is_empty() {
-            return false;
-        }
-        arrivals.close();
-        true
-    })
 }
 
 /// The next batch: up to `max` purchases in arrival order, one per user (a
@@ -236,29 +203,30 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
     // Purchases that passed the flag just before this instance saw the
     // voucher sold out need no statement to learn it.
     let mut open = Vec::with_capacity(batch.len());
+    let mut known = Vec::new();
     for pending in batch {
-        if inner.flags.known_sold_out(&pending.voucher).await {
-            let _ = pending.reply.send(Ok(Outcome::SoldOut));
+        if inner.deps.flags.known_sold_out(&pending.voucher).await {
+            known.push((pending, Ok(Outcome::SoldOut)));
         } else {
             open.push(pending);
         }
     }
+    answer(inner, known).await;
     let batch = open;
     if batch.is_empty() {
         return Vec::new();
     }
     metrics::histogram!("seckill_sale_batch_size").record(batch.len() as f64);
     let size = u32::try_from(batch.len()).unwrap_or(u32::MAX);
-    let ids = match inner.ids.next_ids(size).await {
+    let ids = match inner.deps.ids.next_ids(size).await {
         Ok(ids) => ids,
         Err(error) => {
-            let error = SeckillError::from(error);
-            answer_all(batch, &error);
+            answer(inner, failed(batch, &SeckillError::from(error))).await;
             return Vec::new();
         }
     };
     // Created now on the sale's clock: the payment deadline counts from it.
-    let at = inner.clock.now();
+    let at = inner.deps.clock.now();
     let requests: Vec<SaleRequest> = batch
         .iter()
         .zip(&ids)
@@ -270,21 +238,23 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
         })
         .collect();
 
-    let BatchSale { sales, level } = match sell_batch(&inner.store, voucher_id, &requests).await {
-        Ok(sold) => sold,
-        Err(error) => {
-            answer_all(batch, &SeckillError::from(error));
-            return Vec::new();
-        }
-    };
+    let BatchSale { sales, level } =
+        match sell_batch(&inner.deps.store, voucher_id, &requests).await {
+            Ok(sold) => sold,
+            Err(error) => {
+                answer(inner, failed(batch, &SeckillError::from(error))).await;
+                return Vec::new();
+            }
+        };
 
     // Before anyone is answered: those waiting at the gate for this batch
     // find what it left when they wake.
     if let Some(level) = level {
-        inner.gates.saw(voucher_id, level);
+        inner.deps.gates.saw(voucher_id, level);
     }
     let voucher = batch[0].voucher.clone();
     let mut redo = Vec::new();
+    let mut answers = Vec::with_capacity(batch.len());
     let mut taken_id = None;
     let mut sold_out = false;
     for ((pending, sale), id) in batch.into_iter().zip(sales).zip(ids) {
@@ -302,8 +272,9 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
                 continue;
             }
         };
-        let _ = pending.reply.send(Ok(outcome));
+        answers.push((pending, Ok(outcome)));
     }
+    answer(inner, answers).await;
     if let Some(taken) = taken_id {
         redo = redraw(inner, taken, redo).await;
     }
@@ -339,27 +310,27 @@ pub(super) async fn sell_batch(
 async fn redraw(inner: &Inner, taken: OrderId, redo: Vec<Pending>) -> Vec<Pending> {
     tracing::warn!(%taken, "order id already taken: the id counter was lost");
     if let Err(error) = recover_id_counter(inner, taken).await {
-        answer_all(redo, &error);
+        answer(inner, failed(redo, &error)).await;
         return Vec::new();
     }
-    let mut again = Vec::new();
-    for mut pending in redo {
-        pending.redraws += 1;
-        if pending.redraws > REDRAWS {
-            let _ = pending.reply.send(Err(SeckillError::redis_unavailable(
-                "the order-id counter keeps handing out ids that are taken",
-            )));
-        } else {
-            again.push(pending);
-        }
-    }
+    let (again, spent): (Vec<_>, Vec<_>) = redo
+        .into_iter()
+        .map(|mut pending| {
+            pending.redraws += 1;
+            pending
+        })
+        .partition(|pending| pending.redraws <= REDRAWS);
+    let error = SeckillError::redis_unavailable(
+        "the order-id counter keeps handing out ids that are taken",
+    );
+    answer(inner, failed(spent, &error)).await;
     again
 }
 
 /// Raises the day's id counter of `taken` past every id Postgres holds for
 /// that day.
 async fn recover_id_counter(inner: &Inner, taken: OrderId) -> Result<()> {
-    raise_id_counter(&inner.store, &inner.ids, taken.drawn_at(), 0).await?;
+    raise_id_counter(&inner.deps.store, &inner.deps.ids, taken.drawn_at(), 0).await?;
     metrics::counter!("seckill_id_counter_recoveries_total").increment(1);
     Ok(())
 }
@@ -386,19 +357,59 @@ pub(super) async fn raise_id_counter(
 async fn publish(inner: &Inner, voucher: &Voucher, level: Option<StockLevel>, sold_out: bool) {
     let level = match level {
         Some(level) => Some(level),
-        None if sold_out => inner.store.stock_level(voucher.id).await.ok().flatten(),
+        None if sold_out => inner
+            .deps
+            .store
+            .stock_level(voucher.id)
+            .await
+            .ok()
+            .flatten(),
         None => None,
     };
     if let Some(level) = level.filter(|l| l.stock == 0) {
         inner
+            .deps
             .flags
-            .publish(voucher.id, voucher.end_time, level, inner.clock.now())
+            .publish(voucher.id, voucher.end_time, level, inner.deps.clock.now())
             .await;
     }
 }
 
-fn answer_all(batch: Vec<Pending>, error: &SeckillError) {
-    for pending in batch {
-        let _ = pending.reply.send(Err(error.clone()));
+/// Every purchase of `batch`, answered `error`.
+fn failed(batch: Vec<Pending>, error: &SeckillError) -> Vec<(Pending, Result<Outcome>)> {
+    batch
+        .into_iter()
+        .map(|pending| (pending, Err(error.clone())))
+        .collect()
+}
+
+/// Gives back the users' locks of these purchases (one Redis call for up to
+/// `redis_locks::LOCKS_PER_CALL` of them), then answers each: a buyer hears
+/// once the lock is free, so a retry finds the order, not the lock. A lock
+/// that cannot be given back runs out with its lease; the answer stands
+/// (the order, if any, is committed, and the unique index keeps it single).
+async fn answer(inner: &Inner, answers: Vec<(Pending, Result<Outcome>)>) {
+    if answers.is_empty() {
+        return;
+    }
+    let mut guards = Vec::with_capacity(answers.len());
+    let mut replies = Vec::with_capacity(answers.len());
+    for (pending, outcome) in answers {
+        let Pending {
+            voucher,
+            user_id,
+            reply,
+            guard,
+            ..
+        } = pending;
+        guards.push(guard);
+        replies.push((voucher.id, user_id, reply, outcome));
+    }
+    let released = inner.deps.locks.unlock_all(guards).await;
+    for ((voucher_id, user_id, reply, outcome), released) in replies.into_iter().zip(released) {
+        if let Err(error) = released {
+            tracing::warn!(user_id, voucher_id, %error, "releasing the purchase lock failed");
+        }
+        let _ = reply.send(outcome);
     }
 }

@@ -41,6 +41,7 @@ use async_sale::{Pause, Reconciliation};
 pub use clock::SaleClock;
 pub use error::{Result, SeckillError};
 pub use lifecycle::PaymentAnswer;
+use user_lock::Lockers;
 pub use user_lock::{UserGuard, UserLocks};
 
 use crate::id::{IdGenerator, OrderId};
@@ -158,6 +159,8 @@ struct Inner {
     store: Store,
     redis: Kv,
     locks: UserLocks,
+    /// Takes the locks of a voucher's purchases that arrive together.
+    lockers: Arc<Lockers>,
     batcher: Batcher,
     async_sales: AsyncSales,
     clock: SaleClock,
@@ -201,11 +204,14 @@ impl Seckill {
         let background = Background::default();
         let gates = Arc::new(Gates::new(settings.gate_wait));
         let batcher = Batcher::new(
-            store.clone(),
-            ids.clone(),
-            flags.clone(),
-            gates.clone(),
-            clock.clone(),
+            batch::Deps {
+                store: store.clone(),
+                ids: ids.clone(),
+                flags: flags.clone(),
+                gates: gates.clone(),
+                locks: locks.clone(),
+                clock: clock.clone(),
+            },
             settings.sale_batch_max,
             background.clone(),
         );
@@ -217,9 +223,11 @@ impl Seckill {
             &settings,
             background.clone(),
         );
+        let lockers = Lockers::new(locks.clone(), settings.lock_lease, background.clone());
         Self {
             inner: Arc::new(Inner {
                 locks,
+                lockers,
                 batcher,
                 async_sales,
                 flags,
@@ -301,7 +309,6 @@ impl Seckill {
     }
 
     async fn try_purchase(&self, user_id: i64, voucher: Arc<Voucher>) -> Result<OrderId> {
-        let voucher_id = voucher.id;
         let now = self.inner.clock.now();
         if now < voucher.begin_time {
             return Err(SeckillError::NotStarted);
@@ -321,8 +328,8 @@ impl Seckill {
         let purchase = inner.purchases.fetch_add(1, Ordering::Relaxed);
         let asked = Instant::now();
         let acquired = inner
-            .locks
-            .try_lock(user_id, purchase, inner.settings.lock_lease)
+            .lockers
+            .try_lock(voucher.id, user_id, purchase)
             .await?;
         metrics::histogram!("seckill_lock_acquire_seconds").record(asked.elapsed().as_secs_f64());
         let Some(guard) = acquired else {
@@ -330,34 +337,28 @@ impl Seckill {
             return Err(SeckillError::InProgress);
         };
 
-        let result = self
-            .buy_locked(user_id, voucher, guard.fence(), place)
-            .await;
-        // Released here on every path that returns; if this future is
-        // dropped instead (client gone, panic), the guard's Drop releases.
-        if let Err(error) = guard.unlock().await {
-            // The order, if any, is committed and the unique index kept it
-            // single; a lock that expired mid-purchase is worth a warning.
-            tracing::warn!(user_id, voucher_id, %error, "releasing the purchase lock failed");
-        }
-        result
+        self.buy_locked(user_id, voucher, guard, place).await
     }
 
     /// The part of a purchase that runs under the user's lock: a place in
-    /// the voucher's next batch, which keeps its `place` at the gate until
-    /// it answers.
+    /// the voucher's next batch, which keeps its `place` at the gate and
+    /// its `guard` until it answers, and gives the lock back (with the
+    /// rest of the batch's, in one call) just before. If this future is
+    /// dropped instead (client gone), the batch still answers and releases;
+    /// a guard dropped before it reached a batch releases on its drop.
     async fn buy_locked(
         &self,
         user_id: i64,
         voucher: Arc<Voucher>,
-        fence: i64,
+        guard: UserGuard,
         place: gate::Ticket,
     ) -> Result<OrderId> {
         let voucher_id = voucher.id;
+        let fence = guard.fence();
         match self
             .inner
             .batcher
-            .sell(voucher, user_id, fence, place)
+            .sell(voucher, user_id, guard, place)
             .await?
         {
             Outcome::Sold(order_id) => Ok(order_id),

@@ -1,10 +1,22 @@
 //! The per-user purchase lock: on the service's Redis (the default), or
 //! RedLock over independent Redis nodes when `SECKILL_LOCK_REDIS_URLS` names
-//! them, so that losing one Redis does not stop (or split) purchases.
+//! them, so that losing one Redis does not stop (or split) purchases; and
+//! [`Lockers`], which takes the locks of a voucher's purchases that arrive
+//! together in one call.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use redis_locks::{Acquired, LockClient, LockError, LockGuard, MultiGuard, MultiNodeLocks};
+use redis_locks::{Acquired, Lease, LockClient, LockError, LockGuard, MultiGuard, MultiNodeLocks};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::workers::{Background, Queue, Workers};
+
+/// Most locks one gathered call takes.
+const GATHER_MAX: usize = redis_locks::LOCKS_PER_CALL;
+/// A voucher's locker with nothing to do for this long stops.
+const GATHER_IDLE: Duration = Duration::from_secs(30);
 
 /// Where users' purchase locks live.
 #[derive(Clone)]
@@ -34,8 +46,7 @@ impl UserLocks {
         purchase: u64,
         lease: Duration,
     ) -> Result<Option<UserGuard>, LockError> {
-        let name = format!("order:{user_id}");
-        let owner_id = format!("purchase-{purchase}");
+        let (name, owner_id) = lock_of(user_id, purchase);
         match self {
             Self::Single(locks) => match locks
                 .lock(&name)
@@ -64,6 +75,38 @@ impl UserLocks {
                 locks,
                 node_timeout,
             } => locks.check_writable(*node_timeout).await,
+        }
+    }
+
+    /// Releases many held locks together (a batch that just committed): in
+    /// one Redis call per [`redis_locks::LOCKS_PER_CALL`] locks on one Redis;
+    /// with RedLock, each on its own, all at once. One answer per guard, in
+    /// order, as [`UserGuard::unlock`] gives it.
+    pub async fn unlock_all(&self, guards: Vec<UserGuard>) -> Vec<Result<(), String>> {
+        match self {
+            Self::Single(locks) => {
+                let mut answers = Vec::with_capacity(guards.len());
+                let (mut at, mut single) = (Vec::new(), Vec::new());
+                for (i, guard) in guards.into_iter().enumerate() {
+                    match guard {
+                        UserGuard::Single(guard) => {
+                            at.push(i);
+                            single.push(guard);
+                            answers.push(Ok(()));
+                        }
+                        // Not made by an instance with one Redis; released
+                        // all the same.
+                        other => answers.push(other.unlock().await),
+                    }
+                }
+                for (i, released) in at.into_iter().zip(locks.unlock_all(single).await) {
+                    answers[i] = released.map(drop).map_err(|e| e.to_string());
+                }
+                answers
+            }
+            Self::RedLock { .. } => {
+                futures_util::future::join_all(guards.into_iter().map(UserGuard::unlock)).await
+            }
         }
     }
 
@@ -102,4 +145,130 @@ impl UserGuard {
             }
         }
     }
+}
+
+/// The lock of `user_id`'s purchases, and the owner id of one of them.
+fn lock_of(user_id: i64, purchase: u64) -> (String, String) {
+    (format!("order:{user_id}"), format!("purchase-{purchase}"))
+}
+
+/// Takes users' locks for purchases, without waiting: on one Redis, those
+/// of a voucher's purchases that reach this instance while its previous
+/// call is under way go together in the next call
+/// (`LockClient::try_acquire_all`, one run of the acquire script for up to
+/// `redis_locks::LOCKS_PER_CALL` locks), as group commit gathers a batch; a
+/// lone purchase goes at once. With RedLock, each purchase on its own.
+pub struct Lockers {
+    locks: UserLocks,
+    lease: Duration,
+    /// Longest a purchase waits for its lock's answer: the call ahead of it,
+    /// then its own.
+    wait: Duration,
+    workers: Workers<Queue<LockRequest>>,
+}
+
+struct LockRequest {
+    user_id: i64,
+    purchase: u64,
+    reply: oneshot::Sender<Result<Option<UserGuard>, LockError>>,
+}
+
+impl Lockers {
+    /// Lockers of `locks` giving holds of `lease`, their workers among
+    /// `background`'s tasks.
+    pub fn new(locks: UserLocks, lease: Duration, background: Background) -> Arc<Self> {
+        let wait = match &locks {
+            UserLocks::Single(client) => client.command_timeout() * 2,
+            UserLocks::RedLock { node_timeout, .. } => *node_timeout * 2,
+        };
+        Arc::new(Self {
+            locks,
+            lease,
+            wait,
+            workers: Workers::new(background),
+        })
+    }
+
+    /// Takes `user_id`'s lock for one purchase of `voucher_id`, without
+    /// waiting for its holder: `None` when another purchase of the user
+    /// holds it. A lock taken after its purchase stopped waiting is given
+    /// back (its guard drops).
+    pub async fn try_lock(
+        self: &Arc<Self>,
+        voucher_id: i64,
+        user_id: i64,
+        purchase: u64,
+    ) -> Result<Option<UserGuard>, LockError> {
+        if matches!(self.locks, UserLocks::RedLock { .. }) {
+            return self.locks.try_lock(user_id, purchase, self.lease).await;
+        }
+        let (reply, answer) = oneshot::channel();
+        let request = LockRequest {
+            user_id,
+            purchase,
+            reply,
+        };
+        let lockers = self.clone();
+        self.workers
+            .send(voucher_id, request, move |arrivals, stop| {
+                lockers.clone().lock_arrivals(voucher_id, arrivals, stop)
+            });
+        match tokio::time::timeout(self.wait, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(gave_up("the lock's call to Redis was dropped")),
+            Err(_) => Err(gave_up("Redis did not answer the lock in time")),
+        }
+    }
+
+    /// One voucher's locker: takes the locks of what has arrived in one
+    /// call, answers each, and again (see `Workers::gather`).
+    async fn lock_arrivals(
+        self: Arc<Self>,
+        voucher_id: i64,
+        arrivals: mpsc::UnboundedReceiver<LockRequest>,
+        stop: CancellationToken,
+    ) {
+        let UserLocks::Single(client) = &self.locks else {
+            return;
+        };
+        let lease = Lease::Fixed(self.lease);
+        self.workers
+            .gather(
+                voucher_id,
+                arrivals,
+                stop,
+                (GATHER_MAX, GATHER_IDLE),
+                |request| !request.reply.is_closed(),
+                |batch| async move {
+                    let names: Vec<(redis_locks::Lock, redis_locks::Owner)> = batch
+                        .iter()
+                        .map(|request| {
+                            let (name, owner) = lock_of(request.user_id, request.purchase);
+                            (client.lock(&name), client.owner(owner))
+                        })
+                        .collect();
+                    let tries: Vec<_> = names
+                        .iter()
+                        .map(|(lock, owner)| (lock, owner, lease))
+                        .collect();
+                    let answers = client.try_acquire_all(&tries).await;
+                    for (request, answer) in batch.into_iter().zip(answers) {
+                        let answer = answer.map(|acquired| match acquired {
+                            Acquired::Yes(guard) => Some(UserGuard::Single(guard)),
+                            Acquired::HeldByOther { .. } => None,
+                        });
+                        // A purchase that stopped waiting: its guard, if
+                        // any, drops here and is given back.
+                        let _ = request.reply.send(answer);
+                    }
+                },
+            )
+            .await;
+    }
+}
+
+/// The error of a lock whose answer did not come in time: a timeout, so
+/// that it is answered `503`.
+fn gave_up(why: &str) -> LockError {
+    LockError::Redis(std::io::Error::new(std::io::ErrorKind::TimedOut, why.to_owned()).into())
 }

@@ -1,5 +1,6 @@
 //! One registry of per-voucher background workers (group commit's batch
-//! writers, the async sales' stream writers, the lab's stream writers):
+//! writers, the async sales' acceptors and stream writers, the lab's
+//! stream writers):
 //! at most one per voucher in an
 //! instance, the race between starting one and retiring one closed in one
 //! place, and every task spawned on the instance's tracker, so that
@@ -9,6 +10,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
 
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -103,6 +105,108 @@ impl<H: Clone> Workers<H> {
     pub(crate) fn retain(&self, mut keep: impl FnMut(i64, &H) -> bool) {
         self.running()
             .retain(|voucher_id, handle| keep(*voucher_id, handle));
+    }
+}
+
+/// Workers fed by a queue each (group commit's batch writers, the async
+/// sales' acceptors): sending starts one when needed, and one retires only
+/// with its queue empty.
+pub(crate) type Queue<T> = mpsc::UnboundedSender<T>;
+
+impl<T: Send + 'static> Workers<Queue<T>> {
+    /// Sends `item` to `voucher_id`'s worker, starting one by `start` (given
+    /// the queue's receiving end and the stop signal) when none runs or the
+    /// running one retired between the lookup and the send.
+    pub(crate) fn send<F>(
+        &self,
+        voucher_id: i64,
+        mut item: T,
+        start: impl Fn(mpsc::UnboundedReceiver<T>, CancellationToken) -> F,
+    ) where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        loop {
+            let queue = self.get_or_start(
+                voucher_id,
+                |queue| !queue.is_closed(),
+                |stop| {
+                    let (queue, arrivals) = mpsc::unbounded_channel();
+                    (queue, start(arrivals, stop))
+                },
+            );
+            match queue.send(item) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(back)) => {
+                    item = back;
+                    self.retire_if(voucher_id, |running| running.same_channel(&queue));
+                }
+            }
+        }
+    }
+
+    /// The loop of a gathering worker: takes what has arrived (up to
+    /// `max`, dropping what `wanted` says nobody waits for any more), hands
+    /// it to `serve` as one batch, and again, until idle for `idle` (at
+    /// shutdown, until its queue is empty). A lone item is served at once;
+    /// what arrives meanwhile forms the next batch.
+    pub(crate) async fn gather<F, Fut>(
+        &self,
+        voucher_id: i64,
+        mut arrivals: mpsc::UnboundedReceiver<T>,
+        stop: CancellationToken,
+        (max, idle): (usize, std::time::Duration),
+        wanted: impl Fn(&T) -> bool,
+        mut serve: F,
+    ) where
+        F: FnMut(Vec<T>) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        loop {
+            let arrived = tokio::select! {
+                biased;
+                arrived = tokio::time::timeout(idle, arrivals.recv()) => arrived.ok(),
+                () = stop.cancelled() => None,
+            };
+            let first = match arrived {
+                Some(Some(item)) => item,
+                // Retired (below) and everything served.
+                Some(None) => return,
+                // Idle, or shutdown: retire once the queue is empty.
+                None => {
+                    self.retire_idle(voucher_id, &mut arrivals);
+                    continue;
+                }
+            };
+            let mut batch = vec![first];
+            while batch.len() < max {
+                match arrivals.try_recv() {
+                    Ok(item) => batch.push(item),
+                    Err(_) => break,
+                }
+            }
+            batch.retain(&wanted);
+            if !batch.is_empty() {
+                serve(batch).await;
+            }
+        }
+    }
+
+    /// Retires `voucher_id`'s worker if its queue (`arrivals`) is empty:
+    /// removes it and closes the queue (an item that still gets through
+    /// before the close is the worker's to finish). `false`: not idle
+    /// after all.
+    pub(crate) fn retire_idle(
+        &self,
+        voucher_id: i64,
+        arrivals: &mut mpsc::UnboundedReceiver<T>,
+    ) -> bool {
+        self.retire_if(voucher_id, |_| {
+            if !arrivals.is_empty() {
+                return false;
+            }
+            arrivals.close();
+            true
+        })
     }
 }
 

@@ -44,6 +44,19 @@ pub async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
         .expect("Redis answers")
 }
 
+/// Calls of one command a Redis server has served (`INFO commandstats`).
+pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().expect("a count of calls"))
+}
+
 /// Deletes every key under `prefix` (SCAN, so a large Redis is not blocked);
 /// a Redis that does not answer is left as it is.
 pub async fn delete_keys(url: &str, prefix: &str) {

@@ -11,8 +11,8 @@ use seckill::config::Settings;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    redis_conn, redis_url, send_purchase, spawn_app_on_own_redis, spawn_app_with, OwnRedis,
-    Process, TestApp, ADMIN_TOKEN,
+    command_calls, redis_conn, redis_url, send_purchase, spawn_app_on_own_redis, spawn_app_with,
+    OwnRedis, Process, TestApp, ADMIN_TOKEN,
 };
 use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy, Proxy};
 
@@ -30,7 +30,7 @@ impl TestApp {
     }
 
     /// Waits until every one of `orders` is stored (`unpaid`).
-    async fn wait_confirmed(&self, orders: &[String]) {
+    pub(crate) async fn wait_confirmed(&self, orders: &[String]) {
         let started = Instant::now();
         for order in orders {
             loop {
@@ -599,19 +599,6 @@ async fn a_sale_created_while_redis_is_down_opens_once_redis_is_back() {
     assert_eq!(app.check_invariants(voucher).await, 1);
 }
 
-/// Calls of one command a Redis server has served (`INFO commandstats`).
-async fn calls_of(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_writers_poll_their_streams_about_once_a_second_and_still_write() {
     let (redis, app) = spawn_app_on_own_redis(None).await;
@@ -623,9 +610,9 @@ async fn idle_writers_poll_their_streams_about_once_a_second_and_still_write() {
     let mut conn = redis_conn(&redis.url()).await;
     // Every writer started and went idle.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let before = calls_of(&mut conn, "xreadgroup").await;
+    let before = command_calls(&mut conn, "xreadgroup").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let reads = calls_of(&mut conn, "xreadgroup").await - before;
+    let reads = command_calls(&mut conn, "xreadgroup").await - before;
     // A 10 ms poll would read 20 x 300 = 6,000 times; once a second, 60
     // (and a few more for the claims' own reads of pending entries).
     assert!(
@@ -636,4 +623,53 @@ async fn idle_writers_poll_their_streams_about_once_a_second_and_still_write() {
     let tokens = app.tokens(1..=1).await;
     let order = accept(&app, &app.base, &tokens[&1], vouchers[0]).await;
     app.wait_confirmed(&[order]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_users_purchases_sent_in_one_call_get_one_order_and_the_rest_name_it() {
+    let (redis, app) = spawn_app_on_own_redis(None).await;
+    let voucher = app.open_async_voucher(10).await;
+    let (first, token) = (app.token(1).await, app.token(7).await);
+    let send = |token: String| {
+        let (client, base) = (app.client.clone(), app.base.clone());
+        tokio::spawn(async move {
+            let url = format!("{base}/seckill/{voucher}");
+            let answer = send_purchase(&client, &url, &token).await;
+            (answer.status, answer.body)
+        })
+    };
+    // Redis holds writes back for a moment: another user's purchase is the
+    // voucher's call under way, and the fifty of one user that arrive
+    // meanwhile go to Redis together, in the next call.
+    let mut conn = redis_conn(&redis.url()).await;
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(600)
+        .arg("WRITE")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let ahead = send(first);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let tries: Vec<_> = (0..50).map(|_| send(token.clone())).collect();
+    let (status, body) = ahead.await.unwrap();
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let mut accepted = vec![order_of(&body)];
+    let mut named = Vec::new();
+    for attempt in tries {
+        let (status, body) = attempt.await.unwrap();
+        match status {
+            StatusCode::ACCEPTED => accepted.push(order_of(&body)),
+            StatusCode::CONFLICT => {
+                assert_eq!(body["error"], "already_purchased", "{body}");
+                named.push(order_of(&body));
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert_eq!(accepted.len(), 2, "one order for each user: {accepted:?}");
+    assert_eq!(named.len(), 49);
+    assert!(named.iter().all(|order| *order == accepted[1]), "{named:?}");
+    app.wait_confirmed(&accepted).await;
+    assert_eq!(app.check_invariants(voucher).await, 2);
 }

@@ -310,8 +310,9 @@ async fn shutdown_stops_every_background_worker_within_its_timeout() {
         let _ = signal.await;
     }));
     let client = client();
-    // A sync sale and an async one: each gets a writer of its own, beside
-    // the expiry sweep, the relay of returns and the async supervisor.
+    // A sync sale and an async one: each gets a writer of its own (the
+    // sync one a locker too, the async one an acceptor), beside the expiry
+    // sweep, the relay of returns and the async supervisor.
     let now = chrono::Utc::now();
     let voucher = |mode: &str| {
         json!({
@@ -333,7 +334,7 @@ async fn shutdown_stops_every_background_worker_within_its_timeout() {
     .await;
     assert_eq!(accepted.status, StatusCode::ACCEPTED, "{}", accepted.body);
     let started = std::time::Instant::now();
-    while seckill.workers_running() < 5 {
+    while seckill.workers_running() < 7 {
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "the workers did not start: {}",

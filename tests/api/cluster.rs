@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use redis_locks::{Acquired, Endpoint, LockClient, LockOptions};
 use reqwest::StatusCode;
 
-use crate::helpers::{buy, spawn_app_on_redis, OwnRedis};
+use crate::helpers::{buy, send_purchase, spawn_app_on_redis, OwnRedis};
 
 /// A private Redis Cluster: `masters` masters, each with `replicas`
 /// replicas, on free loopback ports.
@@ -362,4 +362,44 @@ async fn sales_resume_by_themselves_after_a_master_of_the_cluster_dies() {
         answers.len()
     );
     app.check_invariants(voucher).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_crowd_on_a_cluster_is_accepted_looked_up_and_written() {
+    let cluster = Cluster::start(3, 0);
+    let app = spawn_app_on_redis(cluster.url(), None).await;
+    app.wait_ready().await;
+    let voucher = app.open_async_voucher(50).await;
+    let tokens = Arc::new(app.tokens(1..=150).await);
+    let mut crowd = Vec::new();
+    for user in 1..=150_i64 {
+        let (client, base, tokens) = (app.client.clone(), app.base.clone(), tokens.clone());
+        crowd.push(tokio::spawn(async move {
+            let url = format!("{base}/seckill/{voucher}");
+            (user, send_purchase(&client, &url, &tokens[&user]).await)
+        }));
+    }
+    let mut accepted = Vec::new();
+    for buyer in crowd {
+        let (user, answer) = buyer.await.unwrap();
+        match answer.status {
+            StatusCode::ACCEPTED => {
+                let order = answer.body["order_id"].as_str().unwrap().to_owned();
+                accepted.push((user, order));
+            }
+            StatusCode::CONFLICT => assert_eq!(answer.body["error"], "sold_out"),
+            other => panic!("{other}: {}", answer.body),
+        }
+    }
+    assert_eq!(accepted.len(), 50, "accepted exactly the stock");
+    // Every buyer finds their order by its id (its lookup key lives in
+    // another slot than the sale's, written after the script), pending or
+    // stored.
+    for (user, order) in &accepted {
+        let (status, body) = app.get_as(&format!("/orders/{order}"), &tokens[user]).await;
+        assert_eq!(status, StatusCode::OK, "{order}: {body}");
+    }
+    let orders: Vec<String> = accepted.into_iter().map(|(_, order)| order).collect();
+    app.wait_confirmed(&orders).await;
+    assert_eq!(app.check_invariants(voucher).await, 50);
 }

@@ -12,7 +12,7 @@ use seckill::config::Settings;
 use seckill::startup::Application;
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection, PgPool};
-pub use testkit::{delete_keys, pg_server, redis_conn, redis_url, OwnRedis};
+pub use testkit::{command_calls, delete_keys, pg_server, redis_conn, redis_url, OwnRedis};
 use uuid::Uuid;
 
 pub const ADMIN_TOKEN: &str = "test-admin-token";

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use redis_locks::{Acquired, Lease, Lock, LockClient, LockError, LockGuard, Owner, Released};
 
 use crate::support::{
-    client_on, delete_behind_its_back, held, redis_conn, redis_url, OwnRedis, TestLocks, LEASE,
-    SHORT_WATCHDOG_LEASE,
+    client_on, command_calls, delete_behind_its_back, held, redis_conn, redis_url, OwnRedis,
+    TestLocks, LEASE, SHORT_WATCHDOG_LEASE,
 };
 
 #[track_caller]
@@ -507,4 +507,167 @@ async fn a_resent_acquire_whose_hold_has_ended_takes_no_hold_it_did_not_win() {
     }
     assert_eq!(lock.hold_count(&owner).await.unwrap(), 0);
     assert_eq!(next.unlock().await.unwrap(), Released::Free);
+}
+
+/// A private Redis whose script calls a test counts, two lock clients on
+/// it (another process, as far as the locks can tell), and a connection for
+/// `INFO commandstats`. The lock scripts are loaded already, so that no
+/// NOSCRIPT round is counted.
+async fn two_clients_counted() -> (
+    OwnRedis,
+    LockClient,
+    LockClient,
+    redis::aio::MultiplexedConnection,
+) {
+    let redis = OwnRedis::start();
+    let locks = client_on(&redis.url(), "", None);
+    let other_client = client_on(&redis.url(), "", None);
+    let conn = redis_conn(&redis.url()).await;
+    let warm = locks.lock("warm-up");
+    take(&warm, &locks.owner("w"), LEASE)
+        .await
+        .unlock()
+        .await
+        .unwrap();
+    (redis, locks, other_client, conn)
+}
+
+#[tokio::test]
+async fn unlock_all_gives_back_many_holds_in_one_call_each_answered_as_unlock_would() {
+    let (_redis, locks, other_client, mut conn) = two_clients_counted().await;
+
+    // Ten locks of one owner each; one of them held twice; one whose
+    // lease runs out before the release; one of another client.
+    let mut guards = Vec::new();
+    for i in 0..10 {
+        let lock = locks.lock(&format!("order:{i}"));
+        guards.push(take(&lock, &locks.owner(i), LEASE).await);
+    }
+    let twice = locks.lock("order:3");
+    let reentered = take(&twice, &locks.owner(3), LEASE).await;
+    let short = locks.lock("order:short");
+    guards.push(take(&short, &locks.owner("short"), Duration::from_millis(50)).await);
+    let foreign = other_client.lock("order:foreign");
+    guards.push(take(&foreign, &other_client.owner("f"), LEASE).await);
+    // A waiter on one of them hears its release.
+    let waited = locks.lock("order:7");
+    let waiter = {
+        let waited = waited.clone();
+        let owner = locks.owner("waiter");
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let guard = waited
+                .acquire(&owner, Duration::from_secs(5), LEASE)
+                .await
+                .unwrap()
+                .expect("the waiter got the lock");
+            (started.elapsed(), guard)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let before = command_calls(&mut conn, "evalsha").await;
+    let answers = locks.unlock_all(guards).await;
+    let calls = command_calls(&mut conn, "evalsha").await - before;
+    // One call for this client's twelve, one (an unlock) for the foreign
+    // guard; the waiter's acquire may add one more.
+    assert!(
+        (2..=3).contains(&calls),
+        "{calls} script calls for twelve holds"
+    );
+
+    assert_eq!(answers.len(), 12);
+    for (i, answer) in answers.iter().enumerate() {
+        match i {
+            3 => assert_eq!(
+                answer.as_ref().unwrap(),
+                &Released::StillHeld(1),
+                "lock {i}"
+            ),
+            10 => assert!(
+                matches!(answer, Err(LockError::NotHeld { .. })),
+                "{answer:?}"
+            ),
+            _ => assert_eq!(answer.as_ref().unwrap(), &Released::Free, "lock {i}"),
+        }
+    }
+    for i in (0..10).filter(|i| ![3, 7].contains(i)) {
+        assert!(!locks.lock(&format!("order:{i}")).is_locked().await.unwrap());
+    }
+    assert_eq!(twice.hold_count(&locks.owner(3)).await.unwrap(), 1);
+    assert!(!foreign.is_locked().await.unwrap());
+
+    let (waited_for, guard) = waiter.await.unwrap();
+    assert!(
+        waited_for < LEASE / 2,
+        "the waiter slept {waited_for:?} instead of hearing the release"
+    );
+    guard.unlock().await.unwrap();
+    assert_eq!(reentered.unlock().await.unwrap(), Released::Free);
+    // Nothing is given back twice when the released guards drop: the two
+    // calls of unlock_all, the waiter's attempt after the release, the two
+    // unlocks just above.
+    assert!(locks.shutdown(Duration::from_secs(5)).await);
+    assert!(other_client.shutdown(Duration::from_secs(5)).await);
+    assert_eq!(command_calls(&mut conn, "evalsha").await, before + 5);
+}
+
+#[tokio::test]
+async fn try_acquire_all_tries_many_locks_in_one_call_each_answered_as_try_acquire_would() {
+    let (_redis, locks, other_client, mut conn) = two_clients_counted().await;
+
+    // Lock 0 is held by someone else; lock 1 already by its owner (who
+    // reenters); the others are free; one is another client's.
+    let names: Vec<Lock> = (0..8).map(|i| locks.lock(&format!("order:{i}"))).collect();
+    let owners: Vec<Owner> = (0..8).map(|i| locks.owner(i)).collect();
+    let holder = take(&names[0], &locks.owner("holder"), LEASE).await;
+    let first_hold = take(&names[1], &owners[1], LEASE).await;
+    let foreign = other_client.lock("order:foreign");
+    let foreign_owner = other_client.owner("f");
+    let mut requests: Vec<(&Lock, &Owner, Lease)> = names
+        .iter()
+        .zip(&owners)
+        .map(|(lock, owner)| (lock, owner, Lease::Fixed(LEASE)))
+        .collect();
+    requests.push((&foreign, &foreign_owner, Lease::Fixed(LEASE)));
+
+    let before = command_calls(&mut conn, "evalsha").await;
+    let answers = locks.try_acquire_all(&requests).await;
+    let calls = command_calls(&mut conn, "evalsha").await - before;
+    assert_eq!(
+        calls, 2,
+        "one call for this client's eight, one for the other's"
+    );
+
+    let mut guards = Vec::new();
+    for (i, answer) in answers.into_iter().enumerate() {
+        match (i, answer.unwrap()) {
+            (0, Acquired::HeldByOther { lease_left }) => {
+                assert!(lease_left.is_some_and(|left| left <= LEASE));
+            }
+            (0, other) => panic!("lock 0 is held by another owner: {other:?}"),
+            (_, Acquired::Yes(guard)) => guards.push(guard),
+            (i, other) => panic!("lock {i} should be taken: {other:?}"),
+        }
+    }
+    assert_eq!(guards.len(), 8);
+    // The reentry keeps the first hold's token; a new holder's is larger
+    // than any before on its lock.
+    assert_eq!(guards[0].fence(), first_hold.fence());
+    assert_eq!(names[1].hold_count(&owners[1]).await.unwrap(), 2);
+    for (lock, owner) in names.iter().zip(&owners).skip(2) {
+        assert!(lock.is_held_by(owner).await.unwrap());
+    }
+    assert!(foreign.is_held_by(&foreign_owner).await.unwrap());
+
+    let foreign_guard = guards.pop().unwrap();
+    assert_eq!(foreign_guard.unlock().await.unwrap(), Released::Free);
+    for answer in locks.unlock_all(guards).await {
+        answer.unwrap();
+    }
+    assert_eq!(first_hold.unlock().await.unwrap(), Released::Free);
+    holder.unlock().await.unwrap();
+    for lock in &names {
+        assert!(!lock.is_locked().await.unwrap());
+    }
 }

@@ -8,7 +8,7 @@ use std::ops::Deref;
 use std::time::Duration;
 
 use redis_locks::{LockClient, LockError, LockOptions, Owner};
-pub use testkit::{redis_conn, redis_url, OwnRedis};
+pub use testkit::{command_calls, redis_conn, redis_url, OwnRedis};
 use tokio::task::JoinHandle;
 
 /// The lease of holds that must outlive the test.

@@ -1,7 +1,8 @@
 //! Async (Redis-first) sales: the stock lives in Redis, one Lua script
-//! (`lua/async_purchase.lua`) checks the window, the user's earlier order
-//! and the stock, decrements and appends the order to the voucher's
-//! stream, and the buyer hears `202 pending` at once; a consumer group in
+//! (`lua/async_purchase.lua`, run for the purchases that arrived together:
+//! [`accept`]) checks the window, the user's earlier order and the stock,
+//! decrements and appends the order to the voucher's stream, and the buyer
+//! hears `202 pending` at once; a consumer group in
 //! every instance writes the stream to Postgres through group commit's
 //! statement ([`writer`]); [`reconcile`] rebuilds Redis's side from
 //! Postgres plus the stream's unwritten orders.
@@ -11,6 +12,7 @@
 //! purchases of one user cannot both pass it; Postgres's unique index is
 //! still behind it.
 
+mod accept;
 mod reconcile;
 mod writer;
 
@@ -25,12 +27,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::clock::SaleClock;
 use super::error::{Result, SeckillError};
-use super::workers::{Background, Workers};
+use super::workers::{Background, Queue, Workers};
 use super::SeckillSettings;
 use crate::id::{IdGenerator, OrderId};
 use crate::kv::Kv;
 use crate::store::{Order, OrderStatus, StockReturn, Store, Voucher};
 
+use accept::Verdict;
 pub use reconcile::{Pause, Reconciled, Reconciliation};
 
 /// How long the lookup of a pending order by its id is kept: far longer
@@ -84,6 +87,8 @@ struct Inner {
     claim_idle: Duration,
     /// The writers this instance runs, by voucher.
     writers: Workers<Arc<WriterSignals>>,
+    /// The acceptors this instance runs, by voucher (see [`accept`]).
+    acceptors: Workers<Queue<accept::Request>>,
 }
 
 /// What a writer is told by the rest of its instance.
@@ -123,7 +128,8 @@ impl AsyncSales {
                 give_back: Script::new(include_str!("../../../lua/async_return.lua")),
                 batch_max: settings.async_batch_max.max(1),
                 claim_idle: settings.async_claim_idle,
-                writers: Workers::new(background),
+                writers: Workers::new(background.clone()),
+                acceptors: Workers::new(background),
             }),
         }
     }
@@ -149,55 +155,26 @@ impl AsyncSales {
     pub(super) async fn purchase(&self, voucher: &Voucher, user_id: i64) -> Result<OrderId> {
         let inner = &self.inner;
         let order_id = inner.ids.next_id().await?;
-        let keys = self.keys(voucher.id);
-        let pending_key = self.pending_key(order_id.as_i64());
-        // On a single Redis the script records the lookup by id too; on a
-        // cluster that key lives in another slot and is written below.
-        let lookup_in_script = !inner.redis.is_cluster();
-        let mut purchase = inner.purchase.prepare_invoke();
-        purchase.key(&keys.sale).key(&keys.buyers).key(&keys.orders);
-        purchase.arg(user_id).arg(order_id.as_i64());
-        if lookup_in_script {
-            purchase
-                .key(&pending_key)
-                .arg(voucher.id)
-                .arg(PENDING_TTL_SECS);
-        }
-        let answer: Vec<String> = inner.redis.invoke(&purchase).await?;
-        let Some(code) = answer.first().and_then(|c| c.parse::<i64>().ok()) else {
-            return Err(SeckillError::Internal(format!(
-                "unexpected answer of the purchase script: {answer:?}"
-            )));
-        };
-        match code {
-            1 => {}
-            -1 => return Err(SeckillError::NotStarted),
-            -2 => return Err(SeckillError::Ended),
-            -3 => return Err(SeckillError::SoldOut),
-            -4 => {
-                let held = answer.get(1).and_then(|id| id.parse::<i64>().ok());
-                return Err(SeckillError::AlreadyPurchased {
-                    order_id: held.and_then(OrderId::from_stored),
-                });
-            }
-            -5 => {
+        let at_ms = match self.accept(voucher.id, user_id, order_id).await? {
+            Verdict::Accepted { at_ms } => at_ms,
+            Verdict::NotStarted => return Err(SeckillError::NotStarted),
+            Verdict::Ended => return Err(SeckillError::Ended),
+            Verdict::SoldOut => return Err(SeckillError::SoldOut),
+            Verdict::Held(order_id) => return Err(SeckillError::AlreadyPurchased { order_id }),
+            Verdict::Paused => {
                 return Err(SeckillError::redis_unavailable(
                     "the sale is paused until Redis's side of it is reconciled",
                 ))
             }
-            _ => {
-                return Err(SeckillError::Internal(format!(
-                    "unexpected answer of the purchase script: {answer:?}"
-                )))
-            }
-        }
-        if !lookup_in_script {
-            let at_ms: i64 = answer.get(1).and_then(|t| t.parse().ok()).unwrap_or(0);
-            // The order is accepted whatever happens here: a lost lookup
-            // only means 404 until the writer has stored it.
+        };
+        if inner.redis.is_cluster() {
+            // The script wrote the lookup by id on a single Redis; on a
+            // cluster that key lives in another slot. The order is accepted
+            // whatever happens here: a lost lookup only means 404 until the
+            // writer has stored it.
             let mut remember = redis::cmd("SET");
             remember
-                .arg(&pending_key)
+                .arg(self.pending_key(order_id.as_i64()))
                 .arg(format!("{}:{user_id}:{at_ms}", voucher.id))
                 .arg("EX")
                 .arg(PENDING_TTL_SECS);
