@@ -446,11 +446,11 @@ impl Seckill {
             })
             .await?;
         if draft.sale_mode == SaleMode::Async {
-            // Loaded here at once; if Redis cannot take it now, every
-            // instance's writer supervisor loads it, retrying until it
-            // sees it loaded. (A supervisor that saw it first loads it
-            // instead: nothing done here.)
-            if let Err(error) = self.inner.async_sales.reconcile(id, Pause::IfMissing).await {
+            // Loaded before the creation is answered, so that a purchase
+            // right after it finds the sale; if Redis cannot take it now,
+            // every instance's writer supervisor loads it, retrying until
+            // it sees it loaded.
+            if let Err(error) = self.inner.async_sales.load_new(id).await {
                 tracing::warn!(voucher_id = id, %error, "loading a new async sale into Redis failed");
             }
         }

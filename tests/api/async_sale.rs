@@ -571,6 +571,33 @@ async fn a_refused_reconciliation_leaves_nothing_that_holds_back_a_later_sale() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_whose_loading_is_under_way_elsewhere_is_open_when_its_creation_is_answered() {
+    let app = spawn_app_with(|s| s).await;
+    let before = app.open_voucher(1).await;
+    // Another load of the next voucher's sale is under way when it is
+    // created (as when an instance's supervisor saw it first); this one
+    // dies without a word, so its mark expires after 300 ms.
+    let next = before + 1;
+    let reconciling = format!("{}async:{{{next}}}:reconciling", app.keyspace().await);
+    let mut conn = redis_conn(&redis_url()).await;
+    let _: () = redis::cmd("SET")
+        .arg(&reconciling)
+        .arg("a-load-elsewhere")
+        .arg("PX")
+        .arg(300)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let voucher = app.open_async_voucher(5).await;
+    assert_eq!(voucher, next);
+    // The creation waited for the sale to open: the first purchase is
+    // accepted, not told the sale is paused.
+    let tokens = app.tokens(1..=1).await;
+    let order = accept(&app, &app.base, &tokens[&1], voucher).await;
+    app.wait_confirmed(&[order]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sale_created_while_redis_is_down_opens_once_redis_is_back() {
     let (mut redis, app) = spawn_app_on_own_redis(None).await;
     redis.stop();

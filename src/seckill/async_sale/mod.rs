@@ -305,6 +305,26 @@ impl AsyncSales {
         }
     }
 
+    /// Loads the sale of `voucher_id`, just created, into Redis. A
+    /// supervisor that saw the voucher first may be loading it already
+    /// (the sale is paused meanwhile): then this waits for that load to
+    /// end, at most the Redis deadline, so that the creation is answered
+    /// with the sale open. `Ok(false)`: still not loaded (the supervisors
+    /// go on trying).
+    pub(super) async fn load_new(&self, voucher_id: i64) -> Result<bool> {
+        let deadline = tokio::time::Instant::now() + self.inner.redis.timeout();
+        loop {
+            match self.reconcile(voucher_id, Pause::IfMissing).await? {
+                Reconciliation::Done(_) | Reconciliation::Loaded => return Ok(true),
+                Reconciliation::UnderWay | Reconciliation::Superseded => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     fn ensure_writer(&self, voucher_id: i64) {
         self.inner.writers.get_or_start(
             voucher_id,
