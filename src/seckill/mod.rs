@@ -450,8 +450,15 @@ impl Seckill {
             // right after it finds the sale; if Redis cannot take it now,
             // every instance's writer supervisor loads it, retrying until
             // it sees it loaded.
-            if let Err(error) = self.inner.async_sales.load_new(id).await {
-                tracing::warn!(voucher_id = id, %error, "loading a new async sale into Redis failed");
+            match self.inner.async_sales.load_new(id).await {
+                Ok(true) => {}
+                Ok(false) => tracing::warn!(
+                    voucher_id = id,
+                    "a new async sale is still being loaded into Redis elsewhere; its purchases answer 503 until it is"
+                ),
+                Err(error) => {
+                    tracing::warn!(voucher_id = id, %error, "loading a new async sale into Redis failed")
+                }
             }
         }
         Ok(id)
