@@ -108,23 +108,24 @@ impl Batcher {
         guard: UserGuard,
         place: Ticket,
     ) -> Result<Outcome> {
-        let (reply, answer) = oneshot::channel();
-        let pending = Pending {
-            voucher,
-            user_id,
-            fence: guard.fence(),
-            redraws: 0,
-            reply,
-            guard,
-            _place: place,
-        };
-        let voucher_id = pending.voucher.id;
+        let voucher_id = voucher.id;
+        let fence = guard.fence();
         self.inner
             .writers
-            .send(voucher_id, pending, |arrivals, stop| {
-                write(self.inner.clone(), voucher_id, arrivals, stop)
-            });
-        answer
+            .ask(
+                voucher_id,
+                |reply| Pending {
+                    voucher,
+                    user_id,
+                    fence,
+                    redraws: 0,
+                    reply,
+                    guard,
+                    _place: place,
+                },
+                None,
+                |arrivals, stop| write(self.inner.clone(), voucher_id, arrivals, stop),
+            )
             .await
             .map_err(|_| SeckillError::Internal("the sale writer stopped".into()))?
     }

@@ -11,7 +11,7 @@ use redis_locks::{Acquired, Lease, LockClient, LockError, LockGuard, MultiGuard,
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::workers::{Background, Queue, Workers};
+use super::workers::{Background, Queue, Unanswered, Workers};
 
 /// Most locks one gathered call takes.
 const GATHER_MAX: usize = redis_locks::LOCKS_PER_CALL;
@@ -202,21 +202,23 @@ impl Lockers {
         if matches!(self.locks, UserLocks::RedLock { .. }) {
             return self.locks.try_lock(user_id, purchase, self.lease).await;
         }
-        let (reply, answer) = oneshot::channel();
-        let request = LockRequest {
-            user_id,
-            purchase,
-            reply,
-        };
-        let lockers = self.clone();
-        self.workers
-            .send(voucher_id, request, move |arrivals, stop| {
-                lockers.clone().lock_arrivals(voucher_id, arrivals, stop)
-            });
-        match tokio::time::timeout(self.wait, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(gave_up("the lock's call to Redis was dropped")),
-            Err(_) => Err(gave_up("Redis did not answer the lock in time")),
+        let answer = self
+            .workers
+            .ask(
+                voucher_id,
+                |reply| LockRequest {
+                    user_id,
+                    purchase,
+                    reply,
+                },
+                Some(self.wait),
+                |arrivals, stop| self.clone().lock_arrivals(voucher_id, arrivals, stop),
+            )
+            .await;
+        match answer {
+            Ok(answer) => answer,
+            Err(Unanswered::Dropped) => Err(gave_up("the lock's call to Redis was dropped")),
+            Err(Unanswered::Late) => Err(gave_up("Redis did not answer the lock in time")),
         }
     }
 

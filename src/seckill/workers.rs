@@ -1,6 +1,6 @@
 //! One registry of per-voucher background workers (group commit's batch
-//! writers, the async sales' acceptors and stream writers, the lab's
-//! stream writers):
+//! writers, the user-lock gatherers, the async sales' acceptors and stream
+//! writers, the lab's stream writers):
 //! at most one per voucher in an
 //! instance, the race between starting one and retiring one closed in one
 //! place, and every task spawned on the instance's tracker, so that
@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -108,9 +108,9 @@ impl<H: Clone> Workers<H> {
     }
 }
 
-/// Workers fed by a queue each (group commit's batch writers, the async
-/// sales' acceptors): sending starts one when needed, and one retires only
-/// with its queue empty.
+/// Workers fed by a queue each (group commit's batch writers, the
+/// user-lock gatherers, the async sales' acceptors): sending starts one
+/// when needed, and one retires only with its queue empty.
 pub(crate) type Queue<T> = mpsc::UnboundedSender<T>;
 
 impl<T: Send + 'static> Workers<Queue<T>> {
@@ -142,6 +142,30 @@ impl<T: Send + 'static> Workers<Queue<T>> {
                 }
             }
         }
+    }
+
+    /// Sends `voucher_id`'s worker the request `make` builds around a reply
+    /// channel (as [`Self::send`] does, starting one by `start` when none
+    /// runs) and waits for the reply, at most `within` when given.
+    pub(crate) async fn ask<R, F>(
+        &self,
+        voucher_id: i64,
+        make: impl FnOnce(oneshot::Sender<R>) -> T,
+        within: Option<std::time::Duration>,
+        start: impl Fn(mpsc::UnboundedReceiver<T>, CancellationToken) -> F,
+    ) -> Result<R, Unanswered>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        self.send(voucher_id, make(reply), start);
+        let answer = match within {
+            Some(limit) => tokio::time::timeout(limit, answer)
+                .await
+                .map_err(|_| Unanswered::Late)?,
+            None => answer.await,
+        };
+        answer.map_err(|_| Unanswered::Dropped)
     }
 
     /// The loop of a gathering worker: takes what has arrived (up to
@@ -208,6 +232,15 @@ impl<T: Send + 'static> Workers<Queue<T>> {
             true
         })
     }
+}
+
+/// Why a worker asked (`Workers::ask`) gave no reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unanswered {
+    /// The request was dropped unanswered (the worker stopped).
+    Dropped,
+    /// No reply within the time given.
+    Late,
 }
 
 #[cfg(test)]
@@ -279,5 +312,36 @@ mod tests {
         let told: Vec<usize> = handles.iter().map(|h| h.load(Ordering::SeqCst)).collect();
         assert_eq!(told, vec![1, 0, 1, 0]);
         assert!(workers.get(1).is_none() && workers.get(2).is_some());
+    }
+
+    #[tokio::test]
+    async fn ask_gets_the_workers_reply_or_says_why_there_is_none() {
+        let background = Background::default();
+        let workers: Workers<Queue<(u32, oneshot::Sender<u32>)>> = Workers::new(background);
+        // Voucher n's worker: 1 answers double, 2 drops what it gets, 3
+        // keeps it unanswered.
+        let start = |voucher_id: i64| {
+            move |mut arrivals: mpsc::UnboundedReceiver<(u32, oneshot::Sender<u32>)>,
+                  _stop: CancellationToken| async move {
+                let mut kept = Vec::new();
+                while let Some((n, reply)) = arrivals.recv().await {
+                    match voucher_id {
+                        1 => drop(reply.send(n * 2)),
+                        2 => drop(reply),
+                        _ => kept.push(reply),
+                    }
+                }
+            }
+        };
+        let ask = |voucher_id: i64, within: Option<Duration>| {
+            workers.ask(voucher_id, |reply| (21, reply), within, start(voucher_id))
+        };
+        assert_eq!(ask(1, None).await, Ok(42));
+        assert_eq!(ask(1, Some(Duration::from_secs(5))).await, Ok(42));
+        assert_eq!(ask(2, None).await, Err(Unanswered::Dropped));
+        assert_eq!(
+            ask(3, Some(Duration::from_millis(20))).await,
+            Err(Unanswered::Late)
+        );
     }
 }

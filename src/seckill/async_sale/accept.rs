@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::{AsyncSales, SaleKeys, PENDING_TTL_SECS};
 use crate::id::OrderId;
 use crate::seckill::error::{Result, SeckillError};
+use crate::seckill::workers::Unanswered;
 
 /// Most purchases in one call: bounds how long one script holds Redis
 /// (about 10 µs of Redis's time each).
@@ -58,23 +59,26 @@ impl AsyncSales {
         user_id: i64,
         order_id: OrderId,
     ) -> Result<Verdict> {
-        let (reply, verdict) = oneshot::channel();
-        let request = Request {
-            user_id,
-            order_id,
-            reply,
-        };
-        self.inner
+        let verdict = self
+            .inner
             .acceptors
-            .send(voucher_id, request, |arrivals, stop| {
-                accept_arrivals(self.clone(), voucher_id, arrivals, stop)
-            });
-        match tokio::time::timeout(self.inner.redis.timeout() * 2, verdict).await {
-            Ok(Ok(verdict)) => verdict,
-            Ok(Err(_)) => Err(SeckillError::redis_unavailable(
+            .ask(
+                voucher_id,
+                |reply| Request {
+                    user_id,
+                    order_id,
+                    reply,
+                },
+                Some(self.inner.redis.timeout() * 2),
+                |arrivals, stop| accept_arrivals(self.clone(), voucher_id, arrivals, stop),
+            )
+            .await;
+        match verdict {
+            Ok(verdict) => verdict,
+            Err(Unanswered::Dropped) => Err(SeckillError::redis_unavailable(
                 "the purchase's call to Redis was dropped",
             )),
-            Err(_) => Err(SeckillError::redis_unavailable(
+            Err(Unanswered::Late) => Err(SeckillError::redis_unavailable(
                 "Redis did not answer the purchase in time",
             )),
         }
