@@ -15,13 +15,15 @@
 --            under way): the sale pauses rather than sell stock twice
 -- KEYS[2]    the buyers: a hash user id -> order id
 -- KEYS[3]    the stream of accepted orders
--- KEYS[3+i]  optional, for every purchase or none: the lookup key of the
---            i-th purchase's order ("<voucher>:<user>:<now_ms>", for GET
---            /orders/{id} while pending); given on a single Redis, where it
---            saves a round trip (on a cluster it is in another slot and the
---            caller writes it)
--- ARGV[1]    the voucher id (for the lookup keys)
--- ARGV[2]    the lookup keys' life in seconds
+-- KEYS[3+i]  optional, for every purchase or none: the lookup hash of the
+--            i-th purchase's order (field order id -> "<voucher>:<user>:
+--            <now_ms>", for GET /orders/{id} while pending; one hash per
+--            hour in which ids were drawn, so the purchases of one call
+--            share one); given on a single Redis, where it saves a round
+--            trip (on a cluster it is in another slot and the caller
+--            writes it)
+-- ARGV[1]    the voucher id (for the lookups)
+-- ARGV[2]    the lookup hashes' life in seconds after their last write
 -- ARGV[2i+1] the i-th purchase's user id
 -- ARGV[2i+2] the order id drawn for it (lua/order_id.lua)
 --
@@ -64,6 +66,7 @@ local stock = tonumber(sale[1])
 local taken = {}
 local buyers = {}
 local lookups = #KEYS > 3
+local lookup_fields = {}
 for i = 1, n do
     local user, order = ARGV[2 * i + 1], ARGV[2 * i + 2]
     local had = held[i] or taken[user]
@@ -78,7 +81,14 @@ for i = 1, n do
         buyers[#buyers + 1] = order
         redis.call('xadd', KEYS[3], '*', 'order', order, 'user', user, 'at', now)
         if lookups then
-            redis.call('set', KEYS[3 + i], ARGV[1] .. ':' .. user .. ':' .. now, 'EX', ARGV[2])
+            local key = KEYS[3 + i]
+            local fields = lookup_fields[key]
+            if not fields then
+                fields = {}
+                lookup_fields[key] = fields
+            end
+            fields[#fields + 1] = order
+            fields[#fields + 1] = ARGV[1] .. ':' .. user .. ':' .. now
         end
         answers[i] = {1, now}
     end
@@ -86,5 +96,9 @@ end
 if #buyers > 0 then
     redis.call('hincrby', KEYS[1], 'stock', -(#buyers / 2))
     redis.call('hset', KEYS[2], unpack(buyers))
+end
+for key, fields in pairs(lookup_fields) do
+    redis.call('hset', key, unpack(fields))
+    redis.call('expire', key, ARGV[2])
 end
 return answers

@@ -11,8 +11,8 @@ use seckill::config::Settings;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    command_calls, redis_conn, redis_url, send_purchase, spawn_app_on_own_redis, spawn_app_with,
-    OwnRedis, Process, TestApp, ADMIN_TOKEN,
+    command_calls, redis_conn, redis_url, send_purchase, spawn_app, spawn_app_on_own_redis,
+    spawn_app_with, OwnRedis, Process, TestApp, ADMIN_TOKEN,
 };
 use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy, Proxy};
 
@@ -699,4 +699,67 @@ async fn one_users_purchases_sent_in_one_call_get_one_order_and_the_rest_name_it
     assert!(named.iter().all(|order| *order == accepted[1]), "{named:?}");
     app.wait_confirmed(&accepted).await;
     assert_eq!(app.check_invariants(voucher).await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_orders_not_yet_written_are_found_by_id_as_pending_by_their_buyers_only() {
+    let app = spawn_app().await;
+    let voucher = app.open_async_voucher(40).await;
+    let tokens = Arc::new(app.tokens(1..=31).await);
+    // The writers wait behind a lock on the orders table (reads still pass).
+    let mut hold = app.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE voucher_orders IN EXCLUSIVE MODE")
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+    // Thirty buyers at once: their acceptances share script calls, whose
+    // lookups are written together.
+    let crowd: Vec<_> = (1..=30_i64)
+        .map(|user| {
+            let (client, base, tokens) = (app.client.clone(), app.base.clone(), tokens.clone());
+            tokio::spawn(async move {
+                let url = format!("{base}/seckill/{voucher}");
+                (user, send_purchase(&client, &url, &tokens[&user]).await)
+            })
+        })
+        .collect();
+    let mut accepted = Vec::new();
+    for buyer in crowd {
+        let (user, answer) = buyer.await.unwrap();
+        assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.body);
+        accepted.push((user, order_of(&answer.body)));
+    }
+    for (user, order) in &accepted {
+        let (status, body) = app.get_as(&format!("/orders/{order}"), &tokens[user]).await;
+        assert_eq!(status, StatusCode::OK, "{order}: {body}");
+        assert_eq!(body["status"], "pending", "{body}");
+        assert_eq!(body["user_id"], *user, "{body}");
+        assert_eq!(body["voucher_id"], voucher, "{body}");
+        let (status, _) = app.get_as(&format!("/orders/{order}"), &tokens[&31]).await;
+        assert_eq!(
+            status,
+            StatusCode::NOT_FOUND,
+            "another user's pending order"
+        );
+    }
+    // The lookups expire: none is kept for ever.
+    let mut conn = redis_conn(&redis_url()).await;
+    let lookups: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}async-orders:*", app.keyspace().await))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!lookups.is_empty());
+    for key in lookups {
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(ttl > 0, "{key} lives {ttl}");
+    }
+    hold.commit().await.unwrap();
+    let orders: Vec<String> = accepted.into_iter().map(|(_, order)| order).collect();
+    app.wait_confirmed(&orders).await;
+    assert_eq!(app.check_invariants(voucher).await, 30);
 }

@@ -106,7 +106,7 @@ impl AsyncSales {
             .arg(PENDING_TTL_SECS);
         for request in batch {
             if lookups_in_script {
-                invocation.key(self.pending_key(request.order_id.as_i64()));
+                invocation.key(self.pending_key(request.order_id));
             }
             invocation
                 .arg(request.user_id)

@@ -36,9 +36,14 @@ use crate::store::{Order, OrderStatus, StockReturn, Store, Voucher};
 use accept::Verdict;
 pub use reconcile::{Pause, Reconciled, Reconciliation};
 
-/// How long the lookup of a pending order by its id is kept: far longer
-/// than any writer lag.
+/// How long the lookups of pending orders by id are kept after the last
+/// one of their hour was written: far longer than any writer lag.
 const PENDING_TTL_SECS: u64 = 2 * 86_400;
+/// The lookups of one hour's orders are spread over this many hashes on a
+/// Redis Cluster, so that no one node takes every acceptance's lookup; on
+/// a single Redis they are one hash, which a script call writes once for
+/// all its purchases.
+const PENDING_SHARDS_ON_CLUSTER: i64 = 16;
 /// How often each instance looks for async vouchers to write.
 const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
 
@@ -81,6 +86,8 @@ struct Inner {
     consumer: String,
     purchase: Script,
     give_back: Script,
+    /// A pending order's lookup, written by the purchase on a cluster.
+    remember: Script,
     batch_max: usize,
     /// How long an entry may stay unacknowledged with another consumer
     /// before this one claims it (that one died or hangs).
@@ -126,6 +133,7 @@ impl AsyncSales {
                 ),
                 purchase: Script::new(include_str!("../../../lua/async_purchase.lua")),
                 give_back: Script::new(include_str!("../../../lua/async_return.lua")),
+                remember: Script::new(include_str!("../../../lua/async_lookup.lua")),
                 batch_max: settings.async_batch_max.max(1),
                 claim_idle: settings.async_claim_idle,
                 writers: Workers::new(background.clone()),
@@ -146,8 +154,20 @@ impl AsyncSales {
         }
     }
 
-    fn pending_key(&self, order_id: i64) -> String {
-        format!("{}async-order:{order_id}", self.inner.prefix)
+    /// The hash that holds the lookup of a pending order, under the order
+    /// id: one per hour in which ids were drawn (per shard on a cluster).
+    fn pending_key(&self, order_id: OrderId) -> String {
+        let shards = if self.inner.redis.is_cluster() {
+            PENDING_SHARDS_ON_CLUSTER
+        } else {
+            1
+        };
+        format!(
+            "{}async-orders:{}:{}",
+            self.inner.prefix,
+            order_id.seconds_since_epoch() / 3_600,
+            order_id.as_i64() % shards
+        )
     }
 
     /// Accepts one unit of `voucher` for `user_id` in Redis: once this
@@ -172,13 +192,13 @@ impl AsyncSales {
             // cluster that key lives in another slot. The order is accepted
             // whatever happens here: a lost lookup only means 404 until the
             // writer has stored it.
-            let mut remember = redis::cmd("SET");
+            let mut remember = inner.remember.prepare_invoke();
             remember
-                .arg(self.pending_key(order_id.as_i64()))
+                .key(self.pending_key(order_id))
+                .arg(order_id.as_i64())
                 .arg(format!("{}:{user_id}:{at_ms}", voucher.id))
-                .arg("EX")
                 .arg(PENDING_TTL_SECS);
-            if let Err(error) = inner.redis.query::<()>(&remember).await {
+            if let Err(error) = inner.redis.invoke::<i64>(&remember).await {
                 tracing::warn!(%order_id, %error, "could not record a pending order's lookup");
             }
         }
@@ -189,10 +209,13 @@ impl AsyncSales {
 
     /// An order Redis accepted and Postgres does not hold yet.
     pub(super) async fn pending(&self, order_id: i64) -> Result<Option<Order>> {
+        let Some(id) = OrderId::from_stored(order_id) else {
+            return Ok(None);
+        };
         let value: Option<String> = self
             .inner
             .redis
-            .query(redis::cmd("GET").arg(self.pending_key(order_id)))
+            .query(redis::cmd("HGET").arg(self.pending_key(id)).arg(order_id))
             .await?;
         let Some(value) = value else {
             return Ok(None);

@@ -440,8 +440,13 @@ async fn commit(
         }
         inner.redis.query::<()>(&report).await?;
         for (order_id, _) in &refused {
-            let forget = redis::cmd("DEL").arg(sales.pending_key(*order_id)).clone();
-            let _ = inner.redis.query::<()>(&forget).await;
+            if let Some(id) = crate::id::OrderId::from_stored(*order_id) {
+                let forget = redis::cmd("HDEL")
+                    .arg(sales.pending_key(id))
+                    .arg(order_id)
+                    .clone();
+                let _ = inner.redis.query::<()>(&forget).await;
+            }
         }
     }
     let stream_ids: Vec<&str> = valid
