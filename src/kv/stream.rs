@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamInfoConsumersReply, StreamReadReply};
-use redis::{self, Cmd, Script};
+use redis::{self, Script};
 
 use super::{Kv, KvError};
 
@@ -20,6 +20,10 @@ pub struct Consumer<'a> {
 /// `lua/stream_prune_consumer.lua`, hashed once.
 static PRUNE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/stream_prune_consumer.lua")));
+
+/// `lua/stream_ack.lua`, hashed once.
+static ACK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/stream_ack.lua")));
 
 /// A consumer of a group, as `XINFO CONSUMERS` shows it.
 #[derive(Debug, Clone)]
@@ -109,7 +113,9 @@ impl Kv {
         self.query(redis::cmd("XLEN").arg(stream)).await
     }
 
-    /// Acknowledges `ids` in `group` and deletes them from `stream`.
+    /// Acknowledges `ids` in `group` and removes them from `stream`, in one
+    /// step (`lua/stream_ack.lua`: the stream keeps only the entries not
+    /// acknowledged).
     pub async fn ack_and_delete(
         &self,
         stream: &str,
@@ -119,10 +125,9 @@ impl Kv {
         if ids.is_empty() {
             return Ok(());
         }
-        let ack: Cmd = redis::cmd("XACK").arg(stream).arg(group).arg(ids).clone();
-        self.query::<()>(&ack).await?;
-        let delete: Cmd = redis::cmd("XDEL").arg(stream).arg(ids).clone();
-        self.query::<()>(&delete).await
+        self.invoke::<i64>(ACK.key(stream).arg(group).arg(ids))
+            .await
+            .map(drop)
     }
 
     /// The consumers of `group` on `stream`.

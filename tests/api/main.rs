@@ -21,4 +21,5 @@ mod proxy;
 mod purchase;
 mod redlock;
 mod sentinel;
+mod streams;
 mod validation;
