@@ -53,7 +53,7 @@ struct SaleKeys {
     sale: String,
     /// Hash user id -> order id.
     buyers: String,
-    /// Stream of accepted orders not yet written (entries are deleted once
+    /// Stream of accepted orders not yet written (entries are removed once
     /// committed).
     orders: String,
     /// Hash order id -> why Postgres refused an accepted order.

@@ -229,7 +229,7 @@ pub(super) async fn write(
                 if stop.is_cancelled() {
                     return;
                 }
-                // Entries are deleted once written: an empty stream holds
+                // Entries are removed once written: an empty stream holds
                 // nothing unwritten (an error counts as not empty).
                 if signals.retire.load(Ordering::Relaxed)
                     && matches!(sales.inner.redis.stream_len(&keys.orders).await, Ok(0))
