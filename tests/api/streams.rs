@@ -175,8 +175,7 @@ async fn under_any_order_of_reads_and_acknowledgements_the_stream_holds_exactly_
         let expected: BTreeSet<String> = appended.difference(&acknowledged).cloned().collect();
         assert_eq!(stream.held().await, expected, "after step {step}");
     }
-    for who in 0..consumers.len() {
-        let rest = std::mem::take(&mut pending[who]);
+    for rest in pending {
         stream.ack(&rest).await;
     }
     let unread = stream.read("a", 10_000).await;
