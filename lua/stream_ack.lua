@@ -31,7 +31,7 @@ local function older(a_ms, a_seq, b_ms, b_seq)
     return a_ms < b_ms or (a_ms == b_ms and a_seq < b_seq)
 end
 
-local bound, bound_ms, bound_seq
+local bound_ms, bound_seq
 for _, group in ipairs(redis.call('xinfo', 'groups', KEYS[1])) do
     local name, delivered
     for i = 1, #group, 2 do
@@ -41,23 +41,22 @@ for _, group in ipairs(redis.call('xinfo', 'groups', KEYS[1])) do
             delivered = group[i + 1]
         end
     end
-    local id
+    local ms, seq
     local pending = redis.call('xpending', KEYS[1], name)
     if pending[1] > 0 then
-        id = pending[2]
+        ms, seq = parse(pending[2])
     else
-        local ms, seq = string.match(delivered, '^(%d+)-(%d+)$')
-        id = ms .. '-' .. string.format('%d', tonumber(seq) + 1)
+        ms, seq = parse(delivered)
+        seq = seq + 1
     end
-    local ms, seq = parse(id)
-    if not bound or older(ms, seq, bound_ms, bound_seq) then
-        bound, bound_ms, bound_seq = id, ms, seq
+    if not bound_ms or older(ms, seq, bound_ms, bound_seq) then
+        bound_ms, bound_seq = ms, seq
     end
 end
-if not bound then
+if not bound_ms then
     return acked
 end
-redis.call('xtrim', KEYS[1], 'MINID', bound)
+redis.call('xtrim', KEYS[1], 'MINID', string.format('%d-%d', bound_ms, bound_seq))
 
 local left = {}
 for i = 2, #ARGV do
