@@ -21,6 +21,9 @@ use crate::service::{redis_url, Target};
 use crate::table::Table;
 use crate::{check, Report};
 
+/// Flash crowds (each beside a /healthz crowd) of one run.
+const FLASH_ROUNDS: usize = 3;
+
 #[derive(clap::Args, Clone)]
 pub struct SpeedArgs {
     /// Seconds of each timed run (/healthz, sync, async, /healthz again).
@@ -165,19 +168,31 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
     };
     let sync_sent = counted(args.users + 1, SaleMode::Sync).await?;
     let async_sent = counted(args.users + args.counted + 1, SaleMode::Async).await?;
-    // The crowd's tail beside the HTTP floor's, at the same concurrency.
-    let crowd = crate::flash(
-        target,
-        &crate::FlashArgs {
-            users: args.flash_users,
-            stock: 100,
-            per_user: 3,
-            connections: 1_000,
-        },
-    )
-    .await?;
-    let flash_p99_ratio =
-        round(crowd.tally.ms(0.99) / crowd.extra["healthz_p99_ms"].as_f64().unwrap_or(f64::NAN));
+    // The crowd's tail beside the HTTP floor's, at the same concurrency:
+    // each crowd's p99 over that of the /healthz crowd right after it, in
+    // FLASH_ROUNDS rounds, judged by the median round. A p99 of 30,000
+    // requests is their 300 slowest, and one stall of the machine moves it
+    // by half.
+    let mut rounds = Vec::with_capacity(FLASH_ROUNDS);
+    for _ in 0..FLASH_ROUNDS {
+        let crowd = crate::flash(
+            target,
+            &crate::FlashArgs {
+                users: args.flash_users,
+                stock: 100,
+                per_user: 3,
+                connections: 1_000,
+            },
+        )
+        .await?;
+        let ratio =
+            crowd.tally.ms(0.99) / crowd.extra["healthz_p99_ms"].as_f64().unwrap_or(f64::NAN);
+        rounds.push((ratio, crowd));
+    }
+    rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let flash_p99_ratios: Vec<f64> = rounds.iter().map(|(ratio, _)| round(*ratio)).collect();
+    let (flash_p99_ratio, crowd) = rounds.swap_remove(FLASH_ROUNDS / 2);
+    let flash_p99_ratio = round(flash_p99_ratio);
 
     let healthz_service = health_cost.cpu.get("service").copied().unwrap_or(f64::NAN);
     let ratio = |cost: &Cost| round(cost.server() / healthz_service);
@@ -231,7 +246,7 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
             |m| m <= 1.15,
         ),
         goal(
-            "flash crowd p99 / /healthz p99, 1,000 connections",
+            "flash crowd p99 / /healthz p99, 1,000 connections (median of 3)",
             flash_p99_ratio,
             "<= 1.1",
             |m| m <= 1.1,
@@ -258,6 +273,7 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
         "                                          async {:?}",
         async_sent.by_name
     );
+    eprintln!("flash crowd p99 / /healthz p99 of each round: {flash_p99_ratios:?}");
     print_goals("speed", &goals);
 
     let costs = json!({
@@ -271,6 +287,7 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
             "sync_by_name": sync_sent.by_name,
             "async_by_name": async_sent.by_name,
         },
+        "flash_p99_ratios": flash_p99_ratios,
         "goals": goals.iter().map(Goal::json).collect::<Vec<_>>(),
     });
     Ok(vec![
