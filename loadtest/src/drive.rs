@@ -113,16 +113,6 @@ impl Tally {
         }
     }
 
-    pub fn merge(&mut self, other: Tally) {
-        self.requests += other.requests;
-        for (k, v) in other.statuses {
-            *self.statuses.entry(k).or_default() += v;
-        }
-        self.latency.add(&other.latency).expect("same bounds");
-        self.order_ids.extend(other.order_ids);
-        self.samples.extend(other.samples);
-    }
-
     pub fn count(&self, key: &str) -> u64 {
         self.statuses.get(key).copied().unwrap_or(0)
     }
@@ -373,18 +363,4 @@ impl Tally {
         self.requests += 1;
         *self.statuses.entry(key).or_default() += 1;
     }
-}
-
-/// Sends one request and counts its answer in `tally`; the answer's key
-/// (`"200"`, `"409 sold_out"`, ...) is returned too.
-pub async fn send(
-    client: &reqwest::Client,
-    base: &str,
-    request: &Request,
-    tally: &mut Tally,
-) -> String {
-    let answered = exchange(client, base, request).await;
-    let key = answered.key.clone();
-    tally.record(answered);
-    key
 }
