@@ -1,6 +1,9 @@
 //! The one place that turns errors into HTTP statuses and JSON bodies
 //! `{"error": "<code>", "message": "<text>"}`.
 
+use std::sync::LazyLock;
+
+use axum::body::Bytes;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -22,7 +25,7 @@ pub struct ErrorBody {
 }
 
 /// The machine-readable error codes.
-#[derive(Debug, Clone, Copy, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     BadRequest,
@@ -100,10 +103,28 @@ const RETRY_AFTER_SECS: &str = "1";
 /// must not grow with what a client sends.
 const MAX_MESSAGE_CHARS: usize = 200;
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let (status, code) = self.status_and_code();
-        let message = match &self {
+/// The bodies of the refusals a crowd gets by the thousand, serialized
+/// once (their text never changes): a sold-out voucher's flood then costs
+/// no formatting and no JSON writer per request.
+static FIXED_BODIES: LazyLock<[(ErrorCode, Bytes); 4]> = LazyLock::new(|| {
+    [
+        SeckillError::SoldOut,
+        SeckillError::Ended,
+        SeckillError::NotStarted,
+        SeckillError::InProgress,
+    ]
+    .map(|error| {
+        let error = ApiError::Seckill(error);
+        let (_, code) = error.status_and_code();
+        let body = serde_json::to_vec(&error.body(code)).expect("an error body serializes");
+        (code, Bytes::from(body))
+    })
+});
+
+impl ApiError {
+    /// The body that tells the client this error.
+    fn body(&self, code: ErrorCode) -> ErrorBody {
+        let message = match self {
             Self::Seckill(SeckillError::Internal(cause)) => {
                 // Opaque to the client, whole in the log.
                 tracing::error!(%cause, "internal error");
@@ -116,18 +137,45 @@ impl IntoResponse for ApiError {
             other => bounded(other.to_string()),
         };
         // A retry after a lost answer learns its order from here.
-        let order_id = match &self {
+        let order_id = match self {
             Self::Seckill(SeckillError::AlreadyPurchased {
                 order_id: Some(order_id),
             }) => Some(order_id.to_string()),
             _ => None,
         };
-        let body = ErrorBody {
+        ErrorBody {
             error: code,
             message,
             order_id,
+        }
+    }
+
+    /// The serialized body of this error when it is one of the fixed ones.
+    fn fixed_body(&self) -> Option<Bytes> {
+        use SeckillError as S;
+        let Self::Seckill(S::SoldOut | S::Ended | S::NotStarted | S::InProgress) = self else {
+            return None;
         };
-        let mut response = (status, Json(body)).into_response();
+        let (_, code) = self.status_and_code();
+        FIXED_BODIES
+            .iter()
+            .find(|(fixed, _)| *fixed == code)
+            .map(|(_, body)| body.clone())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        let mut response = match self.fixed_body() {
+            Some(body) => (
+                status,
+                [(header::CONTENT_TYPE, HeaderValue::from_static(JSON))],
+                body,
+            )
+                .into_response(),
+            None => (status, Json(self.body(code))).into_response(),
+        };
         if status == StatusCode::SERVICE_UNAVAILABLE || matches!(code, ErrorCode::OrderPending) {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
@@ -137,6 +185,9 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+/// The content type axum's `Json` answers with, for the fixed bodies too.
+const JSON: &str = "application/json";
 
 /// `text` cut to [`MAX_MESSAGE_CHARS`] characters, marked where it was cut.
 fn bounded(text: String) -> String {

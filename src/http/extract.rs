@@ -5,7 +5,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode, Version};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
@@ -63,6 +63,13 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        // The usual case, an HTTP/1 request whose head says it has no body
+        // (`Content-Length: 0`, or neither a length nor a transfer
+        // coding), is known without reading one: hyper frames the body by
+        // these same headers.
+        if req.version() <= Version::HTTP_11 && says_no_body(req.headers()) {
+            return Ok(Self);
+        }
         let body = Bytes::from_request(req, state).await.map_err(|rejection| {
             let text = rejection.body_text();
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -76,6 +83,14 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
         } else {
             Err(ApiError::BadRequest("this route takes no body".into()))
         }
+    }
+}
+
+/// Whether an HTTP/1 request's head says it carries no body.
+fn says_no_body(headers: &HeaderMap) -> bool {
+    match headers.get(header::CONTENT_LENGTH) {
+        Some(length) => length.as_bytes() == b"0",
+        None => !headers.contains_key(header::TRANSFER_ENCODING),
     }
 }
 
@@ -257,7 +272,27 @@ impl FromRequestParts<AppState> for Caller {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_rfc3339;
+    use super::{parse_rfc3339, says_no_body};
+    use axum::http::{header, HeaderMap, HeaderValue};
+
+    #[test]
+    fn a_head_without_a_length_or_a_coding_or_with_length_0_says_no_body() {
+        let head = |pairs: &[(header::HeaderName, &'static str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                headers.insert(name, HeaderValue::from_static(value));
+            }
+            says_no_body(&headers)
+        };
+        assert!(head(&[]));
+        assert!(head(&[(header::CONTENT_LENGTH, "0")]));
+        assert!(!head(&[(header::CONTENT_LENGTH, "6")]));
+        assert!(
+            !head(&[(header::CONTENT_LENGTH, "00")]),
+            "read, then judged"
+        );
+        assert!(!head(&[(header::TRANSFER_ENCODING, "chunked")]));
+    }
 
     #[test]
     fn only_strict_rfc_3339_times_parse() {
