@@ -25,8 +25,9 @@ use crate::table::Table;
 
 /// What every lifecycle voucher costs, in cents.
 const PRICE_CENTS: i64 = 1999;
-/// A payment this far (or further) before its deadline must pay, this far
-/// after it must be refunded; in between either may win.
+/// Payments aimed this far (or further) before their deadline, and this
+/// far after it, are counted apart: how many paid, how many were refunded
+/// (the clocks, not the aim, judge each one; see `judge_race`).
 const DECISIVE_MS: i64 = 100;
 /// Payments and cancels land within this much of the deadline.
 const RACE_SPREAD_MS: i64 = 150;
@@ -576,14 +577,12 @@ fn judge_race(o: &RaceOutcome, last: &str, faults: &mut Faults, tally: &mut BTre
     if o.paid_sent.is_some_and(|t| t > o.order.pay_by + slack) && last == "paid" {
         faults.add("sent after the deadline, yet paid", show);
     }
-    if matches!(o.order.role, Role::Pay | Role::PayAndCancel) {
-        if o.order.offset_ms <= -DECISIVE_MS && last != "paid" && o.order.role == Role::Pay {
-            faults.add("paid 100 ms or more before the deadline, not paid", show);
-        }
-        if o.order.offset_ms >= DECISIVE_MS && last == "paid" {
-            faults.add("paid 100 ms or more after the deadline, yet paid", show);
-        }
-    }
+    // Payments aimed DECISIVE_MS or more either side of the deadline are
+    // counted (`paid_100ms_early_paid`, `paid_100ms_late_refunded`), not
+    // judged: whether one aimed 100 ms early is processed in time depends
+    // on the machine's load (a busy two-core machine has answered them
+    // in 200 ms), and one aimed 100 ms late is sent no earlier than aimed,
+    // so the clocks' rule above judges it.
 }
 
 /// 'races-{mode}': `args.races` orders, each paid, cancelled or left to
