@@ -417,6 +417,11 @@ impl Seckill {
     }
 
     async fn sale_window(&self, voucher_id: i64) -> Result<Arc<Voucher>> {
+        // A crowd's voucher is cached: a plain lookup, without the
+        // machinery that shares one load among concurrent misses.
+        if let Some(voucher) = self.inner.windows.get(&voucher_id).await {
+            return Ok(voucher);
+        }
         let store = &self.inner.store;
         self.inner
             .windows

@@ -95,6 +95,9 @@ impl SoldOutFlags {
     /// sold out.
     pub(super) async fn is_sold_out(&self, voucher: &Voucher) -> Result<bool, Arc<KvError>> {
         let here = (voucher.id, voucher.epoch());
+        if let Some(sold_out) = self.seen.get(&here).await {
+            return Ok(sold_out);
+        }
         self.seen
             .try_get_with(here, async {
                 let (epoch, sold_out): (Option<i64>, Option<u8>) = self
