@@ -35,16 +35,15 @@ pub struct TokenSigner {
 }
 
 impl TokenSigner {
-    pub fn new(key: impl Into<Vec<u8>>) -> Self {
-        let key: Vec<u8> = key.into();
+    pub fn new(key: impl AsRef<[u8]>) -> Self {
         Self {
-            keyed: HmacSha256::new_from_slice(&key).expect("HMAC takes keys of any length"),
+            keyed: HmacSha256::new_from_slice(key.as_ref()).expect("HMAC takes keys of any length"),
         }
     }
 
     /// A signer with a fresh random key: its tokens die with the process.
     pub fn random() -> Self {
-        Self::new(rand::random::<[u8; 32]>().to_vec())
+        Self::new(rand::random::<[u8; 32]>())
     }
 
     fn mac(&self, payload: &str) -> HmacSha256 {
@@ -94,14 +93,14 @@ mod tests {
 
     #[test]
     fn a_signed_token_verifies_to_its_user() {
-        let signer = TokenSigner::new(b"k".to_vec());
+        let signer = TokenSigner::new(b"k");
         let token = signer.sign(42, NOW + 60);
         assert_eq!(signer.verify(&token, NOW), Ok(42));
     }
 
     #[test]
     fn expired_tokens_are_refused() {
-        let signer = TokenSigner::new(b"k".to_vec());
+        let signer = TokenSigner::new(b"k");
         assert_eq!(
             signer.verify(&signer.sign(42, NOW), NOW),
             Err(TokenError::Expired)
@@ -110,8 +109,8 @@ mod tests {
 
     #[test]
     fn another_key_or_an_edited_payload_breaks_the_signature() {
-        let signer = TokenSigner::new(b"k".to_vec());
-        let other = TokenSigner::new(b"other".to_vec());
+        let signer = TokenSigner::new(b"k");
+        let other = TokenSigner::new(b"other");
         let token = other.sign(42, NOW + 60);
         assert_eq!(signer.verify(&token, NOW), Err(TokenError::BadSignature));
 
@@ -122,7 +121,7 @@ mod tests {
 
     #[test]
     fn malformed_tokens_are_refused() {
-        let signer = TokenSigner::new(b"k".to_vec());
+        let signer = TokenSigner::new(b"k");
         let good = signer.sign(42, NOW + 60);
         let sig = good.rsplit_once('.').unwrap().1;
         for bad in [

@@ -150,13 +150,9 @@ impl ApiError {
         }
     }
 
-    /// The serialized body of this error when it is one of the fixed ones.
-    fn fixed_body(&self) -> Option<Bytes> {
-        use SeckillError as S;
-        let Self::Seckill(S::SoldOut | S::Ended | S::NotStarted | S::InProgress) = self else {
-            return None;
-        };
-        let (_, code) = self.status_and_code();
+    /// The serialized body of an error with `code` when it is one of the
+    /// fixed ones (each of their codes stands for that one error alone).
+    fn fixed_body(code: ErrorCode) -> Option<Bytes> {
         FIXED_BODIES
             .iter()
             .find(|(fixed, _)| *fixed == code)
@@ -167,7 +163,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        let mut response = match self.fixed_body() {
+        let mut response = match Self::fixed_body(code) {
             Some(body) => (
                 status,
                 [(header::CONTENT_TYPE, HeaderValue::from_static(JSON))],

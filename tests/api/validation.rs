@@ -162,7 +162,7 @@ async fn malformed_ids_tokens_and_headers_are_refused() {
         }
     }
 
-    let forged = TokenSigner::new(b"not the secret".to_vec()).sign(1, Utc::now().timestamp() + 600);
+    let forged = TokenSigner::new(b"not the secret").sign(1, Utc::now().timestamp() + 600);
     let expired = TokenSigner::new(TOKEN_SECRET.as_bytes()).sign(1, Utc::now().timestamp() - 1);
     let tampered = token.replacen("v1.1.", "v1.2.", 1);
     let path = format!("/seckill/{voucher}");
