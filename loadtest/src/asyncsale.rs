@@ -19,6 +19,7 @@ use crate::api::{Admin, SaleMode};
 use crate::cpu::Usage;
 use crate::drive::Tally;
 use crate::invariants::Check;
+use crate::scrape::{metric_sum, metrics_text};
 use crate::service::Target;
 use crate::table::Table;
 use crate::{check, round, CrowdArgs, Report, TargetArgs};
@@ -364,23 +365,6 @@ fn count(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// A counter's or gauge's value on the instance at `base`.
-async fn metric_sum(base: &str, name: &str) -> Result<f64, String> {
-    Ok(sum_of(&metrics_text(base).await?, name))
-}
-
-/// `name`'s value in Prometheus text, summed over its series (0 before
-/// its first change: the exporter shows it only then).
-fn sum_of(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|line| {
-            line.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with([' ', '{']))
-        })
-        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
-}
-
 /// How the writers caught up with what was accepted.
 pub(crate) struct Drain {
     /// Orders stored when the wait ended.
@@ -509,23 +493,6 @@ async fn confirm_histogram(target: &Target) -> Result<Histogram, String> {
     Ok(total)
 }
 
-/// The instance's `/metrics` page.
-async fn metrics_text(base: &str) -> Result<String, String> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| e.to_string())?;
-    client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .and_then(reqwest::Response::error_for_status)
-        .map_err(|e| format!("{base}/metrics: {e}"))?
-        .text()
-        .await
-        .map_err(|e| format!("{base}/metrics: {e}"))
-}
-
 /// `name`'s buckets and count in Prometheus text (empty when absent: no
 /// observation yet).
 fn parse_histogram(text: &str, name: &str) -> Histogram {
@@ -626,21 +593,6 @@ seckill_sale_commit_seconds_count 7
         assert!(parse_histogram("", CONFIRM_METRIC)
             .quantile_bound(0.99)
             .is_none());
-    }
-
-    #[test]
-    fn a_metric_is_summed_over_its_series_and_no_other() {
-        let text = "\
-# TYPE seckill_async_claimed_total counter
-seckill_async_claimed_total 7
-seckill_async_claimed_total{voucher=\"2\"} 3
-seckill_async_claimed_total_other 100
-# TYPE seckill_async_in_flight gauge
-seckill_async_in_flight 0
-";
-        assert_eq!(sum_of(text, CLAIMED_METRIC), 10.0);
-        assert_eq!(sum_of(text, IN_FLIGHT_METRIC), 0.0);
-        assert_eq!(sum_of("", CLAIMED_METRIC), 0.0);
     }
 
     #[test]

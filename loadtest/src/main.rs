@@ -19,6 +19,7 @@ mod lablife;
 mod lifecycle;
 mod lockbench;
 mod report;
+mod scrape;
 mod service;
 mod speed;
 mod table;
@@ -597,7 +598,11 @@ pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> Result<Report, S
         .collect();
     plan.shuffle(&mut rand::rng());
     let started = chrono::Utc::now().timestamp();
+    let before = sale_steps(target).await;
     let tally = target.send_each(plan, args.connections, "flash").await;
+    let steps = sale_steps(target)
+        .await
+        .map(|after| after - before.unwrap_or_default());
     let check = check(
         target,
         voucher,
@@ -624,8 +629,44 @@ pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> Result<Report, S
             "connections": args.connections,
             "healthz_rps": round(health.rps()),
             "healthz_p99_ms": round(health.ms(0.99)),
+            "locks_taken": steps.map(|s| s.locks),
+            "gate_waits": steps.map(|s| s.gate_waits),
         }),
     })
+}
+
+/// How far the purchases of a crowd went inside the service, counted by
+/// its metrics over every instance: a crowd for 100 units needs about 100
+/// locks, and every lock more is a purchase that went on to be told "sold
+/// out" by a batch instead of by the flag or the gate.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct SaleSteps {
+    /// Users' locks taken (`seckill_lock_acquire_seconds`).
+    locks: f64,
+    /// Purchases that waited at the gate (`seckill_gate_waits_total`).
+    gate_waits: f64,
+}
+
+impl std::ops::Sub for SaleSteps {
+    type Output = Self;
+    fn sub(self, earlier: Self) -> Self {
+        Self {
+            locks: self.locks - earlier.locks,
+            gate_waits: self.gate_waits - earlier.gate_waits,
+        }
+    }
+}
+
+/// The sale steps counted so far, or `None` when an instance's metrics
+/// cannot be read (the crowd is judged without them).
+async fn sale_steps(target: &Target) -> Option<SaleSteps> {
+    let mut steps = SaleSteps::default();
+    for base in &target.bases {
+        let text = scrape::metrics_text(base).await.ok()?;
+        steps.locks += scrape::sum_of(&text, "seckill_lock_acquire_seconds_count");
+        steps.gate_waits += scrape::sum_of(&text, "seckill_gate_waits_total");
+    }
+    Some(steps)
 }
 
 async fn hammer(target: &Target, args: &HammerArgs) -> Result<Report, String> {

@@ -191,6 +191,10 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
     }
     rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
     let flash_p99_ratios: Vec<f64> = rounds.iter().map(|(ratio, _)| round(*ratio)).collect();
+    let flash_locks: Vec<Value> = rounds
+        .iter()
+        .map(|(_, crowd)| crowd.extra["locks_taken"].clone())
+        .collect();
     let (flash_p99_ratio, crowd) = rounds.swap_remove(FLASH_ROUNDS / 2);
     let flash_p99_ratio = round(flash_p99_ratio);
 
@@ -274,6 +278,7 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
         async_sent.by_name
     );
     eprintln!("flash crowd p99 / /healthz p99 of each round: {flash_p99_ratios:?}");
+    eprintln!("users' locks taken by each round's crowd (100 units): {flash_locks:?}");
     print_goals("speed", &goals);
 
     let costs = json!({
@@ -288,6 +293,7 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
             "async_by_name": async_sent.by_name,
         },
         "flash_p99_ratios": flash_p99_ratios,
+        "flash_locks_taken": flash_locks,
         "goals": goals.iter().map(Goal::json).collect::<Vec<_>>(),
     });
     Ok(vec![

@@ -249,8 +249,17 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
         };
 
     // Before anyone is answered: those waiting at the gate for this batch
-    // find what it left when they wake.
+    // find what it left when they wake, and when it left no unit, those
+    // who come after (the answered buyers' next tries among them) are
+    // refused at the flag, not after a lock and a batch of their own.
     if let Some(level) = level {
+        if level.stock == 0 {
+            inner
+                .deps
+                .flags
+                .saw_sold_out(voucher_id, level.epoch())
+                .await;
+        }
         inner.deps.gates.saw(voucher_id, level);
     }
     let voucher = batch[0].voucher.clone();

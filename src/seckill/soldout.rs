@@ -120,6 +120,13 @@ impl SoldOutFlags {
         self.seen.get(&(voucher.id, voucher.epoch())).await == Some(true)
     }
 
+    /// Remembers that this instance saw the voucher sold out at `epoch`
+    /// (a batch of its own left no unit), before anyone is told: purchases
+    /// that arrive from then on are refused here, without a lock.
+    pub(super) async fn saw_sold_out(&self, voucher_id: i64, epoch: i64) {
+        self.seen.insert((voucher_id, epoch), true).await;
+    }
+
     /// Publishes the stock state of `voucher_id` (whose sale ends at
     /// `end_time`) seen in Postgres. A failure only costs speed (later
     /// requests go to Postgres) or, for a returned unit, up to the voucher

@@ -1,0 +1,58 @@
+//! What a running instance's `/metrics` page says: its text, and a
+//! counter's or gauge's value summed over its series.
+
+use std::time::Duration;
+
+/// A counter's or gauge's value on the instance at `base`.
+pub(crate) async fn metric_sum(base: &str, name: &str) -> Result<f64, String> {
+    Ok(sum_of(&metrics_text(base).await?, name))
+}
+
+/// `name`'s value in Prometheus text, summed over its series (0 before
+/// its first change: the exporter shows it only then).
+pub(crate) fn sum_of(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))
+        })
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// The instance's `/metrics` page.
+pub(crate) async fn metrics_text(base: &str) -> Result<String, String> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| e.to_string())?;
+    client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .map_err(|e| format!("{base}/metrics: {e}"))?
+        .text()
+        .await
+        .map_err(|e| format!("{base}/metrics: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metric_is_summed_over_its_series_and_no_other() {
+        let text = "\
+# TYPE seckill_async_claimed_total counter
+seckill_async_claimed_total 7
+seckill_async_claimed_total{voucher=\"2\"} 3
+seckill_async_claimed_total_other 100
+# TYPE seckill_async_in_flight gauge
+seckill_async_in_flight 0
+";
+        assert_eq!(sum_of(text, "seckill_async_claimed_total"), 10.0);
+        assert_eq!(sum_of(text, "seckill_async_in_flight"), 0.0);
+        assert_eq!(sum_of("", "seckill_async_claimed_total"), 0.0);
+    }
+}
