@@ -46,7 +46,7 @@ if redis.call('exists', KEYS[1]) == 0 and (first == false or first == ARGV[2]) t
     end
     local last = tonumber(redis.call('get', KEYS[2]) or '0')
     local token = math.max(last + 1, now_us)
-    redis.call('set', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3])
+    redis.call('set', KEYS[2], string.format('%d', token), 'PX', ARGV[3])
     redis.call('hincrby', KEYS[1], ARGV[2], 1)
     redis.call('pexpire', KEYS[1], ARGV[1])
     return {1, 1, token}

@@ -48,12 +48,15 @@ local function acquire(lock, fence, lease, owner, request)
         end
         local last = tonumber(redis.call('get', fence) or '0')
         local token = math.max(last + 1, now)
-        -- '%.0f': tostring() would write large numbers as 1.7e+15
-        token = string.format('%.0f', token)
-        redis.call('set', fence, token, 'PX', token_life)
-        redis.call('hset', lock, owner, 1, record, '1 ' .. token .. ' ' .. request)
+        -- '%d' (a 64-bit integer in Redis's Lua): tostring() would write
+        -- large numbers as 1.7e+15, and '%.0f' takes glibc's slower path
+        -- for floating point. Strings, not numbers, go to redis.call: a
+        -- number would be formatted again there.
+        local text = string.format('%d', token)
+        redis.call('set', fence, text, 'PX', token_life)
+        redis.call('hset', lock, owner, '1', record, '1 ' .. text .. ' ' .. request)
         redis.call('pexpire', lock, lease)
-        return {1, 1, tonumber(token)}
+        return {1, 1, token}
     end
 
     local found = redis.call('hmget', lock, owner, record)
@@ -67,7 +70,7 @@ local function acquire(lock, fence, lease, owner, request)
     -- The holder's token: in its record since it took the lock, unless the
     -- fair lock's script (which writes no record) took it.
     if token == nil or token == '' then
-        token = string.format('%.0f', tonumber(redis.call('get', fence) or '0'))
+        token = string.format('%d', tonumber(redis.call('get', fence) or '0'))
     end
     holds = redis.call('hincrby', lock, owner, 1)
     redis.call('hset', lock, record, holds .. ' ' .. token .. ' ' .. request)

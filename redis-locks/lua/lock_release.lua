@@ -56,7 +56,7 @@ local function release(lock, channel, answer, lease, owner, request)
     end
     redis.call('del', lock)
     redis.call('publish', channel, 'released')
-    redis.call('set', answer, 0, 'PX', memory)
+    redis.call('set', answer, '0', 'PX', memory)
     return 0
 end
 
