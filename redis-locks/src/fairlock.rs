@@ -5,9 +5,8 @@
 
 use std::time::Duration;
 
-use super::{
-    lease_left, lease_ms, wait_turn, Lease, Lock, LockError, LockGuard, Owner, FENCE_KEY_TTL_MS,
-};
+use super::lock::{lease_left, lease_ms, wait_turn, FENCE_KEY_TTL_MS};
+use super::{Lease, Lock, LockError, LockGuard, Owner};
 
 /// A named fair lock. Cheap to clone.
 #[derive(Clone)]

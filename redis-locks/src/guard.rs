@@ -10,8 +10,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::client::Shared;
 use super::watchdog::{Registration, Renewal, Watchdog};
-use super::{LockError, Owner, Shared};
+use super::{LockError, Owner};
 
 /// A hold's lease as asked for, resolved as its request goes out.
 #[derive(Debug, Clone, Copy)]

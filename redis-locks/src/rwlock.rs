@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use redis::{FromRedisValue, ScriptInvocation};
 
+use super::client::Shared;
 use super::guard::{GuardCore, GuardedLock};
+use super::lock::{lease_left, lease_ms, wait_turn};
 use super::watchdog::Renewal;
-use super::{lease_left, lease_ms, wait_turn, Lease, LockError, Owner, Shared};
+use super::{Lease, LockError, Owner};
 
 /// A named read-write lock. Cheap to clone.
 ///

@@ -1,0 +1,404 @@
+//! The client that makes locks and owners: its command connection, its
+//! scripts and how they are sent (one deadline a call, idempotent resends,
+//! many locks in one call), the subscriber its waiters share, its watchdog.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::{Script, ScriptInvocation};
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use super::endpoint::{self, Endpoint};
+use super::guard::Term;
+use super::lock::{Lock, LockGuard, FENCE_KEY_TTL_MS, RELEASE_MEMORY_MS};
+use super::pubsub::Subscriber;
+use super::watchdog::Watchdog;
+use super::{
+    Acquired, FairLock, Lease, LockError, LockOptions, Owner, ReadWriteLock, Released,
+    SharedConnection,
+};
+
+/// What every lock of one client shares: the command connection, the
+/// scripts, the process UUID, the subscriber, the watchdog.
+pub(super) struct Shared {
+    pub(super) conn: Arc<SharedConnection>,
+    pub(super) prefix: String,
+    pub(super) process: Uuid,
+    pub(super) acquire: Script,
+    pub(super) release: Script,
+    pub(super) force_unlock: Script,
+    pub(super) rw_read: Script,
+    pub(super) rw_write: Script,
+    pub(super) rw_unlock: Script,
+    pub(super) fair_acquire: Script,
+    pub(super) fair_leave: Script,
+    pub(super) subscriber: Arc<Subscriber>,
+    pub(super) watchdog: Arc<Watchdog>,
+    /// Releases started by guards dropped without `unlock`; shutdown waits
+    /// for them so that a stopping process leaves no lock behind.
+    pub(super) pending_releases: TaskTracker,
+}
+
+impl Shared {
+    /// The lease a hold gets, and whether the watchdog renews it, for a
+    /// request going out now.
+    pub(super) fn resolve(&self, lease: Lease) -> Term {
+        let (lease, watched) = match lease {
+            Lease::Fixed(lease) => (lease, false),
+            Lease::Watchdog => (self.watchdog.lease, true),
+        };
+        Term {
+            lease,
+            watched,
+            sent: Instant::now(),
+        }
+    }
+
+    /// Runs one of the scripts that remember their request ids (acquire,
+    /// release) within one command deadline, resending it (same request
+    /// ids, so at most once in effect) when the connection failed or timed
+    /// out. `key` names the lock in the logs.
+    pub(super) async fn send_idempotent<T: redis::FromRedisValue>(
+        &self,
+        key: &str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, LockError> {
+        // Every attempt within one deadline: resending never makes a call
+        // outlast the command timeout.
+        let deadline = tokio::time::Instant::now() + self.conn.timeout();
+        let mut attempt = 1;
+        loop {
+            let result = self
+                .conn
+                .invoke_by(deadline, invocation)
+                .await
+                .map_err(LockError::from);
+            match result {
+                Err(error) if attempt < SEND_ATTEMPTS && is_transient(&error) => {
+                    tracing::debug!(%key, %error, attempt, "resending a lock command");
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Runs `script` for many locks: one call per [`LOCKS_PER_CALL`] of
+    /// `items` (on a cluster, per slot; the calls at once), each item
+    /// adding its keys and arguments (`add`), `last` the call's final
+    /// argument. Each item's answer is `answer` of its part of the script's
+    /// answer, or the call's error; `at` (the item's place) goes with it.
+    pub(super) async fn per_lock<I, A, R>(
+        &self,
+        script: &Script,
+        items: &[(usize, I)],
+        lock_of: impl Fn(&I) -> &Lock,
+        add: impl Fn(&I, &mut ScriptInvocation<'_>),
+        last: u64,
+        answer: impl Fn(&I, Option<A>) -> Result<R, LockError>,
+    ) -> Vec<(usize, Result<R, LockError>)>
+    where
+        A: redis::FromRedisValue + Clone,
+    {
+        let batches = endpoint::script_batches(
+            self.conn.is_cluster(),
+            items,
+            |(_, item)| &lock_of(item).key,
+            LOCKS_PER_CALL,
+        );
+        let (add, answer, lock_of) = (&add, &answer, &lock_of);
+        let calls = batches.into_iter().map(|batch| async move {
+            let mut invocation = script.prepare_invoke();
+            for (_, item) in &batch {
+                add(item, &mut invocation);
+            }
+            invocation.arg(last);
+            let answers: Result<Vec<A>, LockError> = self
+                .send_idempotent(&lock_of(&batch[0].1).key, &invocation)
+                .await;
+            batch
+                .iter()
+                .enumerate()
+                .map(|(i, (at, item))| {
+                    let mine = match &answers {
+                        Ok(answers) => answer(item, answers.get(i).cloned()),
+                        Err(error) => Err(error.for_each_lock()),
+                    };
+                    (*at, mine)
+                })
+                .collect::<Vec<_>>()
+        });
+        futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// Releases the hold of a guard dropped without `unlock`, on a task the
+    /// client tracks (so `shutdown` waits for it). Failing that, the lease
+    /// frees the lock; either way it is logged.
+    pub(super) fn release_in_background(
+        &self,
+        key: Arc<str>,
+        owner: Owner,
+        release: impl std::future::Future<Output = Result<(), LockError>> + Send + 'static,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(%key, %owner, "lock guard dropped outside a runtime; the lease will free it");
+            return;
+        };
+        self.pending_releases.spawn_on(
+            async move {
+                if let Err(error) = release.await {
+                    tracing::warn!(%key, %owner, %error, "releasing a dropped lock guard failed; the lease will free it");
+                }
+            },
+            &runtime,
+        );
+    }
+}
+
+/// Makes locks and owners; cheap to clone, one per process is enough.
+#[derive(Clone)]
+pub struct LockClient {
+    shared: Arc<Shared>,
+}
+
+impl LockClient {
+    /// A client whose lock keys all start with `prefix` (may be empty). It
+    /// opens two connections to the endpoint's Redis (a `redis::Client`, or
+    /// an [`Endpoint`] such as a Sentinel master) when first used: one for
+    /// commands, one that waiters share to hear unlock messages.
+    pub fn new(endpoint: impl Into<Endpoint>, prefix: impl Into<String>) -> Self {
+        Self::with_options(endpoint, prefix, LockOptions::default())
+    }
+
+    /// Like [`LockClient::new`], with options.
+    pub fn with_options(
+        endpoint: impl Into<Endpoint>,
+        prefix: impl Into<String>,
+        options: LockOptions,
+    ) -> Self {
+        let client = endpoint.into();
+        let conn = Arc::new(SharedConnection::new(
+            client.clone(),
+            options.command_timeout,
+        ));
+        Self {
+            shared: Arc::new(Shared {
+                conn: conn.clone(),
+                prefix: prefix.into(),
+                process: Uuid::new_v4(),
+                acquire: Script::new(include_str!("../lua/lock_acquire.lua")),
+                release: Script::new(include_str!("../lua/lock_release.lua")),
+                force_unlock: Script::new(include_str!("../lua/lock_force_unlock.lua")),
+                rw_read: Script::new(include_str!("../lua/rwlock_read.lua")),
+                rw_write: Script::new(include_str!("../lua/rwlock_write.lua")),
+                rw_unlock: Script::new(include_str!("../lua/rwlock_unlock.lua")),
+                fair_acquire: Script::new(include_str!("../lua/fairlock_acquire.lua")),
+                fair_leave: Script::new(include_str!("../lua/fairlock_leave.lua")),
+                subscriber: Subscriber::new(client),
+                watchdog: Watchdog::new(conn, options.watchdog_lease),
+                pending_releases: TaskTracker::new(),
+            }),
+        }
+    }
+
+    /// Tries each `(lock, owner, lease)` of `requests` as
+    /// [`Lock::try_acquire`] would, in as few calls as Redis allows: one
+    /// script call for up to [`LOCKS_PER_CALL`] locks (on a Redis Cluster,
+    /// one per slot, the calls at once). For a caller that gathers the
+    /// acquisitions of many owners that arrive together. The answers come
+    /// in the order of `requests`; a lock of another client is tried on its
+    /// own.
+    pub async fn try_acquire_all(
+        &self,
+        requests: &[(&Lock, &Owner, Lease)],
+    ) -> Vec<Result<Acquired, LockError>> {
+        let (ours, others): (Vec<_>, Vec<_>) = requests
+            .iter()
+            .enumerate()
+            .partition(|(_, (lock, ..))| Arc::ptr_eq(&lock.shared, &self.shared));
+        // (place, (lock, owner, term, request id)) of each lock tried here.
+        let tries: Vec<_> = ours
+            .into_iter()
+            .map(|(at, (lock, owner, lease))| {
+                let term = self.shared.resolve(*lease);
+                (at, (*lock, *owner, term, new_request_id()))
+            })
+            .collect();
+        let acquired = self.shared.per_lock(
+            &self.shared.acquire,
+            &tries,
+            |(lock, ..)| lock,
+            |(lock, owner, term, request_id), invocation| {
+                lock.add_acquire(invocation, owner, *term, request_id);
+            },
+            FENCE_KEY_TTL_MS,
+            |(lock, owner, term, _), answer: Option<(i64, i64, i64)>| {
+                Ok(lock.acquired(owner, *term, answer.unwrap_or((0, -1, 0))))
+            },
+        );
+        let alone = others
+            .into_iter()
+            .map(|(at, (lock, owner, lease))| async move {
+                vec![(at, lock.try_acquire(owner, *lease).await)]
+            });
+        gathered(acquired, alone).await
+    }
+
+    /// Gives back every hold in `guards` as [`LockGuard::unlock`] would, in
+    /// as few calls as Redis allows: one script call for up to
+    /// [`LOCKS_PER_CALL`] locks (on a Redis Cluster, one per slot, the calls
+    /// at once). For a caller that ends many holds together, such as a batch
+    /// of work whose locks all end when it commits. The answers come in the
+    /// order of `guards`; a guard of another client is given back on its
+    /// own.
+    pub async fn unlock_all(&self, guards: Vec<LockGuard>) -> Vec<Result<Released, LockError>> {
+        let (ours, others): (Vec<_>, Vec<_>) = guards
+            .into_iter()
+            .enumerate()
+            .partition(|(_, guard)| Arc::ptr_eq(&guard.core.lock.shared, &self.shared));
+        // (place, (lock, owner, lease, request id)) of each hold given back.
+        let holds: Vec<_> = ours
+            .into_iter()
+            .map(|(at, mut guard)| {
+                let (lock, owner, lease) = guard.core.give_back();
+                (at, (lock.clone(), owner.clone(), lease, new_request_id()))
+            })
+            .collect();
+        let released = self.shared.per_lock(
+            &self.shared.release,
+            &holds,
+            |(lock, ..)| lock,
+            |(lock, owner, lease, request_id), invocation| {
+                lock.add_release(invocation, owner, *lease, request_id);
+            },
+            RELEASE_MEMORY_MS,
+            |(lock, owner, ..), left: Option<i64>| lock.released(owner, left.unwrap_or(-1)),
+        );
+        let alone = others
+            .into_iter()
+            .map(|(at, guard)| async move { vec![(at, guard.unlock().await)] });
+        gathered(released, alone).await
+    }
+
+    /// The deadline of each call to Redis (`LockOptions::command_timeout`).
+    pub fn command_timeout(&self) -> Duration {
+        self.shared.conn.timeout()
+    }
+
+    /// This process's part of every owner it makes.
+    pub fn process_id(&self) -> Uuid {
+        self.shared.process
+    }
+
+    /// The owner `id` of this process. Two owners with the same id are the
+    /// same owner: that is what makes the lock reentrant for them.
+    pub fn owner(&self, id: impl fmt::Display) -> Owner {
+        Owner(format!("{}:{id}", self.shared.process).into())
+    }
+
+    /// The lock called `name`. Its key is `{prefix}lock:{name}`, a hash tag
+    /// so that every key of one lock lands in one Redis Cluster slot.
+    pub fn lock(&self, name: &str) -> Lock {
+        Lock {
+            shared: self.shared.clone(),
+            key: format!("{}lock:{{{name}}}", self.shared.prefix).into(),
+        }
+    }
+
+    /// The read-write lock called `name`, key `{prefix}rwlock:{name}`.
+    pub fn read_write_lock(&self, name: &str) -> ReadWriteLock {
+        ReadWriteLock {
+            shared: self.shared.clone(),
+            key: format!("{}rwlock:{{{name}}}", self.shared.prefix).into(),
+        }
+    }
+
+    /// The fair lock called `name`, key `{prefix}fairlock:{name}`.
+    pub fn fair_lock(&self, name: &str) -> FairLock {
+        FairLock {
+            lock: Lock {
+                shared: self.shared.clone(),
+                key: format!("{}fairlock:{{{name}}}", self.shared.prefix).into(),
+            },
+        }
+    }
+
+    /// Whether this client's Redis takes writes now (a master that has its
+    /// replicas, not a replica left behind by a failover): a key of the
+    /// client's own, written with a short life.
+    pub async fn check_writable(&self) -> Result<(), LockError> {
+        let key = format!(
+            "{}lock-client:{}:writable",
+            self.shared.prefix, self.shared.process
+        );
+        self.shared
+            .conn
+            .query::<()>(redis::cmd("SET").arg(key).arg(1).arg("PX").arg(10_000))
+            .await?;
+        Ok(())
+    }
+
+    /// How many locks this client's watchdog is keeping alive now.
+    pub fn watched_locks(&self) -> usize {
+        self.shared.watchdog.watched()
+    }
+
+    /// How many lock channels this client's waiters are subscribed to now.
+    pub fn waiting_channels(&self) -> usize {
+        self.shared.subscriber.active_channels()
+    }
+
+    /// Waits (at most `timeout`) for releases started by dropped guards.
+    /// Returns false if some were still running when the time ran out.
+    pub async fn shutdown(&self, timeout: Duration) -> bool {
+        let tracker = &self.shared.pending_releases;
+        tracker.close();
+        tokio::time::timeout(timeout, tracker.wait()).await.is_ok()
+    }
+}
+
+/// Most locks one call of the acquire or the release script takes or gives
+/// back.
+pub const LOCKS_PER_CALL: usize = 64;
+
+/// The answers of a call on many locks, back in the caller's order: those
+/// of the script calls (`batched`) and those of the locks tried on their
+/// own.
+async fn gathered<T>(
+    batched: impl std::future::Future<Output = Vec<(usize, Result<T, LockError>)>>,
+    alone: impl IntoIterator<
+        Item = impl std::future::Future<Output = Vec<(usize, Result<T, LockError>)>>,
+    >,
+) -> Vec<Result<T, LockError>> {
+    let (batched, alone) =
+        futures_util::future::join(batched, futures_util::future::join_all(alone)).await;
+    let mut answers: Vec<_> = batched
+        .into_iter()
+        .chain(alone.into_iter().flatten())
+        .collect();
+    answers.sort_by_key(|(at, _)| *at);
+    answers.into_iter().map(|(_, answer)| answer).collect()
+}
+
+/// How many times a lock command is sent before its error is returned.
+const SEND_ATTEMPTS: u64 = 3;
+
+pub(super) fn new_request_id() -> String {
+    Uuid::new_v4().simple().to_string()
+}
+
+/// Errors after which the command may or may not have been applied, and a
+/// resend (idempotent, by request id) is the way to find out.
+fn is_transient(error: &LockError) -> bool {
+    match error {
+        LockError::Redis(e) => e.is_io_error() || e.is_timeout() || e.is_connection_dropped(),
+        LockError::NotHeld { .. } | LockError::NodesUnavailable { .. } => false,
+    }
+}

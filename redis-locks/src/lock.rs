@@ -1,0 +1,452 @@
+//! The reentrant lock and its guard: one hold taken and given back by a
+//! script each, waiting for a turn without polling, the fencing token.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::ScriptInvocation;
+
+use super::client::{new_request_id, Shared};
+use super::guard::{GuardCore, GuardedLock, Term};
+use super::pubsub::{Subscriber, Woken};
+use super::watchdog::Renewal;
+use super::{Acquired, Lease, LockError, Owner, Released};
+
+/// One named lock. Cheap to clone; holds no connection.
+#[derive(Clone)]
+pub struct Lock {
+    pub(super) shared: Arc<Shared>,
+    pub(super) key: Arc<str>,
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock").field("key", &self.key).finish()
+    }
+}
+
+impl GuardedLock for Lock {
+    fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    fn hash_key(&self) -> &Arc<str> {
+        &self.key
+    }
+}
+
+impl Lock {
+    /// The Redis key of this lock.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Where the answer of the last release sent under `request_id` is
+    /// kept for a resend (the lock's hash is gone by then).
+    pub(super) fn released_key(&self, request_id: &str) -> String {
+        format!("{}:release:{request_id}", self.key)
+    }
+
+    /// The key holding this lock's last fencing token.
+    pub(super) fn fence_key(&self) -> String {
+        format!("{}:fence", self.key)
+    }
+
+    /// The channel on which this lock's release is announced.
+    pub fn channel(&self) -> String {
+        format!("{}:released", self.key)
+    }
+
+    /// Takes the lock for `owner`, waiting at most `wait` for its holder to
+    /// let go. `Ok(None)`: still held by another owner when `wait` ran out.
+    ///
+    /// Without polling: after one failed attempt the waiter subscribes to
+    /// the lock's channel, then tries again (a release between the two is
+    /// caught by the second attempt, one after it by the subscription), and
+    /// sleeps until a release message or the end of the holder's lease,
+    /// whichever comes first.
+    pub async fn acquire(
+        &self,
+        owner: &Owner,
+        wait: Duration,
+        lease: impl Into<Lease>,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let lease = lease.into();
+        wait_turn(&self.shared.subscriber, &self.channel(), wait, || async {
+            Ok(match self.try_acquire(owner, lease).await? {
+                Acquired::Yes(guard) => Ok(guard),
+                Acquired::HeldByOther { lease_left } => Err(lease_left),
+            })
+        })
+        .await
+    }
+
+    /// Frees the lock whoever holds it, and wakes its waiters. Returns
+    /// whether it was held. For operators; the holder is not told.
+    pub async fn force_unlock(&self) -> Result<bool, LockError> {
+        let deleted: i64 = self
+            .shared
+            .conn
+            .invoke(self.shared.force_unlock.key(&*self.key).key(self.channel()))
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    /// Whether `owner` holds the lock.
+    pub async fn is_held_by(&self, owner: &Owner) -> Result<bool, LockError> {
+        Ok(self.hold_count(owner).await? > 0)
+    }
+
+    /// The lease left on the lock: `None` when it is free (or has no lease).
+    pub async fn remaining_lease(&self) -> Result<Option<Duration>, LockError> {
+        let pttl: i64 = self
+            .shared
+            .conn
+            .query(redis::cmd("PTTL").arg(&*self.key))
+            .await?;
+        Ok(lease_left(pttl))
+    }
+
+    /// Takes the lock for `owner` with the given lease, without waiting.
+    /// If `owner` already holds it, its hold count goes up by one and the
+    /// lease starts again.
+    pub async fn try_acquire(
+        &self,
+        owner: &Owner,
+        lease: impl Into<Lease>,
+    ) -> Result<Acquired, LockError> {
+        self.try_acquire_request(owner, lease, &new_request_id())
+            .await
+    }
+
+    /// [`Lock::try_acquire`] under a request id of the caller's: sent again
+    /// with the same id (after a timeout, say), it gets the first answer
+    /// and takes no second hold. `try_acquire` itself resends on transient
+    /// errors with one id, so it never counts twice.
+    pub async fn try_acquire_request(
+        &self,
+        owner: &Owner,
+        lease: impl Into<Lease>,
+        request_id: &str,
+    ) -> Result<Acquired, LockError> {
+        let term = self.shared.resolve(lease.into());
+        let mut invocation = self.shared.acquire.prepare_invoke();
+        self.add_acquire(&mut invocation, owner, term, request_id);
+        invocation.arg(FENCE_KEY_TTL_MS);
+        let answers: Vec<(i64, i64, i64)> =
+            self.shared.send_idempotent(&self.key, &invocation).await?;
+        let answer = answers.first().copied().unwrap_or((0, -1, 0));
+        Ok(self.acquired(owner, term, answer))
+    }
+
+    /// Adds `owner`'s acquisition to a call of the acquire script
+    /// (`lua/lock_acquire.lua`, which takes each lock it is given as if
+    /// alone).
+    pub(super) fn add_acquire(
+        &self,
+        invocation: &mut ScriptInvocation<'_>,
+        owner: &Owner,
+        term: Term,
+        request_id: &str,
+    ) {
+        invocation
+            .key(&*self.key)
+            .key(self.fence_key())
+            .arg(lease_ms(term.lease))
+            .arg(owner.as_str())
+            .arg(request_id);
+    }
+
+    /// What the acquire script answered for this lock: `(1, holds, token)`
+    /// or `(0, pttl, 0)`.
+    pub(super) fn acquired(
+        &self,
+        owner: &Owner,
+        term: Term,
+        (acquired, value, fence): (i64, i64, i64),
+    ) -> Acquired {
+        if acquired == 1 {
+            Acquired::Yes(LockGuard::granted(self.clone(), owner, term, fence))
+        } else {
+            Acquired::HeldByOther {
+                lease_left: lease_left(value),
+            }
+        }
+    }
+
+    /// Gives back one hold of `owner`. A release by anyone but a holder
+    /// changes nothing and is reported as [`LockError::NotHeld`].
+    pub async fn release(&self, owner: &Owner, lease: Duration) -> Result<Released, LockError> {
+        self.release_request(owner, lease, &new_request_id()).await
+    }
+
+    /// [`Lock::release`] under a request id of the caller's: sent again with
+    /// the same id, it gets the first answer and gives back no second hold.
+    pub async fn release_request(
+        &self,
+        owner: &Owner,
+        lease: Duration,
+        request_id: &str,
+    ) -> Result<Released, LockError> {
+        let mut invocation = self.shared.release.prepare_invoke();
+        self.add_release(&mut invocation, owner, lease, request_id);
+        invocation.arg(RELEASE_MEMORY_MS);
+        let left: Vec<i64> = self.shared.send_idempotent(&self.key, &invocation).await?;
+        self.released(owner, left.first().copied().unwrap_or(-1))
+    }
+
+    /// Adds the release of `owner`'s hold to a call of the release script
+    /// (`lua/lock_release.lua`, which gives back one hold of each lock it
+    /// is given).
+    pub(super) fn add_release(
+        &self,
+        invocation: &mut ScriptInvocation<'_>,
+        owner: &Owner,
+        lease: Duration,
+        request_id: &str,
+    ) {
+        invocation
+            .key(&*self.key)
+            .key(self.channel())
+            .key(self.released_key(request_id))
+            .arg(lease_ms(lease))
+            .arg(owner.as_str())
+            .arg(request_id);
+    }
+
+    /// What the release script answered for this lock.
+    pub(super) fn released(&self, owner: &Owner, left: i64) -> Result<Released, LockError> {
+        match left {
+            0 => Ok(Released::Free),
+            n if n > 0 => Ok(Released::StillHeld(u32::try_from(n).unwrap_or(u32::MAX))),
+            _ => Err(LockError::NotHeld {
+                key: self.key.to_string(),
+                owner: owner.to_string(),
+            }),
+        }
+    }
+
+    /// How many holds `owner` has on this lock (0 when none).
+    pub async fn hold_count(&self, owner: &Owner) -> Result<u32, LockError> {
+        let holds: Option<u32> = self
+            .shared
+            .conn
+            .query(redis::cmd("HGET").arg(&*self.key).arg(owner.as_str()))
+            .await?;
+        Ok(holds.unwrap_or(0))
+    }
+
+    /// Whether anyone holds the lock.
+    pub async fn is_locked(&self) -> Result<bool, LockError> {
+        let exists: bool = self
+            .shared
+            .conn
+            .query(redis::cmd("EXISTS").arg(&*self.key))
+            .await?;
+        Ok(exists)
+    }
+}
+
+/// One hold of a lock. `unlock` gives it back and reports what happened;
+/// dropping the guard (an early return, a panic, a cancelled request) gives
+/// it back in the background instead.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    pub(super) core: GuardCore<Lock>,
+    fence: i64,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.debug(f, "LockGuard").finish()
+    }
+}
+
+impl LockGuard {
+    /// A hold just granted by Redis, with its fencing token.
+    pub(super) fn granted(lock: Lock, owner: &Owner, term: Term, fence: i64) -> Self {
+        Self {
+            core: GuardCore::granted(lock, owner, term, || Renewal::Plain),
+            fence,
+        }
+    }
+
+    /// The owner this hold belongs to.
+    pub fn owner(&self) -> &Owner {
+        &self.core.owner
+    }
+
+    /// The lock this hold is on.
+    pub fn lock(&self) -> &Lock {
+        &self.core.lock
+    }
+
+    /// This hold's fencing token: larger than the token of every earlier
+    /// holder of the lock. Send it with every write the lock protects, and
+    /// have the store refuse a write whose token is smaller than the last
+    /// one it accepted: a holder that stalled past its lease then cannot
+    /// write after the next holder did.
+    ///
+    /// # Example
+    ///
+    /// A holder stalls past its lease; the next holder gets a larger token,
+    /// and a store that checks tokens refuses the stalled holder's late
+    /// write:
+    ///
+    /// ```rust
+    /// use std::time::Duration;
+    ///
+    /// use redis_locks::{Acquired, LockClient, LockError};
+    ///
+    /// /// Accepts a write only with a token at least as large as the
+    /// /// largest it has accepted.
+    /// struct Store {
+    ///     last_token: i64,
+    ///     value: &'static str,
+    /// }
+    ///
+    /// impl Store {
+    ///     fn write(&mut self, token: i64, value: &'static str) -> bool {
+    ///         if token < self.last_token {
+    ///             return false;
+    ///         }
+    ///         self.last_token = token;
+    ///         self.value = value;
+    ///         true
+    ///     }
+    /// }
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// // Keys under a prefix of this run's own: runs never share a key.
+    /// let prefix = format!("redis-locks-doc:{}:", uuid::Uuid::new_v4().simple());
+    /// let locks = LockClient::new(client.clone(), prefix);
+    /// let lock = locks.lock("account:7");
+    /// let mut store = Store { last_token: 0, value: "" };
+    ///
+    /// // Job 1 takes the lock with a short lease, then stalls past it.
+    /// let job1 = locks.owner("job-1");
+    /// let Acquired::Yes(stalled) = lock.try_acquire(&job1, Duration::from_millis(100)).await? else {
+    ///     panic!("a new lock is free");
+    /// };
+    /// tokio::time::sleep(Duration::from_millis(250)).await;
+    /// assert!(stalled.is_lost());
+    ///
+    /// // Job 2 takes the lock, with a larger token, and writes.
+    /// let job2 = locks.owner("job-2");
+    /// let Acquired::Yes(next) = lock.try_acquire(&job2, Duration::from_secs(10)).await? else {
+    ///     panic!("the first lease has run out");
+    /// };
+    /// assert!(next.fence() > stalled.fence());
+    /// assert!(store.write(next.fence(), "written by job 2"));
+    ///
+    /// // Job 1 wakes up: the store refuses its write, and the lock its unlock.
+    /// assert!(!store.write(stalled.fence(), "written by job 1"));
+    /// assert!(matches!(stalled.unlock().await, Err(LockError::NotHeld { .. })));
+    /// assert_eq!(store.value, "written by job 2");
+    /// next.unlock().await?;
+    /// # // This example's keys: the lock and its fencing token (the answer kept
+    /// # // for a resend of the last release expires by itself).
+    /// # let mut conn = client.get_multiplexed_async_connection().await?;
+    /// # redis::cmd("DEL")
+    /// #     .arg(lock.key())
+    /// #     .arg(format!("{}:fence", lock.key()))
+    /// #     .query_async::<()>(&mut conn)
+    /// #     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn fence(&self) -> i64 {
+        self.fence
+    }
+
+    /// Whether this hold can no longer be trusted: the watchdog found the
+    /// lock gone, or a fixed lease has run out.
+    pub fn is_lost(&self) -> bool {
+        self.core.is_lost()
+    }
+
+    /// Resolves when the hold is lost (see [`LockGuard::is_lost`]): race it
+    /// against the work done under the lock and abort the work if it wins.
+    pub async fn lost(&self) {
+        self.core.lost().await;
+    }
+
+    /// Gives the hold back now. `Err(NotHeld)` means the lease ran out
+    /// while the work was being done: someone else may have held the lock.
+    pub async fn unlock(mut self) -> Result<Released, LockError> {
+        let (lock, owner, lease) = self.core.give_back();
+        lock.release(owner, lease).await
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        self.core.release_on_drop(|lock, owner, lease| async move {
+            lock.release(&owner, lease).await.map(drop)
+        });
+    }
+}
+
+/// Runs `attempt` until it wins or `wait` is spent, without polling: after
+/// the first failure it subscribes to `channel`, then each round marks the
+/// messages seen, attempts, and sleeps until a message or the holder's
+/// lease (`Err(lease_left)` of the attempt), whichever comes first. A
+/// release between the attempt and the sleep is caught by the mark.
+pub(super) async fn wait_turn<G, F, Fut>(
+    subscriber: &Arc<Subscriber>,
+    channel: &str,
+    wait: Duration,
+    mut attempt: F,
+) -> Result<Option<G>, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Result<G, Option<Duration>>, LockError>>,
+{
+    let deadline = Instant::now() + wait;
+    if let Ok(won) = attempt().await? {
+        return Ok(Some(won));
+    }
+    let mut subscription = None;
+    loop {
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        let sub = match &mut subscription {
+            Some(sub) => sub,
+            None => subscription.insert(subscriber.subscribe(channel).await?),
+        };
+        sub.mark_seen();
+        let lease_left = match attempt().await? {
+            Ok(won) => return Ok(Some(won)),
+            Err(lease_left) => lease_left,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        // The lease may run out without a message: no one publishes an
+        // expiry. Wake then, at the latest (1 ms past, so the key is gone).
+        let nap = lease_left.map_or(left, |l| left.min(l + Duration::from_millis(1)));
+        if sub.wait(nap).await == Woken::Lost {
+            subscription = None;
+        }
+    }
+}
+
+/// How long the answer of a last release is kept for a resend: longer
+/// than any resend (they all go out within one command deadline).
+pub(super) const RELEASE_MEMORY_MS: u64 = 60_000;
+
+/// Lifetime of a lock's fencing-token key, renewed by each new holder. Only
+/// a speed-up: tokens keep growing with Redis's clock if the key expires.
+pub(super) const FENCE_KEY_TTL_MS: u64 = 7 * 86_400_000;
+
+/// The lease left on a lock, from Redis's milliseconds (negative: none).
+pub(super) fn lease_left(ms: i64) -> Option<Duration> {
+    u64::try_from(ms).ok().map(Duration::from_millis)
+}
+
+pub(super) fn lease_ms(lease: Duration) -> u64 {
+    // PEXPIRE 0 would delete the key at once; a lease is at least 1 ms.
+    u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
+}
