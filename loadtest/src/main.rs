@@ -600,9 +600,12 @@ pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> Result<Report, S
     let started = chrono::Utc::now().timestamp();
     let before = sale_steps(target).await;
     let tally = target.send_each(plan, args.connections, "flash").await;
-    let steps = sale_steps(target)
-        .await
-        .map(|after| after - before.unwrap_or_default());
+    // Counted only when both readings were had: a missed first reading
+    // would bill the instances' whole past to this crowd.
+    let steps = match (before, sale_steps(target).await) {
+        (Some(before), Some(after)) => Some(after - before),
+        _ => None,
+    };
     let check = check(
         target,
         voucher,

@@ -191,9 +191,10 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
     }
     rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
     let flash_p99_ratios: Vec<f64> = rounds.iter().map(|(ratio, _)| round(*ratio)).collect();
-    let flash_locks: Vec<Value> = rounds
+    // Null where an instance's metrics could not be read.
+    let flash_locks: Vec<Option<f64>> = rounds
         .iter()
-        .map(|(_, crowd)| crowd.extra["locks_taken"].clone())
+        .map(|(_, crowd)| crowd.extra["locks_taken"].as_f64())
         .collect();
     let (flash_p99_ratio, crowd) = rounds.swap_remove(FLASH_ROUNDS / 2);
     let flash_p99_ratio = round(flash_p99_ratio);
@@ -278,7 +279,14 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
         async_sent.by_name
     );
     eprintln!("flash crowd p99 / /healthz p99 of each round: {flash_p99_ratios:?}");
-    eprintln!("users' locks taken by each round's crowd (100 units): {flash_locks:?}");
+    let shown: Vec<String> = flash_locks
+        .iter()
+        .map(|locks| locks.map_or("unknown".into(), |n| format!("{n:.0}")))
+        .collect();
+    eprintln!(
+        "users' locks taken by each round's crowd (100 units): [{}]",
+        shown.join(", ")
+    );
     print_goals("speed", &goals);
 
     let costs = json!({
