@@ -539,7 +539,8 @@ impl Goal {
             "measure": self.measure,
             "measured": self.measured,
             "goal": self.goal,
-            "met": self.met,
+            // Null when the figure could not be measured in this run.
+            "met": (!self.measured.is_nan()).then_some(self.met),
         })
     }
 }
@@ -550,9 +551,18 @@ pub(crate) fn print_goals(page: &str, goals: &[Goal]) {
     for g in goals {
         table.row([
             g.measure.to_owned(),
-            g.measured.to_string(),
+            if g.measured.is_nan() {
+                "not measured".to_owned()
+            } else {
+                g.measured.to_string()
+            },
             g.goal.to_owned(),
-            if g.met { "yes" } else { "NO" }.to_owned(),
+            match (g.measured.is_nan(), g.met) {
+                (true, _) => "-",
+                (false, true) => "yes",
+                (false, false) => "NO",
+            }
+            .to_owned(),
         ]);
     }
     eprint!("{}", table.text());

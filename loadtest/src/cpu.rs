@@ -1,7 +1,8 @@
-//! Where a run's CPU went, on this machine: the service instances this
-//! driver started, the driver itself, every `postgres` process, and Redis
-//! (its own `INFO cpu`). Read from `/proc` (Linux); a part that cannot be
-//! read is left out, never guessed.
+//! Where a run's CPU went, on this machine: the service instances (those
+//! this driver started, or, for a `--url` on this machine's loopback, the
+//! process listening on its port), the driver itself, every `postgres`
+//! process, and Redis (its own `INFO cpu`). Read from `/proc` (Linux); a
+//! part that cannot be read is left out, never guessed.
 
 use std::collections::BTreeMap;
 
@@ -23,7 +24,12 @@ impl Usage {
         let tick = clock_ticks();
         let mut parts = BTreeMap::new();
         let service: Option<f64> = (0..target.bases.len())
-            .map(|i| target.pid(i).and_then(|pid| process_seconds(pid, tick)))
+            .map(|i| {
+                target
+                    .pid(i)
+                    .or_else(|| listener_pid(&target.bases[i]))
+                    .and_then(|pid| process_seconds(pid, tick))
+            })
             .sum();
         if let Some(seconds) = service {
             parts.insert("service", seconds);
@@ -113,6 +119,60 @@ fn postgres_seconds(tick: f64) -> BTreeMap<u32, f64> {
     by_pid
 }
 
+/// The process listening on `base`'s port when `base` names this
+/// machine's loopback (a service given by `--url` and run here): the
+/// listening socket's inode from `/proc/net/tcp` (or `tcp6`), then the
+/// process that holds it open. `None` for any other host: a remote
+/// service's CPU cannot be read from here.
+fn listener_pid(base: &str) -> Option<u32> {
+    let url = reqwest::Url::parse(base).ok()?;
+    let host = url.host_str()?;
+    let loopback = host == "localhost"
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !loopback {
+        return None;
+    }
+    let port = url.port_or_known_default()?;
+    let inode = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .find_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .find_map(|line| listening_inode(line, port))
+        })?;
+    let socket = format!("socket:[{inode}]");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let mut fds = std::fs::read_dir(entry.path().join("fd")).ok()?;
+            fds.any(|fd| {
+                fd.is_ok_and(|fd| {
+                    std::fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == &*socket)
+                })
+            })
+            .then_some(pid)
+        })
+}
+
+/// The inode of a row of `/proc/net/tcp{,6}` when it is a socket listening
+/// on `port` (state `0A`): `sl local_address rem_address st ... inode`,
+/// the address as hex `IP:PORT`.
+fn listening_inode(row: &str, port: u16) -> Option<u64> {
+    let fields: Vec<&str> = row.split_whitespace().collect();
+    let local_port = u16::from_str_radix(fields.get(1)?.rsplit_once(':')?.1, 16).ok()?;
+    let listening = *fields.get(3)? == "0A";
+    let inode: u64 = fields.get(9)?.parse().ok()?;
+    (listening && local_port == port && inode != 0).then_some(inode)
+}
+
 /// `used_cpu_sys + used_cpu_user` of the Redis at `REDIS_URL`.
 async fn redis_seconds() -> Option<f64> {
     let client = redis::Client::open(crate::service::redis_url()).ok()?;
@@ -137,6 +197,38 @@ async fn redis_seconds() -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listening_row_gives_its_inode_and_no_other_row_does() {
+        let listening =
+            "   3: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 424242 1 0000000000000000 100 0 0 10 0";
+        let connected =
+            "   4: 0100007F:1F90 0100007F:D2C4 01 00000000:00000000 00:00000000 00000000     0        0 434343 1 0000000000000000 20 4 30 10 -1";
+        assert_eq!(listening_inode(listening, 8080), Some(424242));
+        assert_eq!(listening_inode(listening, 8081), None);
+        assert_eq!(listening_inode(connected, 8080), None);
+        assert_eq!(
+            listening_inode("  sl  local_address rem_address   st", 8080),
+            None
+        );
+    }
+
+    #[test]
+    fn the_process_listening_on_a_loopback_url_is_found_and_a_remote_one_is_not() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        assert_eq!(
+            listener_pid(&format!("http://127.0.0.1:{port}")),
+            Some(std::process::id())
+        );
+        assert_eq!(
+            listener_pid(&format!("http://localhost:{port}/")),
+            Some(std::process::id())
+        );
+        drop(listener);
+        assert_eq!(listener_pid(&format!("http://127.0.0.1:{port}")), None);
+        assert_eq!(listener_pid(&format!("http://192.0.2.1:{port}")), None);
+    }
 
     #[test]
     fn utime_and_stime_are_read_past_a_name_with_spaces() {
