@@ -18,11 +18,12 @@ use serde_json::{json, Value};
 use crate::api::{Admin, SaleMode};
 use crate::cpu::Usage;
 use crate::drive::Tally;
+use crate::invariants::check;
 use crate::invariants::Check;
 use crate::scrape::{metric_sum, metrics_text};
 use crate::service::Target;
 use crate::table::Table;
-use crate::{check, round, CrowdArgs, Report, TargetArgs};
+use crate::{round, CrowdArgs, Report, TargetArgs};
 
 #[derive(Args, Clone)]
 pub struct AsyncArgs {

@@ -14,10 +14,11 @@ use serde_json::{json, Value};
 
 use crate::api::{Admin, SaleMode};
 use crate::drive::Tally;
+use crate::invariants::check;
 use crate::invariants::Check;
 use crate::service::{Launch, Target};
 use crate::table::Table;
-use crate::{check, round, CrowdArgs, TargetArgs};
+use crate::{round, CrowdArgs, TargetArgs};
 
 #[derive(Args, Clone)]
 pub struct GroupCommitArgs {

@@ -1,10 +1,13 @@
 //! The contract's invariants, judged from what a run observed: the admin
-//! API's stats and order list, and the answers the crowd got.
+//! API's stats and order list, and the answers the crowd got; `check`
+//! gathers those (and, for a service this driver started, SQL's count).
 
 use std::collections::{BTreeMap, HashSet};
 use std::ops::RangeInclusive;
 
-use crate::api::Stats;
+use crate::api::{Admin, Stats};
+use crate::drive::Tally;
+use crate::service::Target;
 
 /// 2022-01-01T00:00:00Z: second 0 of every order id.
 const ORDER_ID_EPOCH: i64 = 1_640_995_200;
@@ -123,6 +126,66 @@ pub fn judge(o: &Observed) -> Check {
         duplicate_users,
         problems,
     }
+}
+
+/// Checks the contract's invariants through the admin API, and in SQL when
+/// we started the service. `expected` is the exact order count, if known;
+/// `placed_before` counts orders made before the load (the buy-out).
+pub(crate) async fn check(
+    target: &Target,
+    voucher: i64,
+    tally: &Tally,
+    started_unix: i64,
+    expected: Option<i64>,
+    placed_before: usize,
+) -> Result<Check, String> {
+    let admin = Admin::new(target);
+    let stats = admin.stats(voucher).await?;
+    let orders = admin.orders(voucher).await?;
+    let now = chrono::Utc::now().timestamp();
+    let mut check = judge(&Observed {
+        stats,
+        orders: &orders,
+        answered: &tally.order_ids,
+        statuses: &tally.statuses,
+        // Ids are stamped by Redis's clock: allow a few seconds of skew.
+        id_seconds: started_unix - 5..=now + 5,
+        expected,
+        placed_before,
+    });
+    if let Some(url) = &target.database_url {
+        check.problems.extend(sql_check(url, voucher).await?);
+    }
+    Ok(check)
+}
+
+async fn sql_check(url: &str, voucher: i64) -> Result<Vec<String>, String> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (initial, stock, orders, users, ids): (i32, i32, i64, i64, i64) = sqlx::query_as(
+        "SELECT s.initial_stock, s.stock, count(o.id), count(DISTINCT o.user_id), count(DISTINCT o.id)
+         FROM seckill_vouchers s LEFT JOIN voucher_orders o
+           ON o.voucher_id = s.voucher_id AND o.status IN ('unpaid', 'paid')
+         WHERE s.voucher_id = $1 GROUP BY s.initial_stock, s.stock",
+    )
+    .bind(voucher)
+    .fetch_one(&mut conn)
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut problems = Vec::new();
+    if orders + i64::from(stock) != i64::from(initial) || stock < 0 {
+        problems.push(format!(
+            "SQL: orders {orders} + stock {stock} != initial {initial}"
+        ));
+    }
+    if users != orders || ids != orders {
+        problems.push(format!(
+            "SQL: {orders} orders, {users} users, {ids} distinct ids"
+        ));
+    }
+    Ok(problems)
 }
 
 #[cfg(test)]

@@ -17,9 +17,10 @@ use crate::api::{Admin, SaleMode};
 use crate::asyncsale::{drain, print_goals, Goal};
 use crate::cpu::Usage;
 use crate::drive::Tally;
+use crate::invariants::check;
 use crate::service::{redis_url, Target};
 use crate::table::Table;
-use crate::{check, Report};
+use crate::Report;
 
 /// Flash crowds (each beside a /healthz crowd) of one run.
 const FLASH_ROUNDS: usize = 3;
@@ -175,7 +176,7 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
     // by half.
     let mut rounds = Vec::with_capacity(FLASH_ROUNDS);
     for _ in 0..FLASH_ROUNDS {
-        let crowd = crate::flash(
+        let crowd = crate::crowds::flash(
             target,
             &crate::FlashArgs {
                 users: args.flash_users,
