@@ -1,0 +1,269 @@
+//! Expiry: how late unpaid orders expire while a sale goes on, and a
+//! whole sale's orders expiring at one instant beside another voucher's
+//! purchases.
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use hdrhistogram::Histogram;
+use serde_json::json;
+use sqlx::{Connection, PgConnection};
+
+use crate::api::{Admin, NewSale, SaleMode};
+use crate::drive::{drive, Plan, Tally};
+use crate::service::Target;
+
+use super::{books, paced, sampled, wait_for, Caller, LifecycleArgs, Part, PRICE_CENTS};
+
+/// 'lateness': selling at full speed on both instances with a one-second
+/// payment window, so orders expire all through the sale (their users buy
+/// again): how late after `pay_by` each expiry was, from the rows.
+pub(super) async fn lateness(
+    target: &Target,
+    args: &LifecycleArgs,
+    first_user: i64,
+) -> Result<Part, String> {
+    let mut part = Part::new("lateness");
+    let admin = Admin::new(target);
+    let voucher = admin
+        .create_sale(NewSale {
+            mode: SaleMode::Sync,
+            stock: i64::from(i32::MAX),
+            hours: 2,
+            price_cents: PRICE_CENTS,
+            pay_within_seconds: 1,
+        })
+        .await?;
+    let users = i64::try_from(args.seconds).unwrap_or(1) * 2_000;
+    let tokens = admin.shared_tokens(first_user, users).await?;
+    let plan = target.purchases(voucher, &tokens, 1);
+    let work = drive(
+        &target.base,
+        Plan::Timed(Duration::from_secs(args.seconds), plan),
+        args.connections,
+        "sell, expire",
+    );
+    let tally = sampled(&mut part, target, &[voucher], work).await;
+    let load_end = Utc::now();
+    let end = wait_for(
+        &admin,
+        voucher,
+        Duration::from_secs(30),
+        "every order expired",
+        |s| s.unpaid == 0,
+    )
+    .await?;
+    report_sale(&mut part, &tally);
+    part.fact("expired", end.expired);
+    let url = target
+        .database_url
+        .as_deref()
+        .ok_or("lateness needs the service's database")?;
+    let late = lateness_ms(url, voucher, load_end).await?;
+    part.fact("expired_during_load", late.count);
+    part.fact("late_ms_p50", late.p50);
+    part.fact("late_ms_p99", late.p99);
+    part.fact("late_ms_max", late.max);
+    if late.p99 > 1000.0 {
+        part.problems
+            .push(format!("expiry lateness p99 {} ms > 1 s", late.p99));
+    }
+    if !end.conserved() {
+        part.problems.push(format!("at the end: {end:?}"));
+    }
+    Ok(part)
+}
+
+fn report_sale(part: &mut Part, tally: &Tally) {
+    part.fact("purchases", tally.requests);
+    part.fact("purchase_statuses", json!(tally.statuses));
+    part.fact("purchases_per_sec", (tally.rps() * 10.0).round() / 10.0);
+    part.fact("purchase_p99_ms", (tally.ms(0.99) * 100.0).round() / 100.0);
+    report_errors(part, tally);
+}
+
+/// A problem when any purchase of `tally` failed (5xx or transport).
+fn report_errors(part: &mut Part, tally: &Tally) {
+    let errors: u64 = tally
+        .statuses
+        .iter()
+        .filter(|(k, _)| k.starts_with('5') || k.starts_with("error"))
+        .map(|(_, n)| n)
+        .sum();
+    if errors > 0 {
+        part.problems
+            .push(format!("{errors} purchases failed (5xx or transport)"));
+    }
+}
+
+struct Lateness {
+    count: i64,
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+/// How late the voucher's expiries were (closed_at - pay_by, ms), for the
+/// orders due by `due_by`.
+async fn lateness_ms(url: &str, voucher: i64, due_by: DateTime<Utc>) -> Result<Lateness, String> {
+    let mut conn = PgConnection::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (count, p50, p99, max): (i64, Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(
+        "WITH l AS (SELECT extract(epoch FROM closed_at - pay_by)::float8 * 1000 AS ms
+                    FROM voucher_orders WHERE voucher_id = $1 AND status = 'expired' AND pay_by <= $2)
+         SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY ms),
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), max(ms) FROM l",
+    )
+    .bind(voucher)
+    .bind(due_by)
+    .fetch_one(&mut conn)
+    .await
+    .map_err(|e| e.to_string())?;
+    let round = |x: Option<f64>| (x.unwrap_or(0.0) * 10.0).round() / 10.0;
+    Ok(Lateness {
+        count,
+        p50: round(p50),
+        p99: round(p99),
+        max: round(max),
+    })
+}
+
+/// 'mass-expiry': `args.expiring` unpaid orders of one sale, their deadlines
+/// moved to one instant (as if every buyer had bought in the same second),
+/// expire while another voucher sells at full speed; its p99 beside a run
+/// of the same load just before.
+pub(super) async fn mass_expiry(
+    target: &Target,
+    args: &LifecycleArgs,
+    first_user: i64,
+) -> Result<Part, String> {
+    let mut part = Part::new("mass-expiry");
+    let admin = Admin::new(target);
+    let caller = Caller::new(target, "", 16);
+    let url = target
+        .database_url
+        .as_deref()
+        .ok_or("mass-expiry needs the service's database")?;
+    let new_sale = |stock| NewSale {
+        mode: SaleMode::Sync,
+        stock,
+        hours: 2,
+        price_cents: PRICE_CENTS,
+        pay_within_seconds: 86_400,
+    };
+    let expiring = admin.create_sale(new_sale(args.expiring)).await?;
+    let other = admin.create_sale(new_sale(i64::from(i32::MAX))).await?;
+    eprintln!("mass-expiry: minting {} tokens", args.expiring);
+    let buyers = admin.shared_tokens(first_user, args.expiring).await?;
+    let plan = target.purchases(expiring, &buyers, 1);
+    let bought = target.send_each(plan, args.connections, "buy").await;
+    if bought.count("200") != u64::try_from(args.expiring).unwrap_or(0) {
+        return Err(format!("buying the expiring sale: {:?}", bought.statuses));
+    }
+    // The other voucher sells at a steady rate (an open load: latency is
+    // not hidden by fewer requests sent), alone and then beside the expiry.
+    let crowd = i64::try_from(args.seconds).unwrap_or(1) * i64::from(args.beside_rate);
+    let before = admin
+        .shared_tokens(first_user + args.expiring, crowd)
+        .await?;
+    let during = admin
+        .shared_tokens(first_user + args.expiring + crowd, crowd)
+        .await?;
+    let baseline = paced(&caller, other, &before, args.beside_rate).await;
+    let mut conn = PgConnection::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (due, moved): (DateTime<Utc>, i64) = sqlx::query_as(
+        "WITH due AS (SELECT now() + interval '1 second' AS at),
+              moved AS (UPDATE voucher_orders SET pay_by = (SELECT at FROM due)
+                        WHERE voucher_id = $1 AND status = 'unpaid' RETURNING 1)
+         SELECT (SELECT at FROM due), (SELECT count(*) FROM moved)",
+    )
+    .bind(expiring)
+    .fetch_one(&mut conn)
+    .await
+    .map_err(|e| format!("moving the deadlines: {e}"))?;
+    part.fact("deadlines_moved", moved);
+    let due_at = Instant::now() + (due - Utc::now()).to_std().unwrap_or_default();
+    let watch = async {
+        loop {
+            if let Ok(s) = admin.stats(expiring).await {
+                if s.unpaid == 0 {
+                    return Instant::now();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let work = async { tokio::join!(paced(&caller, other, &during, args.beside_rate), watch) };
+    let (beside, all_back) = sampled(&mut part, target, &[expiring, other], work).await;
+    let end = admin.stats(expiring).await?;
+    let seconds = all_back.saturating_duration_since(due_at).as_secs_f64();
+    let (first, last): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) = sqlx::query_as(
+        "SELECT min(closed_at), max(closed_at) FROM voucher_orders WHERE voucher_id = $1 AND status = 'expired'",
+    )
+    .bind(expiring)
+    .fetch_one(&mut conn)
+    .await
+    .map_err(|e| e.to_string())?;
+    let rows_seconds = match (first, last) {
+        (Some(_), Some(last)) => (last - due).num_milliseconds() as f64 / 1000.0,
+        _ => f64::NAN,
+    };
+    let rate = args.expiring as f64 / rows_seconds.max(0.001);
+    part.fact("expiring", args.expiring);
+    part.fact("expired", end.expired);
+    part.fact(
+        "all_expired_after_deadline_s",
+        (rows_seconds * 1000.0).round() / 1000.0,
+    );
+    part.fact(
+        "seen_all_back_after_deadline_s",
+        (seconds * 1000.0).round() / 1000.0,
+    );
+    part.fact("expirations_per_sec", rate.round());
+    let late = lateness_ms(url, expiring, Utc::now()).await?;
+    part.fact("late_ms_p99", late.p99);
+    // The concurrent voucher's p99 while the expiry ran, against the same
+    // load alone.
+    let window = |t: &Tally| {
+        let from = due_at.saturating_duration_since(t.origin).as_millis();
+        let to = all_back.saturating_duration_since(t.origin).as_millis();
+        let mut h = Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).expect("a histogram");
+        for s in t
+            .samples
+            .iter()
+            .filter(|s| (from..=to.max(from + 1000)).contains(&u128::from(s.at_ms)))
+        {
+            h.saturating_record(u64::from(s.micros));
+        }
+        h
+    };
+    let during_expiry = window(&beside);
+    let p99_alone = baseline.ms(0.99);
+    let p99_beside = during_expiry.value_at_quantile(0.99) as f64 / 1000.0;
+    part.fact(
+        "other_voucher_p99_ms_alone",
+        (p99_alone * 100.0).round() / 100.0,
+    );
+    part.fact(
+        "other_voucher_p99_ms_during_expiry",
+        (p99_beside * 100.0).round() / 100.0,
+    );
+    part.fact(
+        "other_voucher_p99_ratio",
+        ((p99_beside / p99_alone) * 100.0).round() / 100.0,
+    );
+    part.fact("other_voucher_purchases_per_sec", args.beside_rate);
+    report_errors(&mut part, &baseline);
+    report_errors(&mut part, &beside);
+    if end.expired != args.expiring || end.stock != args.expiring || !end.conserved() {
+        part.problems
+            .push(format!("not every unit came back: {end:?}"));
+    }
+    if let Some(url) = &target.database_url {
+        part.problems.extend(books(url, expiring).await?);
+    }
+    Ok(part)
+}
