@@ -535,13 +535,18 @@ pub(crate) struct Goal {
 }
 
 impl Goal {
+    /// Whether the goal was met; `None` when its figure could not be
+    /// measured in this run (NaN), which judges nothing.
+    fn verdict(&self) -> Option<bool> {
+        (!self.measured.is_nan()).then_some(self.met)
+    }
+
     pub(crate) fn json(&self) -> Value {
         json!({
             "measure": self.measure,
             "measured": self.measured,
             "goal": self.goal,
-            // Null when the figure could not be measured in this run.
-            "met": (!self.measured.is_nan()).then_some(self.met),
+            "met": self.verdict(),
         })
     }
 }
@@ -552,16 +557,15 @@ pub(crate) fn print_goals(page: &str, goals: &[Goal]) {
     for g in goals {
         table.row([
             g.measure.to_owned(),
-            if g.measured.is_nan() {
-                "not measured".to_owned()
-            } else {
-                g.measured.to_string()
+            match g.verdict() {
+                None => "not measured".to_owned(),
+                Some(_) => g.measured.to_string(),
             },
             g.goal.to_owned(),
-            match (g.measured.is_nan(), g.met) {
-                (true, _) => "-",
-                (false, true) => "yes",
-                (false, false) => "NO",
+            match g.verdict() {
+                None => "-",
+                Some(true) => "yes",
+                Some(false) => "NO",
             }
             .to_owned(),
         ]);
@@ -573,6 +577,20 @@ pub(crate) fn print_goals(page: &str, goals: &[Goal]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_goal_not_measured_is_not_judged() {
+        let goal = |measured: f64, met: bool| Goal {
+            measure: "m",
+            measured,
+            goal: "<= 1",
+            met,
+        };
+        assert_eq!(goal(f64::NAN, false).verdict(), None);
+        assert_eq!(goal(f64::NAN, false).json()["met"], Value::Null);
+        assert_eq!(goal(0.5, true).json()["met"], json!(true));
+        assert_eq!(goal(2.0, false).json()["met"], json!(false));
+    }
 
     const EXPOSITION: &str = "\
 # TYPE seckill_async_confirm_seconds histogram
