@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/deps.sh
 
 if [ -z "${SECKILL_ADMIN_TOKEN:-}" ]; then
-    SECKILL_ADMIN_TOKEN="$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')"
+    SECKILL_ADMIN_TOKEN="$(head -c 32 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
     export SECKILL_ADMIN_TOKEN
     echo "Admin token for this run: $SECKILL_ADMIN_TOKEN"
 fi

@@ -2,7 +2,8 @@
 # oha.sh): `start_service` builds the release binary and starts it on a
 # free port against a database of its own, sets BASE (its URL) and ADMIN
 # (its admin token), and stops it, drops the database and deletes its Redis
-# keys on exit.
+# keys on exit. The load tools drive it from one address, so its rate
+# limits are off unless SECKILL_LIMIT_PER_ADDRESS / _PER_USER say otherwise.
 # Needs deps.sh sourced first (DATABASE_URL, REDIS_URL).
 
 start_service() {
@@ -13,12 +14,14 @@ start_service() {
     SERVICE_PREFIX="script:$run:"
     SERVICE_SERVER="$server"
     port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-    ADMIN="script-admin-$run"
+    ADMIN="script-admin-$run$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
     BASE="http://127.0.0.1:$port"
     SERVICE_LOG="target/service-$run.log"
     cargo build --quiet --release --bin seckill
     DATABASE_URL="$server/$SERVICE_DB" SECKILL_ADDR="127.0.0.1:$port" SECKILL_ADMIN_TOKEN="$ADMIN" \
         SECKILL_REDIS_PREFIX="$SERVICE_PREFIX" RUST_LOG=warn \
+        SECKILL_LIMIT_PER_ADDRESS="${SECKILL_LIMIT_PER_ADDRESS:-0}" \
+        SECKILL_LIMIT_PER_USER="${SECKILL_LIMIT_PER_USER:-0}" \
         target/release/seckill serve > "$SERVICE_LOG" 2>&1 &
     SERVICE_PID=$!
     trap stop_service EXIT

@@ -64,13 +64,37 @@ pub async fn main() -> ExitCode {
     }
 }
 
-async fn run(serve: Serve) -> Result<(), Box<dyn std::error::Error>> {
+async fn run(mut serve: Serve) -> Result<(), Box<dyn std::error::Error>> {
+    if serve.demo {
+        demo_secrets(&mut serve.settings);
+    }
     let app = Application::build(serve.settings).await?;
     if serve.demo {
         demo(&app).await?;
     }
     app.run_until(shutdown_signal()).await?;
     Ok(())
+}
+
+/// The demo's secrets where none are set: random, and the admin token
+/// printed, so that the demo runs without a `.env` and nothing in it is a
+/// placeholder.
+fn demo_secrets(settings: &mut Settings) {
+    let random = || {
+        let bytes: [u8; 32] = rand::random();
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    if settings.admin_token().is_none() {
+        let token = random();
+        println!("Admin token for this demo: {token}");
+        settings.admin_token = Some(token.into());
+    }
+    if settings.token_secret().is_none() {
+        settings.token_secret = Some(random().into());
+    }
+    if settings.payment_secret().is_none() {
+        settings.payment_secret = Some(random().into());
+    }
 }
 
 async fn demo(app: &Application) -> Result<(), Box<dyn std::error::Error>> {
@@ -85,6 +109,7 @@ async fn demo(app: &Application) -> Result<(), Box<dyn std::error::Error>> {
             sale_mode: Default::default(),
             price_cents: 0,
             pay_within_seconds: crate::seckill::DEFAULT_PAY_WITHIN_SECONDS,
+            max_orders_per_user: crate::seckill::DEFAULT_MAX_ORDERS_PER_USER,
         })
         .await?;
     let user_id = 1;

@@ -1,9 +1,12 @@
 //! Settings: every knob of the service, read from the environment (or a
 //! `.env` file, or flags), held in one value that builds the whole app.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use clap::Parser;
+use ipnet::IpNet;
+use secrecy::{ExposeSecret, SecretString};
 
 /// What stands between the service and Postgres.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -48,18 +51,42 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_ADDR", default_value = "127.0.0.1:8080")]
     pub addr: String,
 
-    /// Bearer token for /admin/*; unset or empty, admin routes answer 403.
-    #[arg(long, env = "SECKILL_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
+    /// Bearer token for /admin/*; unset, admin routes answer 403. At
+    /// least 32 bytes and no placeholder, or the service refuses to start.
+    #[arg(long, env = "SECKILL_ADMIN_TOKEN", hide_env_values = true, value_parser = secret)]
+    pub admin_token: Option<SecretString>,
 
-    /// Key that signs user tokens; unset, a random one per process.
-    #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true)]
-    pub token_secret: Option<String>,
+    /// Key that signs user tokens; unset, a random one per process (its
+    /// tokens fail on every other instance and die with the process).
+    #[arg(long, env = "SECKILL_TOKEN_SECRET", hide_env_values = true, value_parser = secret)]
+    pub token_secret: Option<SecretString>,
 
     /// Key of the payment provider's notification signatures (HMAC-SHA256
-    /// of the raw body); unset or empty, /payments/notify answers 403.
-    #[arg(long, env = "SECKILL_PAYMENT_SECRET", hide_env_values = true)]
-    pub payment_secret: Option<String>,
+    /// of the raw body); unset, /payments/notify answers 403.
+    #[arg(long, env = "SECKILL_PAYMENT_SECRET", hide_env_values = true, value_parser = secret)]
+    pub payment_secret: Option<SecretString>,
+
+    /// Addresses or networks (comma-separated, `10.0.0.0/8` or
+    /// `127.0.0.1`) of the proxies whose `X-Forwarded-For` names the client;
+    /// its last hop is then the client's address. Unset: the socket's peer.
+    #[arg(long, env = "SECKILL_TRUSTED_PROXIES", value_delimiter = ',', value_parser = proxy_net)]
+    pub trusted_proxies: Vec<IpNet>,
+
+    /// Requests per second one client address may send on any route, with
+    /// a burst of the same size; 0 turns the limit off. IPv6 clients are
+    /// counted by their /64 network.
+    #[arg(long, env = "SECKILL_LIMIT_PER_ADDRESS", default_value_t = 200)]
+    pub limit_per_address: u32,
+
+    /// Requests per second one user token may send on the purchase, order
+    /// and queue routes, with a burst of the same size; 0 turns it off.
+    #[arg(long, env = "SECKILL_LIMIT_PER_USER", default_value_t = 5)]
+    pub limit_per_user: u32,
+
+    /// Where `/metrics` is served instead of the public address (the
+    /// public one then answers 404 for it). Unset: on the public address.
+    #[arg(long, env = "SECKILL_METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
 
     /// Independent Redis nodes (comma-separated URLs) for the users'
     /// purchase locks, taken as RedLocks (a majority must grant them).
@@ -71,11 +98,18 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_REDIS_PREFIX", default_value = "")]
     pub redis_prefix: String,
 
-    /// Postgres connections (default: 4 per core). Purchases of one voucher
-    /// queue for its row lock anyway; more connections only add waiters
-    /// that wake and contend (BENCHMARKS.md shows the curve).
+    /// Postgres connections of the sale's commits (group commit, the async
+    /// writers), default 4 per core. Purchases of one voucher queue for its
+    /// row lock anyway; more connections only add waiters that wake and
+    /// contend (BENCHMARKS.md shows the curve).
     #[arg(long, env = "SECKILL_PG_POOL")]
     pub pg_pool: Option<u32>,
+
+    /// Postgres connections of everything else (reads, admin, payments,
+    /// cancels, expiry, stats, readiness), default 2 per core: a flood of
+    /// those waits here, never for the sale's connections.
+    #[arg(long, env = "SECKILL_PG_POOL_OTHER")]
+    pub pg_pool_other: Option<u32>,
 
     /// Most purchases of one voucher committed in one transaction (group
     /// commit); 1 restores one order per transaction.
@@ -103,11 +137,17 @@ pub struct Settings {
     pub dependency_timeout: Duration,
 
     /// Longest time to read a request's headers, and to wait for the next
-    /// request on an idle keep-alive connection, in milliseconds; also the
-    /// longest pause while a request's body arrives.
+    /// request on an idle keep-alive connection, in milliseconds.
     #[arg(long = "header-timeout-ms", env = "SECKILL_HEADER_TIMEOUT_MS",
           default_value = "10000", value_name = "MS", value_parser = millis)]
     pub header_timeout: Duration,
+
+    /// Longest time a request's whole body may take to arrive, counted
+    /// from its headers, in milliseconds; a slower body is refused and its
+    /// connection closed.
+    #[arg(long = "body-timeout-ms", env = "SECKILL_BODY_TIMEOUT_MS",
+          default_value = "5000", value_name = "MS", value_parser = millis)]
+    pub body_timeout: Duration,
 
     /// Most client connections open at once (default: what the process's
     /// open-file limit allows, less room for the pools and the logs).
@@ -180,14 +220,40 @@ impl Settings {
         Only::try_parse_from(argv).map(|only| only.settings)
     }
 
+    /// Settings that can be used as they are: every secret that is set is
+    /// long enough and no placeholder (the error names the variable).
+    pub fn check(&self) -> Result<(), SettingsError> {
+        for (variable, value) in [
+            ("SECKILL_ADMIN_TOKEN", &self.admin_token),
+            ("SECKILL_TOKEN_SECRET", &self.token_secret),
+            ("SECKILL_PAYMENT_SECRET", &self.payment_secret),
+        ] {
+            if let Some(value) = value
+                .as_ref()
+                .map(ExposeSecret::expose_secret)
+                .filter(|v| !v.is_empty())
+            {
+                weak_secret(value).map_or(Ok(()), |why| {
+                    Err(SettingsError::WeakSecret { variable, why })
+                })?;
+            }
+        }
+        Ok(())
+    }
+
     /// The admin token, if one is set and not empty.
     pub fn admin_token(&self) -> Option<&str> {
-        self.admin_token.as_deref().filter(|t| !t.is_empty())
+        exposed(self.admin_token.as_ref())
+    }
+
+    /// The user tokens' key, if one is set and not empty.
+    pub fn token_secret(&self) -> Option<&str> {
+        exposed(self.token_secret.as_ref())
     }
 
     /// The payment notifications' key, if one is set and not empty.
     pub fn payment_secret(&self) -> Option<&str> {
-        self.payment_secret.as_deref().filter(|t| !t.is_empty())
+        exposed(self.payment_secret.as_ref())
     }
 
     /// The lock nodes named, without blanks.
@@ -199,11 +265,14 @@ impl Settings {
             .collect()
     }
 
+    /// Connections of the sale's pool.
     pub fn pg_pool_size(&self) -> u32 {
-        self.pg_pool.unwrap_or_else(|| {
-            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-            u32::try_from(cores * 4).unwrap_or(u32::MAX)
-        })
+        self.pg_pool.unwrap_or_else(|| per_core(4))
+    }
+
+    /// Connections of the pool of everything but the sale's commits.
+    pub fn pg_pool_other_size(&self) -> u32 {
+        self.pg_pool_other.unwrap_or_else(|| per_core(2)).max(1)
     }
 
     /// The connection bound: as configured, or what the open-file limit
@@ -211,6 +280,7 @@ impl Settings {
     pub fn max_connections(&self, nofile: u64) -> usize {
         self.max_connections.unwrap_or_else(|| {
             let pools = u64::from(self.pg_pool_size())
+                + u64::from(self.pg_pool_other_size())
                 // The service's one Redis connection, and per lock client a
                 // command and a subscriber connection.
                 + 1
@@ -219,6 +289,83 @@ impl Settings {
             usize::try_from(left.clamp(16, 100_000)).unwrap_or(100_000)
         })
     }
+}
+
+/// `n` per core of this machine.
+fn per_core(n: usize) -> u32 {
+    let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
+    u32::try_from(cores * n).unwrap_or(u32::MAX)
+}
+
+/// Settings that parse but cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("{variable} {why}: set a random value of at least {MIN_SECRET_BYTES} bytes (for example `openssl rand -hex 32`), or unset it")]
+    WeakSecret {
+        variable: &'static str,
+        why: &'static str,
+    },
+}
+
+/// Fewest bytes of a secret: 256 bits of hex or base64 take more.
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// What placeholders and example values hold: a secret with one of these
+/// in it was copied from a file, not made.
+const PLACEHOLDERS: &[&str] = &[
+    "changeme",
+    "replaceme",
+    "placeholder",
+    "example",
+    "password",
+    "yoursecret",
+    "secretkey",
+    "mysecret",
+    "insecure",
+    "notsecret",
+    "xxxxxxxx",
+    "12345678",
+];
+
+/// Why `value` is not a usable secret, if it is not.
+pub fn weak_secret(value: &str) -> Option<&'static str> {
+    if value.len() < MIN_SECRET_BYTES {
+        return Some("is shorter than 32 bytes");
+    }
+    let letters: String = value
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    if PLACEHOLDERS.iter().any(|p| letters.contains(p)) {
+        return Some("is a placeholder");
+    }
+    // "aaaa...", "secretsecretsecret...": too few distinct bytes to be random.
+    let mut seen = [false; 256];
+    value.bytes().for_each(|b| seen[usize::from(b)] = true);
+    if seen.iter().filter(|s| **s).count() < 8 {
+        return Some("repeats too few characters to be random");
+    }
+    None
+}
+
+fn exposed(secret: Option<&SecretString>) -> Option<&str> {
+    secret
+        .map(ExposeSecret::expose_secret)
+        .filter(|s| !s.is_empty())
+}
+
+/// A secret as given; empty counts as unset.
+fn secret(text: &str) -> Result<SecretString, String> {
+    Ok(SecretString::from(text.to_owned()))
+}
+
+/// A trusted proxy: an address (one host) or a network.
+fn proxy_net(text: &str) -> Result<IpNet, String> {
+    let text = text.trim();
+    text.parse::<IpNet>()
+        .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("{text:?} is neither an IP address nor a network such as 10.0.0.0/8"))
 }
 
 /// A duration given in whole milliseconds, as every `*_MS` setting is.

@@ -28,6 +28,8 @@
 // purchase's `batch`, `soldout`, ...): read them with
 // `cargo doc --document-private-items`, where every link resolves.
 #![allow(rustdoc::private_intra_doc_links)]
+// The purchase path nests deep futures (gate, lock gathering, batch).
+#![recursion_limit = "256"]
 
 pub mod cli;
 pub mod config;

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use chrono::TimeDelta;
 use tokio::net::TcpListener;
 
-use crate::config::{PgPooler, Settings};
+use crate::config::{PgPooler, Settings, SettingsError};
 use crate::http::serve::{serve, DrainOutcome, ServeSettings};
-use crate::http::{self, AppParts, AppState};
+use crate::http::{self, AdminToken, AppParts, AppState, Limits};
 use crate::kv::{Kv, RedisTarget};
 #[cfg(feature = "lab")]
 use crate::lab::{Lab, LabSettings};
@@ -23,6 +23,8 @@ use redis_locks::{LockClient, LockOptions, MultiNodeLocks, Quorum};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
     #[error("Postgres: {0}")]
     Store(#[from] StoreError),
     #[error("Redis URL: {0}")]
@@ -44,6 +46,8 @@ pub enum StartupError {
 /// A built, listening, not yet serving application.
 pub struct Application {
     listener: TcpListener,
+    /// `SECKILL_METRICS_ADDR`'s listener, when it is set.
+    metrics_listener: Option<TcpListener>,
     state: AppState,
     settings: Settings,
     serve: ServeSettings,
@@ -57,6 +61,7 @@ impl Application {
         if settings.lab {
             return Err(StartupError::NoLab);
         }
+        settings.check()?;
         let store = connect_store(&settings).await?;
         // Every key under the database's own namespace: Redis state of
         // another database (or of this one before a reset) is never read.
@@ -93,36 +98,55 @@ impl Application {
             },
         );
         seckill.start_workers();
-        let tokens = match &settings.token_secret {
-            Some(secret) if !secret.is_empty() => TokenSigner::new(secret.as_bytes()),
-            _ => TokenSigner::random(),
+        let tokens = match settings.token_secret() {
+            Some(secret) => TokenSigner::new(secret.as_bytes()),
+            None => {
+                tracing::warn!(
+                    "SECKILL_TOKEN_SECRET is unset: this instance signs user tokens with a random key of \
+                     its own, so its tokens fail on every other instance (behind a balancer, a buyer's \
+                     next request is 401) and all of them die when it restarts"
+                );
+                TokenSigner::random()
+            }
+        };
+        let metrics_listener = match &settings.metrics_addr {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
         };
         let state = AppState::new(AppParts {
             seckill,
             tokens,
-            admin_token: settings.admin_token().map(Arc::from),
+            admin_token: settings.admin_token().map(AdminToken::new),
             payment_secret: settings.payment_secret().map(|s| Arc::from(s.as_bytes())),
             metrics: http::ops::prometheus(),
+            limits: Limits::new(
+                settings.limit_per_address,
+                settings.limit_per_user,
+                settings.trusted_proxies.clone(),
+            ),
+            public_metrics: metrics_listener.is_none(),
             #[cfg(feature = "lab")]
             lab,
         });
-        let listener =
-            TcpListener::bind(&settings.addr)
-                .await
-                .map_err(|source| StartupError::Bind {
-                    addr: settings.addr.clone(),
-                    source,
-                })?;
+        let listener = bind(&settings.addr).await?;
         let serve = ServeSettings {
             header_timeout: settings.header_timeout,
             max_connections: settings.max_connections(open_file_limit()),
         };
         Ok(Self {
             listener,
+            metrics_listener,
             state,
             settings,
             serve,
         })
+    }
+
+    /// Where `/metrics` is served apart, if it is.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -148,10 +172,27 @@ impl Application {
     ) -> std::io::Result<()> {
         let Self {
             listener,
+            metrics_listener,
             state,
             settings,
             serve: serve_settings,
         } = self;
+        // Ends with the public server (its sender dropped below).
+        let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+        if let Some(metrics_listener) = metrics_listener {
+            let router = http::metrics_router(state.clone());
+            tokio::spawn(async move {
+                let stopped = async {
+                    let _ = metrics_stopped.await;
+                };
+                if let Err(error) = axum::serve(metrics_listener, router)
+                    .with_graceful_shutdown(stopped)
+                    .await
+                {
+                    tracing::error!(%error, "the metrics address stopped serving");
+                }
+            });
+        }
         let seckill = state.seckill.clone();
         #[cfg(feature = "lab")]
         let lab = state.lab.clone();
@@ -163,12 +204,13 @@ impl Application {
         let timeout = settings.shutdown_timeout;
         let (began, drained) = serve(
             listener,
-            http::router(state, serve_settings.header_timeout),
+            http::router(state, settings.body_timeout),
             serve_settings,
             shutdown,
             timeout,
         )
         .await;
+        drop(metrics_stop);
         if let DrainOutcome::CutOff { left } = drained {
             tracing::warn!(
                 left,
@@ -234,6 +276,16 @@ async fn lab(
     )))
 }
 
+/// A listener on `addr`.
+async fn bind(addr: &str) -> Result<TcpListener, StartupError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartupError::Bind {
+            addr: addr.to_owned(),
+            source,
+        })
+}
+
 /// The endpoint `url` (a `REDIS_URL`) names.
 fn redis_endpoint(url: &str) -> Result<redis_locks::Endpoint, StartupError> {
     RedisTarget::parse(url)
@@ -291,6 +343,7 @@ fn kv(settings: &Settings) -> Result<Kv, StartupError> {
 async fn connect_store(settings: &Settings) -> Result<Store, StoreError> {
     let pool = PoolSettings {
         max_connections: settings.pg_pool_size(),
+        other_connections: settings.pg_pool_other_size(),
         timeout: settings.dependency_timeout,
         transaction_pooler: settings.pg_pooler == PgPooler::Transaction,
         direct_url: settings

@@ -45,7 +45,9 @@ fn batch_sale(size: u32) -> String {
         .replace(
             "$5",
             &format!("(SELECT array_agg(now()) FROM generate_series(1, {size}))"),
-        );
+        )
+        // The voucher's max_orders_per_user, as the service passes it.
+        .replace("$6", "3");
     format!("\\set uid random(1, 9000000000000000000)\n\\set oid random(1, 9000000000000000000)\n{sale};\n")
 }
 
@@ -113,7 +115,7 @@ pub async fn postgres(database_url: &str, seconds: u64) -> Result<PgCeiling, Str
     }
     // Its rows would skew nothing (another voucher, users of its own), but
     // leave no trace.
-    sqlx::query("DELETE FROM user_fences f USING voucher_orders o WHERE o.voucher_id = $1 AND f.user_id = o.user_id")
+    sqlx::query("DELETE FROM user_fences WHERE voucher_id = $1")
         .bind(voucher)
         .execute(&mut conn)
         .await

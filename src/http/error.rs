@@ -41,7 +41,10 @@ pub enum ErrorCode {
     AlreadyPaid,
     OrderExpired,
     OrderPending,
+    TooManyOrders,
+    PaymentConflict,
     PurchaseInProgress,
+    RateLimited,
     Unavailable,
     Internal,
 }
@@ -60,6 +63,9 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// Over a rate limit; the client may retry after this many seconds.
+    #[error("too many requests from this client; retry after the time in Retry-After")]
+    RateLimited(u64),
     #[error(transparent)]
     Seckill(#[from] SeckillError),
 }
@@ -79,6 +85,7 @@ impl ApiError {
             }
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, C::MethodNotAllowed),
             Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, C::PayloadTooLarge),
+            Self::RateLimited(_) => (StatusCode::TOO_MANY_REQUESTS, C::RateLimited),
             Self::Seckill(S::NotStarted) => (StatusCode::CONFLICT, C::NotStarted),
             Self::Seckill(S::Ended) => (StatusCode::CONFLICT, C::Ended),
             Self::Seckill(S::SoldOut) => (StatusCode::CONFLICT, C::SoldOut),
@@ -88,6 +95,8 @@ impl ApiError {
             Self::Seckill(S::AlreadyPaid) => (StatusCode::CONFLICT, C::AlreadyPaid),
             Self::Seckill(S::OrderExpired) => (StatusCode::CONFLICT, C::OrderExpired),
             Self::Seckill(S::OrderPending) => (StatusCode::CONFLICT, C::OrderPending),
+            Self::Seckill(S::TooManyOrders(_)) => (StatusCode::CONFLICT, C::TooManyOrders),
+            Self::Seckill(S::PaymentConflict) => (StatusCode::CONFLICT, C::PaymentConflict),
             Self::Seckill(S::InProgress) => (StatusCode::TOO_MANY_REQUESTS, C::PurchaseInProgress),
             Self::Seckill(S::Unavailable { .. }) => {
                 (StatusCode::SERVICE_UNAVAILABLE, C::Unavailable)
@@ -106,15 +115,15 @@ const MAX_MESSAGE_CHARS: usize = 200;
 /// The bodies of the refusals a crowd gets by the thousand, serialized
 /// once (their text never changes): a sold-out voucher's flood then costs
 /// no formatting and no JSON writer per request.
-static FIXED_BODIES: LazyLock<[(ErrorCode, Bytes); 4]> = LazyLock::new(|| {
+static FIXED_BODIES: LazyLock<[(ErrorCode, Bytes); 5]> = LazyLock::new(|| {
     [
-        SeckillError::SoldOut,
-        SeckillError::Ended,
-        SeckillError::NotStarted,
-        SeckillError::InProgress,
+        ApiError::Seckill(SeckillError::SoldOut),
+        ApiError::Seckill(SeckillError::Ended),
+        ApiError::Seckill(SeckillError::NotStarted),
+        ApiError::Seckill(SeckillError::InProgress),
+        ApiError::RateLimited(1),
     ]
     .map(|error| {
-        let error = ApiError::Seckill(error);
         let (_, code) = error.status_and_code();
         let body = serde_json::to_vec(&error.body(code)).expect("an error body serializes");
         (code, Bytes::from(body))
@@ -172,7 +181,13 @@ impl IntoResponse for ApiError {
                 .into_response(),
             None => (status, Json(self.body(code))).into_response(),
         };
-        if status == StatusCode::SERVICE_UNAVAILABLE || matches!(code, ErrorCode::OrderPending) {
+        if let Self::RateLimited(seconds) = self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+        } else if status == StatusCode::SERVICE_UNAVAILABLE
+            || matches!(code, ErrorCode::OrderPending)
+        {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
                 HeaderValue::from_static(RETRY_AFTER_SECS),

@@ -13,7 +13,8 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{rfc3339, Admin, AppJson, Caller, NoBody, OrderIdPath, User, VoucherIdPath};
 use super::AppState;
 use crate::seckill::{
-    Order, OrderStatus, Purchase, SaleMode, Voucher, VoucherDraft, DEFAULT_PAY_WITHIN_SECONDS,
+    Order, OrderStatus, Purchase, SaleMode, Voucher, VoucherDraft, DEFAULT_MAX_ORDERS_PER_USER,
+    DEFAULT_PAY_WITHIN_SECONDS,
 };
 
 /// Most tokens one `POST /admin/tokens` may mint.
@@ -53,10 +54,21 @@ pub struct CreateVoucher {
     #[serde(default = "default_pay_within")]
     #[schema(minimum = 1, maximum = 86400, example = 900)]
     pay_within_seconds: i64,
+    /// Most orders one user may have of this voucher, live, cancelled and
+    /// expired together (default 3): past it a purchase is
+    /// `too_many_orders`, so nobody holds a unit away by buying and
+    /// cancelling again and again.
+    #[serde(default = "default_max_orders")]
+    #[schema(minimum = 1, maximum = 1000, example = 3)]
+    max_orders_per_user: i64,
 }
 
 fn default_pay_within() -> i64 {
     DEFAULT_PAY_WITHIN_SECONDS
+}
+
+fn default_max_orders() -> i64 {
+    DEFAULT_MAX_ORDERS_PER_USER
 }
 
 /// A created voucher's id.
@@ -94,6 +106,7 @@ pub async fn create_voucher(
             sale_mode: body.sale_mode,
             price_cents: body.price_cents,
             pay_within_seconds: body.pay_within_seconds,
+            max_orders_per_user: body.max_orders_per_user,
         })
         .await?;
     Ok((StatusCode::CREATED, Json(Created { id })))
@@ -116,6 +129,11 @@ pub struct VoucherBody {
     price_cents: i64,
     #[schema(minimum = 1, maximum = 86400)]
     pay_within_seconds: i32,
+    #[schema(minimum = 1, maximum = 1000)]
+    max_orders_per_user: i32,
+    /// The voucher's waiting room: none on this version (always null).
+    #[schema(value_type = Option<Object>)]
+    waiting_room: Option<()>,
 }
 
 impl From<Voucher> for VoucherBody {
@@ -129,6 +147,8 @@ impl From<Voucher> for VoucherBody {
             sale_mode: v.sale_mode,
             price_cents: v.price_cents,
             pay_within_seconds: v.pay_within_seconds,
+            max_orders_per_user: v.max_orders_per_user,
+            waiting_room: None,
         }
     }
 }
@@ -346,9 +366,9 @@ pub struct Accepted {
         (status = 400, description = "bad_request: a malformed id, a body, several Authorization headers", body = ErrorBody),
         (status = 401, description = "unauthorized: a missing, malformed, forged or expired token", body = ErrorBody),
         (status = 404, description = "not_found: no such voucher", body = ErrorBody),
-        (status = 409, description = "not_started, ended, sold_out, or already_purchased (with the user's order_id)", body = ErrorBody),
+        (status = 409, description = "not_started, ended, sold_out, already_purchased (with the user's order_id), or too_many_orders (the user has max_orders_per_user orders of this voucher)", body = ErrorBody),
         (status = 413, description = "payload_too_large", body = ErrorBody),
-        (status = 429, description = "purchase_in_progress: another request of this user holds its lock", body = ErrorBody),
+        (status = 429, description = "purchase_in_progress: another request of this user for this voucher is in flight; rate_limited: the user or the client address is over its limit (Retry-After is set)", body = ErrorBody),
         (status = 503, description = "unavailable: Postgres or Redis cannot be reached, or an async sale is paused until reconciled; Retry-After is set", body = ErrorBody),
     )
 )]
@@ -505,6 +525,8 @@ pub struct StatsBody {
     paid: i64,
     cancelled: i64,
     expired: i64,
+    /// The voucher's bound on orders per user (live, cancelled, expired).
+    max_orders_per_user: i32,
 }
 
 #[utoipa::path(
@@ -538,5 +560,6 @@ pub async fn voucher_stats(
         paid: stats.paid,
         cancelled: stats.cancelled,
         expired: stats.expired,
+        max_orders_per_user: stats.max_orders_per_user,
     }))
 }

@@ -6,6 +6,7 @@ mod extract;
 mod handlers;
 #[cfg(feature = "lab")]
 mod lab;
+pub mod limit;
 pub mod openapi;
 pub mod ops;
 mod payments;
@@ -25,11 +26,12 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
 pub use error::ApiError;
+pub use extract::AdminToken;
+pub use limit::Limits;
 pub use payments::signature_header;
 
 #[cfg(feature = "lab")]
@@ -62,10 +64,15 @@ pub struct AppParts {
     pub seckill: Seckill,
     pub tokens: TokenSigner,
     /// `None`: no admin token configured, admin routes answer 403.
-    pub admin_token: Option<Arc<str>>,
+    pub admin_token: Option<AdminToken>,
     /// `None`: no payment secret configured, `/payments/notify` answers 403.
     pub payment_secret: Option<Arc<[u8]>>,
     pub metrics: PrometheusHandle,
+    /// The rate limits per client address and per user.
+    pub limits: Limits,
+    /// `/metrics` is served on the public address (no
+    /// `SECKILL_METRICS_ADDR`).
+    pub public_metrics: bool,
     /// `Some` only with `SECKILL_LAB=1`: then the lab's routes exist.
     #[cfg(feature = "lab")]
     pub lab: Option<Lab>,
@@ -73,8 +80,8 @@ pub struct AppParts {
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// The whole API as a router; a request body that pauses longer than
-/// `body_timeout` fails.
+/// The whole API as a router; a request body that takes longer than
+/// `body_timeout` to arrive, counted from its headers, fails.
 pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
     let api = Router::new()
         .route("/admin/vouchers", post(handlers::create_voucher))
@@ -90,11 +97,15 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
         .route("/payments/notify", post(payments::notify))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/docs", get(openapi::docs))
         .route("/docs/", get(openapi::docs))
         .route("/docs/{*file}", get(openapi::docs_file));
+    let api = if state.public_metrics {
+        api.route("/metrics", get(ops::metrics))
+    } else {
+        api
+    };
     #[cfg(feature = "lab")]
     let api = if state.lab.is_some() {
         api.route("/lab", get(lab::info))
@@ -107,7 +118,7 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
     let api = api
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .with_state(state);
+        .with_state(state.clone());
 
     let trace = TraceLayer::new_for_http()
         .make_span_with(|request: &Request| {
@@ -126,7 +137,10 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
         .on_request(())
         .on_response(DefaultOnResponse::new().level(Level::DEBUG));
 
+    // Innermost first: the limits refuse before a route does any work, and
+    // their refusals are counted and timed like every other answer.
     api.layer(middleware::from_fn(screen::screen))
+        .layer(middleware::from_fn_with_state(state, limit::limit))
         .layer(middleware::from_fn(ops::track))
         .layer(
             ServiceBuilder::new()
@@ -135,10 +149,19 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
                 .layer(trace)
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID))
                 .layer(CatchPanicLayer::custom(panic_response))
-                // A body that stops arriving fails its read, and so ends
-                // its request, after this long.
-                .layer(RequestBodyTimeoutLayer::new(body_timeout)),
+                .layer(middleware::from_fn_with_state(
+                    body_timeout,
+                    screen::body_deadline,
+                )),
         )
+}
+
+/// `/metrics` alone, for its own address (`SECKILL_METRICS_ADDR`).
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(ops::metrics))
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .with_state(state)
 }
 
 /// A panicking handler answers an opaque 500 in the app's error shape.

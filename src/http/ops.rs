@@ -69,6 +69,7 @@ fn register_counters() {
     for reason in ["already_purchased", "sold_out", "id_taken", "fenced"] {
         metrics::counter!("seckill_async_unstored_total", "reason" => reason).absolute(0);
     }
+    super::limit::register_metrics();
 }
 
 #[utoipa::path(
@@ -109,6 +110,13 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         .set(f64::from(usage.postgres_idle));
     metrics::gauge!("seckill_pool_connections", "pool" => "redis", "state" => "open")
         .set(f64::from(usage.redis_open));
+    metrics::gauge!("seckill_pool_connections", "pool" => "postgres_other", "state" => "open")
+        .set(f64::from(usage.other_size));
+    metrics::gauge!("seckill_pool_connections", "pool" => "postgres_other", "state" => "idle")
+        .set(f64::from(usage.other_idle));
+    let (addresses, users) = state.limits.keys();
+    metrics::gauge!("seckill_rate_limit_keys", "limit" => "address").set(addresses as f64);
+    metrics::gauge!("seckill_rate_limit_keys", "limit" => "user").set(users as f64);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(),

@@ -2,7 +2,7 @@
 //! order; a payment provider notifies a payment, signed with HMAC-SHA256
 //! over the raw body, as WeChat Pay, Alipay and Stripe sign theirs.
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
@@ -14,6 +14,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{from_object, Caller, NoBody, OrderIdPath};
 use super::handlers::OrderBody;
+use super::screen::MAX_BODY_BYTES;
 use super::AppState;
 use crate::id::OrderId;
 use crate::seckill::{OrderStatus, Payment};
@@ -100,12 +101,16 @@ pub struct PaymentReceipt {
 pub async fn notify(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Json<PaymentReceipt>, ApiError> {
+    // Judged from the head, before a byte of the body is read: a caller
+    // without a well-formed signature costs no body.
     let Some(secret) = state.payment_secret.as_deref() else {
         return Err(ApiError::Forbidden);
     };
-    verify_signature(secret, &headers, &body)?;
+    let signature = signature(&headers)?;
+    let body = read_body(body).await?;
+    verify_signature(secret, &signature, &body)?;
     let notice: PaymentNotice = parse_notice(&body)?;
     let chars = notice.payment_id.chars().count();
     if chars == 0 || chars > PAYMENT_ID_MAX_CHARS || notice.payment_id.chars().any(char::is_control)
@@ -144,24 +149,48 @@ pub fn signature_header(secret: &[u8], body: &[u8]) -> String {
     format!("sha256={hex}")
 }
 
-/// Checks `X-Signature: sha256=<hex>` against the HMAC-SHA256 of `body`
-/// under `secret`, in constant time.
-fn verify_signature(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError> {
-    let unauthorized = |why: &str| ApiError::Unauthorized(format!("payment notification: {why}"));
+fn unauthorized(why: &str) -> ApiError {
+    ApiError::Unauthorized(format!("payment notification: {why}"))
+}
+
+/// The tag of the one `X-Signature: sha256=<hex of 32 bytes>` header.
+fn signature(headers: &HeaderMap) -> Result<Vec<u8>, ApiError> {
     let mut values = headers.get_all(SIGNATURE_HEADER).iter();
     let (Some(value), None) = (values.next(), values.next()) else {
         return Err(unauthorized("exactly one X-Signature header is required"));
     };
-    let signature = value
+    value
         .to_str()
         .ok()
         .and_then(|v| v.trim().strip_prefix("sha256="))
         .and_then(decode_hex)
-        .ok_or_else(|| unauthorized("X-Signature must be sha256=<hex>"))?;
+        .filter(|tag| tag.len() == 32)
+        .ok_or_else(|| unauthorized("X-Signature must be sha256=<64 hex digits>"))
+}
+
+/// The whole body, at most the limit (`413` past it).
+async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+    let limit = usize::try_from(MAX_BODY_BYTES).unwrap_or(usize::MAX);
+    axum::body::to_bytes(body, limit).await.map_err(|error| {
+        let over = std::error::Error::source(&error)
+            .is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
+        if over {
+            ApiError::PayloadTooLarge(format!(
+                "the body is over the limit of {MAX_BODY_BYTES} bytes"
+            ))
+        } else {
+            ApiError::BadRequest(format!("cannot read the body: {error}"))
+        }
+    })
+}
+
+/// Checks a signature's tag against the HMAC-SHA256 of `body` under
+/// `secret`, in constant time.
+fn verify_signature(secret: &[u8], tag: &[u8], body: &[u8]) -> Result<(), ApiError> {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret)
         .map_err(|_| unauthorized("the payment secret is unusable"))?;
     mac.update(body);
-    mac.verify_slice(&signature)
+    mac.verify_slice(tag)
         .map_err(|_| unauthorized("the signature does not match the body"))
 }
 
@@ -193,6 +222,11 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(SIGNATURE_HEADER, HeaderValue::from_str(signature).unwrap());
         headers
+    }
+
+    /// The whole check: the header's form, then the tag over the body.
+    fn verify_signature(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError> {
+        super::verify_signature(secret, &signature(headers)?, body)
     }
 
     #[test]

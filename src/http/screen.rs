@@ -2,12 +2,23 @@
 //! way on every route, and what no client may make the service keep or
 //! echo without bound.
 
-use axum::extract::Request;
-use axum::http::{header, HeaderValue};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Version};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use http_body::{Frame, SizeHint};
+use tokio::time::Sleep;
 
 use super::error::ApiError;
+use super::extract::says_no_body;
 use super::REQUEST_ID;
 
 /// Largest request body on any route (axum's JSON limit is the same).
@@ -62,4 +73,71 @@ fn is_plain_id(id: &HeaderValue) -> bool {
         && bytes
             .iter()
             .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(b))
+}
+
+/// Gives every request body one deadline for all of it, counted from its
+/// headers: a client that sends a byte every few seconds is cut off then,
+/// however steadily it trickles (a deadline per frame restarts with each
+/// byte). Its request fails, and its connection closes after the answer.
+pub async fn body_deadline(
+    State(limit): State<Duration>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.version() <= Version::HTTP_11 && says_no_body(request.headers()) {
+        return next.run(request).await;
+    }
+    let expired = Arc::new(AtomicBool::new(false));
+    let request = request.map(|body| {
+        Body::new(Deadline {
+            inner: body,
+            sleep: Box::pin(tokio::time::sleep(limit)),
+            limit,
+            expired: expired.clone(),
+        })
+    });
+    let mut response = next.run(request).await;
+    if expired.load(Ordering::Relaxed) {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// A body that fails once its deadline has passed.
+struct Deadline {
+    inner: Body,
+    sleep: Pin<Box<Sleep>>,
+    limit: Duration,
+    expired: Arc<AtomicBool>,
+}
+
+/// The error of a body that came too slowly.
+#[derive(Debug, thiserror::Error)]
+#[error("the body did not arrive within {0:?}")]
+struct TooSlow(Duration);
+
+impl http_body::Body for Deadline {
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.sleep.as_mut().poll(cx).is_ready() {
+            self.expired.store(true, Ordering::Relaxed);
+            return Poll::Ready(Some(Err(TooSlow(self.limit).into())));
+        }
+        Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }

@@ -43,6 +43,8 @@ pub(super) enum Outcome {
     Held(Option<OrderId>),
     /// A newer holder of the user's lock wrote first.
     Fenced,
+    /// The user has as many orders of the voucher as it allows.
+    TooMany,
 }
 
 /// A purchase waiting for its batch.
@@ -239,14 +241,20 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
         })
         .collect();
 
-    let BatchSale { sales, level } =
-        match sell_batch(&inner.deps.store, voucher_id, &requests).await {
-            Ok(sold) => sold,
-            Err(error) => {
-                answer(inner, failed(batch, &SeckillError::from(error))).await;
-                return Vec::new();
-            }
-        };
+    let BatchSale { sales, level } = match sell_batch(
+        &inner.deps.store,
+        voucher_id,
+        batch[0].voucher.max_orders_per_user,
+        &requests,
+    )
+    .await
+    {
+        Ok(sold) => sold,
+        Err(error) => {
+            answer(inner, failed(batch, &SeckillError::from(error))).await;
+            return Vec::new();
+        }
+    };
 
     // Before anyone is answered: those waiting at the gate for this batch
     // find what it left when they wake, and when it left no unit, those
@@ -276,6 +284,7 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
             }
             Sale::Held(order_id) => Outcome::Held(OrderId::from_stored(order_id)),
             Sale::Fenced => Outcome::Fenced,
+            Sale::TooMany => Outcome::TooMany,
             Sale::IdTaken => {
                 taken_id = Some(id);
                 redo.push(pending);
@@ -299,12 +308,13 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
 pub(super) async fn sell_batch(
     store: &Store,
     voucher_id: i64,
+    max_orders: i32,
     requests: &[SaleRequest],
 ) -> std::result::Result<BatchSale, StoreError> {
     let started = Instant::now();
     let mut reruns = 0;
     let sold = loop {
-        match store.sell_batch(voucher_id, requests).await {
+        match store.sell_batch(voucher_id, max_orders, requests).await {
             Err(StoreError::DuplicateOrder | StoreError::DuplicateOrderId) if reruns < RERUNS => {
                 reruns += 1;
             }

@@ -30,6 +30,10 @@ pub enum SeckillError {
     OrderExpired,
     #[error("the order is accepted and not stored yet; ask again in a moment")]
     OrderPending,
+    #[error("this payment_id was recorded for another order or amount")]
+    PaymentConflict,
+    #[error("this user has ordered this voucher as often as it allows ({0})")]
+    TooManyOrders(i32),
     #[error("{dependency} is unavailable: {detail}")]
     Unavailable {
         dependency: &'static str,
@@ -49,7 +53,10 @@ impl SeckillError {
             Self::SoldOut => "sold_out",
             Self::AlreadyPurchased { .. } => "already_purchased",
             Self::InProgress => "purchase_in_progress",
-            Self::AlreadyPaid | Self::OrderExpired | Self::OrderPending => "error",
+            Self::TooManyOrders(_) => "too_many_orders",
+            Self::AlreadyPaid | Self::OrderExpired | Self::OrderPending | Self::PaymentConflict => {
+                "error"
+            }
             Self::Unavailable { .. } => "unavailable",
             Self::Invalid(_) | Self::Internal(_) => "error",
         }

@@ -121,9 +121,7 @@ impl Seckill {
             PaymentOutcome::WrongAmount { price_cents } => Err(SeckillError::Invalid(format!(
                 "amount_cents must be the voucher's price, {price_cents}"
             ))),
-            PaymentOutcome::Reused => Err(SeckillError::Invalid(
-                "this payment_id was recorded for another order or amount".into(),
-            )),
+            PaymentOutcome::Reused => Err(SeckillError::PaymentConflict),
         }
     }
 

@@ -31,6 +31,7 @@ mod batch;
 mod clock;
 mod error;
 mod gate;
+mod inflight;
 mod lifecycle;
 mod soldout;
 mod user_lock;
@@ -42,7 +43,7 @@ pub use clock::SaleClock;
 pub use error::{Result, SeckillError};
 pub use lifecycle::PaymentAnswer;
 use user_lock::Lockers;
-pub use user_lock::{UserGuard, UserLocks};
+pub use user_lock::{lock_of, UserGuard, UserLocks};
 
 use crate::id::{IdGenerator, OrderId};
 use crate::kv::Kv;
@@ -50,18 +51,30 @@ use crate::store::{NewVoucher, Store, StoreError};
 use async_sale::AsyncSales;
 use batch::{Batcher, Outcome};
 use gate::{Admission, Gates};
+use inflight::InFlight;
 use soldout::SoldOutFlags;
 use workers::Background;
 
 pub use crate::store::{Order, OrderLine, OrderStatus, Payment, SaleMode, Voucher};
 
 const TITLE_MAX_CHARS: usize = 200;
+/// How old the stock `GET /vouchers/{id}` shows may be, at most.
+pub const STOCK_REFRESH: Duration = Duration::from_millis(100);
+/// How long an unknown voucher id is remembered as unknown.
+const MISSING_TTL: Duration = Duration::from_millis(500);
+/// Readiness is probed at most this often; callers in between share it.
+pub const READY_EVERY: Duration = Duration::from_millis(500);
 /// Highest price: the largest integer a JSON number carries exactly.
 pub const MAX_PRICE_CENTS: i64 = (1 << 53) - 1;
 /// Longest payment window: a day.
 pub const MAX_PAY_WITHIN_SECONDS: i32 = 86_400;
 /// The payment window when none is given: 15 minutes.
 pub const DEFAULT_PAY_WITHIN_SECONDS: i64 = 900;
+/// Most orders one user may have of a voucher when none is given: room to
+/// cancel twice, not to hold a unit away from the crowd for ever.
+pub const DEFAULT_MAX_ORDERS_PER_USER: i64 = 3;
+/// Highest `max_orders_per_user`.
+pub const MAX_ORDERS_PER_USER: i32 = 1000;
 /// The `outcome` labels of `seckill_purchases_total`: a purchase's result
 /// (`ordered`, `accepted`) or its error's `SeckillError::outcome`.
 const PURCHASE_OUTCOMES: &[&str] = &[
@@ -73,6 +86,7 @@ const PURCHASE_OUTCOMES: &[&str] = &[
     "sold_out",
     "already_purchased",
     "purchase_in_progress",
+    "too_many_orders",
     "unavailable",
     "error",
 ];
@@ -132,6 +146,7 @@ pub struct Stats {
     pub paid: i64,
     pub cancelled: i64,
     pub expired: i64,
+    pub max_orders_per_user: i32,
 }
 
 /// A voucher to create, as an admin sent it.
@@ -144,6 +159,7 @@ pub struct VoucherDraft {
     pub sale_mode: SaleMode,
     pub price_cents: i64,
     pub pay_within_seconds: i64,
+    pub max_orders_per_user: i64,
 }
 
 /// Connection counts, for the metrics page.
@@ -151,6 +167,9 @@ pub struct VoucherDraft {
 pub struct PoolUsage {
     pub postgres_size: u32,
     pub postgres_idle: u32,
+    /// The pool of everything but the sale's commits.
+    pub other_size: u32,
+    pub other_idle: u32,
     /// The service's shared Redis connection: 1 while open.
     pub redis_open: u32,
 }
@@ -183,6 +202,17 @@ struct Inner {
     /// flag are taken from here, and the gate takes the stock as what is
     /// left at most at that epoch; the batch never does.
     windows: moka::future::Cache<i64, Arc<Voucher>>,
+    /// Voucher ids found missing, for a moment: a flood of unknown ids
+    /// asks Postgres once per id and moment, not once per request.
+    missing: moka::sync::Cache<i64, ()>,
+    /// Each voucher's remaining stock as last read, for `GET /vouchers`:
+    /// a crowd of readers costs one query per voucher and refresh.
+    stock_seen: moka::future::Cache<i64, i32>,
+    /// The last readiness probe and when it began: a flood of `/readyz`
+    /// is answered from it, one probe at a time at most.
+    readiness: tokio::sync::Mutex<Option<(Instant, Result<()>)>>,
+    /// Purchases under way here, by user and voucher.
+    in_flight: InFlight,
     flags: Arc<SoldOutFlags>,
     gates: Arc<Gates>,
     settings: SeckillSettings,
@@ -213,6 +243,14 @@ impl Seckill {
         let windows = moka::future::Cache::builder()
             .max_capacity(10_000)
             .time_to_live(settings.voucher_cache_ttl)
+            .build();
+        let missing = moka::sync::Cache::builder()
+            .max_capacity(100_000)
+            .time_to_live(MISSING_TTL)
+            .build();
+        let stock_seen = moka::future::Cache::builder()
+            .max_capacity(10_000)
+            .time_to_live(STOCK_REFRESH)
             .build();
         let flags = Arc::new(SoldOutFlags::new(
             redis.clone(),
@@ -254,6 +292,10 @@ impl Seckill {
                 redis,
                 clock,
                 windows,
+                missing,
+                stock_seen,
+                readiness: tokio::sync::Mutex::new(None),
+                in_flight: InFlight::default(),
                 settings,
                 purchases: AtomicU64::new(0),
                 returns_queued: tokio::sync::Notify::new(),
@@ -303,6 +345,11 @@ impl Seckill {
     /// Buys one unit of `voucher_id` for `user_id`.
     pub async fn purchase(&self, user_id: i64, voucher_id: i64) -> Result<Purchase> {
         let result = async {
+            // Held until this purchase ends: the user's duplicates are
+            // refused here, before any Redis or Postgres work.
+            let Some(_mark) = self.inner.in_flight.enter(user_id, voucher_id) else {
+                return Err(SeckillError::InProgress);
+            };
             let voucher = self.sale_window(voucher_id).await?;
             match voucher.sale_mode {
                 SaleMode::Sync => self
@@ -392,6 +439,7 @@ impl Seckill {
         place: gate::Ticket,
     ) -> Result<OrderId> {
         let voucher_id = voucher.id;
+        let max_orders = voucher.max_orders_per_user;
         let fence = guard.fence();
         match self
             .inner
@@ -402,6 +450,7 @@ impl Seckill {
             Outcome::Sold(order_id) => Ok(order_id),
             Outcome::SoldOut => Err(SeckillError::SoldOut),
             Outcome::Held(order_id) => Err(SeckillError::AlreadyPurchased { order_id }),
+            Outcome::TooMany => Err(SeckillError::TooManyOrders(max_orders)),
             Outcome::Fenced => {
                 // Our lock's lease ran out and a newer holder has written:
                 // that request is the user's purchase in progress.
@@ -422,8 +471,12 @@ impl Seckill {
         if let Some(voucher) = self.inner.windows.get(&voucher_id).await {
             return Ok(voucher);
         }
+        if self.inner.missing.contains_key(&voucher_id) {
+            return Err(SeckillError::NotFound("voucher"));
+        }
         let store = &self.inner.store;
-        self.inner
+        let found = self
+            .inner
             .windows
             .try_get_with(voucher_id, async move {
                 Ok::<_, LoadError>(Arc::new(
@@ -437,7 +490,11 @@ impl Seckill {
                     SeckillError::postgres_unavailable(e)
                 }
                 LoadError::Store(e) => SeckillError::Internal(e.to_string()),
-            })
+            });
+        if let Err(SeckillError::NotFound(_)) = found {
+            self.inner.missing.insert(voucher_id, ());
+        }
+        found
     }
 
     pub async fn create_voucher(&self, draft: VoucherDraft) -> Result<i64> {
@@ -468,6 +525,14 @@ impl Seckill {
                     "pay_within_seconds must be between 1 and {MAX_PAY_WITHIN_SECONDS}"
                 ))
             })?;
+        let max_orders_per_user = i32::try_from(draft.max_orders_per_user)
+            .ok()
+            .filter(|n| (1..=MAX_ORDERS_PER_USER).contains(n))
+            .ok_or_else(|| {
+                SeckillError::Invalid(format!(
+                    "max_orders_per_user must be between 1 and {MAX_ORDERS_PER_USER}"
+                ))
+            })?;
         let begin_time = storable_time("begin_time", draft.begin_time)?;
         let end_time = storable_time("end_time", draft.end_time)?;
         if end_time <= begin_time {
@@ -486,8 +551,11 @@ impl Seckill {
                 sale_mode: draft.sale_mode,
                 price_cents: draft.price_cents,
                 pay_within_seconds,
+                max_orders_per_user,
             })
             .await?;
+        // Someone may have asked for the next id before it existed.
+        self.inner.missing.invalidate(&id);
         if draft.sale_mode == SaleMode::Async {
             // Loaded before the creation is answered, so that a purchase
             // right after it finds the sale; if Redis cannot take it now,
@@ -526,13 +594,33 @@ impl Seckill {
         }
     }
 
-    /// The voucher with its stock as committed now (never cached).
+    /// The voucher, from memory: as the sale keeps it (at most the voucher
+    /// cache's lifetime old), with its remaining stock read at most
+    /// [`STOCK_REFRESH`] ago. A crowd of readers costs one query per
+    /// voucher and refresh, however large.
     pub async fn voucher(&self, voucher_id: i64) -> Result<Voucher> {
-        self.inner
-            .store
-            .voucher(voucher_id)
-            .await?
-            .ok_or(SeckillError::NotFound("voucher"))
+        let mut voucher = Voucher::clone(&*self.sale_window(voucher_id).await?);
+        let store = &self.inner.store;
+        let level = self
+            .inner
+            .stock_seen
+            .try_get_with(voucher_id, async move {
+                match store.stock_level(voucher_id).await {
+                    Ok(Some(level)) => Ok(level.stock),
+                    Ok(None) => Err(LoadError::Missing),
+                    Err(e) => Err(LoadError::Store(e)),
+                }
+            })
+            .await
+            .map_err(|error| match &*error {
+                LoadError::Missing => SeckillError::NotFound("voucher"),
+                LoadError::Store(e @ (StoreError::Unavailable(_) | StoreError::TimedOut(_))) => {
+                    SeckillError::postgres_unavailable(e)
+                }
+                LoadError::Store(e) => SeckillError::Internal(e.to_string()),
+            })?;
+        voucher.stock = level;
+        Ok(voucher)
     }
 
     /// Adds `units` to a voucher's stock. The sale reopens on every
@@ -554,6 +642,7 @@ impl Seckill {
             .await?
             .ok_or(SeckillError::NotFound("voucher"))?;
         self.inner.windows.invalidate(&voucher_id).await;
+        self.inner.stock_seen.invalidate(&voucher_id).await;
         if voucher.sale_mode == SaleMode::Async {
             // Redis sells from its own stock: rebuilt from Postgres's (by
             // this reconciliation, or by a later one that took over).
@@ -596,7 +685,8 @@ impl Seckill {
     /// from Postgres's stock).
     pub async fn stats(&self, voucher_id: i64) -> Result<Stats> {
         // The sale mode never changes: the cached voucher tells it.
-        let listed: Vec<i64> = match self.sale_window(voucher_id).await?.sale_mode {
+        let voucher = self.sale_window(voucher_id).await?;
+        let listed: Vec<i64> = match voucher.sale_mode {
             SaleMode::Sync => Vec::new(),
             SaleMode::Async => (self.inner.async_sales.accepted(voucher_id).await?)
                 .into_iter()
@@ -620,13 +710,30 @@ impl Seckill {
             paid: stats.paid,
             cancelled: stats.cancelled,
             expired: stats.expired,
+            max_orders_per_user: voucher.max_orders_per_user,
         })
+    }
+
+    /// Whether a purchase can be served now, as the last probe found (see
+    /// [`Seckill::probe`]): one probe every [`READY_EVERY`] at most, which
+    /// every caller in between shares, waiting for it if it is under way.
+    pub async fn ready(&self) -> Result<()> {
+        let mut last = self.inner.readiness.lock().await;
+        if let Some((began, answer)) = &*last {
+            if began.elapsed() < READY_EVERY {
+                return answer.clone();
+            }
+        }
+        let began = Instant::now();
+        let answer = self.probe().await;
+        *last = Some((began, answer.clone()));
+        answer
     }
 
     /// Whether a purchase can be served now: Postgres and Redis take
     /// writes, and so does the lock's Redis (with RedLock, a majority of its
     /// nodes). Each check has the dependency deadline.
-    pub async fn ready(&self) -> Result<()> {
+    async fn probe(&self) -> Result<()> {
         let inner = &self.inner;
         let ready_key = format!("{}seckill:ready", inner.settings.redis_prefix);
         let (postgres, redis, locks) = tokio::join!(
@@ -646,9 +753,12 @@ impl Seckill {
 
     pub fn pool_usage(&self) -> PoolUsage {
         let pg = self.inner.store.pool();
+        let other = self.inner.store.other_pool();
         PoolUsage {
             postgres_size: pg.size(),
             postgres_idle: u32::try_from(pg.num_idle()).unwrap_or(u32::MAX),
+            other_size: other.size(),
+            other_idle: u32::try_from(other.num_idle()).unwrap_or(u32::MAX),
             redis_open: u32::try_from(self.inner.redis.open_connections()).unwrap_or(u32::MAX),
         }
     }

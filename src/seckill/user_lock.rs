@@ -38,15 +38,16 @@ pub enum UserGuard {
 }
 
 impl UserLocks {
-    /// Takes `user_id`'s lock for one purchase, without waiting: `None`
-    /// when another purchase of the user holds it.
+    /// Takes `user_id`'s lock for one purchase of `voucher_id`, without
+    /// waiting: `None` when another purchase of the user holds it.
     pub async fn try_lock(
         &self,
+        voucher_id: i64,
         user_id: i64,
         purchase: u64,
         lease: Duration,
     ) -> Result<Option<UserGuard>, LockError> {
-        let (name, owner_id) = lock_of(user_id, purchase);
+        let (name, owner_id) = lock_of(voucher_id, user_id, purchase);
         match self {
             Self::Single(locks) => match locks
                 .lock(&name)
@@ -147,9 +148,14 @@ impl UserGuard {
     }
 }
 
-/// The lock of `user_id`'s purchases, and the owner id of one of them.
-fn lock_of(user_id: i64, purchase: u64) -> (String, String) {
-    (format!("order:{user_id}"), format!("purchase-{purchase}"))
+/// The lock of `user_id`'s purchases of `voucher_id` (one live order per
+/// user and voucher: a user may buy two vouchers at once), and the owner
+/// id of one of them.
+pub fn lock_of(voucher_id: i64, user_id: i64, purchase: u64) -> (String, String) {
+    (
+        format!("order:{voucher_id}:{user_id}"),
+        format!("purchase-{purchase}"),
+    )
 }
 
 /// Takes users' locks for purchases, without waiting: on one Redis, those
@@ -200,7 +206,10 @@ impl Lockers {
         purchase: u64,
     ) -> Result<Option<UserGuard>, LockError> {
         if matches!(self.locks, UserLocks::RedLock { .. }) {
-            return self.locks.try_lock(user_id, purchase, self.lease).await;
+            return self
+                .locks
+                .try_lock(voucher_id, user_id, purchase, self.lease)
+                .await;
         }
         let answer = self
             .workers
@@ -245,7 +254,8 @@ impl Lockers {
                     let names: Vec<(redis_locks::Lock, redis_locks::Owner)> = batch
                         .iter()
                         .map(|request| {
-                            let (name, owner) = lock_of(request.user_id, request.purchase);
+                            let (name, owner) =
+                                lock_of(voucher_id, request.user_id, request.purchase);
                             (client.lock(&name), client.owner(owner))
                         })
                         .collect();

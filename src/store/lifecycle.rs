@@ -325,8 +325,12 @@ async fn pay_in(
         }
         closed => (closed, true, None),
     };
-    sqlx::query(
-        "INSERT INTO payments (payment_id, order_id, amount_cents, refund) VALUES ($1, $2, $3, $4)",
+    // The same payment id for another order, delivered at the same moment,
+    // locks another order's row: the two meet here, and the later one
+    // finds the id taken once the first commits. It changes nothing.
+    let recorded = sqlx::query(
+        "INSERT INTO payments (payment_id, order_id, amount_cents, refund) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (payment_id) DO NOTHING",
     )
     .bind(&payment.payment_id)
     .bind(payment.order_id)
@@ -335,6 +339,10 @@ async fn pay_in(
     .persistent(persistent)
     .execute(&mut *tx)
     .await?;
+    if recorded.rows_affected() == 0 {
+        tx.rollback().await?;
+        return Ok(PaymentOutcome::Reused);
+    }
     tx.commit().await?;
     Ok(PaymentOutcome::Recorded {
         status,

@@ -33,7 +33,7 @@ pub use states::{OrderStatus, SaleMode, UnknownState};
 macro_rules! voucher_columns {
     () => {
         "v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time, s.sale_mode,
-         s.price_cents, s.pay_within_seconds, s.returned"
+         s.price_cents, s.pay_within_seconds, s.returned, s.max_orders_per_user"
     };
 }
 pub(crate) use voucher_columns;
@@ -121,6 +121,8 @@ pub struct Voucher {
     pub pay_within_seconds: i32,
     /// Units given back by cancelled and expired orders.
     pub returned: i64,
+    /// Most orders (live, cancelled or expired) one user may have of it.
+    pub max_orders_per_user: i32,
 }
 
 impl Voucher {
@@ -140,6 +142,7 @@ pub struct NewVoucher {
     pub sale_mode: SaleMode,
     pub price_cents: i64,
     pub pay_within_seconds: i32,
+    pub max_orders_per_user: i32,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -197,7 +200,11 @@ pub struct OrderLine {
 /// Pool sizes, timeouts and the way to Postgres for [`Store::connect`].
 #[derive(Debug, Clone)]
 pub struct PoolSettings {
+    /// Connections of the sale's commits.
     pub max_connections: u32,
+    /// Connections of everything else: a flood of reads, admin calls or
+    /// payments waits for these, never for the sale's.
+    pub other_connections: u32,
     /// The deadline of every query, including the wait for a connection
     /// (and of a connection attempt): past it, Postgres is unavailable.
     pub timeout: Duration,
@@ -213,7 +220,10 @@ pub struct PoolSettings {
 
 #[derive(Clone)]
 pub struct Store {
+    /// Everything but the sale's commits.
     db: Db,
+    /// The sale's commits (`sell_batch`) alone.
+    sale: Db,
 }
 
 impl Store {
@@ -237,41 +247,49 @@ impl Store {
         };
         create_database_if_missing(&direct, timeout).await?;
         migrate(&direct, timeout).await?;
-        let pool = PgPoolOptions::new()
-            .max_connections(settings.max_connections)
-            .acquire_timeout(timeout)
-            // A connection comes back unknown when its query was cut off
-            // by the deadline. sqlx pings it before lending it again, which
-            // drains the late answer; bounded here, so that a frozen server
-            // cannot hold it forever: one that does not answer is closed.
-            .after_release(move |conn, _| {
-                Box::pin(async move {
-                    match tokio::time::timeout(timeout, conn.ping()).await {
-                        Ok(answer) => answer.map(|()| true),
-                        Err(_) => Err(sqlx::Error::PoolTimedOut),
-                    }
+        let pool = |size: u32| {
+            PgPoolOptions::new()
+                .max_connections(size)
+                .acquire_timeout(timeout)
+                // A connection comes back unknown when its query was cut off
+                // by the deadline. sqlx pings it before lending it again, which
+                // drains the late answer; bounded here, so that a frozen server
+                // cannot hold it forever: one that does not answer is closed.
+                .after_release(move |conn, _| {
+                    Box::pin(async move {
+                        match tokio::time::timeout(timeout, conn.ping()).await {
+                            Ok(answer) => answer.map(|()| true),
+                            Err(_) => Err(sqlx::Error::PoolTimedOut),
+                        }
+                    })
                 })
-            })
-            .connect_with(options)
-            .await?;
+        };
+        let db = |pool| Db {
+            pool,
+            timeout,
+            transaction_pooler: settings.transaction_pooler,
+        };
         Ok(Self {
-            db: Db {
-                pool,
-                timeout,
-                transaction_pooler: settings.transaction_pooler,
-            },
+            sale: db(pool(settings.max_connections)
+                .connect_with(options.clone())
+                .await?),
+            db: db(pool(settings.other_connections)
+                .connect_with(options)
+                .await?),
         })
     }
 
     /// A store on a pool whose database is migrated already; every query
     /// ends within `timeout`.
     pub fn from_pool(pool: PgPool, timeout: Duration) -> Self {
+        let db = Db {
+            pool,
+            timeout,
+            transaction_pooler: false,
+        };
         Self {
-            db: Db {
-                pool,
-                timeout,
-                transaction_pooler: false,
-            },
+            sale: db.clone(),
+            db,
         }
     }
 
@@ -297,7 +315,13 @@ impl Store {
             .await
     }
 
+    /// The sale's pool.
     pub fn pool(&self) -> &PgPool {
+        &self.sale.pool
+    }
+
+    /// The pool of everything else.
+    pub fn other_pool(&self) -> &PgPool {
         &self.db.pool
     }
 
@@ -325,8 +349,9 @@ impl Store {
                     sqlx::query_scalar(
                         "WITH v AS (INSERT INTO vouchers (title) VALUES ($1) RETURNING id)
              INSERT INTO seckill_vouchers (voucher_id, initial_stock, stock, begin_time, end_time,
-                                           sale_mode, price_cents, pay_within_seconds)
-             SELECT id, $2, $2, $3, $4, $5, $6, $7 FROM v
+                                           sale_mode, price_cents, pay_within_seconds,
+                                           max_orders_per_user)
+             SELECT id, $2, $2, $3, $4, $5, $6, $7, $8 FROM v
              RETURNING voucher_id",
                     )
                     .bind(title)
@@ -336,6 +361,7 @@ impl Store {
                     .bind(new.sale_mode)
                     .bind(new.price_cents)
                     .bind(new.pay_within_seconds)
+                    .bind(new.max_orders_per_user)
                     .persistent(persistent)
                     .fetch_one(c),
                 )

@@ -33,6 +33,9 @@ pub enum Sale {
     /// The fencing token is older than the user's last one: the lock it
     /// came from was lost and a newer holder has written since.
     Fenced,
+    /// The user has as many orders of the voucher (live, cancelled or
+    /// expired) as it allows.
+    TooMany,
     /// The order id is taken already: the id counter was lost and counts
     /// again from below. Nothing was written for it; draw another.
     IdTaken,
@@ -49,8 +52,8 @@ pub struct BatchSale {
 /// The batch sale, in one statement (so one transaction).
 ///
 /// - `req`: the purchases, numbered in arrival order.
-/// - `fence`: each user's token is stored if it is not smaller than the
-///   stored one (in user order, so two batches lock fence rows alike);
+/// - `fence`: each user's token (of their lock for this voucher) is stored
+///   if it is not smaller than the one stored for the user and voucher (in user order, so two batches lock fence rows alike);
 ///   only those users may buy. A request without a token (an async sale's
 ///   order) is not fenced.
 /// - `held`: users who already hold a live (`unpaid` or `paid`) order for
@@ -64,6 +67,9 @@ pub struct BatchSale {
 ///   A request whose own order id is stored for the same user and voucher
 ///   (an async entry written twice, whatever its order became since) is
 ///   `held` by it.
+/// - `maxed`: users who have `$6` (the voucher's `max_orders_per_user`)
+///   orders of it already, whatever their status: counted in the index on
+///   (user, voucher), at most `$6` rows read per user.
 /// - `eligible`: the rest, ranked by arrival.
 /// - `locked`: the voucher's row, locked, as the last committed writer left
 ///   it (a row lock wait in READ COMMITTED re-reads the newest version), so
@@ -82,9 +88,9 @@ WITH req AS (
     FROM unnest($2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[])
          WITH ORDINALITY AS r(order_id, user_id, fence, at, pos)
 ), fence AS (
-    INSERT INTO user_fences (user_id, token)
-    SELECT user_id, fence FROM req WHERE fence IS NOT NULL ORDER BY user_id
-    ON CONFLICT (user_id) DO UPDATE SET token = EXCLUDED.token
+    INSERT INTO user_fences (user_id, voucher_id, token)
+    SELECT user_id, $1, fence FROM req WHERE fence IS NOT NULL ORDER BY user_id
+    ON CONFLICT (user_id, voucher_id) DO UPDATE SET token = EXCLUDED.token
     WHERE user_fences.token <= EXCLUDED.token
     RETURNING user_id
 ), held AS (
@@ -100,11 +106,21 @@ WITH req AS (
         WHERE o.id = r.order_id
         LIMIT 1
     ) o
+), maxed AS (
+    SELECT r.user_id FROM req r, LATERAL (
+        SELECT count(*) AS n FROM (
+            SELECT 1 FROM voucher_orders o
+            WHERE o.user_id = r.user_id AND o.voucher_id = $1
+            LIMIT $6
+        ) o
+    ) c
+    WHERE c.n >= $6
 ), eligible AS (
     SELECT r.pos, r.order_id, r.user_id, r.at, row_number() OVER (ORDER BY r.pos) AS rank
     FROM req r
     WHERE (r.fence IS NULL OR r.user_id IN (SELECT user_id FROM fence))
       AND r.user_id NOT IN (SELECT user_id FROM held)
+      AND r.user_id NOT IN (SELECT user_id FROM maxed)
       AND r.order_id NOT IN (SELECT id FROM used)
 ), locked AS (
     SELECT v.stock, v.pay_within_seconds FROM seckill_vouchers v
@@ -131,6 +147,7 @@ SELECT
         WHEN u.user_id = r.user_id AND u.voucher_id = $1 THEN 'held'
         WHEN h.id IS NOT NULL THEN 'held'
         WHEN u.id IS NOT NULL THEN 'id_taken'
+        WHEN r.user_id IN (SELECT user_id FROM maxed) THEN 'too_many'
         WHEN e.rank <= (SELECT n FROM granted) THEN 'sold'
         ELSE 'sold_out'
     END AS outcome,
@@ -164,6 +181,7 @@ impl Row {
             ("sold_out", _) => Sale::SoldOut,
             ("held", Some(id)) => Sale::Held(id),
             ("fenced", _) => Sale::Fenced,
+            ("too_many", _) => Sale::TooMany,
             ("id_taken", _) => Sale::IdTaken,
             (other, held) => {
                 return Err(StoreError::Other(sqlx::Error::Protocol(format!(
@@ -178,13 +196,19 @@ impl Store {
     /// Sells what it can to a batch of purchases of `voucher_id`, whose
     /// users must be distinct, in one statement. Either every write of the
     /// batch commits or none does.
-    pub async fn sell_batch(&self, voucher_id: i64, batch: &[SaleRequest]) -> Result<BatchSale> {
+    /// `max_orders` is the voucher's `max_orders_per_user`.
+    pub async fn sell_batch(
+        &self,
+        voucher_id: i64,
+        max_orders: i32,
+        batch: &[SaleRequest],
+    ) -> Result<BatchSale> {
         let order_ids: Vec<i64> = batch.iter().map(|r| r.order_id).collect();
         let user_ids: Vec<i64> = batch.iter().map(|r| r.user_id).collect();
         let fences: Vec<Option<i64>> = batch.iter().map(|r| r.fence).collect();
         let times: Vec<DateTime<Utc>> = batch.iter().map(|r| r.at).collect();
         let rows: Vec<Row> = self
-            .db
+            .sale
             .run(move |c, persistent| {
                 Box::pin(
                     sqlx::query_as(SELL_BATCH)
@@ -193,6 +217,7 @@ impl Store {
                         .bind(user_ids)
                         .bind(fences)
                         .bind(times)
+                        .bind(i64::from(max_orders))
                         .persistent(persistent)
                         .fetch_all(c),
                 )

@@ -653,7 +653,7 @@ async fn idle_writers_poll_their_streams_about_once_a_second_and_still_write() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_users_purchases_sent_in_one_call_get_one_order_and_the_rest_name_it() {
+async fn one_users_purchases_at_once_get_one_order_and_the_rest_are_refused_or_name_it() {
     let (redis, app) = spawn_app_on_own_redis(None).await;
     let voucher = app.open_async_voucher(10).await;
     let (first, token) = (app.token(1).await, app.token(7).await);
@@ -666,8 +666,9 @@ async fn one_users_purchases_sent_in_one_call_get_one_order_and_the_rest_name_it
         })
     };
     // Redis holds writes back for a moment: another user's purchase is the
-    // voucher's call under way, and the fifty of one user that arrive
-    // meanwhile go to Redis together, in the next call.
+    // voucher's call under way, and of the fifty of one user that arrive
+    // meanwhile one goes to Redis in the next call; the rest are refused
+    // while it is in flight, or name its order once it is accepted.
     let mut conn = redis_conn(&redis.url()).await;
     redis::cmd("CLIENT")
         .arg("PAUSE")
@@ -683,6 +684,7 @@ async fn one_users_purchases_sent_in_one_call_get_one_order_and_the_rest_name_it
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let mut accepted = vec![order_of(&body)];
     let mut named = Vec::new();
+    let mut refused = 0;
     for attempt in tries {
         let (status, body) = attempt.await.unwrap();
         match status {
@@ -691,12 +693,24 @@ async fn one_users_purchases_sent_in_one_call_get_one_order_and_the_rest_name_it
                 assert_eq!(body["error"], "already_purchased", "{body}");
                 named.push(order_of(&body));
             }
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert_eq!(body["error"], "purchase_in_progress", "{body}");
+                refused += 1;
+            }
             other => panic!("{other}: {body}"),
         }
     }
     assert_eq!(accepted.len(), 2, "one order for each user: {accepted:?}");
-    assert_eq!(named.len(), 49);
+    assert_eq!(named.len() + refused, 49);
+    assert!(
+        refused > 0,
+        "the duplicates in flight with the first are refused"
+    );
     assert!(named.iter().all(|order| *order == accepted[1]), "{named:?}");
+    // A try after it names the order.
+    let (status, body) = send(token.clone()).await.unwrap();
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(order_of(&body), accepted[1]);
     app.wait_confirmed(&accepted).await;
     assert_eq!(app.check_invariants(voucher).await, 2);
 }

@@ -51,7 +51,7 @@ async fn a_batch_larger_than_the_stock_sells_the_stock_first_come_first_served()
     let app = spawn_app().await;
     let voucher = app.open_voucher(3).await;
     let sold = store(&app)
-        .sell_batch(voucher, &requests([5, 4, 3, 2, 1], 1 << 40))
+        .sell_batch(voucher, 3, &requests([5, 4, 3, 2, 1], 1 << 40))
         .await
         .unwrap();
     assert_eq!(
@@ -78,7 +78,7 @@ async fn a_batch_larger_than_the_stock_sells_the_stock_first_come_first_served()
 
     // Sold out: nothing decremented, nothing to report as the stock.
     let after = store(&app)
-        .sell_batch(voucher, &requests([6], 2 << 40))
+        .sell_batch(voucher, 3, &requests([6], 2 << 40))
         .await
         .unwrap();
     assert_eq!(after.sales, [Sale::SoldOut]);
@@ -92,14 +92,14 @@ async fn a_batch_answers_holders_stale_fences_and_taken_ids_each_on_its_own() {
     let store = store(&app);
     // User 1 buys first; user 2's lock has moved on to token 5,000.
     let first = store
-        .sell_batch(voucher, &requests([1], 7 << 40))
+        .sell_batch(voucher, 3, &requests([1], 7 << 40))
         .await
         .unwrap();
     assert_eq!(first.sales, [Sale::Sold]);
     let mut fresh = requests([2], 8 << 40);
     fresh[0].fence = Some(5_000);
     assert_eq!(
-        store.sell_batch(voucher, &fresh).await.unwrap().sales,
+        store.sell_batch(voucher, 3, &fresh).await.unwrap().sales,
         [Sale::Sold]
     );
 
@@ -108,7 +108,7 @@ async fn a_batch_answers_holders_stale_fences_and_taken_ids_each_on_its_own() {
     let mut batch = requests([1, 2, 3, 4], 9 << 40);
     batch[1].fence = Some(4_000);
     batch[2].order_id = 7 << 40;
-    let sold = store.sell_batch(voucher, &batch).await.unwrap();
+    let sold = store.sell_batch(voucher, 3, &batch).await.unwrap();
     assert_eq!(
         sold.sales,
         [Sale::Held(7 << 40), Sale::Fenced, Sale::IdTaken, Sale::Sold]

@@ -15,9 +15,10 @@ use sqlx::{Connection, PgConnection, PgPool};
 pub use testkit::{command_calls, delete_keys, pg_server, redis_conn, redis_url, OwnRedis};
 use uuid::Uuid;
 
-pub const ADMIN_TOKEN: &str = "test-admin-token";
-pub const TOKEN_SECRET: &str = "test-token-secret";
-pub const PAYMENT_SECRET: &str = "test-payment-secret";
+// Secrets as the service takes them: 32 bytes at least, no placeholder.
+pub const ADMIN_TOKEN: &str = "test-admin-token-9f3c1b7e5a2d4c68e0b1";
+pub const TOKEN_SECRET: &str = "test-token-secret-4e8a0c2f6b1d9e3a7c5b";
+pub const PAYMENT_SECRET: &str = "test-payment-secret-7d2b5f9a1c3e8b6d0a4f";
 
 /// Settings for one test app; `db_url` and `redis_url` say where to go.
 pub fn settings(db_url: &str, redis_url: &str, prefix: &str) -> Settings {
@@ -49,6 +50,12 @@ pub fn setting_args(addr: &str, db_url: &str, redis_url: &str, prefix: &str) -> 
         "--dependency-timeout-ms",
         "5000",
         "--startup-wait-ms",
+        "0",
+        // Tests send many requests from one address and one user; those of
+        // the limits set their own.
+        "--limit-per-address",
+        "0",
+        "--limit-per-user",
         "0",
     ]
     .map(str::to_owned)

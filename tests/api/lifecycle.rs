@@ -203,8 +203,9 @@ async fn a_payment_in_time_pays_once_and_every_other_payment_is_refunded() {
     );
     // The payment id names one payment: another order under it is refused.
     let other = app.buy_one(&app.base, 8, voucher).await;
-    let (status, _) = notify(&app.client, &app.base, "p-1", &other, 990).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, body) = notify(&app.client, &app.base, "p-1", &other, 990).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(body["error"], "payment_conflict");
 
     let order = app.order_as_admin(&order_id).await;
     assert_eq!(order["status"], "paid");

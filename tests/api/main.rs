@@ -1,6 +1,7 @@
 //! End-to-end tests against real Postgres and Redis. Every test has its
 //! own database and Redis key prefix (see `helpers`).
 
+mod abuse;
 mod async_sale;
 mod batch;
 mod cluster;

@@ -1,0 +1,421 @@
+//! Rate limits, before any Redis or Postgres work: per client address on
+//! every route, per user on the routes that buy, read orders or queue.
+//! GCRA (`governor`): one atomic state per key, idle keys evicted.
+//!
+//! The client is the socket's peer, or the last `X-Forwarded-For` hop when
+//! the peer is a trusted proxy (the hop that proxy appended; earlier hops
+//! are whatever the client wrote). IPv6 clients count by their /64: one
+//! subscriber gets a whole /64 and could otherwise rotate through it.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::num::NonZeroU32;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use governor::clock::{Clock, DefaultClock};
+use governor::state::keyed::DefaultKeyedStateStore;
+use governor::{Quota, RateLimiter};
+use ipnet::IpNet;
+
+use super::error::ApiError;
+use super::extract::bearer;
+use super::AppState;
+
+type Keyed<K> = RateLimiter<K, DefaultKeyedStateStore<K>, DefaultClock>;
+
+/// How often idle keys are dropped: a key whose bucket is full again
+/// holds nothing a fresh one would not.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// The limits of one instance.
+pub struct Limits {
+    inner: Arc<Limiters>,
+}
+
+struct Limiters {
+    per_address: Option<Keyed<IpAddr>>,
+    per_user: Option<Keyed<i64>>,
+    trusted: Vec<IpNet>,
+    clock: DefaultClock,
+}
+
+/// Who a limit refused, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    pub limit: Limit,
+    pub wait: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    Address,
+    User,
+}
+
+/// A user whose token the limiter verified already: the extractor takes it
+/// from here instead of checking the signature again.
+#[derive(Debug, Clone, Copy)]
+pub struct VerifiedUser(pub i64);
+
+impl Limits {
+    /// `per_address` and `per_user` requests per second, each with a burst
+    /// of the same size; 0 turns one off. Must run inside a tokio runtime:
+    /// the sweep of idle keys runs beside it, as long as the limits live.
+    pub fn new(per_address: u32, per_user: u32, trusted: Vec<IpNet>) -> Self {
+        let quota = |n: u32| NonZeroU32::new(n).map(|n| Quota::per_second(n).allow_burst(n));
+        let inner = Arc::new(Limiters {
+            per_address: quota(per_address).map(RateLimiter::keyed),
+            per_user: quota(per_user).map(RateLimiter::keyed),
+            trusted,
+            clock: DefaultClock::default(),
+        });
+        if inner.per_address.is_some() || inner.per_user.is_some() {
+            tokio::spawn(sweep(Arc::downgrade(&inner)));
+        }
+        Self { inner }
+    }
+
+    /// The address a request's limit is counted under.
+    pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = canonical(peer);
+        if !self.inner.trusted.iter().any(|net| net.contains(&peer)) {
+            return peer;
+        }
+        let forwarded = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .next_back()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .and_then(|hop| hop.trim().parse::<IpAddr>().ok());
+        forwarded.map_or(peer, canonical)
+    }
+
+    /// One request from `client`.
+    pub fn check_address(&self, client: IpAddr) -> Result<(), Refused> {
+        let Some(limiter) = &self.inner.per_address else {
+            return Ok(());
+        };
+        limiter
+            .check_key(&limit_key(client))
+            .map_err(|not_until| Refused {
+                limit: Limit::Address,
+                wait: not_until.wait_time_from(self.inner.clock.now()),
+            })
+    }
+
+    /// Whether users are limited at all (the token need not be read).
+    pub fn limits_users(&self) -> bool {
+        self.inner.per_user.is_some()
+    }
+
+    /// One request of `user_id`.
+    pub fn check_user(&self, user_id: i64) -> Result<(), Refused> {
+        let Some(limiter) = &self.inner.per_user else {
+            return Ok(());
+        };
+        limiter.check_key(&user_id).map_err(|not_until| Refused {
+            limit: Limit::User,
+            wait: not_until.wait_time_from(self.inner.clock.now()),
+        })
+    }
+
+    /// Keys held now (addresses, users), for the metrics page.
+    pub fn keys(&self) -> (usize, usize) {
+        (
+            self.inner.per_address.as_ref().map_or(0, RateLimiter::len),
+            self.inner.per_user.as_ref().map_or(0, RateLimiter::len),
+        )
+    }
+
+    /// Drops every key that holds nothing (its bucket full again).
+    pub fn sweep(&self) {
+        self.inner.sweep();
+    }
+}
+
+impl Limiters {
+    fn sweep(&self) {
+        if let Some(limiter) = &self.per_address {
+            limiter.retain_recent();
+            limiter.shrink_to_fit();
+        }
+        if let Some(limiter) = &self.per_user {
+            limiter.retain_recent();
+            limiter.shrink_to_fit();
+        }
+    }
+}
+
+/// Sweeps idle keys until the limits are dropped.
+async fn sweep(limits: Weak<Limiters>) {
+    loop {
+        tokio::time::sleep(SWEEP_EVERY).await;
+        match limits.upgrade() {
+            Some(limits) => limits.sweep(),
+            None => return,
+        }
+    }
+}
+
+/// An IPv4 address as itself, also when it comes mapped into IPv6.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The key an address is limited under: itself, or its /64.
+fn limit_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(Ipv6Addr::from(bits))
+        }
+        v4 => v4,
+    }
+}
+
+/// Routes by what limits them and how they are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteClass {
+    Purchase,
+    Orders,
+    Queue,
+    Reads,
+    Admin,
+    Payments,
+    Ops,
+    Unmatched,
+}
+
+impl RouteClass {
+    pub const ALL: [Self; 8] = [
+        Self::Purchase,
+        Self::Orders,
+        Self::Queue,
+        Self::Reads,
+        Self::Admin,
+        Self::Payments,
+        Self::Ops,
+        Self::Unmatched,
+    ];
+
+    /// The class of a matched route's path (`/seckill/{id}`, ...).
+    pub fn of(route: Option<&str>) -> Self {
+        let Some(route) = route else {
+            return Self::Unmatched;
+        };
+        if route.starts_with("/seckill/") || route.starts_with("/lab/") {
+            Self::Purchase
+        } else if route.starts_with("/orders/") {
+            Self::Orders
+        } else if route.ends_with("/queue") {
+            Self::Queue
+        } else if route.starts_with("/vouchers/") {
+            Self::Reads
+        } else if route.starts_with("/admin/") {
+            Self::Admin
+        } else if route.starts_with("/payments/") {
+            Self::Payments
+        } else {
+            Self::Ops
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Purchase => "purchase",
+            Self::Orders => "orders",
+            Self::Queue => "queue",
+            Self::Reads => "reads",
+            Self::Admin => "admin",
+            Self::Payments => "payments",
+            Self::Ops => "ops",
+            Self::Unmatched => "unmatched",
+        }
+    }
+
+    /// Whether a user's own limit applies too.
+    fn per_user(self) -> bool {
+        matches!(self, Self::Purchase | Self::Orders | Self::Queue)
+    }
+}
+
+/// `seckill_rate_limited_total{class, limit}`, every pair registered at 0
+/// once, so that a refusal counts without building a labelled key.
+fn refusals() -> &'static [[metrics::Counter; 2]; RouteClass::ALL.len()] {
+    static COUNTERS: OnceLock<[[metrics::Counter; 2]; RouteClass::ALL.len()]> = OnceLock::new();
+    COUNTERS.get_or_init(|| {
+        RouteClass::ALL.map(|class| {
+            ["address", "user"].map(|limit| {
+                let counter = metrics::counter!(
+                    "seckill_rate_limited_total",
+                    "class" => class.label(),
+                    "limit" => limit
+                );
+                counter.absolute(0);
+                counter
+            })
+        })
+    })
+}
+
+/// Registers the refusal counters (at 0) with the metrics recorder.
+pub fn register_metrics() {
+    refusals();
+}
+
+fn count(class: RouteClass, limit: Limit) {
+    let at = RouteClass::ALL
+        .iter()
+        .position(|c| *c == class)
+        .unwrap_or(RouteClass::ALL.len() - 1);
+    refusals()[at][usize::from(limit == Limit::User)].increment(1);
+}
+
+/// The middleware: the address's limit on every request, then the user's
+/// on the routes it covers. A request without a known peer (a router
+/// driven in-process) is not limited by address.
+pub async fn limit(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let limits = &state.limits;
+    let class = RouteClass::of(
+        request
+            .extensions()
+            .get::<MatchedPath>()
+            .map(MatchedPath::as_str),
+    );
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip());
+    if let Some(peer) = peer {
+        let client = limits.client(peer, request.headers());
+        if let Err(refused) = limits.check_address(client) {
+            count(class, refused.limit);
+            return too_many(refused);
+        }
+    }
+    if class.per_user() && limits.limits_users() {
+        let user = bearer(request.headers()).ok().and_then(|token| {
+            state
+                .tokens
+                .verify(token, chrono::Utc::now().timestamp())
+                .ok()
+        });
+        if let Some(user_id) = user {
+            if let Err(refused) = limits.check_user(user_id) {
+                count(class, refused.limit);
+                return too_many(refused);
+            }
+            request.extensions_mut().insert(VerifiedUser(user_id));
+        }
+    }
+    next.run(request).await
+}
+
+/// `429 rate_limited` with `Retry-After` in whole seconds, rounded up.
+fn too_many(refused: Refused) -> Response {
+    let seconds = refused.wait.as_secs() + u64::from(refused.wait.subsec_nanos() > 0);
+    ApiError::RateLimited(seconds).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(forwarded: &[&'static str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for value in forwarded {
+            headers.append("x-forwarded-for", HeaderValue::from_static(value));
+        }
+        headers
+    }
+
+    #[tokio::test]
+    async fn the_forwarded_hop_counts_only_behind_a_trusted_proxy() {
+        let proxy: IpAddr = "10.0.0.5".parse().unwrap();
+        let limits = Limits::new(1, 1, vec!["10.0.0.0/24".parse().unwrap()]);
+        let client = |peer: IpAddr, h: &[&'static str]| limits.client(peer, &headers(h));
+        // The last hop is the one the proxy appended; earlier ones are the
+        // client's own words.
+        assert_eq!(
+            client(proxy, &["1.1.1.1, 2.2.2.2"]),
+            "2.2.2.2".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            client(proxy, &["1.1.1.1", "3.3.3.3"]),
+            "3.3.3.3".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(client(proxy, &["garbage"]), proxy);
+        assert_eq!(client(proxy, &[]), proxy);
+        let stranger: IpAddr = "192.0.2.7".parse().unwrap();
+        assert_eq!(client(stranger, &["2.2.2.2"]), stranger);
+    }
+
+    #[tokio::test]
+    async fn an_address_past_its_burst_is_refused_and_others_are_not() {
+        let limits = Limits::new(3, 0, Vec::new());
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        for _ in 0..3 {
+            assert!(limits.check_address(a).is_ok());
+        }
+        let refused = limits.check_address(a).unwrap_err();
+        assert_eq!(refused.limit, Limit::Address);
+        assert!(refused.wait > Duration::ZERO && refused.wait <= Duration::from_secs(1));
+        assert!(limits.check_address(b).is_ok());
+        // Users are not limited here.
+        assert!(!limits.limits_users());
+        for _ in 0..100 {
+            assert!(limits.check_user(7).is_ok());
+        }
+    }
+
+    #[tokio::test]
+    async fn an_ipv6_network_counts_as_one_client() {
+        let limits = Limits::new(2, 0, Vec::new());
+        let one: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let other_in_64: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let next_64: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert!(limits.check_address(one).is_ok());
+        assert!(limits.check_address(other_in_64).is_ok());
+        assert!(limits.check_address(one).is_err());
+        assert!(limits.check_address(next_64).is_ok());
+        let mapped: IpAddr = "::ffff:192.0.2.9".parse().unwrap();
+        assert_eq!(canonical(mapped), "192.0.2.9".parse::<IpAddr>().unwrap());
+    }
+
+    #[tokio::test]
+    async fn idle_keys_are_swept() {
+        let limits = Limits::new(1000, 1000, Vec::new());
+        for i in 0..50u8 {
+            limits.check_address(IpAddr::from([192, 0, 2, i])).unwrap();
+            limits.check_user(i64::from(i)).unwrap();
+        }
+        assert_eq!(limits.keys(), (50, 50));
+        // A thousand per second: each bucket is full again within 1 ms.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        limits.sweep();
+        assert_eq!(limits.keys(), (0, 0));
+    }
+
+    #[test]
+    fn routes_fall_into_their_classes() {
+        let class = |r| RouteClass::of(Some(r));
+        assert_eq!(class("/seckill/{id}"), RouteClass::Purchase);
+        assert_eq!(class("/orders/{id}/cancel"), RouteClass::Orders);
+        assert_eq!(class("/vouchers/{id}/queue"), RouteClass::Queue);
+        assert_eq!(class("/vouchers/{id}"), RouteClass::Reads);
+        assert_eq!(class("/admin/tokens"), RouteClass::Admin);
+        assert_eq!(class("/payments/notify"), RouteClass::Payments);
+        assert_eq!(class("/readyz"), RouteClass::Ops);
+        assert_eq!(RouteClass::of(None), RouteClass::Unmatched);
+    }
+}

@@ -1,0 +1,502 @@
+//! What one client may not do to the others: go past its rate limits, hold
+//! places with duplicates of one token, hold units for free, trickle a
+//! body, use the payment route without a signature, reuse a payment id;
+//! and secrets that would let anyone in.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::helpers::{answer, buy, settings, spawn_app_with, TestApp, PAYMENT_SECRET};
+use seckill::startup::Application;
+
+/// An app whose limits trust 127.0.0.1 as a proxy: each test names its
+/// clients by `X-Forwarded-For`.
+async fn limited_app(per_address: u32, per_user: u32) -> TestApp {
+    spawn_app_with(|mut s| {
+        s.limit_per_address = per_address;
+        s.limit_per_user = per_user;
+        s.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+        s
+    })
+    .await
+}
+
+async fn healthz_from(app: &TestApp, client: &str) -> reqwest::Response {
+    app.client
+        .get(app.url("/healthz"))
+        .header("x-forwarded-for", client)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_address_over_its_limit_is_refused_with_retry_after_and_others_are_not() {
+    let app = limited_app(3, 0).await;
+    for _ in 0..3 {
+        assert_eq!(
+            healthz_from(&app, "198.51.100.1").await.status(),
+            StatusCode::OK
+        );
+    }
+    let refused = healthz_from(&app, "198.51.100.1").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let wait: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=1).contains(&wait), "Retry-After {wait}");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"], "rate_limited", "{body}");
+    // Another client behind the same proxy has its own allowance; so has
+    // the proxy itself, for what it sends without the header.
+    assert_eq!(
+        healthz_from(&app, "198.51.100.2").await.status(),
+        StatusCode::OK
+    );
+    let direct = app.client.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(direct.status(), StatusCode::OK);
+    // A client cannot pick another allowance by writing the header itself:
+    // only the last hop, the proxy's, counts.
+    let spoofed = app
+        .client
+        .get(app.url("/healthz"))
+        .header("x-forwarded-for", "203.0.113.9, 198.51.100.1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(spoofed.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        app.metrics()
+            .await
+            .lines()
+            .any(|l| l.starts_with("seckill_rate_limited_total{")
+                && l.contains("class=\"ops\"")
+                && l.contains("limit=\"address\"")
+                && !l.ends_with(" 0")),
+        "the refusals are counted by route class"
+    );
+}
+
+#[tokio::test]
+async fn a_user_over_their_limit_is_refused_and_other_users_are_not() {
+    let app = limited_app(0, 2).await;
+    let voucher = app.open_voucher(10).await;
+    let tokens = app.tokens([1, 2]).await;
+    let order = |token: &str| {
+        let (client, url, token) = (app.client.clone(), app.url("/orders/1"), token.to_owned());
+        async move { answer(client.get(url).bearer_auth(token)).await }
+    };
+    // Two requests of the burst (an unknown order is 404: the limit is
+    // about requests, not answers), then the third is refused.
+    assert_eq!(order(&tokens[&1]).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(order(&tokens[&1]).await.0, StatusCode::NOT_FOUND);
+    let (status, body) = order(&tokens[&1]).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"], "rate_limited");
+    // Its purchases too: the user's allowance covers every user route.
+    let (status, code) = buy(&app.client, &app.base, &tokens[&1], voucher).await;
+    assert_eq!(
+        (status, code.as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, "rate_limited")
+    );
+    // Another user buys.
+    let (status, code) = buy(&app.client, &app.base, &tokens[&2], voucher).await;
+    assert_eq!(status, StatusCode::OK, "{code}");
+    // Anonymous reads are not a user's: no user limit on them.
+    for _ in 0..5 {
+        let read = app
+            .client
+            .get(app.url(&format!("/vouchers/{voucher}")))
+            .send()
+            .await;
+        assert_eq!(read.unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(app.check_invariants(voucher).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_in_flight_is_refused_at_once_and_another_voucher_is_not() {
+    let app = spawn_app_with(|s| s).await;
+    let held = app.open_voucher(5).await;
+    let other = app.open_voucher(5).await;
+    let token = app.token(7).await;
+    // The first purchase waits in its batch: the voucher's row is locked.
+    let mut blocker = app.db.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM seckill_vouchers WHERE voucher_id = $1 FOR UPDATE")
+        .bind(held)
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let first = {
+        let (client, base, token) = (app.client.clone(), app.base.clone(), token.clone());
+        tokio::spawn(async move { buy(&client, &base, &token, held).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!first.is_finished(), "the first purchase waits for the row");
+
+    // Its duplicates are refused without waiting for it.
+    for _ in 0..5 {
+        let started = Instant::now();
+        let (status, code) = buy(&app.client, &app.base, &token, held).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (StatusCode::TOO_MANY_REQUESTS, "purchase_in_progress")
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "refused at once"
+        );
+    }
+    // The same user buys another voucher meanwhile: the lock is per voucher.
+    let (status, code) = buy(&app.client, &app.base, &token, other).await;
+    assert_eq!(status, StatusCode::OK, "{code}");
+
+    blocker.rollback().await.unwrap();
+    let (status, code) = first.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{code}");
+    assert_eq!(app.check_invariants(held).await, 1);
+    assert_eq!(app.check_invariants(other).await, 1);
+}
+
+#[tokio::test]
+async fn a_user_holds_at_most_max_orders_per_user_of_a_voucher() {
+    let app = spawn_app_with(|s| s).await;
+    let voucher = app
+        .open_voucher_with(10, json!({ "max_orders_per_user": 2 }))
+        .await;
+    let token = app.token(3).await;
+    let cancel = |order_id: String| {
+        let (client, url, token) = (
+            app.client.clone(),
+            app.url(&format!("/orders/{order_id}/cancel")),
+            token.clone(),
+        );
+        async move { answer(client.post(url).bearer_auth(token)).await }
+    };
+    for _ in 0..2 {
+        let (status, answer) = buy(&app.client, &app.base, &token, voucher).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        let order_id = answer.trim_start_matches("ok:").to_owned();
+        assert_eq!(cancel(order_id).await.0, StatusCode::OK);
+    }
+    // Two cancelled orders: the third purchase is refused, and the unit
+    // stays on sale.
+    let (status, code) = buy(&app.client, &app.base, &token, voucher).await;
+    assert_eq!(
+        (status, code.as_str()),
+        (StatusCode::CONFLICT, "too_many_orders")
+    );
+    let stats = app.stats(voucher).await;
+    assert_eq!(stats["stock"], 10, "{stats}");
+    assert_eq!(stats["cancelled"], 2, "{stats}");
+    assert_eq!(stats["max_orders_per_user"], 2, "{stats}");
+    let (status, shown) = answer(app.client.get(app.url(&format!("/vouchers/{voucher}")))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(shown["max_orders_per_user"], 2, "{shown}");
+    assert_eq!(shown["waiting_room"], Value::Null, "{shown}");
+    // Another user still buys.
+    let other = app.token(4).await;
+    assert_eq!(
+        buy(&app.client, &app.base, &other, voucher).await.0,
+        StatusCode::OK
+    );
+    // The bound is checked when the voucher is made.
+    let now = chrono::Utc::now();
+    for bad in [0, 1001, -1] {
+        let response = app
+            .client
+            .post(app.url("/admin/vouchers"))
+            .bearer_auth(crate::helpers::ADMIN_TOKEN)
+            .json(&json!({
+                "title": "t", "stock": 1, "max_orders_per_user": bad,
+                "begin_time": now, "end_time": now + chrono::Duration::hours(1),
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "max {bad}");
+    }
+    app.check_invariants(voucher).await;
+}
+
+fn signed(body: &str) -> String {
+    seckill::http::signature_header(PAYMENT_SECRET.as_bytes(), body.as_bytes())
+}
+
+async fn notify(app: &TestApp, payment_id: &str, order_id: &str) -> (StatusCode, Value) {
+    let body =
+        json!({ "payment_id": payment_id, "order_id": order_id, "amount_cents": 0 }).to_string();
+    let request = app
+        .client
+        .post(app.url("/payments/notify"))
+        .header("content-type", "application/json")
+        .header("x-signature", signed(&body))
+        .body(body);
+    answer(request).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_id_of_another_order_is_a_conflict_also_when_both_arrive_at_once() {
+    let app = spawn_app_with(|s| s).await;
+    let voucher = app.open_voucher(100).await;
+    let tokens = app.tokens(1..=40).await;
+    let mut orders = Vec::new();
+    for user in 1..=40 {
+        let (status, answer) = buy(&app.client, &app.base, &tokens[&user], voucher).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        orders.push(answer.trim_start_matches("ok:").to_owned());
+    }
+    // Sequentially: the second order's notification with the first's id.
+    assert_eq!(notify(&app, "pay-a", &orders[0]).await.0, StatusCode::OK);
+    let (status, body) = notify(&app, "pay-a", &orders[1]).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("payment_conflict"))
+    );
+    // At once: pairs of orders share a payment id.
+    let mut pairs = Vec::new();
+    for (i, pair) in orders[2..].chunks(2).enumerate() {
+        let id = format!("pay-pair-{i}");
+        for order in pair {
+            let (app_client, url, id, order) = (
+                app.client.clone(),
+                app.url("/payments/notify"),
+                id.clone(),
+                order.clone(),
+            );
+            pairs.push(tokio::spawn(async move {
+                let body =
+                    json!({ "payment_id": id, "order_id": order, "amount_cents": 0 }).to_string();
+                let request = app_client
+                    .post(url)
+                    .header("content-type", "application/json")
+                    .header("x-signature", signed(&body))
+                    .body(body);
+                answer(request).await
+            }));
+        }
+    }
+    let mut answers = Vec::new();
+    for pair in pairs {
+        answers.push(pair.await.unwrap());
+    }
+    for pair in answers.chunks(2) {
+        let mut statuses: Vec<u16> = pair.iter().map(|(s, _)| s.as_u16()).collect();
+        statuses.sort_unstable();
+        assert_eq!(statuses, [200, 409], "{pair:?}");
+        let conflict = pair
+            .iter()
+            .find(|(s, _)| *s == StatusCode::CONFLICT)
+            .unwrap();
+        assert_eq!(conflict.1["error"], "payment_conflict");
+    }
+    // One order of each pair paid, the other untouched.
+    let paid: i64 = sqlx::query_scalar("SELECT count(*) FROM voucher_orders WHERE status = 'paid'")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(paid, 1 + 19);
+    app.check_invariants(voucher).await;
+}
+
+/// Sends a request head (ending in the blank line) on a new connection and
+/// returns the connection.
+async fn send_head(app: &TestApp, head: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(app.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+/// Reads what the server sends until it closes the connection (or `limit`
+/// passes): the text, and whether it closed.
+async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> (String, bool) {
+    let mut got = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let closed = tokio::time::timeout(limit, async {
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buffer[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (String::from_utf8_lossy(&got).into_owned(), closed)
+}
+
+#[tokio::test]
+async fn payment_notifications_are_judged_by_their_head_before_the_body() {
+    let app = spawn_app_with(|s| s).await;
+    // A body declared and never sent: the answer comes all the same.
+    let declared = "Content-Type: application/json\r\nContent-Length: 2000000\r\n";
+    let mut unsigned = send_head(
+        &app,
+        &format!("POST /payments/notify HTTP/1.1\r\nHost: x\r\n{declared}\r\n"),
+    )
+    .await;
+    let (text, _) = read_until_closed(&mut unsigned, Duration::from_secs(3)).await;
+    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+    let mut malformed = send_head(
+        &app,
+        &format!(
+            "POST /payments/notify HTTP/1.1\r\nHost: x\r\nX-Signature: sha256=zz\r\n{declared}\r\n"
+        ),
+    )
+    .await;
+    let (text, _) = read_until_closed(&mut malformed, Duration::from_secs(3)).await;
+    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+
+    let no_secret = spawn_app_with(|mut s| {
+        s.payment_secret = None;
+        s
+    })
+    .await;
+    let tag = "a".repeat(64);
+    let mut forbidden = send_head(
+        &no_secret,
+        &format!("POST /payments/notify HTTP/1.1\r\nHost: x\r\nX-Signature: sha256={tag}\r\n{declared}\r\n"),
+    )
+    .await;
+    let (text, _) = read_until_closed(&mut forbidden, Duration::from_secs(3)).await;
+    assert!(text.starts_with("HTTP/1.1 403"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_sent_a_byte_at_a_time_is_cut_off_at_its_deadline() {
+    let app = spawn_app_with(|mut s| {
+        s.body_timeout = Duration::from_millis(1_000);
+        s
+    })
+    .await;
+    let tag = "b".repeat(64);
+    let routes = [
+        format!("POST /payments/notify HTTP/1.1\r\nHost: x\r\nX-Signature: sha256={tag}\r\n"),
+        format!(
+            "POST /admin/vouchers HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n",
+            crate::helpers::ADMIN_TOKEN
+        ),
+    ];
+    for head in routes {
+        let started = Instant::now();
+        let mut stream = send_head(
+            &app,
+            &format!("{head}Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"),
+        )
+        .await;
+        // One byte every 200 ms: each well inside any per-read pause, and
+        // the whole body would take 200 s.
+        let mut trickle = Vec::new();
+        let closed = loop {
+            let (text, closed) = read_until_closed(&mut stream, Duration::from_millis(200)).await;
+            trickle.push(text);
+            if closed || started.elapsed() > Duration::from_secs(20) {
+                break closed;
+            }
+            let _ = stream.write_all(b" ").await;
+        };
+        assert!(closed, "{head}: still open after {:?}", started.elapsed());
+        // Closed at the deadline, give or take the machine's load (a bound
+        // far from the 200 s the body would take, not a timing goal).
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        let text = trickle.concat();
+        assert!(text.starts_with("HTTP/1.1 400"), "{head}: {text}");
+        assert!(
+            text.to_ascii_lowercase().contains("connection: close"),
+            "{text}"
+        );
+    }
+    // A client that sends its body whole is served as before.
+    let voucher = app.open_voucher(1).await;
+    assert!(voucher > 0);
+}
+
+#[tokio::test]
+async fn weak_secrets_stop_the_service_naming_their_variable() {
+    let base = settings(
+        "postgres://unused@127.0.0.1:1/none",
+        "redis://127.0.0.1:1",
+        "x:",
+    );
+    let long = "q8Zr4kWm2Tn6Yv1Xc5Bd9Hf3Lj7Pa0Se".to_owned();
+    type Set = fn(&mut seckill::config::Settings, String);
+    let cases: [(&str, Set); 3] = [
+        ("SECKILL_ADMIN_TOKEN", |s, v| s.admin_token = Some(v.into())),
+        ("SECKILL_TOKEN_SECRET", |s, v| {
+            s.token_secret = Some(v.into())
+        }),
+        ("SECKILL_PAYMENT_SECRET", |s, v| {
+            s.payment_secret = Some(v.into())
+        }),
+    ];
+    for (variable, set) in cases {
+        for weak in [
+            "change-me",
+            "secret",
+            "change-me-too-change-me-too-change-me",
+            &"a".repeat(40),
+        ] {
+            let mut settings = base.clone();
+            set(&mut settings, weak.to_owned());
+            let error = match Application::build(settings).await {
+                Ok(_) => panic!("{variable}={weak:?} was taken"),
+                Err(error) => error.to_string(),
+            };
+            assert!(error.contains(variable), "{variable}={weak:?}: {error}");
+        }
+        // A strong one passes the check (and the build goes on to fail on
+        // the unreachable Postgres, not on the secret).
+        let mut settings = base.clone();
+        settings.startup_wait = Duration::ZERO;
+        set(&mut settings, long.clone());
+        let error = match Application::build(settings).await {
+            Ok(_) => panic!("built without a Postgres"),
+            Err(error) => error.to_string(),
+        };
+        assert!(!error.contains(variable), "{variable}: {error}");
+    }
+}
+
+#[tokio::test]
+async fn metrics_on_their_own_address_leave_the_public_one() {
+    let db_app = spawn_app_with(|s| s).await;
+    let mut settings = db_app.settings();
+    settings.metrics_addr = Some("127.0.0.1:0".into());
+    let app = Application::build(settings).await.expect("the app builds");
+    let public = format!("http://{}", app.local_addr());
+    let metrics = format!(
+        "http://{}/metrics",
+        app.metrics_addr().expect("a metrics address")
+    );
+    tokio::spawn(app.run_until(std::future::pending()));
+    let page = db_app.client.get(&metrics).send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    let text = page.text().await.unwrap();
+    assert!(text.contains("seckill_rate_limited_total"), "{text}");
+    let hidden = db_app
+        .client
+        .get(format!("{public}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hidden.status(), StatusCode::NOT_FOUND);
+    let health = db_app
+        .client
+        .get(format!("{public}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+}
