@@ -15,7 +15,10 @@
 --            under way): the sale pauses rather than sell stock twice
 -- KEYS[2]    the buyers: a hash user id -> order id
 -- KEYS[3]    the stream of accepted orders
--- KEYS[3+i]  optional, for every purchase or none: the lookup hash of the
+-- KEYS[4]    the orders per user: a hash user id -> how many orders of the
+--            voucher Redis accepted for the user, ever (cancelled and
+--            expired ones count: the bound on units held for free)
+-- KEYS[4+i]  optional, for every purchase or none: the lookup hash of the
 --            i-th purchase's order (field order id -> "<voucher>:<user>:
 --            <now_ms>", for GET /orders/{id} while pending; one hash per
 --            hour in which ids were drawn, so the purchases of one call
@@ -24,8 +27,9 @@
 --            writes it)
 -- ARGV[1]    the voucher id (for the lookups)
 -- ARGV[2]    the lookup hashes' life in seconds after their last write
--- ARGV[2i+1] the i-th purchase's user id
--- ARGV[2i+2] the order id drawn for it (lua/order_id.lua)
+-- ARGV[3]    the voucher's max_orders_per_user
+-- ARGV[2i+2] the i-th purchase's user id
+-- ARGV[2i+3] the order id drawn for it (lua/order_id.lua)
 --
 -- Returns one answer per purchase, in order:
 --         {1, now_ms}       accepted: the order is in the stream
@@ -35,7 +39,9 @@
 --         {-4, order_id}    this user holds this order already (also when
 --                           an earlier purchase of the same call took it)
 --         {-5}              the sale is not loaded: answer 503
-local n = (#ARGV - 2) / 2
+--         {-6}              this user has max_orders_per_user orders of it
+local n = (#ARGV - 3) / 2
+local max_orders = tonumber(ARGV[3])
 local answers = {}
 local sale = redis.call('hmget', KEYS[1], 'stock', 'begin_ms', 'end_ms')
 local verdict, now
@@ -59,29 +65,35 @@ end
 
 local users = {}
 for i = 1, n do
-    users[i] = ARGV[2 * i + 1]
+    users[i] = ARGV[2 * i + 2]
 end
 local held = redis.call('hmget', KEYS[2], unpack(users))
+local counted = redis.call('hmget', KEYS[4], unpack(users))
+local added = {}
 local stock = tonumber(sale[1])
 local taken = {}
 local buyers = {}
-local lookups = #KEYS > 3
+local lookups = #KEYS > 4
 local lookup_fields = {}
 for i = 1, n do
-    local user, order = ARGV[2 * i + 1], ARGV[2 * i + 2]
+    local user, order = ARGV[2 * i + 2], ARGV[2 * i + 3]
     local had = held[i] or taken[user]
     if had then
         answers[i] = {-4, had}
+    elseif (tonumber(counted[i]) or 0) + (added[user] or 0) >= max_orders then
+        answers[i] = {-6}
     elseif stock <= 0 then
         answers[i] = {-3}
     else
         stock = stock - 1
         taken[user] = order
+        added[user] = (added[user] or 0) + 1
+        redis.call('hincrby', KEYS[4], user, 1)
         buyers[#buyers + 1] = user
         buyers[#buyers + 1] = order
         redis.call('xadd', KEYS[3], '*', 'order', order, 'user', user, 'at', now)
         if lookups then
-            local key = KEYS[3 + i]
+            local key = KEYS[4 + i]
             local fields = lookup_fields[key]
             if not fields then
                 fields = {}

@@ -10,7 +10,9 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::helpers::{answer, buy, settings, spawn_app_with, TestApp, PAYMENT_SECRET};
+use crate::helpers::{
+    answer, buy, send_purchase, settings, spawn_app_with, TestApp, PAYMENT_SECRET,
+};
 use seckill::startup::Application;
 
 /// An app whose limits trust 127.0.0.1 as a proxy: each test names its
@@ -223,6 +225,46 @@ async fn a_user_holds_at_most_max_orders_per_user_of_a_voucher() {
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "max {bad}");
     }
     app.check_invariants(voucher).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_sale_bounds_a_users_orders_as_a_sync_one_does() {
+    let app = spawn_app_with(|s| s).await;
+    let voucher = app
+        .open_voucher_with(
+            10,
+            json!({ "sale_mode": "async", "max_orders_per_user": 2 }),
+        )
+        .await;
+    let token = app.token(3).await;
+    let url = app.url(&format!("/seckill/{voucher}"));
+    for _ in 0..2 {
+        let accepted = send_purchase(&app.client, &url, &token).await;
+        assert_eq!(accepted.status, StatusCode::ACCEPTED, "{}", accepted.body);
+        let order_id = accepted.body["order_id"].as_str().unwrap().to_owned();
+        // Cancelled once stored (pending orders answer order_pending).
+        let url = app.url(&format!("/orders/{order_id}/cancel"));
+        let started = Instant::now();
+        loop {
+            let (status, body) = answer(app.client.post(&url).bearer_auth(&token)).await;
+            if status == StatusCode::OK {
+                break;
+            }
+            assert_eq!(body["error"], "order_pending", "{body}");
+            assert!(started.elapsed() < Duration::from_secs(20), "never stored");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let (status, code) = buy(&app.client, &app.base, &token, voucher).await;
+    assert_eq!(
+        (status, code.as_str()),
+        (StatusCode::CONFLICT, "too_many_orders")
+    );
+    let other = app.token(4).await;
+    assert_eq!(
+        buy(&app.client, &app.base, &other, voucher).await.0,
+        StatusCode::ACCEPTED
+    );
 }
 
 fn signed(body: &str) -> String {

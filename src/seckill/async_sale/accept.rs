@@ -37,6 +37,8 @@ pub(super) enum Verdict {
     Held(Option<OrderId>),
     /// The sale is not loaded in Redis (lost, or being reconciled).
     Paused,
+    /// The user has the voucher's max_orders_per_user orders of it.
+    TooMany,
 }
 
 /// A purchase waiting for its call.
@@ -56,6 +58,7 @@ impl AsyncSales {
     pub(super) async fn accept(
         &self,
         voucher_id: i64,
+        max_orders: i32,
         user_id: i64,
         order_id: OrderId,
     ) -> Result<Verdict> {
@@ -70,7 +73,9 @@ impl AsyncSales {
                     reply,
                 },
                 Some(self.inner.redis.timeout() * 2),
-                |arrivals, stop| accept_arrivals(self.clone(), voucher_id, arrivals, stop),
+                |arrivals, stop| {
+                    accept_arrivals(self.clone(), voucher_id, max_orders, arrivals, stop)
+                },
             )
             .await;
         match verdict {
@@ -89,6 +94,7 @@ impl AsyncSales {
     async fn call(
         &self,
         voucher_id: i64,
+        max_orders: i32,
         keys: &SaleKeys,
         batch: &[Request],
     ) -> Result<Vec<Verdict>> {
@@ -102,8 +108,10 @@ impl AsyncSales {
             .key(&keys.sale)
             .key(&keys.buyers)
             .key(&keys.orders)
+            .key(&keys.orders_per_user)
             .arg(voucher_id)
-            .arg(PENDING_TTL_SECS);
+            .arg(PENDING_TTL_SECS)
+            .arg(max_orders);
         for request in batch {
             if lookups_in_script {
                 invocation.key(self.pending_key(request.order_id));
@@ -126,6 +134,7 @@ impl AsyncSales {
 async fn accept_arrivals(
     sales: AsyncSales,
     voucher_id: i64,
+    max_orders: i32,
     arrivals: mpsc::UnboundedReceiver<Request>,
     stop: CancellationToken,
 ) {
@@ -143,7 +152,7 @@ async fn accept_arrivals(
             |request| !request.reply.is_closed(),
             |batch| async move {
                 metrics::histogram!("seckill_async_accept_batch_size").record(batch.len() as f64);
-                match sales.call(voucher_id, keys, &batch).await {
+                match sales.call(voucher_id, max_orders, keys, &batch).await {
                     Ok(verdicts) => {
                         for (request, verdict) in batch.into_iter().zip(verdicts) {
                             let _ = request.reply.send(Ok(verdict));
@@ -173,6 +182,7 @@ fn verdict(answer: &[String]) -> Result<Verdict> {
         (Some(-3), 1) => Verdict::SoldOut,
         (Some(-4), 2) => Verdict::Held(number(1).and_then(OrderId::from_stored)),
         (Some(-5), 1) => Verdict::Paused,
+        (Some(-6), 1) => Verdict::TooMany,
         _ => return Err(unexpected(answer)),
     })
 }
@@ -207,6 +217,7 @@ mod tests {
         );
         assert_eq!(answer(&["-4", "garbage"]).unwrap(), Verdict::Held(None));
         assert_eq!(answer(&["-5"]).unwrap(), Verdict::Paused);
+        assert_eq!(answer(&["-6"]).unwrap(), Verdict::TooMany);
         for odd in [
             &[][..],
             &["1"],

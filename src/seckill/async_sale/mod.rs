@@ -60,6 +60,10 @@ struct SaleKeys {
     unstored: String,
     /// The token of the reconciliation under way, if one is.
     reconciling: String,
+    /// Hash user id -> orders of the voucher Redis accepted for the user,
+    /// ever: the bound on units held for free. Not rebuilt by a
+    /// reconciliation; a Redis that lost it counts from 0 again.
+    orders_per_user: String,
     /// Set of the order ids whose units Redis's stock holds again (see
     /// `lua/async_return.lua`).
     returned: String,
@@ -150,6 +154,7 @@ impl AsyncSales {
             orders: format!("{base}:orders"),
             unstored: format!("{base}:unstored"),
             reconciling: format!("{base}:reconciling"),
+            orders_per_user: format!("{base}:orders_per_user"),
             returned: format!("{base}:returned"),
         }
     }
@@ -175,12 +180,18 @@ impl AsyncSales {
     pub(super) async fn purchase(&self, voucher: &Voucher, user_id: i64) -> Result<OrderId> {
         let inner = &self.inner;
         let order_id = inner.ids.next_id().await?;
-        let at_ms = match self.accept(voucher.id, user_id, order_id).await? {
+        let at_ms = match self
+            .accept(voucher.id, voucher.max_orders_per_user, user_id, order_id)
+            .await?
+        {
             Verdict::Accepted { at_ms } => at_ms,
             Verdict::NotStarted => return Err(SeckillError::NotStarted),
             Verdict::Ended => return Err(SeckillError::Ended),
             Verdict::SoldOut => return Err(SeckillError::SoldOut),
             Verdict::Held(order_id) => return Err(SeckillError::AlreadyPurchased { order_id }),
+            Verdict::TooMany => {
+                return Err(SeckillError::TooManyOrders(voucher.max_orders_per_user))
+            }
             Verdict::Paused => {
                 return Err(SeckillError::redis_unavailable(
                     "the sale is paused until Redis's side of it is reconciled",
