@@ -82,6 +82,19 @@ impl Application {
             tracing::warn!(%error, "cannot read Redis's clock yet; using this host's until it answers");
         }
 
+        // The user tokens' key, and the waiting-room tickets' derived from
+        // it: instances that share one accept each other's tickets.
+        let token_key: Vec<u8> = match settings.token_secret() {
+            Some(secret) => secret.as_bytes().to_vec(),
+            None => {
+                tracing::warn!(
+                    "SECKILL_TOKEN_SECRET is unset: this instance signs user tokens and queue tickets \
+                     with a random key of its own, so they fail on every other instance (behind a \
+                     balancer, a buyer's next request is 401) and all of them die when it restarts"
+                );
+                rand::random::<[u8; 32]>().to_vec()
+            }
+        };
         let seckill = Seckill::new(
             store,
             redis,
@@ -95,20 +108,11 @@ impl Application {
                 async_batch_max: usize::try_from(settings.async_batch_max).unwrap_or(1),
                 async_claim_idle: (settings.dependency_timeout * 3).max(Duration::from_secs(5)),
                 gate_wait: settings.dependency_timeout,
+                ticket_key: crate::seckill::ticket_key(&token_key),
             },
         );
         seckill.start_workers();
-        let tokens = match settings.token_secret() {
-            Some(secret) => TokenSigner::new(secret.as_bytes()),
-            None => {
-                tracing::warn!(
-                    "SECKILL_TOKEN_SECRET is unset: this instance signs user tokens with a random key of \
-                     its own, so its tokens fail on every other instance (behind a balancer, a buyer's \
-                     next request is 401) and all of them die when it restarts"
-                );
-                TokenSigner::random()
-            }
-        };
+        let tokens = TokenSigner::new(&token_key);
         let metrics_listener = match &settings.metrics_addr {
             Some(addr) => Some(bind(addr).await?),
             None => None,

@@ -41,11 +41,6 @@ impl TokenSigner {
         }
     }
 
-    /// A signer with a fresh random key: its tokens die with the process.
-    pub fn random() -> Self {
-        Self::new(rand::random::<[u8; 32]>())
-    }
-
     fn mac(&self, payload: &str) -> HmacSha256 {
         let mut mac = self.keyed.clone();
         mac.update(payload.as_bytes());

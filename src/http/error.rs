@@ -41,6 +41,7 @@ pub enum ErrorCode {
     AlreadyPaid,
     OrderExpired,
     OrderPending,
+    NotAdmitted,
     TooManyOrders,
     PaymentConflict,
     PurchaseInProgress,
@@ -96,6 +97,7 @@ impl ApiError {
             Self::Seckill(S::OrderExpired) => (StatusCode::CONFLICT, C::OrderExpired),
             Self::Seckill(S::OrderPending) => (StatusCode::CONFLICT, C::OrderPending),
             Self::Seckill(S::TooManyOrders(_)) => (StatusCode::CONFLICT, C::TooManyOrders),
+            Self::Seckill(S::NotAdmitted(_)) => (StatusCode::FORBIDDEN, C::NotAdmitted),
             Self::Seckill(S::PaymentConflict) => (StatusCode::CONFLICT, C::PaymentConflict),
             Self::Seckill(S::InProgress) => (StatusCode::TOO_MANY_REQUESTS, C::PurchaseInProgress),
             Self::Seckill(S::Unavailable { .. }) => {

@@ -2,7 +2,7 @@
 //! one's `#[utoipa::path]` is its entry in `/openapi.json` (see `openapi`).
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
@@ -11,6 +11,7 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{rfc3339, Admin, AppJson, Caller, NoBody, OrderIdPath, User, VoucherIdPath};
+use super::queue::QUEUE_TICKET;
 use super::AppState;
 use crate::seckill::{
     Order, OrderStatus, Purchase, SaleMode, Voucher, VoucherDraft, DEFAULT_MAX_ORDERS_PER_USER,
@@ -61,6 +62,19 @@ pub struct CreateVoucher {
     #[serde(default = "default_max_orders")]
     #[schema(minimum = 1, maximum = 1000, example = 3)]
     max_orders_per_user: i64,
+    /// A waiting room in front of the sale: a purchase then needs an
+    /// admitted `X-Queue-Ticket` (absent: no room).
+    #[serde(default)]
+    waiting_room: Option<WaitingRoom>,
+}
+
+/// A voucher's waiting room.
+#[derive(Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WaitingRoom {
+    /// Places admitted per second, across all instances together.
+    #[schema(minimum = 1, maximum = 100000, example = 50)]
+    admit_per_second: i64,
 }
 
 fn default_pay_within() -> i64 {
@@ -107,6 +121,7 @@ pub async fn create_voucher(
             price_cents: body.price_cents,
             pay_within_seconds: body.pay_within_seconds,
             max_orders_per_user: body.max_orders_per_user,
+            admit_per_second: body.waiting_room.map(|room| room.admit_per_second),
         })
         .await?;
     Ok((StatusCode::CREATED, Json(Created { id })))
@@ -131,9 +146,8 @@ pub struct VoucherBody {
     pay_within_seconds: i32,
     #[schema(minimum = 1, maximum = 1000)]
     max_orders_per_user: i32,
-    /// The voucher's waiting room: none on this version (always null).
-    #[schema(value_type = Option<Object>)]
-    waiting_room: Option<()>,
+    /// The voucher's waiting room; null when it has none.
+    waiting_room: Option<WaitingRoom>,
 }
 
 impl From<Voucher> for VoucherBody {
@@ -148,7 +162,9 @@ impl From<Voucher> for VoucherBody {
             price_cents: v.price_cents,
             pay_within_seconds: v.pay_within_seconds,
             max_orders_per_user: v.max_orders_per_user,
-            waiting_room: None,
+            waiting_room: v.admit_per_second.map(|rate| WaitingRoom {
+                admit_per_second: i64::from(rate),
+            }),
         }
     }
 }
@@ -358,7 +374,10 @@ pub struct Accepted {
     post,
     path = "/seckill/{voucher_id}",
     tag = "sale",
-    params(("voucher_id" = i64, Path, minimum = 1, description = "The voucher to buy one unit of")),
+    params(
+        ("voucher_id" = i64, Path, minimum = 1, description = "The voucher to buy one unit of"),
+        ("X-Queue-Ticket" = Option<String>, Header, description = "With a waiting room: the admitted ticket of this user and voucher"),
+    ),
     security(("user" = [])),
     responses(
         (status = 200, description = "The order is committed (sync sale)", body = Purchased),
@@ -366,6 +385,7 @@ pub struct Accepted {
         (status = 400, description = "bad_request: a malformed id, a body, several Authorization headers", body = ErrorBody),
         (status = 401, description = "unauthorized: a missing, malformed, forged or expired token", body = ErrorBody),
         (status = 404, description = "not_found: no such voucher", body = ErrorBody),
+        (status = 403, description = "not_admitted: the voucher has a waiting room and X-Queue-Ticket is missing, forged, another user's or voucher's, not admitted yet, or past admitted_until", body = ErrorBody),
         (status = 409, description = "not_started, ended, sold_out, already_purchased (with the user's order_id), or too_many_orders (the user has max_orders_per_user orders of this voucher)", body = ErrorBody),
         (status = 413, description = "payload_too_large", body = ErrorBody),
         (status = 429, description = "purchase_in_progress: another request of this user for this voucher is in flight; rate_limited: the user or the client address is over its limit (Retry-After is set)", body = ErrorBody),
@@ -376,22 +396,28 @@ pub async fn seckill(
     State(state): State<AppState>,
     User(user_id): User,
     VoucherIdPath(voucher_id): VoucherIdPath,
+    headers: HeaderMap,
     NoBody: NoBody,
 ) -> Result<Response, ApiError> {
-    Ok(match state.seckill.purchase(user_id, voucher_id).await? {
-        Purchase::Stored(order_id) => Json(Purchased {
-            order_id: order_id.to_string(),
-        })
-        .into_response(),
-        Purchase::Pending(order_id) => (
-            StatusCode::ACCEPTED,
-            Json(Accepted {
+    let ticket = headers
+        .get(QUEUE_TICKET)
+        .and_then(|value| value.to_str().ok());
+    Ok(
+        match state.seckill.purchase(user_id, voucher_id, ticket).await? {
+            Purchase::Stored(order_id) => Json(Purchased {
                 order_id: order_id.to_string(),
-                status: OrderStatus::Pending,
-            }),
-        )
+            })
             .into_response(),
-    })
+            Purchase::Pending(order_id) => (
+                StatusCode::ACCEPTED,
+                Json(Accepted {
+                    order_id: order_id.to_string(),
+                    status: OrderStatus::Pending,
+                }),
+            )
+                .into_response(),
+        },
+    )
 }
 
 /// An order.

@@ -10,6 +10,7 @@ pub mod limit;
 pub mod openapi;
 pub mod ops;
 mod payments;
+mod queue;
 mod screen;
 pub mod serve;
 
@@ -91,6 +92,7 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
         .route("/admin/vouchers/{id}/reconcile", post(handlers::reconcile))
         .route("/admin/tokens", post(handlers::mint_tokens))
         .route("/vouchers/{id}", get(handlers::get_voucher))
+        .route("/vouchers/{id}/queue", post(queue::join).get(queue::poll))
         .route("/seckill/{id}", post(handlers::seckill))
         .route("/orders/{id}", get(handlers::get_order))
         .route("/orders/{id}/cancel", post(payments::cancel_order))

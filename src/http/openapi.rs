@@ -15,7 +15,7 @@ use utoipa::{Modify, OpenApi};
 use utoipa_swagger_ui::Config;
 
 use super::error::ApiError;
-use super::{handlers, ops, payments};
+use super::{handlers, ops, payments, queue};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -29,6 +29,8 @@ use super::{handlers, ops, payments};
     paths(
         handlers::create_voucher,
         handlers::get_voucher,
+        queue::join,
+        queue::poll,
         handlers::restock,
         handlers::reconcile,
         handlers::mint_tokens,

@@ -57,6 +57,7 @@ const EVENT_COUNTERS: &[&str] = &[
     "seckill_async_units_returned_total",
     "seckill_cancels_total",
     "seckill_expirations_total",
+    "seckill_queue_admitted_total",
 ];
 
 fn register_counters() {
@@ -70,6 +71,10 @@ fn register_counters() {
         metrics::counter!("seckill_async_unstored_total", "reason" => reason).absolute(0);
     }
     super::limit::register_metrics();
+    for kind in ["join", "poll"] {
+        metrics::counter!("seckill_queue_requests_total", "kind" => kind).absolute(0);
+    }
+    metrics::gauge!("seckill_queue_waiting").set(0.0);
 }
 
 #[utoipa::path(

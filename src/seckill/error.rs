@@ -30,6 +30,10 @@ pub enum SeckillError {
     OrderExpired,
     #[error("the order is accepted and not stored yet; ask again in a moment")]
     OrderPending,
+    /// A purchase of a voucher with a waiting room without an admitted
+    /// ticket of this user and voucher.
+    #[error("{0}")]
+    NotAdmitted(&'static str),
     #[error("this payment_id was recorded for another order or amount")]
     PaymentConflict,
     #[error("this user has ordered this voucher as often as it allows ({0})")]
@@ -54,6 +58,7 @@ impl SeckillError {
             Self::AlreadyPurchased { .. } => "already_purchased",
             Self::InProgress => "purchase_in_progress",
             Self::TooManyOrders(_) => "too_many_orders",
+            Self::NotAdmitted(_) => "not_admitted",
             Self::AlreadyPaid | Self::OrderExpired | Self::OrderPending | Self::PaymentConflict => {
                 "error"
             }

@@ -33,6 +33,7 @@ mod error;
 mod gate;
 mod inflight;
 mod lifecycle;
+mod room;
 mod soldout;
 mod user_lock;
 pub(crate) mod workers;
@@ -42,6 +43,8 @@ use async_sale::{Pause, Reconciliation};
 pub use clock::SaleClock;
 pub use error::{Result, SeckillError};
 pub use lifecycle::PaymentAnswer;
+use room::Rooms;
+pub use room::{ticket_key, QueueState, QueueStatus, TicketKey, ADMISSION_WINDOW};
 use user_lock::Lockers;
 pub use user_lock::{lock_of, UserGuard, UserLocks};
 
@@ -75,6 +78,8 @@ pub const DEFAULT_PAY_WITHIN_SECONDS: i64 = 900;
 pub const DEFAULT_MAX_ORDERS_PER_USER: i64 = 3;
 /// Highest `max_orders_per_user`.
 pub const MAX_ORDERS_PER_USER: i32 = 1000;
+/// Fastest waiting room.
+pub const MAX_ADMIT_PER_SECOND: i32 = 100_000;
 /// The `outcome` labels of `seckill_purchases_total`: a purchase's result
 /// (`ordered`, `accepted`) or its error's `SeckillError::outcome`.
 const PURCHASE_OUTCOMES: &[&str] = &[
@@ -87,6 +92,7 @@ const PURCHASE_OUTCOMES: &[&str] = &[
     "already_purchased",
     "purchase_in_progress",
     "too_many_orders",
+    "not_admitted",
     "unavailable",
     "error",
 ];
@@ -122,6 +128,8 @@ pub struct SeckillSettings {
     /// Longest a purchase waits at the gate for the purchases ahead of it
     /// (see `gate`); then it goes on to its lock as if there were none.
     pub gate_wait: Duration,
+    /// The key that signs waiting-room tickets.
+    pub ticket_key: TicketKey,
 }
 
 /// A purchase that went through.
@@ -160,6 +168,8 @@ pub struct VoucherDraft {
     pub price_cents: i64,
     pub pay_within_seconds: i64,
     pub max_orders_per_user: i64,
+    /// The waiting room's pace; `None`: no room.
+    pub admit_per_second: Option<i64>,
 }
 
 /// Connection counts, for the metrics page.
@@ -213,6 +223,8 @@ struct Inner {
     readiness: tokio::sync::Mutex<Option<(Instant, Result<()>)>>,
     /// Purchases under way here, by user and voucher.
     in_flight: InFlight,
+    /// The vouchers' waiting rooms.
+    rooms: Rooms,
     flags: Arc<SoldOutFlags>,
     gates: Arc<Gates>,
     settings: SeckillSettings,
@@ -280,6 +292,11 @@ impl Seckill {
             background.clone(),
         );
         let lockers = Lockers::new(locks.clone(), settings.lock_lease, background.clone());
+        let rooms = Rooms::new(
+            redis.clone(),
+            settings.redis_prefix.clone(),
+            &settings.ticket_key,
+        );
         Self {
             inner: Arc::new(Inner {
                 locks,
@@ -296,6 +313,7 @@ impl Seckill {
                 stock_seen,
                 readiness: tokio::sync::Mutex::new(None),
                 in_flight: InFlight::default(),
+                rooms,
                 settings,
                 purchases: AtomicU64::new(0),
                 returns_queued: tokio::sync::Notify::new(),
@@ -342,8 +360,14 @@ impl Seckill {
         self.inner.locks.shutdown(timeout).await
     }
 
-    /// Buys one unit of `voucher_id` for `user_id`.
-    pub async fn purchase(&self, user_id: i64, voucher_id: i64) -> Result<Purchase> {
+    /// Buys one unit of `voucher_id` for `user_id`; a voucher with a
+    /// waiting room needs `ticket`, admitted.
+    pub async fn purchase(
+        &self,
+        user_id: i64,
+        voucher_id: i64,
+        ticket: Option<&str>,
+    ) -> Result<Purchase> {
         let result = async {
             // Held until this purchase ends: the user's duplicates are
             // refused here, before any Redis or Postgres work.
@@ -351,6 +375,12 @@ impl Seckill {
                 return Err(SeckillError::InProgress);
             };
             let voucher = self.sale_window(voucher_id).await?;
+            if voucher.admit_per_second.is_some() {
+                let now = self.inner.clock.now();
+                self.inner
+                    .rooms
+                    .check_admitted(voucher_id, user_id, ticket, now)?;
+            }
             match voucher.sale_mode {
                 SaleMode::Sync => self
                     .try_purchase(user_id, voucher)
@@ -533,6 +563,19 @@ impl Seckill {
                     "max_orders_per_user must be between 1 and {MAX_ORDERS_PER_USER}"
                 ))
             })?;
+        let admit_per_second = draft
+            .admit_per_second
+            .map(|rate| {
+                i32::try_from(rate)
+                    .ok()
+                    .filter(|r| (1..=MAX_ADMIT_PER_SECOND).contains(r))
+                    .ok_or_else(|| {
+                        SeckillError::Invalid(format!(
+                            "waiting_room.admit_per_second must be between 1 and {MAX_ADMIT_PER_SECOND}"
+                        ))
+                    })
+            })
+            .transpose()?;
         let begin_time = storable_time("begin_time", draft.begin_time)?;
         let end_time = storable_time("end_time", draft.end_time)?;
         if end_time <= begin_time {
@@ -552,6 +595,7 @@ impl Seckill {
                 price_cents: draft.price_cents,
                 pay_within_seconds,
                 max_orders_per_user,
+                admit_per_second,
             })
             .await?;
         // Someone may have asked for the next id before it existed.

@@ -33,7 +33,7 @@ pub use states::{OrderStatus, SaleMode, UnknownState};
 macro_rules! voucher_columns {
     () => {
         "v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time, s.sale_mode,
-         s.price_cents, s.pay_within_seconds, s.returned, s.max_orders_per_user"
+         s.price_cents, s.pay_within_seconds, s.returned, s.max_orders_per_user, s.admit_per_second"
     };
 }
 pub(crate) use voucher_columns;
@@ -123,6 +123,8 @@ pub struct Voucher {
     pub returned: i64,
     /// Most orders (live, cancelled or expired) one user may have of it.
     pub max_orders_per_user: i32,
+    /// Its waiting room's pace, if it has one.
+    pub admit_per_second: Option<i32>,
 }
 
 impl Voucher {
@@ -143,6 +145,7 @@ pub struct NewVoucher {
     pub price_cents: i64,
     pub pay_within_seconds: i32,
     pub max_orders_per_user: i32,
+    pub admit_per_second: Option<i32>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -350,8 +353,8 @@ impl Store {
                         "WITH v AS (INSERT INTO vouchers (title) VALUES ($1) RETURNING id)
              INSERT INTO seckill_vouchers (voucher_id, initial_stock, stock, begin_time, end_time,
                                            sale_mode, price_cents, pay_within_seconds,
-                                           max_orders_per_user)
-             SELECT id, $2, $2, $3, $4, $5, $6, $7, $8 FROM v
+                                           max_orders_per_user, admit_per_second)
+             SELECT id, $2, $2, $3, $4, $5, $6, $7, $8, $9 FROM v
              RETURNING voucher_id",
                     )
                     .bind(title)
@@ -362,6 +365,7 @@ impl Store {
                     .bind(new.price_cents)
                     .bind(new.pay_within_seconds)
                     .bind(new.max_orders_per_user)
+                    .bind(new.admit_per_second)
                     .persistent(persistent)
                     .fetch_one(c),
                 )

@@ -21,6 +21,7 @@ mod pooler;
 mod proxy;
 mod purchase;
 mod redlock;
+mod room;
 mod sentinel;
 mod streams;
 mod validation;

@@ -146,6 +146,12 @@ impl AsyncSales {
         }
     }
 
+    /// The hash of an async sale's stock in Redis (the waiting room reads
+    /// it to know the sale sold out).
+    pub(super) fn sale_key(&self, voucher_id: i64) -> String {
+        self.keys(voucher_id).sale
+    }
+
     fn keys(&self, voucher_id: i64) -> SaleKeys {
         let base = format!("{}async:{{{voucher_id}}}", self.inner.prefix);
         SaleKeys {

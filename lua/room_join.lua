@@ -1,0 +1,120 @@
+-- A user's place in a voucher's waiting room, and the room's serving
+-- counter, in one step: joins the user if they are not in the room yet
+-- (once: joining again finds the same place), moves the counter on by the
+-- time passed at the room's pace, and says whether the user is admitted.
+--
+-- Before the sale begins (Redis's clock) joiners go into the pre-queue
+-- with a random draw made by the service; nobody has a place yet. From the
+-- start, a pre-queue joiner's place is the rank of their draw (so arriving
+-- early or fast buys nothing), and a later joiner's is the pre-queue's size
+-- plus their order of arrival. The pre-queue stops growing at the start,
+-- so every instance computes the same places.
+--
+-- The counter ("serving": places up to it are admitted) advances by
+-- admit_per_second for the time since it last moved, never past the places
+-- handed out (an empty room does not bank admissions for a later crowd),
+-- and not at all while the voucher is sold out: then it only keeps the
+-- time, so that admission resumes, without a burst, when units come back.
+--
+-- All keys carry the voucher's hash tag (one cluster slot).
+--
+-- KEYS[1]  the room: a hash {serving, last_ms, late}
+-- KEYS[2]  the pre-queue: a sorted set user -> draw
+-- KEYS[3]  later joiners: a hash user -> order of arrival (1, 2, ...)
+-- KEYS[4]  admissions: a hash user -> when Redis's clock first saw the
+--          user admitted (ms)
+-- KEYS[5]  optional: an async sale's hash {stock, ...}; sold out when its
+--          stock is 0
+-- ARGV[1]  the user id
+-- ARGV[2]  the user's draw, should they join the pre-queue (a random
+--          integer below 2^52)
+-- ARGV[3]  the sale's begin time (ms)
+-- ARGV[4]  admit_per_second
+-- ARGV[5]  1 when the service knows the voucher sold out, else 0
+-- ARGV[6]  the keys' life in seconds (past the sale's end)
+--
+-- Returns {place, serving, admitted_ms, now_ms, placed, sold_out}: place
+--         -1 before the start (in the pre-queue, not placed yet);
+--         admitted_ms 0 unless admitted; placed = places handed out so
+--         far; sold_out 1 or 0
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local user = ARGV[1]
+local begin = tonumber(ARGV[3])
+local rate = tonumber(ARGV[4])
+local life = ARGV[6]
+
+local function keep(key)
+    redis.call('expire', key, life)
+end
+
+local drawn = redis.call('zscore', KEYS[2], user)
+if now < begin then
+    if not drawn then
+        redis.call('zadd', KEYS[2], 'NX', ARGV[2], user)
+        keep(KEYS[2])
+    end
+    return {-1, 0, 0, now, 0, 0}
+end
+
+local sold_out = ARGV[5] == '1'
+if KEYS[5] then
+    local stock = tonumber(redis.call('hget', KEYS[5], 'stock'))
+    if stock and stock <= 0 then
+        sold_out = true
+    end
+end
+
+local state = redis.call('hmget', KEYS[1], 'serving', 'last_ms', 'late')
+local serving = tonumber(state[1]) or 0
+local last = tonumber(state[2]) or begin
+local late = tonumber(state[3]) or 0
+local early = redis.call('zcard', KEYS[2])
+local placed = early + late
+
+if sold_out or serving >= placed then
+    -- Nothing to admit: the clock moves, the counter does not.
+    last = now
+else
+    local steps = math.floor((now - last) * rate / 1000)
+    if steps > 0 then
+        serving = math.min(serving + steps, placed)
+        if serving >= placed then
+            last = now
+        else
+            last = last + math.floor(steps * 1000 / rate)
+        end
+    end
+end
+
+local place
+if drawn then
+    place = redis.call('zrank', KEYS[2], user) + 1
+else
+    local seq = tonumber(redis.call('hget', KEYS[3], user))
+    if not seq then
+        late = late + 1
+        seq = late
+        redis.call('hset', KEYS[3], user, seq)
+        keep(KEYS[3])
+        placed = placed + 1
+    end
+    place = early + seq
+end
+redis.call('hset', KEYS[1], 'serving', serving, 'last_ms', last, 'late', late)
+keep(KEYS[1])
+
+local admitted = 0
+if place <= serving then
+    admitted = tonumber(redis.call('hget', KEYS[4], user))
+    if not admitted then
+        admitted = now
+        redis.call('hset', KEYS[4], user, now)
+        keep(KEYS[4])
+    end
+end
+local out = 0
+if sold_out then
+    out = 1
+end
+return {place, serving, admitted, now, placed, out}

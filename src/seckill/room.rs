@@ -1,0 +1,433 @@
+//! The waiting room: a fair queue in front of a voucher's sale, admitted at
+//! the pace the sale can serve, the same on every instance.
+//!
+//! The room lives in Redis (`lua/room_join.lua`: the pre-queue, the later
+//! joiners, the serving counter, the admissions), one round trip per join
+//! or poll. What the client holds is a ticket signed by the service (user,
+//! voucher, admitted until, expiry), which a purchase checks locally: no
+//! Redis, no Postgres, to tell an admitted buyer from anyone else.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use hmac::{Hmac, Mac};
+use redis::Script;
+use secrecy::{ExposeSecret, SecretBox};
+use sha2::Sha256;
+
+use super::error::{Result, SeckillError};
+use crate::id::parse_positive;
+use crate::kv::Kv;
+use crate::store::Voucher;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// How long an admission lets its user buy, from when Redis's clock first
+/// saw the user's place served.
+pub const ADMISSION_WINDOW: Duration = Duration::from_secs(60);
+/// The room's keys outlive the sale by this much (late polls find it).
+const KEEP_AFTER_END: Duration = Duration::from_secs(86_400);
+/// Longest a waiting client is told to wait before its next poll.
+const MAX_POLL_EVERY: u64 = 30;
+/// A sold-out room is asked again after this long: units may come back.
+const SOLD_OUT_POLL_EVERY: u64 = 10;
+
+const TICKET_VERSION: &str = "t1";
+
+/// Where a user stands in a room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueStatus {
+    Waiting,
+    Admitted,
+    SoldOut,
+}
+
+/// What a joining or polling client is told.
+#[derive(Debug, Clone)]
+pub struct QueueState {
+    /// Signed: user, voucher, admitted until (if admitted), expiry.
+    pub ticket: String,
+    pub status: QueueStatus,
+    /// `None` until placed (the pre-queue is placed at the start).
+    pub place: Option<i64>,
+    /// Places up to this one are admitted.
+    pub serving: i64,
+    /// Places handed out so far (0 before the start).
+    pub placed: i64,
+    /// People ahead of this place still waiting.
+    pub ahead: Option<i64>,
+    /// Seconds until this place is served, at the room's pace.
+    pub estimate_seconds: Option<i64>,
+    pub admitted_until: Option<DateTime<Utc>>,
+    /// When to poll again.
+    pub retry_after_seconds: u64,
+}
+
+/// A ticket as signed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ticket {
+    voucher_id: i64,
+    user_id: i64,
+    /// Unix ms; 0 while waiting.
+    admitted_until_ms: i64,
+    expires_unix: i64,
+}
+
+/// The rooms of this instance's vouchers.
+pub(super) struct Rooms {
+    redis: Kv,
+    prefix: String,
+    join: Script,
+    keyed: HmacSha256,
+    /// The last count of waiting places seen per voucher, for the gauge.
+    waiting: Mutex<HashMap<i64, i64>>,
+}
+
+/// The key that signs tickets, kept unprintable.
+pub type TicketKey = Arc<SecretBox<[u8; 32]>>;
+
+/// A ticket key derived from the key that signs user tokens: instances
+/// that share that key accept each other's tickets.
+pub fn ticket_key(token_secret: &[u8]) -> TicketKey {
+    let mut mac = HmacSha256::new_from_slice(token_secret).expect("HMAC takes any key length");
+    mac.update(b"seckill waiting-room tickets");
+    Arc::new(SecretBox::new(Box::new(mac.finalize().into_bytes().into())))
+}
+
+impl Rooms {
+    pub(super) fn new(redis: Kv, prefix: String, key: &TicketKey) -> Self {
+        Self {
+            redis,
+            prefix,
+            join: Script::new(include_str!("../../lua/room_join.lua")),
+            keyed: HmacSha256::new_from_slice(key.expose_secret())
+                .expect("HMAC takes any key length"),
+            waiting: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn key(&self, voucher_id: i64, part: &str) -> String {
+        format!("{}room:{{{voucher_id}}}:{part}", self.prefix)
+    }
+
+    /// Joins `user_id` to `voucher`'s room (or finds their place), moving
+    /// the serving counter on. `async_sale` is an async sale's stock hash,
+    /// which tells the script when it sold out; `sold_out` is what this
+    /// instance knows of a sync sale.
+    pub(super) async fn join(
+        &self,
+        voucher: &Voucher,
+        rate: i32,
+        user_id: i64,
+        sold_out: bool,
+        async_sale: Option<String>,
+    ) -> Result<QueueState> {
+        let life = (voucher.end_time - Utc::now())
+            .to_std()
+            .unwrap_or_default()
+            .saturating_add(KEEP_AFTER_END);
+        let mut invocation = self.join.prepare_invoke();
+        invocation
+            .key(self.key(voucher.id, "state"))
+            .key(self.key(voucher.id, "pre"))
+            .key(self.key(voucher.id, "late"))
+            .key(self.key(voucher.id, "admitted"));
+        if let Some(sale) = async_sale {
+            invocation.key(sale);
+        }
+        // A draw no client can predict, made here and kept in Redis, so
+        // that every instance reads the same one.
+        let draw = rand::random::<u64>() >> 12;
+        invocation
+            .arg(user_id)
+            .arg(draw)
+            .arg(voucher.begin_time.timestamp_millis())
+            .arg(rate)
+            .arg(u8::from(sold_out))
+            .arg(life.as_secs().max(1));
+        let answer: Vec<i64> = self.redis.invoke(&invocation).await?;
+        let [place, serving, admitted_ms, now_ms, placed, out] = answer[..] else {
+            return Err(SeckillError::Internal(format!(
+                "unexpected answer of the room script: {answer:?}"
+            )));
+        };
+        if admitted_ms != 0 && admitted_ms == now_ms {
+            metrics::counter!("seckill_queue_admitted_total").increment(1);
+        }
+        if place > 0 {
+            let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            waiting.insert(voucher.id, (placed - serving).max(0));
+            metrics::gauge!("seckill_queue_waiting").set(waiting.values().sum::<i64>() as f64);
+        }
+        Ok(self.state(
+            voucher,
+            rate,
+            user_id,
+            Placing {
+                place,
+                serving,
+                admitted_ms,
+                now_ms,
+                placed,
+                sold_out: out == 1,
+            },
+        ))
+    }
+
+    /// What the client is told, and its ticket.
+    fn state(&self, voucher: &Voucher, rate: i32, user_id: i64, p: Placing) -> QueueState {
+        let rate = i64::from(rate.max(1));
+        let window = i64::try_from(ADMISSION_WINDOW.as_millis()).unwrap_or(i64::MAX);
+        let admitted_until_ms = (p.admitted_ms > 0).then(|| p.admitted_ms + window);
+        let place = (p.place > 0).then_some(p.place);
+        let ahead = place.map(|place| (place - p.serving - 1).max(0));
+        let status = match admitted_until_ms {
+            _ if p.sold_out => QueueStatus::SoldOut,
+            Some(_) => QueueStatus::Admitted,
+            None => QueueStatus::Waiting,
+        };
+        let estimate_seconds = match (status, place) {
+            (QueueStatus::Waiting, Some(place)) => Some((place - p.serving + rate - 1) / rate),
+            _ => None,
+        };
+        let retry_after_seconds = match (status, estimate_seconds) {
+            (QueueStatus::SoldOut, _) => SOLD_OUT_POLL_EVERY,
+            (QueueStatus::Admitted, _) => 1,
+            // Placed: half the wait, so that polls thin out with distance
+            // from the front.
+            (QueueStatus::Waiting, Some(estimate)) => u64::try_from(estimate / 2)
+                .unwrap_or(0)
+                .clamp(1, MAX_POLL_EVERY),
+            // In the pre-queue: at the start, spread over two seconds so
+            // that the whole room does not poll in the same millisecond.
+            (QueueStatus::Waiting, None) => {
+                let until = (voucher.begin_time.timestamp_millis() - p.now_ms).max(0) / 1000;
+                u64::try_from(until).unwrap_or(0) + 1 + rand::random::<u64>() % 2
+            }
+        };
+        let expires = match admitted_until_ms {
+            Some(until) if status == QueueStatus::Admitted => until / 1000,
+            _ => voucher.end_time.timestamp(),
+        };
+        let ticket = self.sign(&Ticket {
+            voucher_id: voucher.id,
+            user_id,
+            admitted_until_ms: if status == QueueStatus::Admitted {
+                admitted_until_ms.unwrap_or(0)
+            } else {
+                0
+            },
+            expires_unix: expires,
+        });
+        QueueState {
+            ticket,
+            status,
+            place,
+            serving: p.serving,
+            placed: p.placed,
+            ahead,
+            estimate_seconds,
+            admitted_until: admitted_until_ms.and_then(DateTime::from_timestamp_millis),
+            retry_after_seconds,
+        }
+    }
+
+    fn mac(&self, payload: &str) -> HmacSha256 {
+        let mut mac = self.keyed.clone();
+        mac.update(payload.as_bytes());
+        mac
+    }
+
+    fn sign(&self, t: &Ticket) -> String {
+        let payload = format!(
+            "{TICKET_VERSION}.{}.{}.{}.{}",
+            t.voucher_id, t.user_id, t.admitted_until_ms, t.expires_unix
+        );
+        let signature = URL_SAFE_NO_PAD.encode(self.mac(&payload).finalize().into_bytes());
+        format!("{payload}.{signature}")
+    }
+
+    /// The ticket's contents, if this service signed it.
+    fn verify(&self, ticket: &str) -> Option<Ticket> {
+        let (payload, signature) = ticket.rsplit_once('.')?;
+        let mut parts = payload.split('.');
+        let (Some(TICKET_VERSION), Some(v), Some(u), Some(a), Some(e), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
+            return None;
+        };
+        let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
+        self.mac(payload).verify_slice(&signature).ok()?;
+        Some(Ticket {
+            voucher_id: parse_positive(v)?,
+            user_id: parse_positive(u)?,
+            admitted_until_ms: if a == "0" { 0 } else { parse_positive(a)? },
+            expires_unix: parse_positive(e)?,
+        })
+    }
+
+    /// Checks that `ticket` is this user's for this voucher, before a poll.
+    pub(super) fn check_own(&self, voucher_id: i64, user_id: i64, ticket: &str) -> Result<()> {
+        match self.verify(ticket) {
+            Some(t) if t.voucher_id == voucher_id && t.user_id == user_id => Ok(()),
+            _ => Err(SeckillError::Invalid(
+                "X-Queue-Ticket is not a ticket of this user for this voucher".into(),
+            )),
+        }
+    }
+
+    /// Whether `ticket` admits `user_id` to buy `voucher_id` at `now` (the
+    /// sale's clock): signed here, theirs, admitted, within its window.
+    pub(super) fn check_admitted(
+        &self,
+        voucher_id: i64,
+        user_id: i64,
+        ticket: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let refuse = |why: &'static str| Err(SeckillError::NotAdmitted(why));
+        let Some(ticket) = ticket else {
+            return refuse(
+                "this sale has a waiting room: join it and buy with the X-Queue-Ticket it admits",
+            );
+        };
+        let Some(t) = self.verify(ticket) else {
+            return refuse("the X-Queue-Ticket is not one this service signed");
+        };
+        if t.voucher_id != voucher_id || t.user_id != user_id {
+            return refuse("the X-Queue-Ticket is another user's or another voucher's");
+        }
+        if t.admitted_until_ms == 0 {
+            return refuse("the X-Queue-Ticket is not admitted yet: poll the queue");
+        }
+        if now.timestamp_millis() >= t.admitted_until_ms {
+            return refuse("the X-Queue-Ticket's admission has passed");
+        }
+        Ok(())
+    }
+}
+
+/// The room script's answer.
+struct Placing {
+    place: i64,
+    serving: i64,
+    admitted_ms: i64,
+    now_ms: i64,
+    placed: i64,
+    sold_out: bool,
+}
+
+impl super::Seckill {
+    /// Joins `user_id` to the waiting room of `voucher_id`, or tells them
+    /// their place if they are in it already: one place per user, however
+    /// many requests.
+    pub async fn join_queue(&self, user_id: i64, voucher_id: i64) -> Result<QueueState> {
+        metrics::counter!("seckill_queue_requests_total", "kind" => "join").increment(1);
+        self.queue(user_id, voucher_id).await
+    }
+
+    /// Where the holder of `ticket` (their own, for this voucher) stands.
+    pub async fn poll_queue(
+        &self,
+        user_id: i64,
+        voucher_id: i64,
+        ticket: &str,
+    ) -> Result<QueueState> {
+        metrics::counter!("seckill_queue_requests_total", "kind" => "poll").increment(1);
+        self.inner.rooms.check_own(voucher_id, user_id, ticket)?;
+        // A poll joins too: a Redis that lost the room places the ticket's
+        // holder again rather than forget them.
+        self.queue(user_id, voucher_id).await
+    }
+
+    async fn queue(&self, user_id: i64, voucher_id: i64) -> Result<QueueState> {
+        let voucher = self.sale_window(voucher_id).await?;
+        let Some(rate) = voucher.admit_per_second else {
+            return Err(SeckillError::NotFound("waiting room"));
+        };
+        let (sold_out, async_sale) = match voucher.sale_mode {
+            crate::store::SaleMode::Sync => (self.inner.flags.is_sold_out(&voucher).await?, None),
+            crate::store::SaleMode::Async => {
+                (false, Some(self.inner.async_sales.sale_key(voucher_id)))
+            }
+        };
+        self.inner
+            .rooms
+            .join(&voucher, rate, user_id, sold_out, async_sale)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rooms() -> Rooms {
+        let kv = Kv::new(
+            redis::Client::open("redis://127.0.0.1:1").unwrap(),
+            Duration::from_secs(1),
+        );
+        Rooms::new(
+            kv,
+            String::new(),
+            &ticket_key(b"a key for the tests of the room"),
+        )
+    }
+
+    #[tokio::test]
+    async fn only_an_admitted_ticket_of_this_user_and_voucher_in_its_window_buys() {
+        let rooms = rooms();
+        let now = Utc::now();
+        let until = now.timestamp_millis() + 5_000;
+        let admitted = rooms.sign(&Ticket {
+            voucher_id: 3,
+            user_id: 7,
+            admitted_until_ms: until,
+            expires_unix: until / 1000,
+        });
+        assert!(rooms.check_admitted(3, 7, Some(&admitted), now).is_ok());
+        let later = now + chrono::Duration::seconds(6);
+        for (voucher, user, ticket, at) in [
+            (3, 8, Some(admitted.as_str()), now),
+            (4, 7, Some(admitted.as_str()), now),
+            (3, 7, Some(admitted.as_str()), later),
+            (3, 7, None, now),
+        ] {
+            assert!(matches!(
+                rooms.check_admitted(voucher, user, ticket, at),
+                Err(SeckillError::NotAdmitted(_))
+            ));
+        }
+        let waiting = rooms.sign(&Ticket {
+            voucher_id: 3,
+            user_id: 7,
+            admitted_until_ms: 0,
+            expires_unix: until / 1000,
+        });
+        assert!(rooms.check_admitted(3, 7, Some(&waiting), now).is_err());
+        assert!(rooms.check_own(3, 7, &waiting).is_ok());
+        // A forged one: the admission raised by hand.
+        let forged = waiting.replacen(".0.", &format!(".{until}."), 1);
+        assert!(rooms.check_admitted(3, 7, Some(&forged), now).is_err());
+        assert!(rooms.check_own(3, 7, &forged).is_err());
+        // Another key's ticket.
+        let other = Rooms::new(
+            Kv::new(
+                redis::Client::open("redis://127.0.0.1:1").unwrap(),
+                Duration::from_secs(1),
+            ),
+            String::new(),
+            &ticket_key(b"another key"),
+        );
+        assert!(other.check_admitted(3, 7, Some(&admitted), now).is_err());
+    }
+}
