@@ -111,6 +111,7 @@ async fn demo(app: &Application) -> Result<(), Box<dyn std::error::Error>> {
             pay_within_seconds: crate::seckill::DEFAULT_PAY_WITHIN_SECONDS,
             max_orders_per_user: crate::seckill::DEFAULT_MAX_ORDERS_PER_USER,
             admit_per_second: None,
+            queue_proof_bits: 0,
         })
         .await?;
     let user_id = 1;

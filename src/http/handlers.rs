@@ -75,6 +75,11 @@ pub struct WaitingRoom {
     /// Places admitted per second, across all instances together.
     #[schema(minimum = 1, maximum = 100000, example = 50)]
     admit_per_second: i64,
+    /// Proof of work a join asks for: zero bits of SHA-256 (0, the
+    /// default: none). See `X-Queue-Proof`.
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 32, example = 0)]
+    proof_of_work_bits: i64,
 }
 
 fn default_pay_within() -> i64 {
@@ -121,7 +126,11 @@ pub async fn create_voucher(
             price_cents: body.price_cents,
             pay_within_seconds: body.pay_within_seconds,
             max_orders_per_user: body.max_orders_per_user,
-            admit_per_second: body.waiting_room.map(|room| room.admit_per_second),
+            admit_per_second: body.waiting_room.as_ref().map(|room| room.admit_per_second),
+            queue_proof_bits: body
+                .waiting_room
+                .as_ref()
+                .map_or(0, |room| room.proof_of_work_bits),
         })
         .await?;
     Ok((StatusCode::CREATED, Json(Created { id })))
@@ -164,6 +173,7 @@ impl From<Voucher> for VoucherBody {
             max_orders_per_user: v.max_orders_per_user,
             waiting_room: v.admit_per_second.map(|rate| WaitingRoom {
                 admit_per_second: i64::from(rate),
+                proof_of_work_bits: i64::from(v.queue_proof_bits),
             }),
         }
     }

@@ -58,6 +58,7 @@ const EVENT_COUNTERS: &[&str] = &[
     "seckill_cancels_total",
     "seckill_expirations_total",
     "seckill_queue_admitted_total",
+    "seckill_queue_admissions_used_total",
 ];
 
 fn register_counters() {

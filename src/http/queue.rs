@@ -16,6 +16,8 @@ use crate::seckill::{QueueState, QueueStatus};
 
 /// The header that carries a queue ticket, to polls and purchases.
 pub const QUEUE_TICKET: &str = "x-queue-ticket";
+/// The header that carries a join's proof of work, where the room asks.
+const QUEUE_PROOF: &str = "x-queue-proof";
 
 /// Where a user stands in a voucher's waiting room.
 #[derive(Serialize, ToSchema)]
@@ -77,11 +79,14 @@ fn queue_answer(status: StatusCode, state: QueueState) -> Response {
     post,
     path = "/vouchers/{id}/queue",
     tag = "sale",
-    params(("id" = i64, Path, minimum = 1, description = "The voucher")),
+    params(
+        ("id" = i64, Path, minimum = 1, description = "The voucher"),
+        ("X-Queue-Proof" = Option<String>, Header, description = "Where the room asks for proof of work (waiting_room.proof_of_work_bits > 0): a nonce of at most 64 characters such that SHA-256 of \"seckill-queue:<voucher>:<user>:<nonce>\" starts with that many zero bits"),
+    ),
     security(("user" = [])),
     responses(
         (status = 202, description = "In the room (joined now, or the user's place already); Retry-After says when to poll", body = QueueBody),
-        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 400, description = "bad_request: a body, or a missing or wrong proof of work where the room asks for one", body = ErrorBody),
         (status = 401, description = "unauthorized", body = ErrorBody),
         (status = 404, description = "not_found: no such voucher, or it has no waiting room", body = ErrorBody),
         (status = 413, description = "payload_too_large", body = ErrorBody),
@@ -93,9 +98,13 @@ pub async fn join(
     State(state): State<AppState>,
     User(user_id): User,
     VoucherIdPath(voucher_id): VoucherIdPath,
+    headers: HeaderMap,
     NoBody: NoBody,
 ) -> Result<Response, ApiError> {
-    let queued = state.seckill.join_queue(user_id, voucher_id).await?;
+    let proof = headers
+        .get(QUEUE_PROOF)
+        .and_then(|value| value.to_str().ok());
+    let queued = state.seckill.join_queue(user_id, voucher_id, proof).await?;
     Ok(queue_answer(StatusCode::ACCEPTED, queued))
 }
 

@@ -44,7 +44,9 @@ pub use clock::SaleClock;
 pub use error::{Result, SeckillError};
 pub use lifecycle::PaymentAnswer;
 use room::Rooms;
-pub use room::{ticket_key, QueueState, QueueStatus, TicketKey, ADMISSION_WINDOW};
+pub use room::{
+    challenge, proof_holds, ticket_key, QueueState, QueueStatus, TicketKey, ADMISSION_WINDOW,
+};
 use user_lock::Lockers;
 pub use user_lock::{lock_of, UserGuard, UserLocks};
 
@@ -80,6 +82,9 @@ pub const DEFAULT_MAX_ORDERS_PER_USER: i64 = 3;
 pub const MAX_ORDERS_PER_USER: i32 = 1000;
 /// Fastest waiting room.
 pub const MAX_ADMIT_PER_SECOND: i32 = 100_000;
+/// Most zero bits of proof of work a room may ask for (2^32 hashes: about
+/// an hour of one core).
+pub const MAX_PROOF_BITS: i16 = 32;
 /// The `outcome` labels of `seckill_purchases_total`: a purchase's result
 /// (`ordered`, `accepted`) or its error's `SeckillError::outcome`.
 const PURCHASE_OUTCOMES: &[&str] = &[
@@ -170,6 +175,8 @@ pub struct VoucherDraft {
     pub max_orders_per_user: i64,
     /// The waiting room's pace; `None`: no room.
     pub admit_per_second: Option<i64>,
+    /// Proof of work a join of the room asks for, in zero bits (0: none).
+    pub queue_proof_bits: i64,
 }
 
 /// Connection counts, for the metrics page.
@@ -375,13 +382,14 @@ impl Seckill {
                 return Err(SeckillError::InProgress);
             };
             let voucher = self.sale_window(voucher_id).await?;
-            if voucher.admit_per_second.is_some() {
+            let roomed = voucher.admit_per_second.is_some();
+            if roomed {
                 let now = self.inner.clock.now();
                 self.inner
                     .rooms
                     .check_admitted(voucher_id, user_id, ticket, now)?;
             }
-            match voucher.sale_mode {
+            let bought = match voucher.sale_mode {
                 SaleMode::Sync => self
                     .try_purchase(user_id, voucher)
                     .await
@@ -392,7 +400,11 @@ impl Seckill {
                     .purchase(&voucher, user_id)
                     .await
                     .map(Purchase::Pending),
+            };
+            if roomed && bought.is_ok() {
+                metrics::counter!("seckill_queue_admissions_used_total").increment(1);
             }
+            bought
         }
         .await;
         let outcome = match &result {
@@ -576,6 +588,19 @@ impl Seckill {
                     })
             })
             .transpose()?;
+        let queue_proof_bits = i16::try_from(draft.queue_proof_bits)
+            .ok()
+            .filter(|bits| (0..=MAX_PROOF_BITS).contains(bits))
+            .ok_or_else(|| {
+                SeckillError::Invalid(format!(
+                    "waiting_room.proof_of_work_bits must be between 0 and {MAX_PROOF_BITS}"
+                ))
+            })?;
+        if queue_proof_bits > 0 && admit_per_second.is_none() {
+            return Err(SeckillError::Invalid(
+                "proof of work is asked by a waiting room: give admit_per_second too".into(),
+            ));
+        }
         let begin_time = storable_time("begin_time", draft.begin_time)?;
         let end_time = storable_time("end_time", draft.end_time)?;
         if end_time <= begin_time {
@@ -596,6 +621,7 @@ impl Seckill {
                 pay_within_seconds,
                 max_orders_per_user,
                 admit_per_second,
+                queue_proof_bits,
             })
             .await?;
         // Someone may have asked for the next id before it existed.

@@ -316,6 +316,35 @@ impl Rooms {
     }
 }
 
+/// The text a user's proof of work for a room hashes, before its nonce.
+pub fn challenge(voucher_id: i64, user_id: i64) -> String {
+    format!("seckill-queue:{voucher_id}:{user_id}:")
+}
+
+/// Whether SHA-256 of the user's challenge followed by `nonce` starts with
+/// `bits` zero bits. A nonce is at most 64 characters.
+pub fn proof_holds(voucher_id: i64, user_id: i64, nonce: &str, bits: u32) -> bool {
+    use sha2::Digest;
+    if nonce.is_empty() || nonce.len() > 64 {
+        return false;
+    }
+    let mut hash = Sha256::new();
+    hash.update(challenge(voucher_id, user_id).as_bytes());
+    hash.update(nonce.as_bytes());
+    leading_zero_bits(&hash.finalize()) >= bits
+}
+
+fn leading_zero_bits(bytes: &[u8]) -> u32 {
+    let mut zeros = 0;
+    for byte in bytes {
+        zeros += byte.leading_zeros();
+        if *byte != 0 {
+            break;
+        }
+    }
+    zeros
+}
+
 /// The room script's answer.
 struct Placing {
     place: i64,
@@ -329,9 +358,27 @@ struct Placing {
 impl super::Seckill {
     /// Joins `user_id` to the waiting room of `voucher_id`, or tells them
     /// their place if they are in it already: one place per user, however
-    /// many requests.
-    pub async fn join_queue(&self, user_id: i64, voucher_id: i64) -> Result<QueueState> {
+    /// many requests. A room that asks for proof of work needs `proof`, a
+    /// nonce that solves the user's challenge (see [`proof_holds`]).
+    pub async fn join_queue(
+        &self,
+        user_id: i64,
+        voucher_id: i64,
+        proof: Option<&str>,
+    ) -> Result<QueueState> {
         metrics::counter!("seckill_queue_requests_total", "kind" => "join").increment(1);
+        let voucher = self.sale_window(voucher_id).await?;
+        let bits = u32::try_from(voucher.queue_proof_bits).unwrap_or(0);
+        if voucher.admit_per_second.is_some()
+            && bits > 0
+            && !proof.is_some_and(|nonce| proof_holds(voucher_id, user_id, nonce, bits))
+        {
+            return Err(SeckillError::Invalid(format!(
+                "this room asks for proof of work: send X-Queue-Proof: <nonce>, where \
+                 SHA-256 of \"{}<nonce>\" starts with {bits} zero bits",
+                challenge(voucher_id, user_id)
+            )));
+        }
         self.queue(user_id, voucher_id).await
     }
 
@@ -381,6 +428,30 @@ mod tests {
             String::new(),
             &ticket_key(b"a key for the tests of the room"),
         )
+    }
+
+    #[test]
+    fn a_proof_holds_with_enough_zero_bits_for_its_own_user_and_voucher() {
+        assert_eq!(leading_zero_bits(&[0, 0, 0x1f, 0xff]), 19);
+        assert_eq!(leading_zero_bits(&[0x80]), 0);
+        let bits = 12;
+        let nonce = (0u64..)
+            .map(|n| n.to_string())
+            .find(|n| proof_holds(5, 9, n, bits))
+            .unwrap();
+        assert!(proof_holds(5, 9, &nonce, bits));
+        // The same nonce for another user or voucher: another hash, which
+        // has 12 zero bits once in 4,096.
+        let others = [(5, 10), (6, 9), (5, 11), (7, 9)];
+        assert!(
+            others
+                .iter()
+                .filter(|(v, u)| proof_holds(*v, *u, &nonce, bits))
+                .count()
+                < 2
+        );
+        assert!(!proof_holds(5, 9, "", 0));
+        assert!(!proof_holds(5, 9, &"1".repeat(65), 0));
     }
 
     #[tokio::test]

@@ -33,7 +33,8 @@ pub use states::{OrderStatus, SaleMode, UnknownState};
 macro_rules! voucher_columns {
     () => {
         "v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time, s.sale_mode,
-         s.price_cents, s.pay_within_seconds, s.returned, s.max_orders_per_user, s.admit_per_second"
+         s.price_cents, s.pay_within_seconds, s.returned, s.max_orders_per_user, s.admit_per_second,
+         s.queue_proof_bits"
     };
 }
 pub(crate) use voucher_columns;
@@ -125,6 +126,8 @@ pub struct Voucher {
     pub max_orders_per_user: i32,
     /// Its waiting room's pace, if it has one.
     pub admit_per_second: Option<i32>,
+    /// Zero bits of proof of work a join of its room asks for (0: none).
+    pub queue_proof_bits: i16,
 }
 
 impl Voucher {
@@ -146,6 +149,7 @@ pub struct NewVoucher {
     pub pay_within_seconds: i32,
     pub max_orders_per_user: i32,
     pub admit_per_second: Option<i32>,
+    pub queue_proof_bits: i16,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -353,8 +357,9 @@ impl Store {
                         "WITH v AS (INSERT INTO vouchers (title) VALUES ($1) RETURNING id)
              INSERT INTO seckill_vouchers (voucher_id, initial_stock, stock, begin_time, end_time,
                                            sale_mode, price_cents, pay_within_seconds,
-                                           max_orders_per_user, admit_per_second)
-             SELECT id, $2, $2, $3, $4, $5, $6, $7, $8, $9 FROM v
+                                           max_orders_per_user, admit_per_second,
+                                           queue_proof_bits)
+             SELECT id, $2, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM v
              RETURNING voucher_id",
                     )
                     .bind(title)
@@ -366,6 +371,7 @@ impl Store {
                     .bind(new.pay_within_seconds)
                     .bind(new.max_orders_per_user)
                     .bind(new.admit_per_second)
+                    .bind(new.queue_proof_bits)
                     .persistent(persistent)
                     .fetch_one(c),
                 )

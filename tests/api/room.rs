@@ -75,7 +75,10 @@ async fn the_pre_queue_is_placed_at_random_at_the_start_and_later_joiners_in_ord
     let app = spawn_app().await;
     let voucher = room_voucher(&app, 100, 1, chrono::Duration::seconds(3)).await;
     let (_, shown) = answer(app.client.get(app.url(&format!("/vouchers/{voucher}")))).await;
-    assert_eq!(shown["waiting_room"], json!({ "admit_per_second": 1 }));
+    assert_eq!(
+        shown["waiting_room"],
+        json!({ "admit_per_second": 1, "proof_of_work_bits": 0 })
+    );
     let tokens = app.tokens(1..=30).await;
     // Twenty join before the start, each twice: no place yet, one each.
     let mut tickets = HashMap::new();
@@ -242,4 +245,49 @@ async fn a_sold_out_room_says_so_at_the_next_poll() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     app.check_invariants(voucher).await;
+}
+
+#[tokio::test]
+async fn a_room_that_asks_for_proof_of_work_admits_only_solved_joins() {
+    let app = spawn_app().await;
+    let begin = Utc::now() - chrono::Duration::seconds(1);
+    let bits = 8;
+    let voucher = app
+        .create_voucher_from(json!({
+            "title": "room", "stock": 5,
+            "begin_time": begin, "end_time": begin + chrono::Duration::hours(1),
+            "waiting_room": { "admit_per_second": 10, "proof_of_work_bits": bits },
+        }))
+        .await;
+    let token = app.token(4).await;
+    let url = app.url(&format!("/vouchers/{voucher}/queue"));
+    let join_with = |proof: Option<String>| {
+        let mut request = app.client.post(&url).bearer_auth(&token);
+        if let Some(proof) = proof {
+            request = request.header("x-queue-proof", proof);
+        }
+        answer(request)
+    };
+    let (status, body) = join_with(None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("seckill-queue:"),
+        "{body}"
+    );
+    let solved = (0u64..)
+        .map(|n| n.to_string())
+        .find(|n| seckill::seckill::proof_holds(voucher, 4, n, bits))
+        .unwrap();
+    // Another user's solution is not this user's.
+    let wrong = (0u64..)
+        .map(|n| n.to_string())
+        .find(|n| {
+            seckill::seckill::proof_holds(voucher, 5, n, bits)
+                && !seckill::seckill::proof_holds(voucher, 4, n, bits)
+        })
+        .unwrap();
+    assert_eq!(join_with(Some(wrong)).await.0, StatusCode::BAD_REQUEST);
+    let (status, body) = join_with(Some(solved)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["place"], 1, "{body}");
 }
