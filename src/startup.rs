@@ -107,7 +107,10 @@ impl Application {
                 sale_batch_max: usize::try_from(settings.sale_batch_max).unwrap_or(1),
                 async_batch_max: usize::try_from(settings.async_batch_max).unwrap_or(1),
                 async_claim_idle: (settings.dependency_timeout * 3).max(Duration::from_secs(5)),
-                gate_wait: settings.dependency_timeout,
+                // Shorter than the request's deadline: a purchase that waited
+                // this long still has time for its lock and its batch.
+                gate_wait: settings.dependency_timeout / 2,
+                request_deadline: settings.dependency_timeout,
                 ticket_key: crate::seckill::ticket_key(&token_key),
             },
         );

@@ -135,6 +135,10 @@ pub struct SeckillSettings {
     pub gate_wait: Duration,
     /// The key that signs waiting-room tickets.
     pub ticket_key: TicketKey,
+    /// Longest a purchase may take, whatever it waits for: a request meets
+    /// one dependency deadline at most, not one per step (a Redis without
+    /// a master once cost a purchase two deadlines in a row).
+    pub request_deadline: Duration,
 }
 
 /// A purchase that went through.
@@ -375,7 +379,7 @@ impl Seckill {
         voucher_id: i64,
         ticket: Option<&str>,
     ) -> Result<Purchase> {
-        let result = async {
+        let purchase = async {
             // Held until this purchase ends: the user's duplicates are
             // refused here, before any Redis or Postgres work.
             let Some(_mark) = self.inner.in_flight.enter(user_id, voucher_id) else {
@@ -405,8 +409,22 @@ impl Seckill {
                 metrics::counter!("seckill_queue_admissions_used_total").increment(1);
             }
             bought
-        }
-        .await;
+        };
+        // Past the deadline the purchase is dropped, which is safe at any
+        // step (a batch it joined still commits and releases), and its
+        // outcome is unknown to the buyer: 503, whose retry finds the order
+        // if there is one.
+        let result = tokio::time::timeout(self.inner.settings.request_deadline, purchase)
+            .await
+            .unwrap_or_else(|_| {
+                Err(SeckillError::Unavailable {
+                    dependency: "Postgres or Redis",
+                    detail: format!(
+                        "the purchase did not finish within {:?}",
+                        self.inner.settings.request_deadline
+                    ),
+                })
+            });
         let outcome = match &result {
             Ok(Purchase::Stored(_)) => "ordered",
             Ok(Purchase::Pending(_)) => "accepted",

@@ -126,3 +126,67 @@ async fn postgres_going_away_is_a_503_and_the_service_recovers() {
     .await;
     outage(app, || proxy.cut(), || proxy.restore()).await;
 }
+
+/// How long a purchase took and how it was answered.
+async fn timed_purchase(app: &TestApp, token: &str, voucher: i64) -> (Duration, StatusCode) {
+    let url = app.url(&format!("/seckill/{voucher}"));
+    let answer = send_purchase(&app.client, &url, token).await;
+    (answer.took, answer.status)
+}
+
+/// One deadline at most, whatever hangs: the purchase's steps each have
+/// the dependency deadline, and together they have it once (with a
+/// quarter for scheduling on a busy machine).
+fn assert_one_deadline(took: Duration, status: StatusCode, deadline: Duration) {
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        took <= deadline + deadline / 4,
+        "a purchase took {took:?} with a deadline of {deadline:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_meets_one_deadline_at_most_when_redis_hangs() {
+    let deadline = Duration::from_millis(1_000);
+    let redis = OwnRedis::start();
+    let app = spawn_app_on_redis(redis.url(), Some(1_000)).await;
+    let voucher = app.open_voucher(10).await;
+    let tokens = app.tokens(1..=3).await;
+    assert!(buy(&app.client, &app.base, &tokens[&1], voucher)
+        .await
+        .1
+        .starts_with("ok:"));
+    // Frozen (SIGSTOP): every Redis step of the purchase would wait its
+    // own deadline (the flag's read, the lock, the ids).
+    redis.freeze();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for user in [2, 3] {
+        let (took, status) = timed_purchase(&app, &tokens[&user], voucher).await;
+        assert_one_deadline(took, status, deadline);
+    }
+    redis.thaw();
+    app.wait_ready().await;
+    app.check_invariants(voucher).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_meets_one_deadline_at_most_when_postgres_hangs() {
+    let deadline = Duration::from_millis(1_000);
+    let (app, proxy) = crate::proxy::spawn_app_behind_pg_proxy_timing_out(1_000).await;
+    let voucher = app.open_voucher(10).await;
+    let tokens = app.tokens(1..=3).await;
+    assert!(buy(&app.client, &app.base, &tokens[&1], voucher)
+        .await
+        .1
+        .starts_with("ok:"));
+    proxy.freeze();
+    for user in [2, 3] {
+        let (took, status) = timed_purchase(&app, &tokens[&user], voucher).await;
+        assert_one_deadline(took, status, deadline);
+    }
+    proxy.thaw();
+    app.wait_ready().await;
+    // Whatever the frozen batches did is whole: a 503 was an unknown
+    // outcome, never a lost or a doubled unit.
+    app.check_invariants(voucher).await;
+}
