@@ -1,8 +1,10 @@
 //! The flash sale itself: who may buy what and when, in the order that
 //! keeps stock and orders right. Knows nothing of HTTP.
 //!
-//! A purchase runs: voucher (short-lived cache) → time window (by Redis's
-//! clock) → sold-out flag in Redis → the gate (no more purchases on at once
+//! A purchase runs: one in flight per user and voucher ([`inflight`]) →
+//! voucher (short-lived cache) → an admitted ticket where the voucher has a
+//! waiting room ([`room`]) → time window (by Redis's clock) → sold-out flag
+//! in Redis → the gate (no more purchases on at once
 //! than units left) → the user's reentrant lock → the voucher's next batch,
 //! where one statement checks "already bought?", decrements `stock > 0` by
 //! what it can grant and inserts the orders, under ids drawn for the whole
@@ -13,7 +15,8 @@
 //! Stages in their own files: [`clock`] (the shared clock of the window),
 //! [`soldout`] (the flags), [`gate`] (a crowd waits for the units'
 //! outcome before it takes locks), [`user_lock`] (the per-user lock),
-//! [`batch`] (group commit), [`error`]. A voucher created with `sale_mode: async`
+//! [`batch`] (group commit), [`error`]; [`draft`] parses a voucher to
+//! create. A voucher created with `sale_mode: async`
 //! is sold by [`async_sale`] instead: stock in Redis, orders through a
 //! stream that a consumer group writes with group commit's statement.
 //! After the grab, [`lifecycle`]: pay, cancel, expire, and the unit back
@@ -24,11 +27,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
-
 mod async_sale;
 mod batch;
 mod clock;
+mod draft;
 mod error;
 mod gate;
 mod inflight;
@@ -41,6 +43,7 @@ pub(crate) mod workers;
 pub use async_sale::Reconciled;
 use async_sale::{Pause, Reconciliation};
 pub use clock::SaleClock;
+pub use draft::{stock_units, VoucherDraft, MAX_PRICE_CENTS};
 pub use error::{Result, SeckillError};
 pub use lifecycle::PaymentAnswer;
 use room::Rooms;
@@ -52,7 +55,7 @@ pub use user_lock::{lock_of, UserGuard, UserLocks};
 
 use crate::id::{IdGenerator, OrderId};
 use crate::kv::Kv;
-use crate::store::{NewVoucher, Store, StoreError};
+use crate::store::{Store, StoreError};
 use async_sale::AsyncSales;
 use batch::{Batcher, Outcome};
 use gate::{Admission, Gates};
@@ -62,29 +65,17 @@ use workers::Background;
 
 pub use crate::store::{Order, OrderLine, OrderStatus, Payment, SaleMode, Voucher};
 
-const TITLE_MAX_CHARS: usize = 200;
 /// How old the stock `GET /vouchers/{id}` shows may be, at most.
 pub const STOCK_REFRESH: Duration = Duration::from_millis(100);
 /// How long an unknown voucher id is remembered as unknown.
 const MISSING_TTL: Duration = Duration::from_millis(500);
 /// Readiness is probed at most this often; callers in between share it.
 pub const READY_EVERY: Duration = Duration::from_millis(500);
-/// Highest price: the largest integer a JSON number carries exactly.
-pub const MAX_PRICE_CENTS: i64 = (1 << 53) - 1;
-/// Longest payment window: a day.
-pub const MAX_PAY_WITHIN_SECONDS: i32 = 86_400;
 /// The payment window when none is given: 15 minutes.
 pub const DEFAULT_PAY_WITHIN_SECONDS: i64 = 900;
 /// Most orders one user may have of a voucher when none is given: room to
 /// cancel twice, not to hold a unit away from the crowd for ever.
 pub const DEFAULT_MAX_ORDERS_PER_USER: i64 = 3;
-/// Highest `max_orders_per_user`.
-pub const MAX_ORDERS_PER_USER: i32 = 1000;
-/// Fastest waiting room.
-pub const MAX_ADMIT_PER_SECOND: i32 = 100_000;
-/// Most zero bits of proof of work a room may ask for (2^32 hashes: about
-/// an hour of one core).
-pub const MAX_PROOF_BITS: i16 = 32;
 /// The `outcome` labels of `seckill_purchases_total`: a purchase's result
 /// (`ordered`, `accepted`) or its error's `SeckillError::outcome`.
 const PURCHASE_OUTCOMES: &[&str] = &[
@@ -101,14 +92,6 @@ const PURCHASE_OUTCOMES: &[&str] = &[
     "unavailable",
     "error",
 ];
-
-/// A voucher's stock as asked for, in the range its column holds.
-pub fn stock_units(stock: i64) -> Result<i32> {
-    i32::try_from(stock)
-        .ok()
-        .filter(|s| *s >= 0)
-        .ok_or_else(|| SeckillError::Invalid(format!("stock must be between 0 and {}", i32::MAX)))
-}
 
 /// Tuning for [`Seckill`].
 #[derive(Debug, Clone)]
@@ -164,23 +147,6 @@ pub struct Stats {
     pub cancelled: i64,
     pub expired: i64,
     pub max_orders_per_user: i32,
-}
-
-/// A voucher to create, as an admin sent it.
-#[derive(Debug, Clone)]
-pub struct VoucherDraft {
-    pub title: String,
-    pub stock: i64,
-    pub begin_time: DateTime<Utc>,
-    pub end_time: DateTime<Utc>,
-    pub sale_mode: SaleMode,
-    pub price_cents: i64,
-    pub pay_within_seconds: i64,
-    pub max_orders_per_user: i64,
-    /// The waiting room's pace; `None`: no room.
-    pub admit_per_second: Option<i64>,
-    /// Proof of work a join of the room asks for, in zero bits (0: none).
-    pub queue_proof_bits: i64,
 }
 
 /// Connection counts, for the metrics page.
@@ -558,93 +524,12 @@ impl Seckill {
     }
 
     pub async fn create_voucher(&self, draft: VoucherDraft) -> Result<i64> {
-        // Lengths and characters are checked on the title as sent (the schema's limits), and
-        // then it is stored trimmed: a title of spaces only is empty.
-        let title = draft.title.trim();
-        if title.is_empty() || draft.title.chars().count() > TITLE_MAX_CHARS {
-            return Err(SeckillError::Invalid(format!(
-                "title must have 1 to {TITLE_MAX_CHARS} characters"
-            )));
-        }
-        if draft.title.chars().any(char::is_control) {
-            return Err(SeckillError::Invalid(
-                "title must not hold control characters".into(),
-            ));
-        }
-        let stock = stock_units(draft.stock)?;
-        if !(0..=MAX_PRICE_CENTS).contains(&draft.price_cents) {
-            return Err(SeckillError::Invalid(format!(
-                "price_cents must be between 0 and {MAX_PRICE_CENTS}"
-            )));
-        }
-        let pay_within_seconds = i32::try_from(draft.pay_within_seconds)
-            .ok()
-            .filter(|s| (1..=MAX_PAY_WITHIN_SECONDS).contains(s))
-            .ok_or_else(|| {
-                SeckillError::Invalid(format!(
-                    "pay_within_seconds must be between 1 and {MAX_PAY_WITHIN_SECONDS}"
-                ))
-            })?;
-        let max_orders_per_user = i32::try_from(draft.max_orders_per_user)
-            .ok()
-            .filter(|n| (1..=MAX_ORDERS_PER_USER).contains(n))
-            .ok_or_else(|| {
-                SeckillError::Invalid(format!(
-                    "max_orders_per_user must be between 1 and {MAX_ORDERS_PER_USER}"
-                ))
-            })?;
-        let admit_per_second = draft
-            .admit_per_second
-            .map(|rate| {
-                i32::try_from(rate)
-                    .ok()
-                    .filter(|r| (1..=MAX_ADMIT_PER_SECOND).contains(r))
-                    .ok_or_else(|| {
-                        SeckillError::Invalid(format!(
-                            "waiting_room.admit_per_second must be between 1 and {MAX_ADMIT_PER_SECOND}"
-                        ))
-                    })
-            })
-            .transpose()?;
-        let queue_proof_bits = i16::try_from(draft.queue_proof_bits)
-            .ok()
-            .filter(|bits| (0..=MAX_PROOF_BITS).contains(bits))
-            .ok_or_else(|| {
-                SeckillError::Invalid(format!(
-                    "waiting_room.proof_of_work_bits must be between 0 and {MAX_PROOF_BITS}"
-                ))
-            })?;
-        if queue_proof_bits > 0 && admit_per_second.is_none() {
-            return Err(SeckillError::Invalid(
-                "proof of work is asked by a waiting room: give admit_per_second too".into(),
-            ));
-        }
-        let begin_time = storable_time("begin_time", draft.begin_time)?;
-        let end_time = storable_time("end_time", draft.end_time)?;
-        if end_time <= begin_time {
-            return Err(SeckillError::Invalid(
-                "end_time must be after begin_time (to the microsecond)".into(),
-            ));
-        }
-        let id = self
-            .inner
-            .store
-            .create_voucher(&NewVoucher {
-                title: title.to_owned(),
-                stock,
-                begin_time,
-                end_time,
-                sale_mode: draft.sale_mode,
-                price_cents: draft.price_cents,
-                pay_within_seconds,
-                max_orders_per_user,
-                admit_per_second,
-                queue_proof_bits,
-            })
-            .await?;
+        let new = draft.parse()?;
+        let sale_mode = new.sale_mode;
+        let id = self.inner.store.create_voucher(&new).await?;
         // Someone may have asked for the next id before it existed.
         self.inner.missing.invalidate(&id);
-        if draft.sale_mode == SaleMode::Async {
+        if sale_mode == SaleMode::Async {
             // Loaded before the creation is answered, so that a purchase
             // right after it finds the sale; if Redis cannot take it now,
             // every instance's writer supervisor loads it, retrying until
@@ -849,41 +734,5 @@ impl Seckill {
             other_idle: u32::try_from(other.num_idle()).unwrap_or(u32::MAX),
             redis_open: u32::try_from(self.inner.redis.open_connections()).unwrap_or(u32::MAX),
         }
-    }
-}
-
-/// A time as Postgres keeps it (to the microsecond, truncated as the
-/// driver sends it) and as RFC 3339 can write it back (years 0000 to 9999
-/// in UTC); anything else is refused rather than stored changed.
-fn storable_time(field: &str, time: DateTime<Utc>) -> Result<DateTime<Utc>> {
-    let micros = time.timestamp_micros();
-    let stored = DateTime::from_timestamp_micros(micros).unwrap_or(time);
-    let first = DateTime::parse_from_rfc3339("0000-01-01T00:00:00Z").map(|t| t.to_utc());
-    let last = DateTime::parse_from_rfc3339("9999-12-31T23:59:59.999999Z").map(|t| t.to_utc());
-    match (first, last) {
-        (Ok(first), Ok(last)) if (first..=last).contains(&stored) => Ok(stored),
-        _ => Err(SeckillError::Invalid(format!(
-            "{field} must fall between 0000-01-01T00:00:00Z and 9999-12-31T23:59:59Z in UTC"
-        ))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn times_are_kept_to_the_microsecond_and_within_four_digit_years() {
-        let t = DateTime::parse_from_rfc3339("2026-01-01T00:00:00.0000009Z")
-            .unwrap()
-            .to_utc();
-        assert_eq!(
-            storable_time("t", t).unwrap(),
-            DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z").unwrap()
-        );
-        let late = DateTime::parse_from_rfc3339("9999-12-31T23:59:59-12:00")
-            .unwrap()
-            .to_utc();
-        assert!(storable_time("t", late).is_err());
     }
 }
