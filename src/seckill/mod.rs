@@ -16,7 +16,7 @@
 //! [`soldout`] (the flags), [`gate`] (a crowd waits for the units'
 //! outcome before it takes locks), [`user_lock`] (the per-user lock),
 //! [`batch`] (group commit), [`error`]; [`draft`] parses a voucher to
-//! create. A voucher created with `sale_mode: async`
+//! create, [`reads`] answers what is asked without selling. A voucher created with `sale_mode: async`
 //! is sold by [`async_sale`] instead: stock in Redis, orders through a
 //! stream that a consumer group writes with group commit's statement.
 //! After the grab, [`lifecycle`]: pay, cancel, expire, and the unit back
@@ -35,6 +35,7 @@ mod error;
 mod gate;
 mod inflight;
 mod lifecycle;
+mod reads;
 mod room;
 mod soldout;
 mod user_lock;
@@ -46,6 +47,7 @@ pub use clock::SaleClock;
 pub use draft::{stock_units, VoucherDraft, MAX_PRICE_CENTS};
 pub use error::{Result, SeckillError};
 pub use lifecycle::PaymentAnswer;
+pub use reads::{PoolUsage, Stats};
 use room::Rooms;
 pub use room::{
     challenge, proof_holds, ticket_key, QueueState, QueueStatus, TicketKey, ADMISSION_WINDOW,
@@ -131,34 +133,6 @@ pub enum Purchase {
     Stored(OrderId),
     /// Redis accepted the order; the writers will commit it.
     Pending(OrderId),
-}
-
-/// A voucher's books: `stock + pending + unpaid + paid = initial_stock`.
-#[derive(Debug, Clone, Copy)]
-pub struct Stats {
-    pub initial_stock: i32,
-    /// Units still for sale: Postgres's stock, less an async sale's
-    /// pending orders.
-    pub stock: i64,
-    pub distinct_users: i64,
-    pub pending: i64,
-    pub unpaid: i64,
-    pub paid: i64,
-    pub cancelled: i64,
-    pub expired: i64,
-    pub max_orders_per_user: i32,
-}
-
-/// Connection counts, for the metrics page.
-#[derive(Debug, Clone, Copy)]
-pub struct PoolUsage {
-    pub postgres_size: u32,
-    pub postgres_idle: u32,
-    /// The pool of everything but the sale's commits.
-    pub other_size: u32,
-    pub other_idle: u32,
-    /// The service's shared Redis connection: 1 while open.
-    pub redis_open: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -567,35 +541,6 @@ impl Seckill {
         }
     }
 
-    /// The voucher, from memory: as the sale keeps it (at most the voucher
-    /// cache's lifetime old), with its remaining stock read at most
-    /// [`STOCK_REFRESH`] ago. A crowd of readers costs one query per
-    /// voucher and refresh, however large.
-    pub async fn voucher(&self, voucher_id: i64) -> Result<Voucher> {
-        let mut voucher = Voucher::clone(&*self.sale_window(voucher_id).await?);
-        let store = &self.inner.store;
-        let level = self
-            .inner
-            .stock_seen
-            .try_get_with(voucher_id, async move {
-                match store.stock_level(voucher_id).await {
-                    Ok(Some(level)) => Ok(level.stock),
-                    Ok(None) => Err(LoadError::Missing),
-                    Err(e) => Err(LoadError::Store(e)),
-                }
-            })
-            .await
-            .map_err(|error| match &*error {
-                LoadError::Missing => SeckillError::NotFound("voucher"),
-                LoadError::Store(e @ (StoreError::Unavailable(_) | StoreError::TimedOut(_))) => {
-                    SeckillError::postgres_unavailable(e)
-                }
-                LoadError::Store(e) => SeckillError::Internal(e.to_string()),
-            })?;
-        voucher.stock = level;
-        Ok(voucher)
-    }
-
     /// Adds `units` to a voucher's stock. The sale reopens on every
     /// instance without a word to Redis: the restock raises the voucher's
     /// epoch, and a sold-out flag of an older epoch is ignored (see
@@ -625,114 +570,5 @@ impl Seckill {
                 .await?;
         }
         Ok(voucher)
-    }
-
-    /// An order: stored, or accepted by an async sale and not written
-    /// yet (`pending`).
-    pub async fn order(&self, order_id: OrderId) -> Result<Order> {
-        if let Some(order) = self.inner.store.order(order_id.as_i64()).await? {
-            return Ok(order);
-        }
-        match self.inner.async_sales.pending(order_id.as_i64()).await? {
-            // Written meanwhile: the pending lookup outlives the write.
-            Some(pending) => match self.inner.store.order(order_id.as_i64()).await? {
-                Some(order) => Ok(order),
-                None => Ok(pending),
-            },
-            None => Err(SeckillError::NotFound("order")),
-        }
-    }
-
-    pub async fn orders_for_voucher(&self, voucher_id: i64) -> Result<Vec<OrderLine>> {
-        let store = &self.inner.store;
-        if store.stock_level(voucher_id).await?.is_none() {
-            return Err(SeckillError::NotFound("voucher"));
-        }
-        Ok(store.orders_for_voucher(voucher_id).await?)
-    }
-
-    /// The voucher's books as one snapshot. An async sale's pending
-    /// orders are those its stream holds that Postgres does not: the
-    /// stream is read first, so an order written in between is counted
-    /// once, as stored, and one accepted in between not at all (nor taken
-    /// from Postgres's stock).
-    pub async fn stats(&self, voucher_id: i64) -> Result<Stats> {
-        // The sale mode never changes: the cached voucher tells it.
-        let voucher = self.sale_window(voucher_id).await?;
-        let listed: Vec<i64> = match voucher.sale_mode {
-            SaleMode::Sync => Vec::new(),
-            SaleMode::Async => (self.inner.async_sales.accepted(voucher_id).await?)
-                .into_iter()
-                .map(|(order_id, _)| order_id)
-                .collect(),
-        };
-        let listed_count = i64::try_from(listed.len()).unwrap_or(i64::MAX);
-        let stats = self
-            .inner
-            .store
-            .stats(voucher_id, listed)
-            .await?
-            .ok_or(SeckillError::NotFound("voucher"))?;
-        let pending = listed_count - stats.stored_listed;
-        Ok(Stats {
-            initial_stock: stats.initial_stock,
-            stock: i64::from(stats.stock) - pending,
-            distinct_users: stats.distinct_users,
-            pending,
-            unpaid: stats.unpaid,
-            paid: stats.paid,
-            cancelled: stats.cancelled,
-            expired: stats.expired,
-            max_orders_per_user: voucher.max_orders_per_user,
-        })
-    }
-
-    /// Whether a purchase can be served now, as the last probe found (see
-    /// [`Seckill::probe`]): one probe every [`READY_EVERY`] at most, which
-    /// every caller in between shares, waiting for it if it is under way.
-    pub async fn ready(&self) -> Result<()> {
-        let mut last = self.inner.readiness.lock().await;
-        if let Some((began, answer)) = &*last {
-            if began.elapsed() < READY_EVERY {
-                return answer.clone();
-            }
-        }
-        let began = Instant::now();
-        let answer = self.probe().await;
-        *last = Some((began, answer.clone()));
-        answer
-    }
-
-    /// Whether a purchase can be served now: Postgres and Redis take
-    /// writes, and so does the lock's Redis (with RedLock, a majority of its
-    /// nodes). Each check has the dependency deadline.
-    async fn probe(&self) -> Result<()> {
-        let inner = &self.inner;
-        let ready_key = format!("{}seckill:ready", inner.settings.redis_prefix);
-        let (postgres, redis, locks) = tokio::join!(
-            inner.store.check_writable(),
-            inner.redis.check_writable(&ready_key),
-            inner.locks.check_writable(),
-        );
-        if !postgres? {
-            return Err(SeckillError::postgres_unavailable(
-                "Postgres is a standby: it takes no writes",
-            ));
-        }
-        redis?;
-        locks?;
-        Ok(())
-    }
-
-    pub fn pool_usage(&self) -> PoolUsage {
-        let pg = self.inner.store.pool();
-        let other = self.inner.store.other_pool();
-        PoolUsage {
-            postgres_size: pg.size(),
-            postgres_idle: u32::try_from(pg.num_idle()).unwrap_or(u32::MAX),
-            other_size: other.size(),
-            other_idle: u32::try_from(other.num_idle()).unwrap_or(u32::MAX),
-            redis_open: u32::try_from(self.inner.redis.open_connections()).unwrap_or(u32::MAX),
-        }
     }
 }
