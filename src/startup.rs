@@ -62,6 +62,9 @@ impl Application {
             return Err(StartupError::NoLab);
         }
         settings.check()?;
+        // Before anything records: a metric set before the recorder is
+        // installed is lost (the clock's first offset was).
+        let metrics = http::ops::prometheus();
         let store = connect_store(&settings).await?;
         // Every key under the database's own namespace: Redis state of
         // another database (or of this one before a reset) is never read.
@@ -125,7 +128,7 @@ impl Application {
             tokens,
             admin_token: settings.admin_token().map(AdminToken::new),
             payment_secret: settings.payment_secret().map(|s| Arc::from(s.as_bytes())),
-            metrics: http::ops::prometheus(),
+            metrics,
             limits: Limits::new(
                 settings.limit_per_address,
                 settings.limit_per_user,

@@ -183,9 +183,9 @@ struct Inner {
     purchases: AtomicU64,
     /// An async sale's unit came back here: the relay gives it to Redis.
     returns_queued: tokio::sync::Notify,
-    /// `seckill_purchases_total`, by outcome, registered at the first
-    /// purchase (the recorder is installed by then): a crowd's request
-    /// then counts without building and looking up a labelled key.
+    /// `seckill_purchases_total`, by outcome, registered when the workers
+    /// start (the recorder is installed by then): a crowd's request then
+    /// counts without building and looking up a labelled key.
     outcomes: std::sync::OnceLock<Vec<(&'static str, metrics::Counter)>>,
     /// Every background task of this instance (expiry, relay, the async
     /// writers' supervisor, the per-voucher writers), and what stops them:
@@ -278,6 +278,8 @@ impl Seckill {
     /// loading at start), the expiry of unpaid orders and the relay of
     /// async returns. They run until [`Seckill::stop_workers`].
     pub fn start_workers(&self) {
+        // Every outcome's series on the page from start-up.
+        self.outcome_counters();
         let background = &self.inner.background;
         background.tasks.spawn(
             self.inner
@@ -374,19 +376,23 @@ impl Seckill {
         result
     }
 
-    /// Counts one purchase in `seckill_purchases_total{outcome}`.
-    fn count_outcome(&self, outcome: &'static str) {
-        let counters = self.inner.outcomes.get_or_init(|| {
+    /// `seckill_purchases_total`, by outcome, each at 0 once registered.
+    fn outcome_counters(&self) -> &[(&'static str, metrics::Counter)] {
+        self.inner.outcomes.get_or_init(|| {
             PURCHASE_OUTCOMES
                 .iter()
                 .map(|name| {
-                    (
-                        *name,
-                        metrics::counter!("seckill_purchases_total", "outcome" => *name),
-                    )
+                    let counter = metrics::counter!("seckill_purchases_total", "outcome" => *name);
+                    counter.increment(0);
+                    (*name, counter)
                 })
                 .collect()
-        });
+        })
+    }
+
+    /// Counts one purchase in `seckill_purchases_total{outcome}`.
+    fn count_outcome(&self, outcome: &'static str) {
+        let counters = self.outcome_counters();
         match counters.iter().find(|(name, _)| *name == outcome) {
             Some((_, counter)) => counter.increment(1),
             None => metrics::counter!("seckill_purchases_total", "outcome" => outcome).increment(1),

@@ -139,3 +139,52 @@ async fn every_dashboard_query_returns_data_from_a_scraped_instance() {
     app.check_invariants(voucher).await;
     app.check_invariants(async_voucher).await;
 }
+
+/// The metric names a query reads (`x_bucket`, `x_count`, `x_sum` read `x`).
+fn metric_names(query: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut word = String::new();
+    for c in query.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            word.push(c);
+            continue;
+        }
+        if (word.starts_with("seckill_") || word.starts_with("http_")) && c != '=' {
+            let base = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|suffix| word.strip_suffix(suffix))
+                .unwrap_or(&word);
+            names.push(base.to_owned());
+        }
+        word.clear();
+    }
+    names
+}
+
+#[tokio::test]
+async fn every_metric_the_dashboard_reads_is_on_a_fresh_instances_page() {
+    let app = spawn_app().await;
+    // The request counters exist once a request was served.
+    let health = app.client.get(app.url("/healthz")).send().await.unwrap();
+    assert!(health.status().is_success());
+    let page = app.metrics().await;
+    let mut missing = Vec::new();
+    for query in queries() {
+        for name in metric_names(&query) {
+            let shown = page.lines().any(|line| {
+                line.starts_with(&format!("{name}{{"))
+                    || line.starts_with(&format!("{name} "))
+                    || line.starts_with(&format!("{name}_bucket{{"))
+            });
+            if !shown {
+                missing.push(name);
+            }
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    assert!(
+        missing.is_empty(),
+        "not on a fresh instance's page: {missing:?}"
+    );
+}
