@@ -132,14 +132,32 @@ impl<'a> Admin<'a> {
         path: &str,
         body: Option<Value>,
     ) -> Result<Value, String> {
-        let mut request = self
-            .client
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.target.admin_token);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.map_err(|e| format!("{path}: {e}"))?;
+        let mut refused = 0;
+        let response = loop {
+            let mut request = self
+                .client
+                .request(method.clone(), format!("{}{path}", self.base))
+                .bearer_auth(&self.target.admin_token);
+            if let Some(body) = &body {
+                request = request.json(body);
+            }
+            let response = request.send().await.map_err(|e| format!("{path}: {e}"))?;
+            // With the service's limits on (`loadtest abuse`), the admin's
+            // calls share the driver's address with the connections it
+            // opens before a run: a refusal says when to come back.
+            if response.status() != reqwest::StatusCode::TOO_MANY_REQUESTS || refused == 30 {
+                break response;
+            }
+            refused += 1;
+            let wait = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(1)
+                .clamp(1, 5);
+            tokio::time::sleep(Duration::from_secs(wait)).await;
+        };
         let status = response.status();
         let body: Value = response.json().await.map_err(|e| format!("{path}: {e}"))?;
         if !status.is_success() {

@@ -18,6 +18,10 @@ pub struct Request {
     pub token: Option<Arc<str>>,
     /// The instance to send it to, when not the run's own base URL.
     pub base: Option<Arc<str>>,
+    /// The client address it claims in `X-Forwarded-For`: the service
+    /// trusts that header from the driver's loopback address when told
+    /// to, and tells clients apart by it (its limits per address).
+    pub from: Option<Arc<str>>,
 }
 
 impl Request {
@@ -27,6 +31,7 @@ impl Request {
             path: format!("/seckill/{voucher}").into(),
             token: Some(token),
             base: None,
+            from: None,
         }
     }
 
@@ -36,6 +41,7 @@ impl Request {
             path: path.into(),
             token: None,
             base: None,
+            from: None,
         }
     }
 
@@ -46,6 +52,15 @@ impl Request {
             path: path.into(),
             token: Some(token),
             base: Some(base),
+            from: None,
+        }
+    }
+
+    /// The same request, claiming to come from `address`.
+    pub fn with_address(self, address: Arc<str>) -> Self {
+        Self {
+            from: Some(address),
+            ..self
         }
     }
 }
@@ -303,6 +318,9 @@ pub async fn exchange(client: &reqwest::Client, base: &str, request: &Request) -
     let mut builder = client.request(request.method.clone(), format!("{base}{}", request.path));
     if let Some(token) = &request.token {
         builder = builder.bearer_auth(token);
+    }
+    if let Some(address) = &request.from {
+        builder = builder.header("x-forwarded-for", &**address);
     }
     let sent = Instant::now();
     let result = builder.send().await;

@@ -7,6 +7,7 @@
 //! last line printed is one JSON object; the exit code is non-zero when an
 //! invariant failed.
 
+mod abuse;
 mod api;
 mod asyncsale;
 mod ceilings;
@@ -142,6 +143,11 @@ enum Scenario {
     /// delivered twice; cancels; expiry under load and all at once; returned
     /// units sold again; conservation sampled throughout.
     Lifecycle(lifecycle::LifecycleArgs),
+    /// An honest crowd of buyers beside each attack the service's limits
+    /// are for (floods from one address, one token on many connections, a
+    /// bot farm, slow bodies), on instances of its own with limits on;
+    /// what a refused request costs beside /healthz.
+    Abuse(abuse::AbuseArgs),
 }
 
 #[derive(Args, Clone)]
@@ -244,6 +250,9 @@ async fn main() -> ExitCode {
     }
     if let Scenario::Groupcommit(args) = &cli.scenario {
         return exit(groupcommit::run(&cli.target, args).await);
+    }
+    if let Scenario::Abuse(args) = &cli.scenario {
+        return exit(abuse::run(&cli.target, args).await);
     }
     if let Scenario::Tokens(args) = &cli.scenario {
         return match write_tokens(&cli.target, args).await {
@@ -497,7 +506,8 @@ async fn run_lifecycle(
             "lifecycle starts its own two instances (it signs payments); drop --url".into(),
         );
     }
-    let secret = format!("payments-{}", uuid::Uuid::new_v4().simple());
+    // At least 32 bytes, or the service refuses to start.
+    let secret = format!("load-payment-secret-{}", uuid::Uuid::new_v4().simple());
     let launch = target.launch(2, vec![("SECKILL_PAYMENT_SECRET".into(), secret.clone())]);
     let target = Target::start(launch).await?;
     let result = lifecycle::run(&target, &secret, args).await;
@@ -558,7 +568,8 @@ async fn run(
         | Scenario::Lock(_)
         | Scenario::Lab(_)
         | Scenario::Groupcommit(_)
-        | Scenario::Lifecycle(_) => {
+        | Scenario::Lifecycle(_)
+        | Scenario::Abuse(_) => {
             unreachable!("handled before a target starts")
         }
         Scenario::All => vec![

@@ -38,7 +38,8 @@ pub struct Launch {
     pub keep_db: bool,
     /// Instances sharing the database and the Redis prefix (at least 1).
     pub instances: usize,
-    /// Extra environment for every instance.
+    /// Extra environment for every instance, set after the driver's own
+    /// (rate limits off), so that it overrides them.
     pub env: Vec<(String, String)>,
     /// Run `seckill-lab` (the service with the lab compiled in) instead.
     pub lab: bool,
@@ -103,7 +104,9 @@ impl Target {
         let run = uuid::Uuid::new_v4().simple().to_string();
         let db_name = format!("seckill_load_{run}");
         let database_url = format!("{}/{db_name}", pg_server());
-        let admin_token = format!("load-{run}");
+        // The service refuses a secret shorter than 32 bytes: the run's
+        // whole id (32 hex digits) with a word before it.
+        let admin_token = format!("load-admin-{run}");
         let prefix = format!("load:{run}:");
         let mut target = Self {
             base: String::new(),
@@ -124,8 +127,13 @@ impl Target {
                 .env("SECKILL_ADDR", format!("127.0.0.1:{port}"))
                 .env("SECKILL_ADMIN_TOKEN", &target.admin_token)
                 // Instances of one run share the token key and the prefix.
-                .env("SECKILL_TOKEN_SECRET", format!("secret-{run}"))
+                .env("SECKILL_TOKEN_SECRET", format!("load-token-secret-{run}"))
                 .env("SECKILL_REDIS_PREFIX", &prefix)
+                // Every scenario but `abuse` sends thousands of requests
+                // from the driver's one address, many of them as one user:
+                // limits off, unless the scenario's env turns them on.
+                .env("SECKILL_LIMIT_PER_ADDRESS", "0")
+                .env("SECKILL_LIMIT_PER_USER", "0")
                 .env(
                     "RUST_LOG",
                     std::env::var("SECKILL_LOG").unwrap_or_else(|_| "warn".into()),
