@@ -86,10 +86,16 @@ impl fmt::Display for OrderId {
     }
 }
 
+/// Text that is not an order id: not a positive 64-bit decimal integer
+/// written plainly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("an order id is a positive 64-bit integer in decimal, without sign or leading zeros")]
+pub struct NotAnOrderId;
+
 impl FromStr for OrderId {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Self, ()> {
-        parse_positive(s).map(Self).ok_or(())
+    type Err = NotAnOrderId;
+    fn from_str(s: &str) -> Result<Self, NotAnOrderId> {
+        parse_positive(s).map(Self).ok_or(NotAnOrderId)
     }
 }
 

@@ -183,7 +183,7 @@ impl<S: Send + Sync> FromRequestParts<S> for OrderIdPath {
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let raw = path_segment(parts, state).await?;
-        raw.parse().map(Self).map_err(|()| {
+        raw.parse().map(Self).map_err(|_: crate::id::NotAnOrderId| {
             ApiError::BadRequest(format!("order id {raw:?} is not a positive 64-bit integer"))
         })
     }

@@ -206,7 +206,9 @@ impl RouteClass {
         Self::Unmatched,
     ];
 
-    /// The class of a matched route's path (`/seckill/{id}`, ...).
+    /// The class of a matched route's path (`/seckill/{id}`, ...), or of
+    /// a request's own path before routing (where an unknown path falls
+    /// in with its neighbours, and anything else is `ops`).
     pub fn of(route: Option<&str>) -> Self {
         let Some(route) = route else {
             return Self::Unmatched;
@@ -279,17 +281,15 @@ fn count(class: RouteClass, limit: Limit) {
     refusals()[at][usize::from(limit == Limit::User)].increment(1);
 }
 
-/// The middleware: the address's limit on every request, then the user's
-/// on the routes it covers. A request without a known peer (a router
-/// driven in-process) is not limited by address.
-pub async fn limit(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+/// The client address's limit, on every request, as the outermost layer:
+/// a refusal costs no request id, no span, no route lookup. A request
+/// without a known peer (a router driven in-process) is not limited.
+pub async fn limit_address(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
     let limits = &state.limits;
-    let class = RouteClass::of(
-        request
-            .extensions()
-            .get::<MatchedPath>()
-            .map(MatchedPath::as_str),
-    );
     let peer = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
@@ -297,10 +297,27 @@ pub async fn limit(State(state): State<AppState>, mut request: Request, next: Ne
     if let Some(peer) = peer {
         let client = limits.client(peer, request.headers());
         if let Err(refused) = limits.check_address(client) {
-            count(class, refused.limit);
+            count(RouteClass::of(Some(request.uri().path())), refused.limit);
             return too_many(refused);
         }
     }
+    next.run(request).await
+}
+
+/// The user's limit, on the routes it covers (known once routed): the
+/// token is verified here once, and the extractor takes the user from it.
+pub async fn limit_user(
+    State(state): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let limits = &state.limits;
+    let class = RouteClass::of(
+        request
+            .extensions()
+            .get::<MatchedPath>()
+            .map(MatchedPath::as_str),
+    );
     if class.per_user() && limits.limits_users() {
         let user = bearer(request.headers()).ok().and_then(|token| {
             state

@@ -139,10 +139,14 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
         .on_request(())
         .on_response(DefaultOnResponse::new().level(Level::DEBUG));
 
-    // Innermost first: the limits refuse before a route does any work, and
-    // their refusals are counted and timed like every other answer.
+    // Innermost first. The user's limit refuses before a route does any
+    // work; the address's, outermost, before anything at all (its
+    // refusals are counted in seckill_rate_limited_total only).
     api.layer(middleware::from_fn(screen::screen))
-        .layer(middleware::from_fn_with_state(state, limit::limit))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            limit::limit_user,
+        ))
         .layer(middleware::from_fn(ops::track))
         .layer(
             ServiceBuilder::new()
@@ -156,6 +160,7 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
                     screen::body_deadline,
                 )),
         )
+        .layer(middleware::from_fn_with_state(state, limit::limit_address))
 }
 
 /// `/metrics` alone, for its own address (`SECKILL_METRICS_ADDR`).

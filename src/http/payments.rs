@@ -119,9 +119,12 @@ pub async fn notify(
             "payment_id must have 1 to {PAYMENT_ID_MAX_CHARS} characters, none of them control characters"
         )));
     }
-    let order_id: OrderId = notice.order_id.parse().map_err(|()| {
-        ApiError::BadRequest("order_id must be a positive 64-bit integer in decimal".into())
-    })?;
+    let order_id: OrderId = notice
+        .order_id
+        .parse()
+        .map_err(|_: crate::id::NotAnOrderId| {
+            ApiError::BadRequest("order_id must be a positive 64-bit integer in decimal".into())
+        })?;
     let answer = state
         .seckill
         .pay(Payment {

@@ -11,6 +11,7 @@ use redis_locks::{Acquired, Lease, LockClient, LockError, LockGuard, MultiGuard,
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::error::SeckillError;
 use super::workers::{Background, Queue, Unanswered, Workers};
 
 /// Most locks one gathered call takes.
@@ -83,7 +84,7 @@ impl UserLocks {
     /// one Redis call per [`redis_locks::LOCKS_PER_CALL`] locks on one Redis;
     /// with RedLock, each on its own, all at once. One answer per guard, in
     /// order, as [`UserGuard::unlock`] gives it.
-    pub async fn unlock_all(&self, guards: Vec<UserGuard>) -> Vec<Result<(), String>> {
+    pub async fn unlock_all(&self, guards: Vec<UserGuard>) -> Vec<Result<(), ReleaseError>> {
         match self {
             Self::Single(locks) => {
                 let mut answers = Vec::with_capacity(guards.len());
@@ -101,7 +102,7 @@ impl UserLocks {
                     }
                 }
                 for (i, released) in at.into_iter().zip(locks.unlock_all(single).await) {
-                    answers[i] = released.map(drop).map_err(|e| e.to_string());
+                    answers[i] = released.map(drop).map_err(ReleaseError::from);
                 }
                 answers
             }
@@ -131,21 +132,31 @@ impl UserGuard {
 
     /// Releases the lock; an error says the hold was lost before (or the
     /// nodes could not be reached), which the caller logs.
-    pub async fn unlock(self) -> Result<(), String> {
+    pub async fn unlock(self) -> Result<(), ReleaseError> {
         match self {
-            Self::Single(guard) => guard.unlock().await.map(drop).map_err(|e| e.to_string()),
+            Self::Single(guard) => Ok(guard.unlock().await.map(drop)?),
             Self::RedLock(guard) => {
                 let expired = guard.is_expired();
                 match guard.unlock().await {
-                    0 => Err("no lock node released the lock".into()),
-                    _ if expired => {
-                        Err("the RedLock validity time ran out before the release".into())
-                    }
+                    0 => Err(ReleaseError::NoNode),
+                    _ if expired => Err(ReleaseError::Expired),
                     _ => Ok(()),
                 }
             }
         }
     }
+}
+
+/// Why a release did not go as planned (the caller logs it; the lease
+/// frees what was not released).
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error("no lock node released the lock")]
+    NoNode,
+    #[error("the RedLock validity time ran out before the release")]
+    Expired,
 }
 
 /// The lock of `user_id`'s purchases of `voucher_id` (one live order per
@@ -204,12 +215,12 @@ impl Lockers {
         voucher_id: i64,
         user_id: i64,
         purchase: u64,
-    ) -> Result<Option<UserGuard>, LockError> {
+    ) -> Result<Option<UserGuard>, SeckillError> {
         if matches!(self.locks, UserLocks::RedLock { .. }) {
-            return self
+            return Ok(self
                 .locks
                 .try_lock(voucher_id, user_id, purchase, self.lease)
-                .await;
+                .await?);
         }
         let answer = self
             .workers
@@ -225,9 +236,13 @@ impl Lockers {
             )
             .await;
         match answer {
-            Ok(answer) => answer,
-            Err(Unanswered::Dropped) => Err(gave_up("the lock's call to Redis was dropped")),
-            Err(Unanswered::Late) => Err(gave_up("Redis did not answer the lock in time")),
+            Ok(answer) => Ok(answer?),
+            Err(Unanswered::Dropped) => Err(SeckillError::redis_unavailable(
+                "the lock's call to Redis was dropped",
+            )),
+            Err(Unanswered::Late) => Err(SeckillError::redis_unavailable(
+                "Redis did not answer the lock in time",
+            )),
         }
     }
 
@@ -277,10 +292,4 @@ impl Lockers {
             )
             .await;
     }
-}
-
-/// The error of a lock whose answer did not come in time: a timeout, so
-/// that it is answered `503`.
-fn gave_up(why: &str) -> LockError {
-    LockError::Redis(std::io::Error::new(std::io::ErrorKind::TimedOut, why.to_owned()).into())
 }
