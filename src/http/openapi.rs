@@ -44,7 +44,7 @@ use super::{handlers, ops, payments, queue};
         ops::readyz,
         ops::metrics,
     ),
-    modifiers(&Security),
+    modifiers(&Security, &RateLimited),
     tags(
         (name = "sale", description = "Vouchers, purchases and orders"),
         (name = "orders", description = "After the grab: pay before the deadline (the provider's signed notification), or cancel"),
@@ -79,6 +79,46 @@ impl Modify for Security {
                     .build(),
             ),
         );
+    }
+}
+
+/// Every route may answer `429 rate_limited` (the client address's limit
+/// covers them all): said once here rather than on every handler.
+struct RateLimited;
+
+impl Modify for RateLimited {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        let limited = ResponseBuilder::new()
+            .description(
+                "rate_limited: the client address (or, on user routes, the user) is over its \
+                 limit; Retry-After says when to come back",
+            )
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build();
+        for item in openapi.paths.paths.values_mut() {
+            for operation in [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.delete,
+                &mut item.patch,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                operation
+                    .responses
+                    .responses
+                    .entry("429".to_owned())
+                    .or_insert_with(|| limited.clone().into());
+            }
+        }
     }
 }
 

@@ -89,11 +89,11 @@ pub struct PaymentReceipt {
     params(("X-Signature" = String, Header, description = "sha256=<hex HMAC-SHA256 of the raw body under SECKILL_PAYMENT_SECRET>")),
     responses(
         (status = 200, description = "Recorded (idempotent by payment_id): paid in time, or to be refunded", body = PaymentReceipt),
-        (status = 400, description = "bad_request: a malformed body, an amount other than the price, or a payment_id reused for another order", body = ErrorBody),
+        (status = 400, description = "bad_request: a malformed body, or an amount other than the price", body = ErrorBody),
         (status = 401, description = "unauthorized: a missing or wrong signature", body = ErrorBody),
         (status = 403, description = "forbidden: no payment secret is configured", body = ErrorBody),
         (status = 404, description = "not_found: no such order", body = ErrorBody),
-        (status = 409, description = "order_pending: an async order not stored yet; Retry-After is set", body = ErrorBody),
+        (status = 409, description = "order_pending: an async order not stored yet (Retry-After is set); payment_conflict: this payment_id was recorded for another order or amount, also when both arrive at once", body = ErrorBody),
         (status = 413, description = "payload_too_large", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
     )

@@ -11,9 +11,11 @@ use crate::helpers::spawn_app;
 
 /// Every (method, path) the router serves for clients, as the contract has
 /// them.
-const OPERATIONS: [(&str, &str); 14] = [
+const OPERATIONS: [(&str, &str); 16] = [
     ("post", "/admin/vouchers"),
     ("get", "/vouchers/{id}"),
+    ("post", "/vouchers/{id}/queue"),
+    ("get", "/vouchers/{id}/queue"),
     ("post", "/admin/tokens"),
     ("post", "/seckill/{voucher_id}"),
     ("get", "/orders/{order_id}"),
@@ -72,7 +74,7 @@ async fn openapi_json_describes_every_route_status_and_error_code() {
         }
         if path == "/seckill/{voucher_id}" {
             for status in [
-                "200", "202", "400", "401", "404", "409", "413", "429", "503",
+                "200", "202", "400", "401", "403", "404", "409", "413", "429", "503",
             ] {
                 assert!(statuses.contains(status), "{method} {path}: no {status}");
             }
@@ -89,6 +91,8 @@ async fn openapi_json_describes_every_route_status_and_error_code() {
             );
         }
         assert!(!statuses.contains("500"), "{method} {path} promises a 500");
+        // The client address's limit covers every route.
+        assert!(statuses.contains("429"), "{method} {path}: no 429");
     }
 
     let codes: BTreeSet<&str> = doc["components"]["schemas"]["ErrorCode"]["enum"]
@@ -113,6 +117,10 @@ async fn openapi_json_describes_every_route_status_and_error_code() {
         "order_pending",
         "purchase_in_progress",
         "unavailable",
+        "not_admitted",
+        "too_many_orders",
+        "payment_conflict",
+        "rate_limited",
     ] {
         assert!(codes.contains(code), "no error code {code}");
     }
