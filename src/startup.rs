@@ -117,7 +117,6 @@ impl Application {
                 ticket_key: crate::seckill::ticket_key(&token_key),
             },
         );
-        seckill.start_workers();
         let tokens = TokenSigner::new(&token_key);
         let metrics_listener = match &settings.metrics_addr {
             Some(addr) => Some(bind(addr).await?),
@@ -139,6 +138,10 @@ impl Application {
             lab,
         });
         let listener = bind(&settings.addr).await?;
+        // Once the address is ours: an instance that cannot serve (its port
+        // taken) starts no expiry, relay or writers to compete with the one
+        // that can.
+        state.seckill.start_workers();
         let serve = ServeSettings {
             header_timeout: settings.header_timeout,
             max_connections: settings.max_connections(open_file_limit()),

@@ -100,6 +100,9 @@ struct Inner {
     writers: Workers<Arc<WriterSignals>>,
     /// The acceptors this instance runs, by voucher (see [`accept`]).
     acceptors: Workers<Queue<accept::Request>>,
+    /// Where reconciliations run: shutdown waits for one under way rather
+    /// than leave its sale paused.
+    background: Background,
 }
 
 /// What a writer is told by the rest of its instance.
@@ -141,7 +144,8 @@ impl AsyncSales {
                 batch_max: settings.async_batch_max.max(1),
                 claim_idle: settings.async_claim_idle,
                 writers: Workers::new(background.clone()),
-                acceptors: Workers::new(background),
+                acceptors: Workers::new(background.clone()),
+                background,
             }),
         }
     }

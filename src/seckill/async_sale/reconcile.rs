@@ -98,15 +98,18 @@ pub struct Unstored {
 impl AsyncSales {
     /// Rebuilds Redis's side of `voucher_id`'s async sale from Postgres and
     /// the unwritten stream entries, then reopens it. Runs to its end on a
-    /// task of its own: a caller that goes away (a client hanging up on an
-    /// admin request) does not leave the sale paused half-way.
+    /// task of its own among the instance's background tasks: a caller that
+    /// goes away (a client hanging up on an admin request) does not leave
+    /// the sale paused half-way, and shutdown waits for it.
     pub(in crate::seckill) async fn reconcile(
         &self,
         voucher_id: i64,
         pause: Pause,
     ) -> Result<Reconciliation> {
         let sales = self.clone();
-        tokio::spawn(async move { sales.reconcile_to_end(voucher_id, pause).await })
+        let tasks = &self.inner.background.tasks;
+        tasks
+            .spawn(async move { sales.reconcile_to_end(voucher_id, pause).await })
             .await
             .map_err(|error| SeckillError::Internal(format!("a reconciliation failed: {error}")))?
     }
