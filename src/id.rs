@@ -20,7 +20,7 @@ use chrono::{DateTime, NaiveTime, Utc};
 use redis::Script;
 use tokio::sync::oneshot;
 
-use crate::kv::{Kv, KvError};
+use crate::kv::{Keys, Kv, KvError};
 
 /// 2022-01-01T00:00:00Z in unix seconds: second 0 of every order id.
 pub const EPOCH_UNIX: i64 = 1_640_995_200;
@@ -126,7 +126,7 @@ pub enum IdError {
 #[derive(Clone)]
 pub struct IdGenerator {
     redis: Kv,
-    prefix: String,
+    keys: Keys,
     script: Script,
     raise: Script,
     queue: Arc<Mutex<Queue>>,
@@ -146,7 +146,7 @@ impl IdGenerator {
     pub fn new(redis: Kv, prefix: impl Into<String>) -> Self {
         Self {
             redis,
-            prefix: prefix.into(),
+            keys: Keys::new(prefix),
             script: Script::new(include_str!("../lua/order_id.lua")),
             raise: Script::new(include_str!("../lua/order_id_raise.lua")),
             queue: Arc::default(),
@@ -155,7 +155,7 @@ impl IdGenerator {
 
     /// The counter key for the UTC day of `at`.
     pub fn day_key(&self, at: DateTime<Utc>) -> String {
-        format!("{}icr:order:{}", self.prefix, at.format("%Y:%m:%d"))
+        self.keys.order_counter(at)
     }
 
     /// The next order id, drawn together with those of the callers that

@@ -22,7 +22,9 @@ use std::time::Duration;
 use redis::{Cmd, FromRedisValue, ScriptInvocation};
 use redis_locks::{Endpoint, SharedConnection};
 
+mod keys;
 mod stream;
+pub use keys::{AsyncSaleKeys, Keys, RoomKeys};
 pub use stream::{Consumer, ConsumerState, Delivery};
 
 /// Redis failed a call, or did not answer within its deadline (a timeout

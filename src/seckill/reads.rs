@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use super::{LoadError, Result, Seckill, SeckillError, READY_EVERY};
 use crate::id::OrderId;
+use crate::kv::Keys;
 use crate::store::{Order, OrderLine, SaleMode, StoreError, Voucher};
 
 /// A voucher's books: `stock + pending + unpaid + paid = initial_stock`.
@@ -147,7 +148,7 @@ impl Seckill {
     /// nodes). Each check has the dependency deadline.
     async fn probe(&self) -> Result<()> {
         let inner = &self.inner;
-        let ready_key = format!("{}seckill:ready", inner.settings.redis_prefix);
+        let ready_key = Keys::new(inner.settings.redis_prefix.as_str()).ready();
         let (postgres, redis, locks) = tokio::join!(
             inner.store.check_writable(),
             inner.redis.check_writable(&ready_key),

@@ -21,7 +21,7 @@ use sha2::Sha256;
 
 use super::error::{Result, SeckillError};
 use crate::id::parse_positive;
-use crate::kv::Kv;
+use crate::kv::{Keys, Kv};
 use crate::store::Voucher;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -80,7 +80,7 @@ struct Ticket {
 /// The rooms of this instance's vouchers.
 pub(super) struct Rooms {
     redis: Kv,
-    prefix: String,
+    keys: Keys,
     join: Script,
     keyed: HmacSha256,
     /// The last count of waiting places seen per voucher, for the gauge.
@@ -102,16 +102,12 @@ impl Rooms {
     pub(super) fn new(redis: Kv, prefix: String, key: &TicketKey) -> Self {
         Self {
             redis,
-            prefix,
+            keys: Keys::new(prefix),
             join: Script::new(include_str!("../../lua/room_join.lua")),
             keyed: HmacSha256::new_from_slice(key.expose_secret())
                 .expect("HMAC takes any key length"),
             waiting: Mutex::new(HashMap::new()),
         }
-    }
-
-    fn key(&self, voucher_id: i64, part: &str) -> String {
-        format!("{}room:{{{voucher_id}}}:{part}", self.prefix)
     }
 
     /// Joins `user_id` to `voucher`'s room (or finds their place), moving
@@ -130,12 +126,13 @@ impl Rooms {
             .to_std()
             .unwrap_or_default()
             .saturating_add(KEEP_AFTER_END);
+        let keys = self.keys.room(voucher.id);
         let mut invocation = self.join.prepare_invoke();
         invocation
-            .key(self.key(voucher.id, "state"))
-            .key(self.key(voucher.id, "pre"))
-            .key(self.key(voucher.id, "late"))
-            .key(self.key(voucher.id, "admitted"));
+            .key(&keys.state)
+            .key(&keys.pre)
+            .key(&keys.late)
+            .key(&keys.admitted);
         if let Some(sale) = async_sale {
             invocation.key(sale);
         }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use redis::{self, Script};
 
-use crate::kv::{Kv, KvError};
+use crate::kv::{Keys, Kv, KvError};
 use crate::store::{StockLevel, Voucher};
 
 /// Longest life of a sold-out flag whose sale ends later than that; after
@@ -39,7 +39,7 @@ const TRUST_OPEN: Duration = Duration::from_millis(100);
 
 pub(super) struct SoldOutFlags {
     redis: Kv,
-    prefix: String,
+    keys: Keys,
     mark: Script,
     /// What this instance recently saw of each (voucher, epoch): `true`
     /// sold out, `false` open, each trusted for its own time. Concurrent
@@ -78,7 +78,7 @@ impl SoldOutFlags {
     pub(super) fn new(redis: Kv, prefix: String) -> Self {
         Self {
             redis,
-            prefix,
+            keys: Keys::new(prefix),
             mark: Script::new(include_str!("../../lua/soldout_mark.lua")),
             seen: moka::future::Cache::builder()
                 .max_capacity(10_000)
@@ -88,7 +88,7 @@ impl SoldOutFlags {
     }
 
     fn key(&self, voucher_id: i64) -> String {
-        format!("{}seckill:soldout:{voucher_id}", self.prefix)
+        self.keys.sold_out(voucher_id)
     }
 
     /// Whether the voucher, in the state `voucher` describes, is flagged

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::SeckillError;
 use super::workers::{Background, Queue, Unanswered, Workers};
+use crate::kv::Keys;
 
 /// Most locks one gathered call takes.
 const GATHER_MAX: usize = redis_locks::LOCKS_PER_CALL;
@@ -164,7 +165,7 @@ pub enum ReleaseError {
 /// id of one of them.
 pub fn lock_of(voucher_id: i64, user_id: i64, purchase: u64) -> (String, String) {
     (
-        format!("order:{voucher_id}:{user_id}"),
+        Keys::user_lock(voucher_id, user_id),
         format!("purchase-{purchase}"),
     )
 }

@@ -520,7 +520,9 @@ async fn an_async_sale_gives_a_cancelled_unit_back_to_redis_once_even_across_a_r
     // Redis loses the sale (as a restart without persistence would) while
     // a cancel's return is on its way to it.
     let keyspace = app.keyspace().await;
-    let sale_key = format!("{keyspace}async:{{{voucher}}}:sale");
+    let sale_key = seckill::kv::Keys::new(keyspace.as_str())
+        .async_sale(voucher)
+        .sale;
     let client = redis::Client::open(redis_url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let _: () = redis::cmd("DEL")

@@ -30,7 +30,7 @@ use super::error::{Result, SeckillError};
 use super::workers::{Background, Queue, Workers};
 use super::SeckillSettings;
 use crate::id::{IdGenerator, OrderId};
-use crate::kv::Kv;
+use crate::kv::{AsyncSaleKeys as SaleKeys, Keys, Kv};
 use crate::store::{Order, OrderStatus, StockReturn, Store, Voucher};
 
 use accept::Verdict;
@@ -47,28 +47,6 @@ const PENDING_SHARDS_ON_CLUSTER: i64 = 16;
 /// How often each instance looks for async vouchers to write.
 const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
 
-/// The Redis keys of one voucher's async sale, all in one cluster slot.
-struct SaleKeys {
-    /// Hash {stock, begin_ms, end_ms}; missing = paused.
-    sale: String,
-    /// Hash user id -> order id.
-    buyers: String,
-    /// Stream of accepted orders not yet written (entries are removed once
-    /// committed).
-    orders: String,
-    /// Hash order id -> why Postgres refused an accepted order.
-    unstored: String,
-    /// The token of the reconciliation under way, if one is.
-    reconciling: String,
-    /// Hash user id -> orders of the voucher Redis accepted for the user,
-    /// ever: the bound on units held for free. Not rebuilt by a
-    /// reconciliation; a Redis that lost it counts from 0 again.
-    orders_per_user: String,
-    /// Set of the order ids whose units Redis's stock holds again (see
-    /// `lua/async_return.lua`).
-    returned: String,
-}
-
 /// The consumer group that writes every voucher's stream.
 const GROUP: &str = "writers";
 
@@ -83,7 +61,7 @@ struct Inner {
     redis: Kv,
     ids: IdGenerator,
     clock: SaleClock,
-    prefix: String,
+    keys: Keys,
     /// This process's consumer name in every group: its pid, so that
     /// `XINFO CONSUMERS` tells an operator which process holds what, and a
     /// random part, unique across hosts and restarts.
@@ -132,7 +110,7 @@ impl AsyncSales {
                 redis,
                 ids,
                 clock,
-                prefix: settings.redis_prefix.clone(),
+                keys: Keys::new(settings.redis_prefix.clone()),
                 consumer: format!(
                     "pid{}-{}",
                     std::process::id(),
@@ -157,16 +135,7 @@ impl AsyncSales {
     }
 
     fn keys(&self, voucher_id: i64) -> SaleKeys {
-        let base = format!("{}async:{{{voucher_id}}}", self.inner.prefix);
-        SaleKeys {
-            sale: format!("{base}:sale"),
-            buyers: format!("{base}:buyers"),
-            orders: format!("{base}:orders"),
-            unstored: format!("{base}:unstored"),
-            reconciling: format!("{base}:reconciling"),
-            orders_per_user: format!("{base}:orders_per_user"),
-            returned: format!("{base}:returned"),
-        }
+        self.inner.keys.async_sale(voucher_id)
     }
 
     /// The hash that holds the lookup of a pending order, under the order
@@ -177,11 +146,9 @@ impl AsyncSales {
         } else {
             1
         };
-        format!(
-            "{}async-orders:{}:{}",
-            self.inner.prefix,
+        self.inner.keys.async_pending(
             order_id.seconds_since_epoch() / 3_600,
-            order_id.as_i64() % shards
+            order_id.as_i64() % shards,
         )
     }
 
