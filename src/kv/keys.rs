@@ -1,0 +1,134 @@
+//! Every Redis key the service writes, named in one place: what it holds,
+//! and the hash tag (`{...}`, literal braces) that keeps the keys one
+//! script touches together in one Cluster slot. The lock library adds its
+//! own `lock:{<name>}` around the lock names made here.
+
+use chrono::{DateTime, Utc};
+
+/// The keys of one deployment: each starts with the configured prefix and
+/// the database's namespace (see `startup`), so Redis state written for
+/// another database is never read as this one's.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+/// The keys of one voucher's async sale, all under its hash tag.
+pub struct AsyncSaleKeys {
+    /// Hash {stock, begin_ms, end_ms}; missing = paused.
+    pub sale: String,
+    /// Hash user id -> order id.
+    pub buyers: String,
+    /// Stream of accepted orders not yet written.
+    pub orders: String,
+    /// Hash order id -> why Postgres refused an accepted order.
+    pub unstored: String,
+    /// The token of the reconciliation under way, if one is.
+    pub reconciling: String,
+    /// Hash user id -> orders of the voucher Redis accepted for the user.
+    pub orders_per_user: String,
+    /// Set of the order ids whose units Redis's stock holds again.
+    pub returned: String,
+}
+
+/// The keys of one voucher's waiting room, all under its hash tag.
+pub struct RoomKeys {
+    /// Hash {serving, last_ms, late}.
+    pub state: String,
+    /// Sorted set user -> random draw: the pre-queue.
+    pub pre: String,
+    /// Hash user -> order of arrival after the start.
+    pub late: String,
+    /// Hash user -> when Redis's clock first saw them admitted (ms).
+    pub admitted: String,
+}
+
+impl Keys {
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+        }
+    }
+
+    /// What every key starts with.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Written (with a short life) to tell that Redis takes writes.
+    pub fn ready(&self) -> String {
+        format!("{}seckill:ready", self.prefix)
+    }
+
+    /// Hash {epoch, sold_out}: the voucher's sold-out flag.
+    pub fn sold_out(&self, voucher_id: i64) -> String {
+        format!("{}seckill:soldout:{voucher_id}", self.prefix)
+    }
+
+    /// The order-id counter of the UTC day of `at`.
+    pub fn order_counter(&self, at: DateTime<Utc>) -> String {
+        format!("{}icr:order:{}", self.prefix, at.format("%Y:%m:%d"))
+    }
+
+    /// The name of `user_id`'s purchase lock for `voucher_id`.
+    pub fn user_lock(voucher_id: i64, user_id: i64) -> String {
+        format!("order:{voucher_id}:{user_id}")
+    }
+
+    pub fn async_sale(&self, voucher_id: i64) -> AsyncSaleKeys {
+        let base = format!("{}async:{{{voucher_id}}}", self.prefix);
+        AsyncSaleKeys {
+            sale: format!("{base}:sale"),
+            buyers: format!("{base}:buyers"),
+            orders: format!("{base}:orders"),
+            unstored: format!("{base}:unstored"),
+            reconciling: format!("{base}:reconciling"),
+            orders_per_user: format!("{base}:orders_per_user"),
+            returned: format!("{base}:returned"),
+        }
+    }
+
+    /// Hash order id -> lookup of the async orders drawn in one hour (and
+    /// shard, on a cluster), while they are pending.
+    pub fn async_pending(&self, hour: i64, shard: i64) -> String {
+        format!("{}async-orders:{hour}:{shard}", self.prefix)
+    }
+
+    pub fn room(&self, voucher_id: i64) -> RoomKeys {
+        let base = format!("{}room:{{{voucher_id}}}", self.prefix);
+        RoomKeys {
+            state: format!("{base}:state"),
+            pre: format!("{base}:pre"),
+            late: format!("{base}:late"),
+            admitted: format!("{base}:admitted"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Keys;
+
+    #[test]
+    fn the_keys_one_script_touches_share_a_hash_tag_and_the_prefix() {
+        let keys = Keys::new("p:ns:");
+        let sale = keys.async_sale(42);
+        let room = keys.room(42);
+        for key in [
+            &sale.sale,
+            &sale.buyers,
+            &sale.orders,
+            &sale.orders_per_user,
+            &sale.returned,
+            &room.state,
+            &room.pre,
+            &room.late,
+            &room.admitted,
+        ] {
+            assert!(key.starts_with("p:ns:"), "{key}");
+            assert!(key.contains("{42}"), "{key}");
+        }
+        assert_eq!(keys.sold_out(7), "p:ns:seckill:soldout:7");
+        assert_eq!(Keys::user_lock(7, 9), "order:7:9");
+    }
+}
