@@ -482,6 +482,22 @@ async fn a_body_sent_a_byte_at_a_time_is_cut_off_at_its_deadline() {
             "{text}"
         );
     }
+    // A route that reads no body answers at once, and the connection the
+    // unread body would hold is closed rather than kept for it.
+    let started = Instant::now();
+    let mut stream = send_head(
+        &app,
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n",
+    )
+    .await;
+    let (text, closed) = read_until_closed(&mut stream, Duration::from_secs(20)).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(closed, "still open after {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
     // A client that sends its body whole is served as before.
     let voucher = app.open_voucher(1).await;
     assert!(voucher > 0);
