@@ -1,6 +1,7 @@
 //! HTTP: routes, middleware and the shared state of the handlers. The only
 //! module that knows axum; it calls the `seckill` service and nothing below.
 
+mod admin;
 mod error;
 mod extract;
 mod handlers;
@@ -85,12 +86,12 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// `body_timeout` to arrive, counted from its headers, fails.
 pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
     let api = Router::new()
-        .route("/admin/vouchers", post(handlers::create_voucher))
-        .route("/admin/vouchers/{id}/orders", get(handlers::voucher_orders))
-        .route("/admin/vouchers/{id}/stats", get(handlers::voucher_stats))
-        .route("/admin/vouchers/{id}/stock", post(handlers::restock))
-        .route("/admin/vouchers/{id}/reconcile", post(handlers::reconcile))
-        .route("/admin/tokens", post(handlers::mint_tokens))
+        .route("/admin/vouchers", post(admin::create_voucher))
+        .route("/admin/vouchers/{id}/orders", get(admin::voucher_orders))
+        .route("/admin/vouchers/{id}/stats", get(admin::voucher_stats))
+        .route("/admin/vouchers/{id}/stock", post(admin::restock))
+        .route("/admin/vouchers/{id}/reconcile", post(admin::reconcile))
+        .route("/admin/tokens", post(admin::mint_tokens))
         .route("/vouchers/{id}", get(handlers::get_voucher))
         .route("/vouchers/{id}/queue", post(queue::join).get(queue::poll))
         .route("/seckill/{id}", post(handlers::seckill))

@@ -15,7 +15,7 @@ use utoipa::{Modify, OpenApi};
 use utoipa_swagger_ui::Config;
 
 use super::error::ApiError;
-use super::{handlers, ops, payments, queue};
+use super::{admin, handlers, ops, payments, queue};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -27,19 +27,19 @@ use super::{handlers, ops, payments, queue};
         license(name = "MIT OR Apache-2.0")
     ),
     paths(
-        handlers::create_voucher,
+        admin::create_voucher,
         handlers::get_voucher,
         queue::join,
         queue::poll,
-        handlers::restock,
-        handlers::reconcile,
-        handlers::mint_tokens,
+        admin::restock,
+        admin::reconcile,
+        admin::mint_tokens,
         handlers::seckill,
         handlers::get_order,
         payments::cancel_order,
         payments::notify,
-        handlers::voucher_orders,
-        handlers::voucher_stats,
+        admin::voucher_orders,
+        admin::voucher_stats,
         ops::healthz,
         ops::readyz,
         ops::metrics,

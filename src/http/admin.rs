@@ -1,0 +1,392 @@
+//! The admin API's handlers: vouchers created and restocked, async sales
+//! reconciled, user tokens minted, a voucher's orders and books. Each
+//! one's `#[utoipa::path]` is its entry in `/openapi.json`.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::error::{ApiError, ErrorBody};
+use super::extract::{rfc3339, Admin, AppJson, NoBody, VoucherIdPath};
+use super::handlers::{VoucherBody, WaitingRoom};
+use super::AppState;
+use crate::seckill::{
+    OrderStatus, SaleMode, VoucherDraft, DEFAULT_MAX_ORDERS_PER_USER, DEFAULT_PAY_WITHIN_SECONDS,
+};
+
+/// Most tokens one `POST /admin/tokens` may mint.
+pub const MAX_TOKENS_PER_CALL: usize = 10_000;
+const DEFAULT_TOKEN_TTL_SECS: i64 = 86_400;
+const MAX_TOKEN_TTL_SECS: i64 = 30 * 86_400;
+
+/// A flash sale to create.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVoucher {
+    /// 1 to 200 characters, no control characters.
+    #[schema(min_length = 1, max_length = 200, example = "Half-price coffee")]
+    title: String,
+    /// Units on sale.
+    #[schema(minimum = 0, maximum = 2147483647, example = 100)]
+    stock: i64,
+    /// Strict RFC 3339, years 0000 to 9999 in UTC.
+    #[serde(deserialize_with = "rfc3339")]
+    #[schema(value_type = String, format = DateTime, example = "2030-05-01T10:00:00Z")]
+    begin_time: DateTime<Utc>,
+    /// After `begin_time`, to the microsecond.
+    #[serde(deserialize_with = "rfc3339")]
+    #[schema(value_type = String, format = DateTime, example = "2030-05-01T11:00:00Z")]
+    end_time: DateTime<Utc>,
+    /// `sync` (the default): the order is committed to Postgres before
+    /// the answer (200); `async`: Redis accepts it (202, `pending`) and the
+    /// stream writers commit it.
+    #[serde(default)]
+    sale_mode: SaleMode,
+    /// What one unit costs; a payment must bring exactly this (default 0).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 9007199254740991.0, example = 990)]
+    price_cents: i64,
+    /// How long a buyer has to pay, from the order's creation (default
+    /// 900); an unpaid order then expires and its unit goes back on sale.
+    #[serde(default = "default_pay_within")]
+    #[schema(minimum = 1, maximum = 86400, example = 900)]
+    pay_within_seconds: i64,
+    /// Most orders one user may have of this voucher, live, cancelled and
+    /// expired together (default 3): past it a purchase is
+    /// `too_many_orders`, so nobody holds a unit away by buying and
+    /// cancelling again and again.
+    #[serde(default = "default_max_orders")]
+    #[schema(minimum = 1, maximum = 1000, example = 3)]
+    max_orders_per_user: i64,
+    /// A waiting room in front of the sale: a purchase then needs an
+    /// admitted `X-Queue-Ticket` (absent: no room).
+    #[serde(default)]
+    waiting_room: Option<WaitingRoom>,
+}
+
+fn default_pay_within() -> i64 {
+    DEFAULT_PAY_WITHIN_SECONDS
+}
+
+fn default_max_orders() -> i64 {
+    DEFAULT_MAX_ORDERS_PER_USER
+}
+
+/// A created voucher's id.
+#[derive(Serialize, ToSchema)]
+pub struct Created {
+    id: i64,
+}
+
+#[utoipa::path(
+    post,
+    path = "/admin/vouchers",
+    tag = "admin",
+    request_body = CreateVoucher,
+    security(("admin" = [])),
+    responses(
+        (status = 201, description = "Created", body = Created),
+        (status = 400, description = "bad_request: a malformed body or field", body = ErrorBody),
+        (status = 403, description = "forbidden: no admin token", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 503, description = "unavailable: Postgres cannot be reached", body = ErrorBody),
+    )
+)]
+pub async fn create_voucher(
+    State(state): State<AppState>,
+    _: Admin,
+    AppJson(body): AppJson<CreateVoucher>,
+) -> Result<(StatusCode, Json<Created>), ApiError> {
+    let id = state
+        .seckill
+        .create_voucher(VoucherDraft {
+            title: body.title,
+            stock: body.stock,
+            begin_time: body.begin_time,
+            end_time: body.end_time,
+            sale_mode: body.sale_mode,
+            price_cents: body.price_cents,
+            pay_within_seconds: body.pay_within_seconds,
+            max_orders_per_user: body.max_orders_per_user,
+            admit_per_second: body.waiting_room.as_ref().map(|room| room.admit_per_second),
+            queue_proof_bits: body
+                .waiting_room
+                .as_ref()
+                .map_or(0, |room| room.proof_of_work_bits),
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(Created { id })))
+}
+
+/// Units to add to a voucher.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Restock {
+    #[schema(minimum = 1, maximum = 2147483647, example = 10)]
+    add: i64,
+}
+
+#[utoipa::path(
+    post,
+    path = "/admin/vouchers/{id}/stock",
+    tag = "admin",
+    params(("id" = i64, Path, minimum = 1, description = "The voucher id")),
+    request_body = Restock,
+    security(("admin" = [])),
+    responses(
+        (status = 200, description = "The voucher after the restock; the sale reopens on every instance", body = VoucherBody),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    )
+)]
+pub async fn restock(
+    State(state): State<AppState>,
+    _: Admin,
+    VoucherIdPath(id): VoucherIdPath,
+    AppJson(body): AppJson<Restock>,
+) -> Result<Json<VoucherBody>, ApiError> {
+    Ok(Json(state.seckill.restock(id, body.add).await?.into()))
+}
+
+#[utoipa::path(
+    post,
+    path = "/admin/vouchers/{id}/reconcile",
+    tag = "admin",
+    params(("id" = i64, Path, minimum = 1, description = "The voucher id (an async sale)")),
+    security(("admin" = [])),
+    responses(
+        (status = 200, description = "Redis's stock and buyers rebuilt from Postgres and the unwritten stream entries; the orders Postgres refused are listed", body = ReconcileBody),
+        (status = 400, description = "bad_request: a malformed id, or a sync voucher", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 503, description = "unavailable: Postgres or Redis cannot be reached, or a reconciliation started later took over (it reopens the sale; ask again for the result)", body = ErrorBody),
+    )
+)]
+pub async fn reconcile(
+    State(state): State<AppState>,
+    _: Admin,
+    VoucherIdPath(id): VoucherIdPath,
+    NoBody: NoBody,
+) -> Result<Json<ReconcileBody>, ApiError> {
+    let done = state.seckill.reconcile(id).await?;
+    Ok(Json(ReconcileBody {
+        voucher_id: done.voucher_id,
+        stock: done.stock,
+        pending: done.pending,
+        buyers: done.buyers,
+        unstored: done
+            .unstored
+            .into_iter()
+            .map(|u| UnstoredBody {
+                order_id: u.order_id,
+                reason: u.reason,
+            })
+            .collect(),
+    }))
+}
+
+/// What a reconciliation found and set.
+#[derive(Serialize, ToSchema)]
+pub struct ReconcileBody {
+    voucher_id: i64,
+    /// The stock Redis sells from now: Postgres's, less the accepted
+    /// orders still waiting to be written.
+    stock: i64,
+    /// Accepted orders not yet in Postgres.
+    pending: usize,
+    /// Users recorded as buyers (stored or pending).
+    buyers: usize,
+    /// Orders Redis accepted and Postgres refused, with the reason.
+    unstored: Vec<UnstoredBody>,
+}
+
+/// An accepted order that Postgres refused.
+#[derive(Serialize, ToSchema)]
+pub struct UnstoredBody {
+    order_id: String,
+    /// `sold_out`, `already_purchased` or `id_taken`.
+    reason: String,
+}
+
+/// Users to mint tokens for.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MintTokens {
+    #[schema(min_items = 1, max_items = 10000, value_type = Vec<i64>)]
+    user_ids: Vec<i64>,
+    /// Lifetime of the tokens: 1 s to 30 days (default a day).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 2592000)]
+    ttl_seconds: Option<i64>,
+}
+
+/// A user's token.
+#[derive(Serialize, ToSchema)]
+pub struct UserToken {
+    user_id: i64,
+    token: String,
+}
+
+/// Tokens, in the order of the ids asked for.
+#[derive(Serialize, ToSchema)]
+pub struct Tokens {
+    tokens: Vec<UserToken>,
+}
+
+#[utoipa::path(
+    post,
+    path = "/admin/tokens",
+    tag = "admin",
+    request_body = MintTokens,
+    security(("admin" = [])),
+    responses(
+        (status = 200, description = "Signed user tokens", body = Tokens),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+    )
+)]
+pub async fn mint_tokens(
+    State(state): State<AppState>,
+    _: Admin,
+    AppJson(body): AppJson<MintTokens>,
+) -> Result<Json<Tokens>, ApiError> {
+    if body.user_ids.is_empty() || body.user_ids.len() > MAX_TOKENS_PER_CALL {
+        return Err(ApiError::BadRequest(format!(
+            "user_ids must hold 1 to {MAX_TOKENS_PER_CALL} ids"
+        )));
+    }
+    if let Some(bad) = body.user_ids.iter().find(|id| **id <= 0) {
+        return Err(ApiError::BadRequest(format!(
+            "user id {bad} is not positive"
+        )));
+    }
+    let ttl = body.ttl_seconds.unwrap_or(DEFAULT_TOKEN_TTL_SECS);
+    if !(1..=MAX_TOKEN_TTL_SECS).contains(&ttl) {
+        return Err(ApiError::BadRequest(format!(
+            "ttl_seconds must be between 1 and {MAX_TOKEN_TTL_SECS}"
+        )));
+    }
+    let expires = Utc::now().timestamp() + ttl;
+    let tokens = body
+        .user_ids
+        .iter()
+        .map(|&user_id| UserToken {
+            user_id,
+            token: state.tokens.sign(user_id, expires),
+        })
+        .collect();
+    Ok(Json(Tokens { tokens }))
+}
+
+/// One order of a voucher.
+#[derive(Serialize, ToSchema)]
+pub struct OrderLine {
+    #[schema(pattern = "^[1-9][0-9]{0,18}$")]
+    order_id: String,
+    user_id: i64,
+    status: OrderStatus,
+}
+
+/// Every order of a voucher, oldest first.
+#[derive(Serialize, ToSchema)]
+pub struct Orders {
+    orders: Vec<OrderLine>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/admin/vouchers/{id}/orders",
+    tag = "admin",
+    params(("id" = i64, Path, minimum = 1, description = "The voucher id")),
+    security(("admin" = [])),
+    responses(
+        (status = 200, description = "The voucher's orders", body = Orders),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    )
+)]
+pub async fn voucher_orders(
+    State(state): State<AppState>,
+    _: Admin,
+    VoucherIdPath(id): VoucherIdPath,
+) -> Result<Json<Orders>, ApiError> {
+    let orders = state
+        .seckill
+        .orders_for_voucher(id)
+        .await?
+        .into_iter()
+        .map(|line| OrderLine {
+            order_id: line.id.to_string(),
+            user_id: line.user_id,
+            status: line.status,
+        })
+        .collect();
+    Ok(Json(Orders { orders }))
+}
+
+/// A voucher's books, one snapshot: `stock + pending + unpaid + paid =
+/// initial_stock` always.
+#[derive(Serialize, ToSchema)]
+pub struct StatsBody {
+    initial_stock: i32,
+    /// Units still for sale (an async sale's pending orders taken off).
+    stock: i64,
+    /// Live orders: `unpaid` + `paid`.
+    orders: i64,
+    /// The users of the live orders.
+    distinct_users: i64,
+    /// Async: accepted by Redis, not yet stored.
+    pending: i64,
+    unpaid: i64,
+    paid: i64,
+    cancelled: i64,
+    expired: i64,
+    /// The voucher's bound on orders per user (live, cancelled, expired).
+    max_orders_per_user: i32,
+}
+
+#[utoipa::path(
+    get,
+    path = "/admin/vouchers/{id}/stats",
+    tag = "admin",
+    params(("id" = i64, Path, minimum = 1, description = "The voucher id")),
+    security(("admin" = [])),
+    responses(
+        (status = 200, description = "The voucher's books", body = StatsBody),
+        (status = 400, description = "bad_request", body = ErrorBody),
+        (status = 403, description = "forbidden", body = ErrorBody),
+        (status = 404, description = "not_found", body = ErrorBody),
+        (status = 413, description = "payload_too_large", body = ErrorBody),
+        (status = 503, description = "unavailable", body = ErrorBody),
+    )
+)]
+pub async fn voucher_stats(
+    State(state): State<AppState>,
+    _: Admin,
+    VoucherIdPath(id): VoucherIdPath,
+) -> Result<Json<StatsBody>, ApiError> {
+    let stats = state.seckill.stats(id).await?;
+    Ok(Json(StatsBody {
+        initial_stock: stats.initial_stock,
+        stock: stats.stock,
+        orders: stats.unpaid + stats.paid,
+        distinct_users: stats.distinct_users,
+        pending: stats.pending,
+        unpaid: stats.unpaid,
+        paid: stats.paid,
+        cancelled: stats.cancelled,
+        expired: stats.expired,
+        max_orders_per_user: stats.max_orders_per_user,
+    }))
+}
