@@ -156,6 +156,11 @@ fn parse_rfc3339(text: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(text).ok().map(|t| t.to_utc())
 }
 
+/// A header's value as text, if it is there and is text.
+pub fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|value| value.to_str().ok())
+}
+
 /// The single `{id}` of a path, as a voucher id.
 pub struct VoucherIdPath(pub i64);
 

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::{Caller, NoBody, OrderIdPath, User, VoucherIdPath};
+use super::extract::{header_text, Caller, NoBody, OrderIdPath, User, VoucherIdPath};
 use super::queue::QUEUE_TICKET;
 use super::AppState;
 use crate::seckill::{Order, OrderStatus, Purchase, SaleMode, Voucher};
@@ -138,9 +138,7 @@ pub async fn seckill(
     headers: HeaderMap,
     NoBody: NoBody,
 ) -> Result<Response, ApiError> {
-    let ticket = headers
-        .get(QUEUE_TICKET)
-        .and_then(|value| value.to_str().ok());
+    let ticket = header_text(&headers, QUEUE_TICKET);
     Ok(
         match state.seckill.purchase(user_id, voucher_id, ticket).await? {
             Purchase::Stored(order_id) => Json(Purchased {

@@ -10,7 +10,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::{NoBody, User, VoucherIdPath};
+use super::extract::{header_text, NoBody, User, VoucherIdPath};
 use super::AppState;
 use crate::seckill::{QueueState, QueueStatus};
 
@@ -90,7 +90,6 @@ fn queue_answer(status: StatusCode, state: QueueState) -> Response {
         (status = 401, description = "unauthorized", body = ErrorBody),
         (status = 404, description = "not_found: no such voucher, or it has no waiting room", body = ErrorBody),
         (status = 413, description = "payload_too_large", body = ErrorBody),
-        (status = 429, description = "rate_limited", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
     )
 )]
@@ -101,9 +100,7 @@ pub async fn join(
     headers: HeaderMap,
     NoBody: NoBody,
 ) -> Result<Response, ApiError> {
-    let proof = headers
-        .get(QUEUE_PROOF)
-        .and_then(|value| value.to_str().ok());
+    let proof = header_text(&headers, QUEUE_PROOF);
     let queued = state.seckill.join_queue(user_id, voucher_id, proof).await?;
     Ok(queue_answer(StatusCode::ACCEPTED, queued))
 }
@@ -123,7 +120,6 @@ pub async fn join(
         (status = 401, description = "unauthorized", body = ErrorBody),
         (status = 404, description = "not_found: no such voucher, or it has no waiting room", body = ErrorBody),
         (status = 413, description = "payload_too_large", body = ErrorBody),
-        (status = 429, description = "rate_limited", body = ErrorBody),
         (status = 503, description = "unavailable", body = ErrorBody),
     )
 )]
@@ -133,9 +129,7 @@ pub async fn poll(
     VoucherIdPath(voucher_id): VoucherIdPath,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let ticket = headers
-        .get(QUEUE_TICKET)
-        .and_then(|value| value.to_str().ok())
+    let ticket = header_text(&headers, QUEUE_TICKET)
         .ok_or_else(|| ApiError::BadRequest("send the queue's ticket as X-Queue-Ticket".into()))?;
     let queued = state
         .seckill

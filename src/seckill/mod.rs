@@ -135,12 +135,27 @@ pub enum Purchase {
     Pending(OrderId),
 }
 
+/// Why a voucher could not be read into a cache: shared by the requests
+/// that waited for the one read.
 #[derive(Debug, thiserror::Error)]
 enum LoadError {
     #[error("voucher not found")]
     Missing,
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl LoadError {
+    /// What each of the requests that shared the read is answered.
+    fn answer(&self) -> SeckillError {
+        match self {
+            Self::Missing => SeckillError::NotFound("voucher"),
+            Self::Store(e @ (StoreError::Unavailable(_) | StoreError::TimedOut(_))) => {
+                SeckillError::postgres_unavailable(e)
+            }
+            Self::Store(e) => SeckillError::Internal(e.to_string()),
+        }
+    }
 }
 
 /// The flash-sale service. Cheap to clone.
@@ -490,13 +505,7 @@ impl Seckill {
                 ))
             })
             .await
-            .map_err(|error| match &*error {
-                LoadError::Missing => SeckillError::NotFound("voucher"),
-                LoadError::Store(e @ (StoreError::Unavailable(_) | StoreError::TimedOut(_))) => {
-                    SeckillError::postgres_unavailable(e)
-                }
-                LoadError::Store(e) => SeckillError::Internal(e.to_string()),
-            });
+            .map_err(|error| error.answer());
         if let Err(SeckillError::NotFound(_)) = found {
             self.inner.missing.insert(voucher_id, ());
         }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::{LoadError, Result, Seckill, SeckillError, READY_EVERY};
 use crate::id::OrderId;
 use crate::kv::Keys;
-use crate::store::{Order, OrderLine, SaleMode, StoreError, Voucher};
+use crate::store::{Order, OrderLine, SaleMode, Voucher};
 
 /// A voucher's books: `stock + pending + unpaid + paid = initial_stock`.
 #[derive(Debug, Clone, Copy)]
@@ -56,13 +56,7 @@ impl Seckill {
                 }
             })
             .await
-            .map_err(|error| match &*error {
-                LoadError::Missing => SeckillError::NotFound("voucher"),
-                LoadError::Store(e @ (StoreError::Unavailable(_) | StoreError::TimedOut(_))) => {
-                    SeckillError::postgres_unavailable(e)
-                }
-                LoadError::Store(e) => SeckillError::Internal(e.to_string()),
-            })?;
+            .map_err(|error| error.answer())?;
         voucher.stock = level;
         Ok(voucher)
     }
