@@ -83,6 +83,13 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_LIMIT_PER_USER", default_value_t = 5)]
     pub limit_per_user: u32,
 
+    /// How long a rate-limited request's `429` is held before it is sent,
+    /// in milliseconds: a script that asks again at once is slowed to one
+    /// request per connection and delay; 0 answers at once.
+    #[arg(long = "limit-delay-ms", env = "SECKILL_LIMIT_DELAY_MS",
+          default_value = "500", value_name = "MS", value_parser = millis)]
+    pub limit_delay: Duration,
+
     /// Where `/metrics` is served instead of the public address (the
     /// public one then answers 404 for it). Unset: on the public address.
     #[arg(long, env = "SECKILL_METRICS_ADDR")]

@@ -132,7 +132,8 @@ impl Application {
                 settings.limit_per_address,
                 settings.limit_per_user,
                 settings.trusted_proxies.clone(),
-            ),
+            )
+            .delaying_refusals(settings.limit_delay),
             public_metrics: metrics_listener.is_none(),
             #[cfg(feature = "lab")]
             lab,

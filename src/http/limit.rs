@@ -34,6 +34,9 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// The limits of one instance.
 pub struct Limits {
     inner: Arc<Limiters>,
+    /// How long a refusal is held before it is sent (see
+    /// [`Limits::delaying_refusals`]).
+    delay: Duration,
 }
 
 struct Limiters {
@@ -76,7 +79,20 @@ impl Limits {
         if inner.per_address.is_some() || inner.per_user.is_some() {
             tokio::spawn(sweep(Arc::downgrade(&inner)));
         }
-        Self { inner }
+        Self {
+            inner,
+            delay: Duration::ZERO,
+        }
+    }
+
+    /// Holds each refusal this long before sending it. A client that asks
+    /// again as soon as it is answered (a script on a hundred keep-alive
+    /// connections) then sends a hundred requests per delay instead of as
+    /// many as the service can refuse: the refusals cost a timer each, not
+    /// a core. Nobody who honours `Retry-After` notices.
+    pub fn delaying_refusals(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
     }
 
     /// The address a request's limit is counted under.
@@ -298,7 +314,7 @@ pub async fn limit_address(
         let client = limits.client(peer, request.headers());
         if let Err(refused) = limits.check_address(client) {
             count(RouteClass::of(Some(request.uri().path())), refused.limit);
-            return too_many(refused);
+            return too_many(limits, refused).await;
         }
     }
     next.run(request).await
@@ -328,7 +344,7 @@ pub async fn limit_user(
         if let Some(user_id) = user {
             if let Err(refused) = limits.check_user(user_id) {
                 count(class, refused.limit);
-                return too_many(refused);
+                return too_many(limits, refused).await;
             }
             request.extensions_mut().insert(VerifiedUser(user_id));
         }
@@ -336,9 +352,13 @@ pub async fn limit_user(
     next.run(request).await
 }
 
-/// `429 rate_limited` with `Retry-After` in whole seconds, rounded up.
-fn too_many(refused: Refused) -> Response {
+/// `429 rate_limited` with `Retry-After` in whole seconds, rounded up,
+/// after the refusals' delay.
+async fn too_many(limits: &Limits, refused: Refused) -> Response {
     let seconds = refused.wait.as_secs() + u64::from(refused.wait.subsec_nanos() > 0);
+    if !limits.delay.is_zero() {
+        tokio::time::sleep(limits.delay).await;
+    }
     ApiError::RateLimited(seconds).into_response()
 }
 

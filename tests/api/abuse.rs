@@ -15,6 +15,9 @@ use crate::helpers::{
 };
 use seckill::startup::Application;
 
+/// How long the limited apps hold a refusal.
+const REFUSAL_DELAY: Duration = Duration::from_millis(300);
+
 /// An app whose limits trust 127.0.0.1 as a proxy: each test names its
 /// clients by `X-Forwarded-For`.
 async fn limited_app(per_address: u32, per_user: u32) -> TestApp {
@@ -22,6 +25,7 @@ async fn limited_app(per_address: u32, per_user: u32) -> TestApp {
         s.limit_per_address = per_address;
         s.limit_per_user = per_user;
         s.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+        s.limit_delay = REFUSAL_DELAY;
         s
     })
     .await
@@ -45,8 +49,11 @@ async fn an_address_over_its_limit_is_refused_with_retry_after_and_others_are_no
             StatusCode::OK
         );
     }
+    let asked = Instant::now();
     let refused = healthz_from(&app, "198.51.100.1").await;
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Held before it is sent: a script that asks again at once is slowed.
+    assert!(asked.elapsed() >= REFUSAL_DELAY, "{:?}", asked.elapsed());
     let wait: u64 = refused.headers()["retry-after"]
         .to_str()
         .unwrap()
