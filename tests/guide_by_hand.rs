@@ -1,0 +1,288 @@
+//! The guide's "Try one race by hand" page, run as a reader runs it: its
+//! `sh` blocks, exactly as written and in order, in one `bash` from the
+//! repository's root. Where a `text` block follows a `sh` block (nothing
+//! but blank lines between), what the block printed must be that text,
+//! order ids aside (they count up from wherever the database is).
+//!
+//! Skipped, with a message, only when its first block (the build of the
+//! lab binary) fails. Every other failure fails the test: a wait of the
+//! page that gives up, an answer that is not the page's, a block that never
+//! ends.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const PAGE: &str = "docs/guide/src/lab-by-hand.md";
+/// Printed after each block, with the block's exit status.
+const MARK: &str = "@@guide-by-hand: block done, status";
+/// Longest a block may take: the build compiles every dependency the first
+/// time (and may wait for another build's lock); the rest are seconds.
+const BUILD_LIMIT: Duration = Duration::from_secs(60 * 60);
+const BLOCK_LIMIT: Duration = Duration::from_secs(180);
+
+/// A `sh` block and what the page says it prints.
+#[derive(Debug)]
+struct Block {
+    /// The line of its opening fence, from 1.
+    line: usize,
+    shell: String,
+    expected: Option<String>,
+}
+
+/// The page's fenced blocks: (line of the opening fence, info string,
+/// body, line of the closing fence).
+fn fences(markdown: &str) -> Vec<(usize, String, String, usize)> {
+    let mut found = Vec::new();
+    let mut open: Option<(usize, String, String)> = None;
+    for (i, line) in markdown.lines().enumerate() {
+        let trimmed = line.trim_start();
+        match open.take() {
+            None => {
+                if let Some(info) = trimmed.strip_prefix("```") {
+                    open = Some((i, info.trim().to_owned(), String::new()));
+                }
+            }
+            Some((start, info, mut body)) => {
+                if trimmed.trim_end() == "```" {
+                    found.push((start + 1, info, body, i + 1));
+                } else {
+                    body.push_str(line);
+                    body.push('\n');
+                    open = Some((start, info, body));
+                }
+            }
+        }
+    }
+    assert!(open.is_none(), "{PAGE}: a fenced block is never closed");
+    found
+}
+
+fn blocks(markdown: &str) -> Vec<Block> {
+    let lines: Vec<&str> = markdown.lines().collect();
+    let fenced = fences(markdown);
+    let mut blocks = Vec::new();
+    for (k, (line, info, body, end)) in fenced.iter().enumerate() {
+        if info != "sh" {
+            continue;
+        }
+        // The next fence is this block's output if only blank lines part them.
+        let expected = fenced.get(k + 1).and_then(|(next, info, body, _)| {
+            let between = &lines[*end..*next - 1];
+            (info == "text" && between.iter().all(|l| l.trim().is_empty())).then(|| body.clone())
+        });
+        blocks.push(Block {
+            line: *line,
+            shell: body.clone(),
+            expected,
+        });
+    }
+    blocks
+}
+
+/// `"order_id":"123"` becomes `"order_id":"N"`; trailing blanks go.
+fn normalized(text: &str) -> String {
+    const KEY: &str = "\"order_id\":\"";
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(KEY) {
+        out.push_str(&rest[..at + KEY.len()]);
+        rest = &rest[at + KEY.len()..];
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits > 0 {
+            out.push('N');
+        }
+        rest = &rest[digits..];
+    }
+    out.push_str(rest);
+    out.lines()
+        .map(str::trim_end)
+        .collect::<Vec<_>>()
+        .join("\n")
+        .trim()
+        .to_owned()
+}
+
+/// The bash that runs the page, in a process group of its own (the
+/// instances the page starts are in it too), and its output as it comes.
+struct Session {
+    child: Child,
+    lines: Receiver<String>,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Session {
+    fn start(root: &Path, script: &Path) -> Self {
+        let mut child = Command::new("bash")
+            .arg("--noprofile")
+            .arg("--norc")
+            .arg(script)
+            .current_dir(root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("bash runs");
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().expect("piped");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let errors = child.stderr.take().expect("piped");
+        let kept = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(errors).lines().map_while(Result::ok) {
+                eprintln!("  | {line}");
+                kept.lock().unwrap().push(line);
+            }
+        });
+        Self {
+            child,
+            lines,
+            stderr,
+        }
+    }
+
+    /// What the next block printed and its exit status, or `None` if it
+    /// did not end within `limit`.
+    fn next_block(&self, limit: Duration) -> Option<(String, i32)> {
+        let deadline = Instant::now() + limit;
+        let mut printed = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(status) = line.strip_prefix(MARK) {
+                        return Some((printed, status.trim().parse().unwrap_or(-1)));
+                    }
+                    eprintln!("  > {line}");
+                    printed.push_str(&line);
+                    printed.push('\n');
+                }
+                Err(RecvTimeoutError::Timeout) => return None,
+                // bash ended before the block did.
+                Err(RecvTimeoutError::Disconnected) => return Some((printed, -1)),
+            }
+        }
+    }
+
+    fn stderr_tail(&self) -> String {
+        let lines = self.stderr.lock().unwrap();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Session {
+    /// Whatever the page left running (on a failure, its instances) stops
+    /// with the group.
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_race_by_hand_runs_as_written_and_prints_what_the_page_says() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join(PAGE)).expect("the page is there");
+    let blocks = blocks(&page);
+    assert!(
+        blocks.len() >= 5,
+        "{PAGE}: {} sh blocks; the page was rewritten?",
+        blocks.len()
+    );
+    assert!(
+        blocks[0].shell.contains("cargo build") && blocks[0].shell.contains("seckill-lab"),
+        "{PAGE}: its first sh block is to build the lab binary:\n{}",
+        blocks[0].shell
+    );
+    assert!(
+        blocks.iter().filter(|b| b.expected.is_some()).count() >= 4,
+        "{PAGE}: the page states what its races print"
+    );
+
+    // One script, each block followed by its mark: one shell, as the page asks.
+    let mut script = String::new();
+    for block in &blocks {
+        script.push_str(&block.shell);
+        script.push_str(&format!("\nprintf '\\n%s %s\\n' '{MARK}' \"$?\"\n"));
+    }
+    let path = std::env::temp_dir().join(format!(
+        "seckill-guide-by-hand-{}.sh",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::File::create(&path)
+        .and_then(|mut f| f.write_all(script.as_bytes()))
+        .expect("the script is written");
+
+    let session = Session::start(&root, &path);
+    let mut failures = Vec::new();
+    let mut timings = Vec::new();
+    for (i, block) in blocks.iter().enumerate() {
+        let limit = if i == 0 { BUILD_LIMIT } else { BLOCK_LIMIT };
+        eprintln!("block at line {}:", block.line);
+        let started = Instant::now();
+        let Some((printed, status)) = session.next_block(limit) else {
+            let _ = std::fs::remove_file(&path);
+            panic!(
+                "{PAGE}: the block at line {} did not end within {limit:?}; stderr ends:\n{}",
+                block.line,
+                session.stderr_tail()
+            );
+        };
+        timings.push((block.line, started.elapsed()));
+        if i == 0 && status != 0 {
+            let _ = std::fs::remove_file(&path);
+            eprintln!(
+                "SKIPPED: the lab binary could not be built ({PAGE}, line {}: exit status {status}; \
+                 cargo's output is above), so the page cannot run",
+                block.line
+            );
+            return;
+        }
+        if let Some(expected) = &block.expected {
+            let (got, want) = (normalized(&printed), normalized(expected));
+            if got != want {
+                failures.push(format!(
+                    "the block at line {} printed\n{printed}\nwhere the page says\n{expected}",
+                    block.line
+                ));
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+    for (line, took) in &timings {
+        eprintln!("block at line {line}: {:.2} s", took.as_secs_f64());
+    }
+    assert!(
+        failures.is_empty(),
+        "{PAGE} does not run as written:\n{}\nstderr ends:\n{}",
+        failures.join("\n"),
+        session.stderr_tail()
+    );
+}
+
+#[test]
+fn blocks_and_their_outputs_are_read_as_the_page_lays_them_out() {
+    let page = "intro\n```sh\necho a\n```\n\n```text\na\n```\n\n```sh\necho b\n```\nprose\n```text\nnot b's\n```\n";
+    let found = blocks(page);
+    assert_eq!(found.len(), 2);
+    assert_eq!(found[0].shell, "echo a\n");
+    assert_eq!(found[0].expected.as_deref(), Some("a\n"));
+    assert_eq!(found[1].expected, None, "prose between: not its output");
+    assert_eq!(
+        normalized("B: {\"order_id\":\"7396\"}  \nA: {\"order_id\":\"12\"}\n"),
+        "B: {\"order_id\":\"N\"}\nA: {\"order_id\":\"N\"}"
+    );
+}
