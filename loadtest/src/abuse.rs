@@ -52,6 +52,10 @@ pub struct AbuseArgs {
     /// take to arrive, whole.
     #[arg(long, default_value_t = 3_000)]
     pub body_timeout_ms: u64,
+    /// SECKILL_LIMIT_DELAY_MS of the instances: how long a refusal is held
+    /// before it is sent (the service's default; 0 answers at once).
+    #[arg(long, default_value_t = 500)]
+    pub limit_delay_ms: u64,
     /// SECKILL_LIMIT_PER_ADDRESS of the instances (requests per second of
     /// one client address, burst of the same size; 0: no limit).
     #[arg(long, default_value_t = 50)]
@@ -337,6 +341,8 @@ impl Verdict {
 /// The service's CPU per request: refused by the limit, and `/healthz`.
 struct RefusalCost {
     requests: usize,
+    /// Requests of the refused run (fewer while refusals are held).
+    refused_requests: usize,
     /// Answered 429 of the refused run.
     refused: u64,
     /// Service µs per refused request.
@@ -395,6 +401,10 @@ pub async fn run(target: &TargetArgs, args: &AbuseArgs) -> Result<bool, String> 
         (
             "SECKILL_BODY_TIMEOUT_MS".into(),
             args.body_timeout_ms.to_string(),
+        ),
+        (
+            "SECKILL_LIMIT_DELAY_MS".into(),
+            args.limit_delay_ms.to_string(),
         ),
         // A notification is read whole before its signature is checked:
         // without a secret the route would refuse it before any body.
@@ -469,9 +479,11 @@ pub async fn run(target: &TargetArgs, args: &AbuseArgs) -> Result<bool, String> 
             "limit_per_address": args.limit_per_address,
             "limit_per_user": args.limit_per_user,
             "body_timeout_ms": args.body_timeout_ms,
+            "limit_delay_ms": args.limit_delay_ms,
             "rows": rows.iter().map(|r| row_json(r, alone)).collect::<Vec<_>>(),
             "refusal_cost": cost.as_ref().map(|c| json!({
                 "requests": c.requests,
+                "refused_requests": c.refused_requests,
                 "refused": c.refused,
                 "refused_service_us": round(c.refused_us),
                 "healthz_service_us": round(c.healthz_us),
@@ -868,21 +880,28 @@ async fn refusal_cost(
             .map(|i| Request::get("/healthz").with_address(addresses[i % turns].clone()))
             .collect::<Vec<_>>()
     };
+    // Each refusal is held for the delay: a connection sends two a second
+    // at 500 ms, so the refused kind is cut to about ten seconds of them.
+    let refused_n = match args.limit_delay_ms {
+        0 => n,
+        delay => n.min(args.connections * (10_000 / delay as usize).max(1)),
+    };
     let refused_plan =
-        vec![Request::get(&format!("/vouchers/{voucher}")).with_address(REFUSED.into()); n];
+        vec![Request::get(&format!("/vouchers/{voucher}")).with_address(REFUSED.into()); refused_n];
     let connections = args.connections;
-    let service_us = |before: &Usage, after: &Usage| {
+    let service_us = |before: &Usage, after: &Usage, requests: usize| {
         after
-            .micros_per(before, n as u64)
+            .micros_per(before, requests as u64)
             .get("service")
             .copied()
             .unwrap_or(f64::NAN)
     };
     let measure = |plan: Vec<Request>, label: &'static str| async move {
+        let requests = plan.len();
         let before = Usage::now(service).await;
         let tally = service.send_each(plan, connections, label).await;
         let after = Usage::now(service).await;
-        (tally, service_us(&before, &after))
+        (tally, service_us(&before, &after, requests))
     };
     let (first, first_us) = measure(healthz_plan(), "cpu healthz").await;
     let (refused, refused_us) = measure(refused_plan, "cpu refused").await;
@@ -896,6 +915,7 @@ async fn refusal_cost(
     }
     Ok(RefusalCost {
         requests: n,
+        refused_requests: refused_n,
         refused: refused.count("429 rate_limited"),
         refused_us,
         healthz_us: (first_us + last_us) / 2.0,
@@ -1092,7 +1112,7 @@ fn print_cost(cost: &RefusalCost) {
     ]);
     table.row([
         "GET /vouchers/{id}, one address over its limit".to_owned(),
-        cost.requests.to_string(),
+        cost.refused_requests.to_string(),
         cost.refused.to_string(),
         format!("{:.1}", cost.refused_us),
     ]);
@@ -1172,6 +1192,7 @@ mod tests {
             slow_connections: 1,
             slow_length: 1,
             body_timeout_ms: 1,
+            limit_delay_ms: 500,
             limit_per_address: 50,
             limit_per_user: 5,
             instances: 2,
