@@ -7,7 +7,8 @@
 #      and started on loopback: Postgres with trust auth for loopback, Redis
 #      without persistence.
 # For the tests (SECKILL_TEST_TOOLS=1) it also makes sure that `redis-server`
-# and `pgbouncer` exist (the tests start private ones of their own) and
+# and `pgbouncer` exist (the tests start private ones of their own),
+# Patroni, etcd and haproxy (the Postgres failover tests, scripts/ha.sh),
 # Chromium (tests load the API page and the guide in it, headless),
 # Prometheus (a test runs the dashboard's queries against it), and npm and
 # Python's venv (a test builds the guide with scripts/guide.sh).
@@ -93,6 +94,11 @@ if [ "${SECKILL_TEST_TOOLS:-0}" = 1 ]; then
     # redis-cli builds the tests' private clusters (--cluster create).
     command -v redis-cli >/dev/null || apt_install redis-tools
     [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null || apt_install pgbouncer
+    # The Postgres failover tests (tests/api/ha.rs) run a Patroni cluster
+    # with etcd and haproxy through scripts/ha.sh.
+    command -v patroni >/dev/null || apt_install patroni
+    command -v etcd >/dev/null || apt_install etcd-server
+    [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || apt_install haproxy
     command -v chromium >/dev/null || apt_install chromium
     command -v prometheus >/dev/null || apt_install prometheus
     # The guide's build (scripts/guide.sh, run by a test): mermaid from npm,

@@ -8,6 +8,7 @@ mod cluster;
 mod dashboard;
 mod failover;
 mod fencing;
+mod ha;
 mod hardening;
 mod helpers;
 mod ids;
