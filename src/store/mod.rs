@@ -91,10 +91,14 @@ impl From<sqlx::Error> for StoreError {
                 } else if code.starts_with("08")
                     || code.starts_with("53")
                     || code.starts_with("57P")
+                    || code == "25006"
                 {
                     // connection exceptions, insufficient resources
                     // (too many connections), admin shutdown, cannot
-                    // connect now: all pass once the server is back.
+                    // connect now: all pass once the server is back. And a
+                    // write refused as read-only: a failover left this
+                    // connection on a standby, or on a leader still being
+                    // promoted; the next connection finds the new primary.
                     Self::Unavailable(error)
                 } else {
                     Self::Other(error)
