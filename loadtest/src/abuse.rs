@@ -880,11 +880,17 @@ async fn refusal_cost(
             .map(|i| Request::get("/healthz").with_address(addresses[i % turns].clone()))
             .collect::<Vec<_>>()
     };
-    // Each refusal is held for the delay: a connection sends two a second
-    // at 500 ms, so the refused kind is cut to about ten seconds of them.
-    let refused_n = match args.limit_delay_ms {
-        0 => n,
-        delay => n.min(args.connections * (10_000 / delay as usize).max(1)),
+    // Each refusal is held for the delay: the refused kind goes over as
+    // many connections as let it finish in about two seconds (at most
+    // 2,000), so that the service's idle work over a long, mostly waiting
+    // run is not billed to the refusals.
+    let (refused_n, refused_connections) = match args.limit_delay_ms {
+        0 => (n, args.connections),
+        delay => {
+            let refused_n = n.min(4_000);
+            let connections = (refused_n * delay as usize / 2_000).clamp(args.connections, 2_000);
+            (refused_n, connections)
+        }
     };
     let refused_plan =
         vec![Request::get(&format!("/vouchers/{voucher}")).with_address(REFUSED.into()); refused_n];
@@ -896,16 +902,16 @@ async fn refusal_cost(
             .copied()
             .unwrap_or(f64::NAN)
     };
-    let measure = |plan: Vec<Request>, label: &'static str| async move {
+    let measure = |plan: Vec<Request>, connections: usize, label: &'static str| async move {
         let requests = plan.len();
         let before = Usage::now(service).await;
         let tally = service.send_each(plan, connections, label).await;
         let after = Usage::now(service).await;
         (tally, service_us(&before, &after, requests))
     };
-    let (first, first_us) = measure(healthz_plan(), "cpu healthz").await;
-    let (refused, refused_us) = measure(refused_plan, "cpu refused").await;
-    let (last, last_us) = measure(healthz_plan(), "cpu healthz").await;
+    let (first, first_us) = measure(healthz_plan(), connections, "cpu healthz").await;
+    let (refused, refused_us) = measure(refused_plan, refused_connections, "cpu refused").await;
+    let (last, last_us) = measure(healthz_plan(), connections, "cpu healthz").await;
     for (what, tally) in [
         ("healthz", &first),
         ("healthz", &last),
