@@ -202,6 +202,17 @@ impl<'a> Admin<'a> {
             .ok_or_else(|| format!("no id in {created}"))
     }
 
+    /// A voucher from a whole creation body, for what [`NewSale`] does not
+    /// say (a begin time ahead, a waiting room).
+    pub async fn create_voucher_from(&self, body: Value) -> Result<i64, String> {
+        let created = self
+            .call(reqwest::Method::POST, "/admin/vouchers", Some(body))
+            .await?;
+        created["id"]
+            .as_i64()
+            .ok_or_else(|| format!("no id in {created}"))
+    }
+
     /// [`Admin::tokens`], shared cheaply by the requests of a plan.
     pub async fn shared_tokens(&self, first: i64, count: i64) -> Result<Vec<Arc<str>>, String> {
         Ok(self

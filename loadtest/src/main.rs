@@ -25,6 +25,7 @@ mod scrape;
 mod service;
 mod speed;
 mod table;
+mod waitingroom;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -148,6 +149,11 @@ enum Scenario {
     /// bot farm, slow bodies), on instances of its own with limits on;
     /// what a refused request costs beside /healthz.
     Abuse(abuse::AbuseArgs),
+    /// A sale behind a waiting room on instances of its own: a crowd
+    /// joining before the start, another after it, bots joining again and
+    /// again, everyone polling as told; fairness, pace, no purchase without
+    /// an admission, a poll's CPU beside /healthz, proof of work's cost.
+    Waitingroom(waitingroom::WaitingRoomArgs),
 }
 
 #[derive(Args, Clone)]
@@ -253,6 +259,9 @@ async fn main() -> ExitCode {
     }
     if let Scenario::Abuse(args) = &cli.scenario {
         return exit(abuse::run(&cli.target, args).await);
+    }
+    if let Scenario::Waitingroom(args) = &cli.scenario {
+        return exit(waitingroom::run(&cli.target, args).await);
     }
     if let Scenario::Tokens(args) = &cli.scenario {
         return match write_tokens(&cli.target, args).await {
@@ -569,7 +578,8 @@ async fn run(
         | Scenario::Lab(_)
         | Scenario::Groupcommit(_)
         | Scenario::Lifecycle(_)
-        | Scenario::Abuse(_) => {
+        | Scenario::Abuse(_)
+        | Scenario::Waitingroom(_) => {
             unreachable!("handled before a target starts")
         }
         Scenario::All => vec![
