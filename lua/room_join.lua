@@ -25,7 +25,8 @@
 --          user admitted (ms)
 -- KEYS[5]  optional: an async sale's hash {stock, ...}; sold out when its
 --          stock is 0
--- ARGV[1]  the user id
+-- ARGV[1]  the user id; empty: only move the counter on and read it (a
+--          poll answered from the service's memory refreshes it so)
 -- ARGV[2]  the user's draw, should they join the pre-queue (a random
 --          integer below 2^52)
 -- ARGV[3]  the sale's begin time (ms)
@@ -48,9 +49,13 @@ local function keep(key)
     redis.call('expire', key, life)
 end
 
-local drawn = redis.call('zscore', KEYS[2], user)
+local peek = user == ''
+local drawn = false
+if not peek then
+    drawn = redis.call('zscore', KEYS[2], user)
+end
 if now < begin then
-    if not drawn then
+    if not drawn and not peek then
         redis.call('zadd', KEYS[2], 'NX', ARGV[2], user)
         keep(KEYS[2])
     end
@@ -85,6 +90,12 @@ else
             last = last + math.floor(steps * 1000 / rate)
         end
     end
+end
+
+if peek then
+    redis.call('hset', KEYS[1], 'serving', serving, 'last_ms', last, 'late', late)
+    keep(KEYS[1])
+    return {-1, serving, 0, now, placed, sold_out and 1 or 0}
 end
 
 local place

@@ -69,9 +69,11 @@ pub struct QueueState {
 
 /// A ticket as signed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Ticket {
+pub(super) struct Ticket {
     voucher_id: i64,
     user_id: i64,
+    /// The holder's place; 0 until placed.
+    place: i64,
     /// Unix ms; 0 while waiting.
     admitted_until_ms: i64,
     expires_unix: i64,
@@ -85,6 +87,21 @@ pub(super) struct Rooms {
     keyed: HmacSha256,
     /// The last count of waiting places seen per voucher, for the gauge.
     waiting: Mutex<HashMap<i64, i64>>,
+    /// Each room's counter as last read, at most [`SERVED_REFRESH`] ago:
+    /// a poll far from the front, or of an admitted ticket, is answered
+    /// from it and its ticket, without a round trip of its own.
+    served: moka::future::Cache<i64, Served>,
+}
+
+/// How old a room's counter that answers polls may be.
+const SERVED_REFRESH: Duration = Duration::from_millis(100);
+
+/// A room's counter, as the script last moved it.
+#[derive(Debug, Clone, Copy)]
+struct Served {
+    serving: i64,
+    placed: i64,
+    sold_out: bool,
 }
 
 /// The key that signs tickets, kept unprintable.
@@ -107,6 +124,10 @@ impl Rooms {
             keyed: HmacSha256::new_from_slice(key.expose_secret())
                 .expect("HMAC takes any key length"),
             waiting: Mutex::new(HashMap::new()),
+            served: moka::future::Cache::builder()
+                .max_capacity(10_000)
+                .time_to_live(SERVED_REFRESH)
+                .build(),
         }
     }
 
@@ -122,6 +143,74 @@ impl Rooms {
         sold_out: bool,
         async_sale: Option<String>,
     ) -> Result<QueueState> {
+        let placing = self
+            .call(voucher, rate, Some(user_id), sold_out, async_sale)
+            .await?;
+        Ok(self.state(voucher, rate, user_id, placing))
+    }
+
+    /// Where the holder of `ticket` stands: from the ticket and the room's
+    /// counter as last read (one script call per room and refresh, shared)
+    /// while the ticket is admitted or its place is not reached; from the
+    /// script otherwise (placing the ticket, or admitting it).
+    pub(super) async fn poll(
+        &self,
+        voucher: &Voucher,
+        rate: i32,
+        ticket: &Ticket,
+        now: DateTime<Utc>,
+        sold_out: bool,
+        async_sale: Option<String>,
+    ) -> Result<QueueState> {
+        let now_ms = now.timestamp_millis();
+        if now < voucher.begin_time {
+            // In the pre-queue since the join: nobody has a place yet.
+            let placing = Placing::waiting(-1, 0, now_ms, 0);
+            return Ok(self.state(voucher, rate, ticket.user_id, placing));
+        }
+        let sale = async_sale.clone();
+        let served = self
+            .served
+            .try_get_with(voucher.id, async {
+                self.call(voucher, rate, None, sold_out, sale)
+                    .await
+                    .map(|p| Served {
+                        serving: p.serving,
+                        placed: p.placed,
+                        sold_out: p.sold_out,
+                    })
+            })
+            .await
+            .map_err(|error| (*error).clone())?;
+        let window = i64::try_from(ADMISSION_WINDOW.as_millis()).unwrap_or(i64::MAX);
+        let placing = if ticket.admitted_until_ms > now_ms {
+            Placing {
+                place: ticket.place,
+                serving: served.serving,
+                admitted_ms: ticket.admitted_until_ms - window,
+                now_ms,
+                placed: served.placed,
+                sold_out: served.sold_out,
+            }
+        } else if ticket.place > served.serving && !served.sold_out {
+            Placing::waiting(ticket.place, served.serving, now_ms, served.placed)
+        } else {
+            self.call(voucher, rate, Some(ticket.user_id), sold_out, async_sale)
+                .await?
+        };
+        Ok(self.state(voucher, rate, ticket.user_id, placing))
+    }
+
+    /// One run of the room's script for `user_id` (joining them if need
+    /// be), or with none, to move the counter on and read it.
+    async fn call(
+        &self,
+        voucher: &Voucher,
+        rate: i32,
+        user_id: Option<i64>,
+        sold_out: bool,
+        async_sale: Option<String>,
+    ) -> Result<Placing> {
         let life = (voucher.end_time - Utc::now())
             .to_std()
             .unwrap_or_default()
@@ -140,7 +229,7 @@ impl Rooms {
         // that every instance reads the same one.
         let draw = rand::random::<u64>() >> 12;
         invocation
-            .arg(user_id)
+            .arg(user_id.map_or_else(String::new, |id| id.to_string()))
             .arg(draw)
             .arg(voucher.begin_time.timestamp_millis())
             .arg(rate)
@@ -160,19 +249,14 @@ impl Rooms {
             waiting.insert(voucher.id, (placed - serving).max(0));
             metrics::gauge!("seckill_queue_waiting").set(waiting.values().sum::<i64>() as f64);
         }
-        Ok(self.state(
-            voucher,
-            rate,
-            user_id,
-            Placing {
-                place,
-                serving,
-                admitted_ms,
-                now_ms,
-                placed,
-                sold_out: out == 1,
-            },
-        ))
+        Ok(Placing {
+            place,
+            serving,
+            admitted_ms,
+            now_ms,
+            placed,
+            sold_out: out == 1,
+        })
     }
 
     /// What the client is told, and its ticket.
@@ -213,6 +297,7 @@ impl Rooms {
         let ticket = self.sign(&Ticket {
             voucher_id: voucher.id,
             user_id,
+            place: p.place.max(0),
             admitted_until_ms: if status == QueueStatus::Admitted {
                 admitted_until_ms.unwrap_or(0)
             } else {
@@ -241,8 +326,8 @@ impl Rooms {
 
     fn sign(&self, t: &Ticket) -> String {
         let payload = format!(
-            "{TICKET_VERSION}.{}.{}.{}.{}",
-            t.voucher_id, t.user_id, t.admitted_until_ms, t.expires_unix
+            "{TICKET_VERSION}.{}.{}.{}.{}.{}",
+            t.voucher_id, t.user_id, t.place, t.admitted_until_ms, t.expires_unix
         );
         let signature = URL_SAFE_NO_PAD.encode(self.mac(&payload).finalize().into_bytes());
         format!("{payload}.{signature}")
@@ -252,7 +337,8 @@ impl Rooms {
     fn verify(&self, ticket: &str) -> Option<Ticket> {
         let (payload, signature) = ticket.rsplit_once('.')?;
         let mut parts = payload.split('.');
-        let (Some(TICKET_VERSION), Some(v), Some(u), Some(a), Some(e), None) = (
+        let (Some(TICKET_VERSION), Some(v), Some(u), Some(p), Some(a), Some(e), None) = (
+            parts.next(),
             parts.next(),
             parts.next(),
             parts.next(),
@@ -262,20 +348,28 @@ impl Rooms {
         ) else {
             return None;
         };
+        let whole_or_zero = |text: &str| {
+            if text == "0" {
+                Some(0)
+            } else {
+                parse_positive(text)
+            }
+        };
         let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
         self.mac(payload).verify_slice(&signature).ok()?;
         Some(Ticket {
             voucher_id: parse_positive(v)?,
             user_id: parse_positive(u)?,
-            admitted_until_ms: if a == "0" { 0 } else { parse_positive(a)? },
+            place: whole_or_zero(p)?,
+            admitted_until_ms: whole_or_zero(a)?,
             expires_unix: parse_positive(e)?,
         })
     }
 
-    /// Checks that `ticket` is this user's for this voucher, before a poll.
-    pub(super) fn check_own(&self, voucher_id: i64, user_id: i64, ticket: &str) -> Result<()> {
+    /// The ticket, if it is this user's for this voucher (before a poll).
+    pub(super) fn check_own(&self, voucher_id: i64, user_id: i64, ticket: &str) -> Result<Ticket> {
         match self.verify(ticket) {
-            Some(t) if t.voucher_id == voucher_id && t.user_id == user_id => Ok(()),
+            Some(t) if t.voucher_id == voucher_id && t.user_id == user_id => Ok(t),
             _ => Err(SeckillError::Invalid(
                 "X-Queue-Ticket is not a ticket of this user for this voucher".into(),
             )),
@@ -343,6 +437,7 @@ fn leading_zero_bits(bytes: &[u8]) -> u32 {
 }
 
 /// The room script's answer.
+#[derive(Debug, Clone, Copy)]
 struct Placing {
     place: i64,
     serving: i64,
@@ -350,6 +445,20 @@ struct Placing {
     now_ms: i64,
     placed: i64,
     sold_out: bool,
+}
+
+impl Placing {
+    /// Waiting at `place` (-1: not placed yet).
+    fn waiting(place: i64, serving: i64, now_ms: i64, placed: i64) -> Self {
+        Self {
+            place,
+            serving,
+            admitted_ms: 0,
+            now_ms,
+            placed,
+            sold_out: false,
+        }
+    }
 }
 
 impl super::Seckill {
@@ -387,13 +496,20 @@ impl super::Seckill {
         ticket: &str,
     ) -> Result<QueueState> {
         metrics::counter!("seckill_queue_requests_total", "kind" => "poll").increment(1);
-        self.inner.rooms.check_own(voucher_id, user_id, ticket)?;
-        // A poll joins too: a Redis that lost the room places the ticket's
-        // holder again rather than forget them.
-        self.queue(user_id, voucher_id).await
+        let ticket = self.inner.rooms.check_own(voucher_id, user_id, ticket)?;
+        let (voucher, rate, sold_out, async_sale) = self.room_of(voucher_id).await?;
+        let now = self.inner.clock.now();
+        // Where the script is asked, a poll joins too: a Redis that lost
+        // the room places the ticket's holder again rather than forget them.
+        self.inner
+            .rooms
+            .poll(&voucher, rate, &ticket, now, sold_out, async_sale)
+            .await
     }
 
-    async fn queue(&self, user_id: i64, voucher_id: i64) -> Result<QueueState> {
+    /// A voucher with a room, its pace, whether this instance knows it sold
+    /// out, and an async sale's stock hash.
+    async fn room_of(&self, voucher_id: i64) -> Result<(Arc<Voucher>, i32, bool, Option<String>)> {
         let voucher = self.sale_window(voucher_id).await?;
         let Some(rate) = voucher.admit_per_second else {
             return Err(SeckillError::NotFound("waiting room"));
@@ -404,6 +520,11 @@ impl super::Seckill {
                 (false, Some(self.inner.async_sales.sale_key(voucher_id)))
             }
         };
+        Ok((voucher, rate, sold_out, async_sale))
+    }
+
+    async fn queue(&self, user_id: i64, voucher_id: i64) -> Result<QueueState> {
+        let (voucher, rate, sold_out, async_sale) = self.room_of(voucher_id).await?;
         self.inner
             .rooms
             .join(&voucher, rate, user_id, sold_out, async_sale)
@@ -459,6 +580,7 @@ mod tests {
         let admitted = rooms.sign(&Ticket {
             voucher_id: 3,
             user_id: 7,
+            place: 2,
             admitted_until_ms: until,
             expires_unix: until / 1000,
         });
@@ -478,13 +600,15 @@ mod tests {
         let waiting = rooms.sign(&Ticket {
             voucher_id: 3,
             user_id: 7,
+            place: 2,
             admitted_until_ms: 0,
             expires_unix: until / 1000,
         });
         assert!(rooms.check_admitted(3, 7, Some(&waiting), now).is_err());
         assert!(rooms.check_own(3, 7, &waiting).is_ok());
         // A forged one: the admission raised by hand.
-        let forged = waiting.replacen(".0.", &format!(".{until}."), 1);
+        let forged = waiting.replacen(".2.0.", &format!(".2.{until}."), 1);
+        assert_ne!(forged, waiting);
         assert!(rooms.check_admitted(3, 7, Some(&forged), now).is_err());
         assert!(rooms.check_own(3, 7, &forged).is_err());
         // Another key's ticket.
