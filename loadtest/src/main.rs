@@ -14,6 +14,7 @@ mod ceilings;
 mod cpu;
 mod crowds;
 mod drive;
+mod failover;
 mod groupcommit;
 mod invariants;
 mod lab;
@@ -154,6 +155,11 @@ enum Scenario {
     /// again, everyone polling as told; fairness, pace, no purchase without
     /// an admission, a poll's CPU beside /healthz, proof of work's cost.
     Waitingroom(waitingroom::WaitingRoomArgs),
+    /// A sale through `kill -9`s of the Postgres primary, on a three-node
+    /// Patroni cluster of its own (scripts/ha.sh): per kill, the time to
+    /// the next committed order, the 503s, answered orders missing (none),
+    /// throughput before and after; single-node vs replicated throughput.
+    Failover(failover::FailoverArgs),
 }
 
 #[derive(Args, Clone)]
@@ -262,6 +268,9 @@ async fn main() -> ExitCode {
     }
     if let Scenario::Waitingroom(args) = &cli.scenario {
         return exit(waitingroom::run(&cli.target, args).await);
+    }
+    if let Scenario::Failover(args) = &cli.scenario {
+        return exit(failover::run(&cli.target, args).await);
     }
     if let Scenario::Tokens(args) = &cli.scenario {
         return match write_tokens(&cli.target, args).await {
@@ -579,7 +588,8 @@ async fn run(
         | Scenario::Groupcommit(_)
         | Scenario::Lifecycle(_)
         | Scenario::Abuse(_)
-        | Scenario::Waitingroom(_) => {
+        | Scenario::Waitingroom(_)
+        | Scenario::Failover(_) => {
             unreachable!("handled before a target starts")
         }
         Scenario::All => vec![
