@@ -467,3 +467,109 @@ async fn a_switchover_mid_sale_loses_no_answered_order() {
     let report = sale_through("switchover").await;
     print("planned switchover", &report);
 }
+
+/// The primary killed with `kill -9` while an async sale's stream writers
+/// are writing: Redis goes on accepting (202), the writers retry against
+/// the new leader, and every order accepted is stored there once they
+/// caught up; the invariants hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_killed_under_async_writers_loses_no_accepted_order() {
+    let _one = ONE_CLUSTER.lock().await;
+    let cluster = Arc::new(tokio::task::spawn_blocking(Cluster::up).await.unwrap());
+    let mut app = spawn_app_on(&cluster).await;
+    let voucher = app.open_async_voucher(1_000_000).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let next_user = Arc::new(AtomicI64::new(1));
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let signer = TokenSigner::new(TOKEN_SECRET.as_bytes());
+    let expires = chrono::Utc::now().timestamp() + 3_600;
+    let url = app.url(&format!("/seckill/{voucher}"));
+    let mut buyers = JoinSet::new();
+    for _ in 0..BUYERS {
+        let (stop, next_user, accepted) = (stop.clone(), next_user.clone(), accepted.clone());
+        let (signer, url, client) = (signer.clone(), url.clone(), app.client.clone());
+        buyers.spawn(async move {
+            let mut answers = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let user = next_user.fetch_add(1, Ordering::Relaxed);
+                let answer = send_purchase(&client, &url, &signer.sign(user, expires)).await;
+                if answer.status == StatusCode::ACCEPTED {
+                    accepted.fetch_add(1, Ordering::Relaxed);
+                }
+                let unavailable = answer.status == StatusCode::SERVICE_UNAVAILABLE;
+                answers.push((
+                    user,
+                    answer.status,
+                    answer.body["order_id"].as_str().map(str::to_owned),
+                ));
+                if unavailable {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            answers
+        });
+    }
+    let started = Instant::now();
+    while started.elapsed() < BEFORE || accepted.load(Ordering::Relaxed) < ORDERS_BEFORE {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the async sale accepted {} orders in 30 s",
+            accepted.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.run("kill-primary").await;
+    // Accepting on through the failover, long enough for a new leader.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    stop.store(true, Ordering::Relaxed);
+    let answers: Vec<(i64, StatusCode, Option<String>)> =
+        buyers.join_all().await.into_iter().flatten().collect();
+
+    let unexpected: Vec<String> = answers
+        .iter()
+        .filter(|(_, s, _)| ![StatusCode::ACCEPTED, StatusCode::SERVICE_UNAVAILABLE].contains(s))
+        .map(|(user, s, _)| format!("user {user}: {s}"))
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "answers other than 202 and 503: {unexpected:?}"
+    );
+    let accepted_ids: HashSet<String> = answers
+        .iter()
+        .filter(|(_, s, _)| *s == StatusCode::ACCEPTED)
+        .map(|(_, _, id)| id.clone().expect("a 202 carries its order id"))
+        .collect();
+
+    // The writers store every accepted order on the new leader (bounded).
+    let waited = Instant::now();
+    let missing = loop {
+        let (pool, _) = cluster.primary(&app.db_name).await;
+        let stored: Vec<(i64,)> =
+            sqlx::query_as("SELECT id FROM voucher_orders WHERE voucher_id = $1")
+                .bind(voucher)
+                .fetch_all(&pool)
+                .await
+                .unwrap_or_default();
+        let stored: HashSet<String> = stored.iter().map(|(id,)| id.to_string()).collect();
+        let missing: Vec<&String> = accepted_ids.difference(&stored).collect();
+        if missing.is_empty() || waited.elapsed() > Duration::from_secs(60) {
+            app.db = pool;
+            break missing.len();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(
+        missing,
+        0,
+        "orders accepted 202 not stored 60 s after the sale:\n{}",
+        cluster.status()
+    );
+    app.check_invariants(voucher).await;
+    eprintln!(
+        "kill -9 under async writers: {} purchases, {} accepted, every one stored {:?} after the sale",
+        answers.len(),
+        accepted_ids.len(),
+        waited.elapsed()
+    );
+}
