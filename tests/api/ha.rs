@@ -573,3 +573,131 @@ async fn a_primary_killed_under_async_writers_loses_no_accepted_order() {
         waited.elapsed()
     );
 }
+
+/// The primary killed with `kill -9` while unpaid orders pass their
+/// deadline (2 s) and their units come back and sell again: once the sale
+/// stopped and every order expired, every unit came back exactly once
+/// (stock = initial, no live order), and every order answered 200 is
+/// stored on the new leader, expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_killed_while_orders_expire_returns_every_unit_once() {
+    const STOCK: i64 = 300;
+    let _one = ONE_CLUSTER.lock().await;
+    let cluster = Arc::new(tokio::task::spawn_blocking(Cluster::up).await.unwrap());
+    let mut app = spawn_app_on(&cluster).await;
+    let voucher = app
+        .open_voucher_with(STOCK, serde_json::json!({ "pay_within_seconds": 2 }))
+        .await;
+
+    let sale = Sale::start(&app, voucher);
+    let started = Instant::now();
+    // Past the first deadlines, so that expiries run when the kill lands.
+    while started.elapsed() < Duration::from_secs(3)
+        || sale.committed.load(Ordering::Relaxed) < ORDERS_BEFORE
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the sale committed {} orders in 30 s",
+            sale.committed.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let killed = Instant::now();
+    cluster.run("kill-primary").await;
+    sale.disruption_ended.set(Instant::now()).unwrap();
+    while !sale.resumed.load(Ordering::Relaxed) {
+        assert!(
+            killed.elapsed() < RESUME_BOUND,
+            "no order committed within {RESUME_BOUND:?} of the kill:\n{}",
+            cluster.status()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Units that expired around the kill come back and sell again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let purchases = sale.finish().await;
+
+    let unexpected: Vec<String> = purchases
+        .iter()
+        .filter(|p| {
+            ![
+                StatusCode::OK,
+                StatusCode::SERVICE_UNAVAILABLE,
+                StatusCode::CONFLICT,
+            ]
+            .contains(&p.status)
+        })
+        .map(|p| format!("user {}: {} {}", p.user, p.status, p.error))
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "answers other than 200, 503 and 409: {unexpected:?}"
+    );
+    let answered: HashSet<String> = purchases
+        .iter()
+        .filter(|p| p.status == StatusCode::OK)
+        .map(|p| p.order_id.clone().expect("a 200 carries its order id"))
+        .collect();
+
+    // Every order expires within its 2 s and the sweeper's pass (bounded).
+    let waited = Instant::now();
+    let (pool, stored, live, stock) = loop {
+        let (pool, _) = cluster.primary(&app.db_name).await;
+        let read: Result<(Vec<(i64, String)>, i32), sqlx::Error> = async {
+            let orders =
+                sqlx::query_as("SELECT id, status::text FROM voucher_orders WHERE voucher_id = $1")
+                    .bind(voucher)
+                    .fetch_all(&pool)
+                    .await?;
+            let (stock,): (i32,) =
+                sqlx::query_as("SELECT stock FROM seckill_vouchers WHERE voucher_id = $1")
+                    .bind(voucher)
+                    .fetch_one(&pool)
+                    .await?;
+            Ok((orders, stock))
+        }
+        .await;
+        if let Ok((orders, stock)) = read {
+            let live = orders
+                .iter()
+                .filter(|(_, status)| status == "unpaid" || status == "paid")
+                .count();
+            if live == 0 || waited.elapsed() > Duration::from_secs(60) {
+                break (pool, orders, live, stock);
+            }
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(90),
+            "the orders could not be read:\n{}",
+            cluster.status()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(live, 0, "unpaid orders left 60 s after the sale");
+    let stored_ids: HashSet<String> = stored.iter().map(|(id, _)| id.to_string()).collect();
+    let missing: Vec<&String> = answered.difference(&stored_ids).collect();
+    assert!(
+        missing.is_empty(),
+        "{} orders answered 200 are not in the new leader's database",
+        missing.len()
+    );
+    assert!(
+        stored.iter().all(|(_, status)| status == "expired"),
+        "an order neither live nor expired"
+    );
+    // Each expired order gave its unit back once: all of them are back.
+    assert_eq!(
+        i64::from(stock),
+        STOCK,
+        "stock after {} expiries",
+        stored.len()
+    );
+    app.db = pool;
+    app.check_invariants(voucher).await;
+    eprintln!(
+        "kill -9 while orders expire: {} purchases, {} answered 200, {} orders expired, stock back to {stock}",
+        purchases.len(),
+        answered.len(),
+        stored.len()
+    );
+}
