@@ -154,7 +154,16 @@ impl OwnRedis {
             extra: extra.iter().map(|a| (*a).to_owned()).collect(),
             dir,
         };
-        redis.try_restart()?;
+        // A port found free may be taken before the server binds it: then
+        // another one.
+        let mut tries = 0;
+        while let Err(error) = redis.try_restart() {
+            tries += 1;
+            if tries == 5 {
+                return Err(error);
+            }
+            redis.port = free_port().map_err(|e| format!("no free port: {e}"))?;
+        }
         Ok(redis)
     }
 
@@ -166,12 +175,26 @@ impl OwnRedis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// (Re)starts the server on the same port and waits until it answers.
+    /// (Re)starts the server on the same port and waits until it answers;
+    /// a port held for a moment by someone else is waited for (bounded).
     pub fn restart(&mut self) {
-        self.try_restart().unwrap_or_else(|e| panic!("{e}"));
+        let mut last = String::new();
+        for _ in 0..20 {
+            match self.try_restart() {
+                Ok(()) => return,
+                Err(error) => last = error,
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        panic!("{last}");
     }
 
     fn try_restart(&mut self) -> Result<(), String> {
+        // A server of an earlier try that never answered is not left behind.
+        if let Some(mut earlier) = self.child.take() {
+            let _ = earlier.kill();
+            let _ = earlier.wait();
+        }
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
@@ -186,6 +209,13 @@ impl OwnRedis {
         for _ in 0..200 {
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 return Ok(());
+            }
+            // Exited: its port was taken meanwhile (another test's server,
+            // or a client's connection that happened to draw it).
+            if let Some(child) = self.child.as_mut() {
+                if child.try_wait().ok().flatten().is_some() {
+                    break;
+                }
             }
             std::thread::sleep(Duration::from_millis(25));
         }
