@@ -701,3 +701,107 @@ async fn a_primary_killed_while_orders_expire_returns_every_unit_once() {
         stored.len()
     );
 }
+
+/// The old primary coming back while the sale goes on: after a `kill -9`
+/// its Patroni (still running) starts it again, rewound, as a replica of
+/// the new leader. Once it streams, it holds every order answered 200,
+/// the sale never stopped for it, and the invariants hold on the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_rejoins_as_a_replica_while_the_sale_goes_on() {
+    let _one = ONE_CLUSTER.lock().await;
+    let cluster = Arc::new(tokio::task::spawn_blocking(Cluster::up).await.unwrap());
+    let mut app = spawn_app_on(&cluster).await;
+    let (_, old_port) = cluster.primary("postgres").await;
+    let voucher = app.open_voucher(1_000_000).await;
+
+    let sale = Sale::start(&app, voucher);
+    let started = Instant::now();
+    while started.elapsed() < BEFORE || sale.committed.load(Ordering::Relaxed) < ORDERS_BEFORE {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the sale committed {} orders in 30 s",
+            sale.committed.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let killed = Instant::now();
+    cluster.run("kill-primary").await;
+    sale.disruption_ended.set(Instant::now()).unwrap();
+
+    // The old primary back as a running replica, the sale on meanwhile.
+    let host = format!("127.0.0.1:{old_port}");
+    let rejoined = loop {
+        let status = cluster.status();
+        let back = status.lines().any(|l| {
+            l.contains(&host)
+                && !l.contains("Leader")
+                && (l.contains("running") || l.contains("streaming"))
+        });
+        if back && sale.resumed.load(Ordering::Relaxed) {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(90),
+            "the old primary did not rejoin within 90 s of the kill:\n{status}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let committed_at_rejoin = sale.committed.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        sale.committed.load(Ordering::Relaxed) > committed_at_rejoin,
+        "no order committed in the 2 s after the old primary rejoined:\n{}",
+        cluster.status()
+    );
+    let purchases = sale.finish().await;
+    let answered: HashSet<String> = purchases
+        .iter()
+        .filter(|p| p.status == StatusCode::OK)
+        .map(|p| p.order_id.clone().expect("a 200 carries its order id"))
+        .collect();
+    assert!(
+        purchases
+            .iter()
+            .all(|p| [StatusCode::OK, StatusCode::SERVICE_UNAVAILABLE].contains(&p.status)),
+        "answers other than 200 and 503"
+    );
+
+    // The rejoined node, read directly, catches up with every answered
+    // order (bounded): it was rewound onto the new leader's history.
+    let direct = format!("postgres://postgres@{host}/{}", app.db_name);
+    let caught_up = Instant::now();
+    loop {
+        let stored: HashSet<String> = match PgConnection::connect(&direct).await {
+            Ok(mut conn) => {
+                sqlx::query_as::<_, (i64,)>("SELECT id FROM voucher_orders WHERE voucher_id = $1")
+                    .bind(voucher)
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(id,)| id.to_string())
+                    .collect()
+            }
+            Err(_) => HashSet::new(),
+        };
+        let missing = answered.difference(&stored).count();
+        if missing == 0 {
+            break;
+        }
+        assert!(
+            caught_up.elapsed() < Duration::from_secs(30),
+            "the rejoined node lacks {missing} orders answered 200 after 30 s:\n{}",
+            cluster.status()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (pool, _) = cluster.primary(&app.db_name).await;
+    app.db = pool;
+    app.check_invariants(voucher).await;
+    eprintln!(
+        "old primary rejoined {rejoined:?} after the kill; {} purchases, {} answered 200, \
+         all on the rejoined node",
+        purchases.len(),
+        answered.len()
+    );
+}
