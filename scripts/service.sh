@@ -22,7 +22,7 @@ start_service() {
         SECKILL_REDIS_PREFIX="$SERVICE_PREFIX" RUST_LOG=warn \
         SECKILL_LIMIT_PER_ADDRESS="${SECKILL_LIMIT_PER_ADDRESS:-0}" \
         SECKILL_LIMIT_PER_USER="${SECKILL_LIMIT_PER_USER:-0}" \
-        target/release/seckill serve > "$SERVICE_LOG" 2>&1 &
+        "${CARGO_TARGET_DIR:-target}/release/seckill" serve > "$SERVICE_LOG" 2>&1 &
     SERVICE_PID=$!
     trap stop_service EXIT
     for _ in $(seq 1 100); do
