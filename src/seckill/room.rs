@@ -473,19 +473,20 @@ impl super::Seckill {
         proof: Option<&str>,
     ) -> Result<QueueState> {
         metrics::counter!("seckill_queue_requests_total", "kind" => "join").increment(1);
-        let voucher = self.sale_window(voucher_id).await?;
+        let (voucher, rate) = self.room_of(voucher_id).await?;
         let bits = u32::try_from(voucher.queue_proof_bits).unwrap_or(0);
-        if voucher.admit_per_second.is_some()
-            && bits > 0
-            && !proof.is_some_and(|nonce| proof_holds(voucher_id, user_id, nonce, bits))
-        {
+        if bits > 0 && !proof.is_some_and(|nonce| proof_holds(voucher_id, user_id, nonce, bits)) {
             return Err(SeckillError::Invalid(format!(
                 "this room asks for proof of work: send X-Queue-Proof: <nonce>, where \
                  SHA-256 of \"{}<nonce>\" starts with {bits} zero bits",
                 challenge(voucher_id, user_id)
             )));
         }
-        self.queue(user_id, voucher_id).await
+        let (sold_out, async_sale) = self.sale_state(&voucher).await?;
+        self.inner
+            .rooms
+            .join(&voucher, rate, user_id, sold_out, async_sale)
+            .await
     }
 
     /// Where the holder of `ticket` (their own, for this voucher) stands.
@@ -497,7 +498,8 @@ impl super::Seckill {
     ) -> Result<QueueState> {
         metrics::counter!("seckill_queue_requests_total", "kind" => "poll").increment(1);
         let ticket = self.inner.rooms.check_own(voucher_id, user_id, ticket)?;
-        let (voucher, rate, sold_out, async_sale) = self.room_of(voucher_id).await?;
+        let (voucher, rate) = self.room_of(voucher_id).await?;
+        let (sold_out, async_sale) = self.sale_state(&voucher).await?;
         let now = self.inner.clock.now();
         // Where the script is asked, a poll joins too: a Redis that lost
         // the room places the ticket's holder again rather than forget them.
@@ -507,28 +509,24 @@ impl super::Seckill {
             .await
     }
 
-    /// A voucher with a room, its pace, whether this instance knows it sold
-    /// out, and an async sale's stock hash.
-    async fn room_of(&self, voucher_id: i64) -> Result<(Arc<Voucher>, i32, bool, Option<String>)> {
+    /// A voucher with a room, and the room's pace.
+    async fn room_of(&self, voucher_id: i64) -> Result<(Arc<Voucher>, i32)> {
         let voucher = self.sale_window(voucher_id).await?;
-        let Some(rate) = voucher.admit_per_second else {
-            return Err(SeckillError::NotFound("waiting room"));
-        };
-        let (sold_out, async_sale) = match voucher.sale_mode {
-            crate::store::SaleMode::Sync => (self.inner.flags.is_sold_out(&voucher).await?, None),
-            crate::store::SaleMode::Async => {
-                (false, Some(self.inner.async_sales.sale_key(voucher_id)))
-            }
-        };
-        Ok((voucher, rate, sold_out, async_sale))
+        match voucher.admit_per_second {
+            Some(rate) => Ok((voucher, rate)),
+            None => Err(SeckillError::NotFound("waiting room")),
+        }
     }
 
-    async fn queue(&self, user_id: i64, voucher_id: i64) -> Result<QueueState> {
-        let (voucher, rate, sold_out, async_sale) = self.room_of(voucher_id).await?;
-        self.inner
-            .rooms
-            .join(&voucher, rate, user_id, sold_out, async_sale)
-            .await
+    /// Whether this instance knows a sync sale sold out, and an async
+    /// sale's stock hash, which tells the room's script.
+    async fn sale_state(&self, voucher: &Voucher) -> Result<(bool, Option<String>)> {
+        Ok(match voucher.sale_mode {
+            crate::store::SaleMode::Sync => (self.inner.flags.is_sold_out(voucher).await?, None),
+            crate::store::SaleMode::Async => {
+                (false, Some(self.inner.async_sales.sale_key(voucher.id)))
+            }
+        })
     }
 }
 

@@ -255,6 +255,21 @@ struct Sale {
     committed: Arc<AtomicUsize>,
 }
 
+/// Waits (30 s at most) until the sale has run for `BEFORE` and `counter`
+/// has reached `ORDERS_BEFORE`: what every test here does before it
+/// disrupts the cluster.
+async fn warm_up(counter: &AtomicUsize, what: &str) {
+    let started = Instant::now();
+    while started.elapsed() < BEFORE || counter.load(Ordering::Relaxed) < ORDERS_BEFORE {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{what} {} orders in 30 s before any disruption",
+            counter.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 impl Sale {
     fn start(app: &TestApp, voucher: i64) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
@@ -345,15 +360,7 @@ async fn sale_through(disruption: &'static str) -> Report {
     let voucher = app.open_voucher(1_000_000).await;
 
     let sale = Sale::start(&app, voucher);
-    let started = Instant::now();
-    while started.elapsed() < BEFORE || sale.committed.load(Ordering::Relaxed) < ORDERS_BEFORE {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the sale committed {} orders in 30 s before any disruption",
-            sale.committed.load(Ordering::Relaxed)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    warm_up(&sale.committed, "the sale committed").await;
     let disrupted = Instant::now();
     cluster.run(disruption).await;
     let disruption_ended = Instant::now();
@@ -510,15 +517,7 @@ async fn a_primary_killed_under_async_writers_loses_no_accepted_order() {
             answers
         });
     }
-    let started = Instant::now();
-    while started.elapsed() < BEFORE || accepted.load(Ordering::Relaxed) < ORDERS_BEFORE {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the async sale accepted {} orders in 30 s",
-            accepted.load(Ordering::Relaxed)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    warm_up(&accepted, "the async sale accepted").await;
     cluster.run("kill-primary").await;
     // Accepting on through the failover, long enough for a new leader.
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -715,15 +714,7 @@ async fn a_killed_primary_rejoins_as_a_replica_while_the_sale_goes_on() {
     let voucher = app.open_voucher(1_000_000).await;
 
     let sale = Sale::start(&app, voucher);
-    let started = Instant::now();
-    while started.elapsed() < BEFORE || sale.committed.load(Ordering::Relaxed) < ORDERS_BEFORE {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the sale committed {} orders in 30 s",
-            sale.committed.load(Ordering::Relaxed)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    warm_up(&sale.committed, "the sale committed").await;
     let killed = Instant::now();
     cluster.run("kill-primary").await;
     sale.disruption_ended.set(Instant::now()).unwrap();
