@@ -6,8 +6,9 @@
 //! plus 2 ms, as the RedLock description suggests): the hold is trusted only
 //! that long, whatever the nodes say.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -98,6 +99,9 @@ enum Vote {
 #[derive(Debug)]
 pub struct MultiGuard {
     guards: Vec<LockGuard>,
+    /// Grants that came after the quorum's: released with the rest. One
+    /// that comes after the hold was given back is released at once.
+    late: Arc<Mutex<Vec<LockGuard>>>,
     valid_until: Instant,
 }
 
@@ -153,11 +157,11 @@ impl MultiNodeLocks {
     /// `Err(NodesUnavailable)` when so few nodes answered at all that no
     /// quorum was possible: the lock's state is unknown, not "held".
     ///
-    /// It returns as soon as a quorum has granted the lock (after a short
-    /// grace for the other nodes: twice the time the quorum took), not
-    /// when the slowest node answers; a grant that comes later is released
-    /// in the background. Nodes that failed to answer lately are skipped
-    /// (counted as refusals) for a second, then asked again.
+    /// It returns as soon as a quorum has granted the lock, not when the
+    /// slowest node answers; a grant
+    /// that comes later is released in the background. Nodes that failed
+    /// to answer lately are skipped (counted as refusals) for a second,
+    /// then asked again.
     pub async fn try_acquire(
         &self,
         name: &str,
@@ -194,38 +198,15 @@ impl MultiNodeLocks {
             .collect();
         let mut votes = Vec::new();
         let mut granted = 0;
-        let mut grace = None;
-        loop {
-            let next = match grace {
-                None => asking.next().await,
-                Some(until) => match tokio::time::timeout_at(until, asking.next()).await {
-                    Ok(next) => next,
-                    Err(_) => break,
-                },
-            };
-            let Some((node, vote)) = next else { break };
+        // Until a quorum granted it; a refusal waits for every answer, to
+        // tell a lock held elsewhere from nodes that are down.
+        while let Some((node, vote)) = asking.next().await {
             self.mark(node, !matches!(vote, Vote::Silent));
             granted += usize::from(matches!(vote, Vote::Granted(_)));
             votes.push(vote);
-            if granted >= self.needed() && grace.is_none() {
-                let took = started.elapsed();
-                let wait = (took * 2).max(Duration::from_millis(5)).min(node_timeout);
-                grace = Some(tokio::time::Instant::now() + wait);
+            if granted >= self.needed() {
+                break;
             }
-        }
-        if !asking.is_empty() {
-            // Nodes still out after the quorum and its grace: whatever they
-            // grant late is given back, and a node that never answers is
-            // skipped for a while.
-            let this = self.clone();
-            tokio::spawn(async move {
-                while let Some((node, vote)) = asking.next().await {
-                    this.mark(node, !matches!(vote, Vote::Silent));
-                    if let Vote::Granted(guard) = vote {
-                        let _ = guard.unlock().await;
-                    }
-                }
-            });
         }
         let answered = votes.iter().filter(|v| !matches!(v, Vote::Silent)).count();
         let guards: Vec<LockGuard> = votes
@@ -239,11 +220,15 @@ impl MultiNodeLocks {
         let drift = lease / 100 + Duration::from_millis(2);
         let validity = lease.saturating_sub(elapsed).saturating_sub(drift);
         if guards.len() >= self.needed() && !validity.is_zero() {
+            let late = Arc::new(Mutex::new(Vec::new()));
+            self.hear_out(asking, Arc::downgrade(&late));
             return Ok(Some(MultiGuard {
                 guards,
+                late,
                 valid_until: started + validity,
             }));
         }
+        self.hear_out(asking, Weak::new());
         // Too few, or too late: give back what was granted, on every node
         // that answered (a node that timed out may still have applied it;
         // its lease frees it).
@@ -255,6 +240,32 @@ impl MultiNodeLocks {
             });
         }
         Ok(None)
+    }
+
+    /// Hears the nodes still out once the outcome is known, in the
+    /// background: a late grant joins the hold while it lasts and is given
+    /// back otherwise, and a node that never answers is skipped a while.
+    fn hear_out(
+        &self,
+        mut asking: FuturesUnordered<impl Future<Output = (usize, Vote)> + Send + 'static>,
+        hold: Weak<Mutex<Vec<LockGuard>>>,
+    ) {
+        if asking.is_empty() {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            while let Some((node, vote)) = asking.next().await {
+                this.mark(node, !matches!(vote, Vote::Silent));
+                let Vote::Granted(guard) = vote else { continue };
+                match hold.upgrade() {
+                    Some(late) => late.lock().unwrap_or_else(|e| e.into_inner()).push(guard),
+                    None => {
+                        let _ = guard.unlock().await;
+                    }
+                }
+            }
+        });
     }
 
     /// Whether enough nodes take writes now for a lock to be granted: each
@@ -314,9 +325,14 @@ impl MultiNodeLocks {
 }
 
 impl MultiGuard {
-    /// How many nodes granted the lock.
+    /// How many nodes granted the lock so far: the quorum, and those
+    /// whose grant came later.
     pub fn nodes(&self) -> usize {
-        self.guards.len()
+        self.guards.len() + self.late_grants().len()
+    }
+
+    fn late_grants(&self) -> std::sync::MutexGuard<'_, Vec<LockGuard>> {
+        self.late.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether the validity time has run out: past it the hold is not to
@@ -330,8 +346,7 @@ impl MultiGuard {
         self.valid_until
     }
 
-    /// A fencing token for the hold: the largest of the granting nodes'
-    /// tokens. Tokens grow with Redis's clock on every node, so a later
+    /// A fencing token for the hold: the largest of the quorum's tokens. Tokens grow with Redis's clock on every node, so a later
     /// holder's is larger as long as the nodes' clocks agree to within the
     /// lease; unlike a single node's, this is not guaranteed.
     pub fn fence(&self) -> i64 {
@@ -341,7 +356,10 @@ impl MultiGuard {
     /// Releases the lock on every node that granted it. Nodes that fail
     /// are left to their leases; returns how many released it.
     pub async fn unlock(self) -> usize {
-        release_all(self.guards).await
+        let late = std::mem::take(&mut *self.late_grants());
+        let mut guards = self.guards;
+        guards.extend(late);
+        release_all(guards).await
     }
 }
 

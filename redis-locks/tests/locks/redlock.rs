@@ -50,6 +50,21 @@ fn assert_unavailable(
     );
 }
 
+/// Waits (2 s at most) until `n` nodes hold `guard`: the acquire returns
+/// with the quorum's grants, and the others join as they come.
+async fn joined_by(guard: &MultiGuard, n: usize) {
+    let started = std::time::Instant::now();
+    while guard.nodes() < n {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{} of {n} nodes joined the hold",
+            guard.nodes()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(guard.nodes(), n);
+}
+
 async fn exists(redis: &OwnRedis, key: &str) -> bool {
     let mut conn = redis_conn(&redis.url()).await;
     redis::cmd("EXISTS")
@@ -68,7 +83,7 @@ async fn redlock_survives_one_node_of_three_and_refuses_with_two_down() {
         try_take(&locks, "order:1", "a").await,
         "all three nodes grant a free lock",
     );
-    assert_eq!(first.nodes(), 3);
+    joined_by(&first, 3).await;
     assert!(!first.is_expired());
     // Someone else cannot take it while it is first.
     refused(try_take(&locks, "order:1", "b").await, "the lock is held");
@@ -186,4 +201,54 @@ async fn redlock_answers_once_a_majority_has_without_waiting_for_frozen_nodes() 
     }
     servers[3].thaw();
     servers[4].thaw();
+}
+
+#[tokio::test]
+async fn a_grant_after_the_quorum_joins_the_hold_and_is_given_back_with_it() {
+    let servers = start_nodes(3);
+    let locks = locks_on(&servers, Quorum::Majority);
+    // One node frozen for less than the node timeout: the two others make
+    // the quorum, and its grant comes late.
+    servers[2].freeze();
+    let guard = held(
+        try_take(&locks, "order:late", "a").await,
+        "two of three grant a free lock",
+    );
+    assert_eq!(guard.nodes(), 2, "the acquire waited for the frozen node");
+    servers[2].thaw();
+    joined_by(&guard, 3).await;
+    assert_eq!(guard.unlock().await, 3);
+    for server in &servers {
+        assert!(
+            !exists(server, "lock:{order:late}").await,
+            "a node kept the lock"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_grant_after_the_hold_was_given_back_is_given_back_too() {
+    let servers = start_nodes(3);
+    let locks = locks_on(&servers, Quorum::Majority);
+    servers[2].freeze();
+    let guard = held(
+        try_take(&locks, "order:gone", "a").await,
+        "two of three grant a free lock",
+    );
+    assert_eq!(guard.unlock().await, 2);
+    // The frozen node applies the grant when it thaws, after the release;
+    // it is given back then, long before its lease would end.
+    servers[2].thaw();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !exists(&servers[2], "lock:{order:gone}").await,
+        "a late grant outlived its hold's release"
+    );
+    // Free again on every node.
+    let next = held(
+        try_take(&locks, "order:gone", "b").await,
+        "the released lock is free",
+    );
+    joined_by(&next, 3).await;
+    next.unlock().await;
 }
