@@ -17,6 +17,13 @@ pub enum PgPooler {
     Transaction,
 }
 
+/// A feature on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
 /// How the service is configured. `--help` lists each variable.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Settings {
@@ -100,6 +107,12 @@ pub struct Settings {
     /// Unset: the locks live on REDIS_URL.
     #[arg(long, env = "SECKILL_LOCK_REDIS_URLS", value_delimiter = ',')]
     pub lock_redis_urls: Vec<String>,
+
+    /// `off`: a sync purchase takes no per-user lock, and one order per
+    /// user rests on the sale statement and its unique index alone. Only
+    /// to measure what the lock buys (the guide's "Why the lock").
+    #[arg(long, env = "SECKILL_USER_LOCKS", value_enum, default_value_t = Switch::On)]
+    pub user_locks: Switch,
 
     /// Prefix of every Redis key the service writes, to share one Redis.
     #[arg(long, env = "SECKILL_REDIS_PREFIX", default_value = "")]

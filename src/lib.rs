@@ -12,6 +12,7 @@
 //!   with real rows (LAB.md); compiled only with the `lab` feature (the
 //!   `seckill-lab` binary), mounted with `SECKILL_LAB=1`.
 //! - [`cli`]: the binaries' command line.
+//! - [`domain`]: the words every layer speaks (how a purchase ended).
 //! - [`store`]: Postgres, including the statement that sells one unit.
 //! - `redis_locks` (the `redis-locks` crate beside this one): reentrant,
 //!   fair, read-write and RedLock locks on Redis; it imports nothing here.
@@ -33,6 +34,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod domain;
 pub mod http;
 pub mod id;
 pub mod kv;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use chrono::TimeDelta;
 use tokio::net::TcpListener;
 
-use crate::config::{PgPooler, Settings, SettingsError};
+use crate::config::{PgPooler, Settings, SettingsError, Switch};
 use crate::http::serve::{serve, DrainOutcome, ServeSettings};
 use crate::http::{self, AdminToken, AppParts, AppState, Limits};
 use crate::kv::{Kv, RedisTarget};
@@ -28,9 +28,9 @@ pub enum StartupError {
     #[error("Postgres: {0}")]
     Store(#[from] StoreError),
     #[error("Redis URL: {0}")]
-    RedisUrl(redis::RedisError),
+    RedisUrl(#[source] redis::RedisError),
     #[error("REDIS_URL: {0}")]
-    RedisTarget(String),
+    RedisTarget(#[from] crate::kv::BadRedisUrl),
     #[error(
         "SECKILL_LAB=1, but this binary has no lab: run seckill-lab \
          (cargo run --features lab --bin seckill-lab)"
@@ -325,6 +325,12 @@ fn lock_client(settings: &Settings, url: &str, prefix: &str) -> Result<LockClien
 /// The users' purchase locks: on the service's Redis, or RedLock over the
 /// nodes of `SECKILL_LOCK_REDIS_URLS`; their keys under `prefix`.
 fn user_locks(settings: &Settings, prefix: &str) -> Result<UserLocks, StartupError> {
+    if settings.user_locks == Switch::Off {
+        tracing::warn!(
+            "SECKILL_USER_LOCKS=off: purchases take no per-user lock (for measuring what it buys)"
+        );
+        return Ok(UserLocks::Off);
+    }
     let client = |url: &str| lock_client(settings, url, prefix);
     let nodes = settings.lock_nodes();
     if nodes.is_empty() {

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use redis::Script;
+use redis::{RedisError, Script};
 use tokio::sync::watch;
 
 use super::Owner;
@@ -144,11 +144,8 @@ impl Watchdog {
             for (_, key, owner, _) in &chunk {
                 invocation.key(&**key).arg(owner.as_str());
             }
-            let result: Result<Vec<i64>, String> = self
-                .conn
-                .invoke(&invocation)
-                .await
-                .map_err(|e| e.to_string());
+            let result: Result<Vec<i64>, Arc<RedisError>> =
+                self.conn.invoke(&invocation).await.map_err(Arc::new);
             let renewed = |i: usize| {
                 result
                     .as_ref()
@@ -172,12 +169,12 @@ impl Watchdog {
                 .arg(lease_ms(self.lease))
                 .arg(owner.as_str())
                 .arg(if *write { "write" } else { "read" });
-            let result: Result<bool, String> = self
+            let result: Result<bool, Arc<RedisError>> = self
                 .conn
                 .invoke::<i64>(&invocation)
                 .await
                 .map(|renewed| renewed == 1)
-                .map_err(|e| e.to_string());
+                .map_err(Arc::new);
             self.settle(std::iter::once((entry, result)));
         }
         true
@@ -191,7 +188,10 @@ impl Watchdog {
 
     /// Records renewal results: `Ok(false)` means the hold is gone; an error
     /// counts as gone once renewals have failed for a whole lease.
-    fn settle<'a>(&self, results: impl Iterator<Item = (&'a Entry, Result<bool, String>)>) {
+    fn settle<'a>(
+        &self,
+        results: impl Iterator<Item = (&'a Entry, Result<bool, Arc<RedisError>>)>,
+    ) {
         let now = Instant::now();
         let mut state = self.state.lock().expect("watchdog state poisoned");
         for ((id, key, owner, _), result) in results {

@@ -138,7 +138,7 @@ impl ApiError {
         let message = match self {
             Self::Seckill(SeckillError::Internal(cause)) => {
                 // Opaque to the client, whole in the log.
-                tracing::error!(%cause, "internal error");
+                tracing::error!(cause = cause.chain(), "internal error");
                 "internal error".to_owned()
             }
             Self::Seckill(SeckillError::Unavailable { dependency, detail }) => {
@@ -207,5 +207,46 @@ fn bounded(text: String) -> String {
     match text.char_indices().nth(MAX_MESSAGE_CHARS) {
         Some((cut, _)) => format!("{}...", &text[..cut]),
         None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Outcome;
+
+    /// A purchase refused for a reason the metrics name carries that name
+    /// as its error code: the two are one word, from [`Outcome`].
+    #[test]
+    fn a_refusals_error_code_is_its_outcomes_label() {
+        let refusals = [
+            SeckillError::NotFound("voucher"),
+            SeckillError::NotStarted,
+            SeckillError::Ended,
+            SeckillError::SoldOut,
+            SeckillError::AlreadyPurchased { order_id: None },
+            SeckillError::InProgress,
+            SeckillError::TooManyOrders(3),
+            SeckillError::NotAdmitted("no ticket"),
+            SeckillError::redis_unavailable("down"),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for error in refusals {
+            let outcome = error.outcome();
+            assert_ne!(outcome, Outcome::Error, "{error:?}");
+            seen.insert(outcome);
+            let (_, code) = ApiError::Seckill(error).status_and_code();
+            assert_eq!(
+                serde_json::to_value(code).unwrap(),
+                outcome.label(),
+                "{outcome:?}"
+            );
+        }
+        // Every outcome but the successes and the catch-all was tried.
+        let rest: Vec<Outcome> = Outcome::ALL
+            .into_iter()
+            .filter(|o| !seen.contains(o))
+            .collect();
+        assert_eq!(rest, [Outcome::Ordered, Outcome::Accepted, Outcome::Error]);
     }
 }

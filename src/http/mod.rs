@@ -179,5 +179,5 @@ fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<axum::body::
         .map(String::as_str)
         .or_else(|| panic.downcast_ref::<&str>().copied())
         .unwrap_or("unknown panic");
-    ApiError::Seckill(SeckillError::Internal(format!("handler panicked: {cause}"))).into_response()
+    ApiError::Seckill(SeckillError::internal(format!("handler panicked: {cause}"))).into_response()
 }

@@ -42,54 +42,25 @@ pub fn prometheus() -> PrometheusHandle {
         .clone()
 }
 
-/// Counters that count events, each at 0 from start-up: a dashboard panel
-/// over a fresh instance shows 0, not "No data", until the first event.
-/// (Labelled ones: every label value of their bounded set.)
-const EVENT_COUNTERS: &[&str] = &[
-    "seckill_lock_contended_total",
-    "seckill_gate_waits_total",
-    "seckill_id_counter_recoveries_total",
-    "seckill_async_accepted_total",
-    "seckill_async_claimed_total",
-    "seckill_async_written_total",
-    "seckill_async_write_failures_total",
-    "seckill_async_reconciliations_total",
-    "seckill_async_units_returned_total",
-    "seckill_cancels_total",
-    "seckill_expirations_total",
-    "seckill_queue_admitted_total",
-    "seckill_queue_admissions_used_total",
-];
-
-/// Histograms the dashboard reads, each on the page from start-up.
-const HISTOGRAMS: &[&str] = &[
-    "seckill_sale_batch_size",
-    "seckill_sale_commit_seconds",
-    "seckill_lock_acquire_seconds",
-    "seckill_async_batch_size",
-    "seckill_async_accept_batch_size",
-    "seckill_async_confirm_seconds",
-    "seckill_expiry_lateness_seconds",
-];
-
 fn register_counters() {
-    for name in EVENT_COUNTERS {
+    use crate::seckill::metric as m;
+    for name in m::EVENT_COUNTERS {
         metrics::counter!(*name).absolute(0);
     }
-    for outcome in ["paid", "refund"] {
-        metrics::counter!("seckill_payments_total", "outcome" => outcome).absolute(0);
+    for outcome in m::PAYMENT_OUTCOMES {
+        metrics::counter!(m::PAYMENTS, "outcome" => outcome).absolute(0);
     }
-    for reason in ["already_purchased", "sold_out", "id_taken", "fenced"] {
-        metrics::counter!("seckill_async_unstored_total", "reason" => reason).absolute(0);
+    for reason in m::UNSTORED_REASONS {
+        metrics::counter!(m::ASYNC_UNSTORED, "reason" => reason).absolute(0);
     }
     super::limit::register_metrics();
-    for kind in ["join", "poll"] {
-        metrics::counter!("seckill_queue_requests_total", "kind" => kind).absolute(0);
+    for kind in m::QUEUE_REQUEST_KINDS {
+        metrics::counter!(m::QUEUE_REQUESTS, "kind" => kind).absolute(0);
     }
-    metrics::gauge!("seckill_queue_waiting").set(0.0);
-    metrics::gauge!("seckill_async_in_flight").set(0.0);
+    metrics::gauge!(m::QUEUE_WAITING).set(0.0);
+    metrics::gauge!(m::ASYNC_IN_FLIGHT).set(0.0);
     // Histograms show up once registered, with empty buckets.
-    for name in HISTOGRAMS {
+    for name in m::HISTOGRAMS {
         drop(metrics::histogram!(*name));
     }
 }

@@ -87,10 +87,22 @@ pub enum RedisTarget {
     Cluster { nodes: Vec<String> },
 }
 
+/// A `REDIS_URL` that names no Redis.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{url:?}: {problem}")]
+pub struct BadRedisUrl {
+    url: String,
+    problem: &'static str,
+}
+
 impl RedisTarget {
-    pub fn parse(url: &str) -> Result<Self, String> {
+    pub fn parse(url: &str) -> Result<Self, BadRedisUrl> {
         let url = url.trim();
-        let nodes = |list: &str| -> Result<Vec<String>, String> {
+        let bad = |problem| BadRedisUrl {
+            url: url.to_owned(),
+            problem,
+        };
+        let nodes = |list: &str| -> Result<Vec<String>, BadRedisUrl> {
             let nodes: Vec<String> = list
                 .split(',')
                 .map(str::trim)
@@ -98,7 +110,7 @@ impl RedisTarget {
                 .map(|n| format!("redis://{n}"))
                 .collect();
             if nodes.is_empty() {
-                return Err(format!("{url:?} names no host:port"));
+                return Err(bad("names no host:port"));
             }
             Ok(nodes)
         };
@@ -107,9 +119,7 @@ impl RedisTarget {
                 .split_once('/')
                 .filter(|(_, m)| !m.is_empty() && !m.contains('/'))
                 .ok_or_else(|| {
-                    format!(
-                        "{url:?}: expected redis+sentinel://host:port[,host:port...]/<master-name>"
-                    )
+                    bad("expected redis+sentinel://host:port[,host:port...]/<master-name>")
                 })?;
             return Ok(Self::Sentinel {
                 sentinels: nodes(list)?,

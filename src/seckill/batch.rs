@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::clock::SaleClock;
 use super::error::{Result, SeckillError};
 use super::gate::{Gates, Ticket};
+use super::metric;
 use super::soldout::SoldOutFlags;
 use super::user_lock::{UserGuard, UserLocks};
 use super::workers::{Background, Queue, Workers};
@@ -32,7 +33,7 @@ const IDLE: Duration = Duration::from_secs(30);
 const REDRAWS: u8 = 3;
 /// Times a batch is run again after a concurrent batch committed an order
 /// of one of its users (or one of its ids) after its snapshot.
-const RERUNS: usize = 3;
+const RERUNS: u64 = 3;
 
 /// What the batch did for one purchase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +52,7 @@ pub(super) enum Outcome {
 struct Pending {
     voucher: Arc<Voucher>,
     user_id: i64,
-    fence: i64,
+    fence: Option<i64>,
     redraws: u8,
     reply: oneshot::Sender<Result<Outcome>>,
     /// The user's lock, given back (with the rest of its batch's, in one
@@ -129,7 +130,7 @@ impl Batcher {
                 |arrivals, stop| write(self.inner.clone(), voucher_id, arrivals, stop),
             )
             .await
-            .map_err(|_| SeckillError::Internal("the sale writer stopped".into()))?
+            .map_err(|_| SeckillError::internal("the sale writer stopped"))?
     }
 }
 
@@ -219,7 +220,7 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
     if batch.is_empty() {
         return Vec::new();
     }
-    metrics::histogram!("seckill_sale_batch_size").record(batch.len() as f64);
+    metrics::histogram!(metric::SALE_BATCH_SIZE).record(batch.len() as f64);
     let size = u32::try_from(batch.len()).unwrap_or(u32::MAX);
     let ids = match inner.deps.ids.next_ids(size).await {
         Ok(ids) => ids,
@@ -236,7 +237,7 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
         .map(|(pending, id)| SaleRequest {
             order_id: id.as_i64(),
             user_id: pending.user_id,
-            fence: Some(pending.fence),
+            fence: pending.fence,
             at,
         })
         .collect();
@@ -321,7 +322,8 @@ pub(super) async fn sell_batch(
             other => break other,
         }
     };
-    metrics::histogram!("seckill_sale_commit_seconds").record(started.elapsed().as_secs_f64());
+    metrics::histogram!(metric::SALE_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
+    metrics::counter!(metric::SALE_BATCH_RERUNS).increment(reruns);
     sold
 }
 
@@ -351,7 +353,7 @@ async fn redraw(inner: &Inner, taken: OrderId, redo: Vec<Pending>) -> Vec<Pendin
 /// that day.
 async fn recover_id_counter(inner: &Inner, taken: OrderId) -> Result<()> {
     raise_id_counter(&inner.deps.store, &inner.deps.ids, taken.drawn_at(), 0).await?;
-    metrics::counter!("seckill_id_counter_recoveries_total").increment(1);
+    metrics::counter!(metric::ID_COUNTER_RECOVERIES).increment(1);
     Ok(())
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 
+use super::metric;
 use crate::kv::{Kv, KvError};
 
 /// How often the offset is measured again.
@@ -69,7 +70,7 @@ impl SaleClock {
         let ours = sent.timestamp_micros() + (received - sent).num_microseconds().unwrap_or(0) / 2;
         let offset = theirs - ours;
         self.inner.offset_micros.store(offset, Ordering::Relaxed);
-        metrics::gauge!("seckill_clock_offset_seconds").set(offset as f64 / 1e6);
+        metrics::gauge!(metric::CLOCK_OFFSET_SECONDS).set(offset as f64 / 1e6);
         Ok(())
     }
 }

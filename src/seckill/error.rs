@@ -1,10 +1,12 @@
 //! The domain's errors, and how the errors of the layers below become them:
 //! a dependency that is away or slow is `Unavailable` (503), never a bug.
 
+use crate::domain::Outcome;
 use crate::id::{IdError, OrderId};
 use crate::kv::KvError;
 use crate::store::StoreError;
 use redis_locks::LockError;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SeckillError {
@@ -44,27 +46,70 @@ pub enum SeckillError {
         detail: String,
     },
     #[error("internal error: {0}")]
-    Internal(String),
+    Internal(#[source] InternalError),
+}
+
+/// A bug or a broken expectation: what went wrong, and the error that
+/// showed it when there was one (kept as the source, for the log).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{what}")]
+pub struct InternalError {
+    what: String,
+    #[source]
+    cause: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl InternalError {
+    /// Every cause in the chain, for the log: "what: cause: its cause".
+    pub fn chain(&self) -> String {
+        let mut text = self.what.clone();
+        let mut next = std::error::Error::source(self);
+        while let Some(cause) = next {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            next = cause.source();
+        }
+        text
+    }
 }
 
 impl SeckillError {
-    /// The purchase outcome this error stands for, as metrics label it.
-    pub fn outcome(&self) -> &'static str {
+    /// The purchase outcome this error stands for.
+    pub fn outcome(&self) -> Outcome {
         match self {
-            Self::NotFound(_) => "not_found",
-            Self::NotStarted => "not_started",
-            Self::Ended => "ended",
-            Self::SoldOut => "sold_out",
-            Self::AlreadyPurchased { .. } => "already_purchased",
-            Self::InProgress => "purchase_in_progress",
-            Self::TooManyOrders(_) => "too_many_orders",
-            Self::NotAdmitted(_) => "not_admitted",
+            Self::NotFound(_) => Outcome::NotFound,
+            Self::NotStarted => Outcome::NotStarted,
+            Self::Ended => Outcome::Ended,
+            Self::SoldOut => Outcome::SoldOut,
+            Self::AlreadyPurchased { .. } => Outcome::AlreadyPurchased,
+            Self::InProgress => Outcome::PurchaseInProgress,
+            Self::TooManyOrders(_) => Outcome::TooManyOrders,
+            Self::NotAdmitted(_) => Outcome::NotAdmitted,
             Self::AlreadyPaid | Self::OrderExpired | Self::OrderPending | Self::PaymentConflict => {
-                "error"
+                Outcome::Error
             }
-            Self::Unavailable { .. } => "unavailable",
-            Self::Invalid(_) | Self::Internal(_) => "error",
+            Self::Unavailable { .. } => Outcome::Unavailable,
+            Self::Invalid(_) | Self::Internal(_) => Outcome::Error,
         }
+    }
+
+    /// An internal error with no error behind it.
+    pub(crate) fn internal(what: impl Into<String>) -> Self {
+        Self::Internal(InternalError {
+            what: what.into(),
+            cause: None,
+        })
+    }
+
+    /// An internal error shown by `cause`.
+    pub(crate) fn internal_from(
+        what: impl Into<String>,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::Internal(InternalError {
+            what: what.into(),
+            cause: Some(Arc::new(cause)),
+        })
     }
 
     pub(crate) fn redis_unavailable(detail: impl ToString) -> Self {
@@ -98,7 +143,7 @@ impl From<StoreError> for SeckillError {
             // keeps losing it, which another moment may not.
             e @ StoreError::DuplicateOrderId => Self::redis_unavailable(e),
             StoreError::OutOfRange(_) => Self::Invalid("the stock would exceed its maximum".into()),
-            StoreError::Other(e) => Self::Internal(e.to_string()),
+            e @ StoreError::Other(_) => Self::internal_from("Postgres", e),
         }
     }
 }
@@ -107,9 +152,9 @@ impl From<LockError> for SeckillError {
     fn from(error: LockError) -> Self {
         match error {
             LockError::Redis(e) if crate::kv::is_transient(&e) => Self::redis_unavailable(e),
-            LockError::Redis(e) => Self::Internal(format!("Redis: {e}")),
+            LockError::Redis(e) => Self::internal_from("Redis, taking a lock", e),
             e @ LockError::NodesUnavailable { .. } => Self::redis_unavailable(e),
-            e @ LockError::NotHeld { .. } => Self::Internal(e.to_string()),
+            e @ LockError::NotHeld { .. } => Self::internal_from("a lock", e),
         }
     }
 }
@@ -119,7 +164,7 @@ impl From<KvError> for SeckillError {
         if error.is_transient() {
             Self::redis_unavailable(error)
         } else {
-            Self::Internal(error.to_string())
+            Self::internal_from("Redis", error)
         }
     }
 }
@@ -130,7 +175,7 @@ impl From<std::sync::Arc<KvError>> for SeckillError {
         if error.is_transient() {
             Self::redis_unavailable(&error)
         } else {
-            Self::Internal(error.to_string())
+            Self::internal_from("Redis", error)
         }
     }
 }

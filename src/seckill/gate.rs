@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::metric;
 use crate::store::{StockLevel, Voucher};
 
 /// The gates of every voucher this instance sells.
@@ -152,7 +153,7 @@ impl Gates {
             }
             if !waited {
                 waited = true;
-                metrics::counter!("seckill_gate_waits_total").increment(1);
+                metrics::counter!(metric::GATE_WAITS).increment(1);
             }
             if tokio::time::timeout_at(give_up, left_one).await.is_err() {
                 // Those ahead take long (a slow Postgres): go on as if

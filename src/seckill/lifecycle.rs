@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::error::{Result, SeckillError};
+use super::metric;
 use super::workers::Background;
 use super::Seckill;
 use crate::id::OrderId;
@@ -64,7 +65,7 @@ impl Seckill {
         let now = self.inner.clock.now();
         if order.status == OrderStatus::Unpaid {
             if let Some(closed) = store.cancel_order(order_id.as_i64(), now).await? {
-                metrics::counter!("seckill_cancels_total").increment(1);
+                metrics::counter!(metric::CANCELS).increment(1);
                 self.units_returned(&[closed]).await;
             } else if let Some(closed) = store.expire_order(order_id.as_i64(), now).await? {
                 // Its deadline passed before the cancel: it expires, as
@@ -102,10 +103,10 @@ impl Seckill {
                     self.expired(&[closed], now).await;
                 }
                 let outcome = match (status, refund) {
-                    (OrderStatus::Paid, false) => "paid",
-                    _ => "refund",
+                    (OrderStatus::Paid, false) => metric::PAID,
+                    _ => metric::REFUND,
                 };
-                metrics::counter!("seckill_payments_total", "outcome" => outcome).increment(1);
+                metrics::counter!(metric::PAYMENTS, "outcome" => outcome).increment(1);
                 Ok(PaymentAnswer {
                     order_id,
                     status,
@@ -202,10 +203,10 @@ impl Seckill {
 
     /// Books orders the deadline closed (metrics: how many, how late).
     async fn expired(&self, closed: &[Closed], now: chrono::DateTime<chrono::Utc>) {
-        metrics::counter!("seckill_expirations_total").increment(closed.len() as u64);
+        metrics::counter!(metric::EXPIRATIONS).increment(closed.len() as u64);
         for order in closed {
             let late = (now - order.pay_by).to_std().unwrap_or_default();
-            metrics::histogram!("seckill_expiry_lateness_seconds").record(late.as_secs_f64());
+            metrics::histogram!(metric::EXPIRY_LATENESS_SECONDS).record(late.as_secs_f64());
         }
         self.units_returned(closed).await;
     }

@@ -35,6 +35,7 @@ mod error;
 mod gate;
 mod inflight;
 mod lifecycle;
+pub mod metric;
 mod reads;
 mod room;
 mod soldout;
@@ -55,11 +56,12 @@ pub use room::{
 use user_lock::Lockers;
 pub use user_lock::{lock_of, UserGuard, UserLocks};
 
+use crate::domain::Outcome;
 use crate::id::{IdGenerator, OrderId};
 use crate::kv::Kv;
 use crate::store::{Store, StoreError};
 use async_sale::AsyncSales;
-use batch::{Batcher, Outcome};
+use batch::{Batcher, Outcome as Batched};
 use gate::{Admission, Gates};
 use inflight::InFlight;
 use soldout::SoldOutFlags;
@@ -71,6 +73,8 @@ pub use crate::store::{Order, OrderLine, OrderStatus, Payment, SaleMode, Voucher
 pub const STOCK_REFRESH: Duration = Duration::from_millis(100);
 /// How long an unknown voucher id is remembered as unknown.
 const MISSING_TTL: Duration = Duration::from_millis(500);
+/// How long an async sale's voucher stays in memory unread.
+const ASYNC_VOUCHER_IDLE: Duration = Duration::from_secs(3_600);
 /// Readiness is probed at most this often; callers in between share it.
 pub const READY_EVERY: Duration = Duration::from_millis(500);
 /// The payment window when none is given: 15 minutes.
@@ -78,22 +82,6 @@ pub const DEFAULT_PAY_WITHIN_SECONDS: i64 = 900;
 /// Most orders one user may have of a voucher when none is given: room to
 /// cancel twice, not to hold a unit away from the crowd for ever.
 pub const DEFAULT_MAX_ORDERS_PER_USER: i64 = 3;
-/// The `outcome` labels of `seckill_purchases_total`: a purchase's result
-/// (`ordered`, `accepted`) or its error's `SeckillError::outcome`.
-const PURCHASE_OUTCOMES: &[&str] = &[
-    "ordered",
-    "accepted",
-    "not_found",
-    "not_started",
-    "ended",
-    "sold_out",
-    "already_purchased",
-    "purchase_in_progress",
-    "too_many_orders",
-    "not_admitted",
-    "unavailable",
-    "error",
-];
 
 /// Tuning for [`Seckill`].
 #[derive(Debug, Clone)]
@@ -147,14 +135,15 @@ enum LoadError {
 
 impl LoadError {
     /// What each of the requests that shared the read is answered.
-    fn answer(&self) -> SeckillError {
-        match self {
-            Self::Missing => SeckillError::NotFound("voucher"),
+    fn answer(self: Arc<Self>) -> SeckillError {
+        match &*self {
+            Self::Missing => return SeckillError::NotFound("voucher"),
             Self::Store(e @ (StoreError::Unavailable(_) | StoreError::TimedOut(_))) => {
-                SeckillError::postgres_unavailable(e)
+                return SeckillError::postgres_unavailable(e)
             }
-            Self::Store(e) => SeckillError::Internal(e.to_string()),
+            Self::Store(_) => {}
         }
+        SeckillError::internal_from("reading a voucher", self)
     }
 }
 
@@ -178,6 +167,10 @@ struct Inner {
     /// flag are taken from here, and the gate takes the stock as what is
     /// left at most at that epoch; the batch never does.
     windows: moka::future::Cache<i64, Arc<Voucher>>,
+    /// Async sales' vouchers, once read: what their purchases read of them
+    /// (id, limits, room) never changes, and Redis keeps their window and
+    /// stock, so they go on selling while Postgres fails over.
+    async_vouchers: moka::sync::Cache<i64, Arc<Voucher>>,
     /// Voucher ids found missing, for a moment: a flood of unknown ids
     /// asks Postgres once per id and moment, not once per request.
     missing: moka::sync::Cache<i64, ()>,
@@ -201,7 +194,7 @@ struct Inner {
     /// `seckill_purchases_total`, by outcome, registered when the workers
     /// start (the recorder is installed by then): a crowd's request then
     /// counts without building and looking up a labelled key.
-    outcomes: std::sync::OnceLock<Vec<(&'static str, metrics::Counter)>>,
+    outcomes: std::sync::OnceLock<Vec<metrics::Counter>>,
     /// Every background task of this instance (expiry, relay, the async
     /// writers' supervisor, the per-voucher writers), and what stops them:
     /// shutdown waits for them.
@@ -221,6 +214,10 @@ impl Seckill {
         let windows = moka::future::Cache::builder()
             .max_capacity(10_000)
             .time_to_live(settings.voucher_cache_ttl)
+            .build();
+        let async_vouchers = moka::sync::Cache::builder()
+            .max_capacity(10_000)
+            .time_to_idle(ASYNC_VOUCHER_IDLE)
             .build();
         let missing = moka::sync::Cache::builder()
             .max_capacity(100_000)
@@ -275,6 +272,7 @@ impl Seckill {
                 redis,
                 clock,
                 windows,
+                async_vouchers,
                 missing,
                 stock_seen,
                 readiness: tokio::sync::Mutex::new(None),
@@ -342,7 +340,7 @@ impl Seckill {
             let Some(_mark) = self.inner.in_flight.enter(user_id, voucher_id) else {
                 return Err(SeckillError::InProgress);
             };
-            let voucher = self.sale_window(voucher_id).await?;
+            let voucher = self.selling(voucher_id).await?;
             let roomed = voucher.admit_per_second.is_some();
             if roomed {
                 let now = self.inner.clock.now();
@@ -363,7 +361,7 @@ impl Seckill {
                     .map(Purchase::Pending),
             };
             if roomed && bought.is_ok() {
-                metrics::counter!("seckill_queue_admissions_used_total").increment(1);
+                metrics::counter!(metric::QUEUE_ADMISSIONS_USED).increment(1);
             }
             bought
         };
@@ -383,35 +381,28 @@ impl Seckill {
                 })
             });
         let outcome = match &result {
-            Ok(Purchase::Stored(_)) => "ordered",
-            Ok(Purchase::Pending(_)) => "accepted",
+            Ok(Purchase::Stored(_)) => Outcome::Ordered,
+            Ok(Purchase::Pending(_)) => Outcome::Accepted,
             Err(error) => error.outcome(),
         };
-        self.count_outcome(outcome);
+        self.outcome_counters()[outcome.index()].increment(1);
         result
     }
 
-    /// `seckill_purchases_total`, by outcome, each at 0 once registered.
-    fn outcome_counters(&self) -> &[(&'static str, metrics::Counter)] {
+    /// `seckill_purchases_total`, by outcome (in [`Outcome::ALL`]'s
+    /// order), each at 0 once registered.
+    fn outcome_counters(&self) -> &[metrics::Counter] {
         self.inner.outcomes.get_or_init(|| {
-            PURCHASE_OUTCOMES
+            Outcome::ALL
                 .iter()
-                .map(|name| {
-                    let counter = metrics::counter!("seckill_purchases_total", "outcome" => *name);
+                .map(|outcome| {
+                    let counter =
+                        metrics::counter!(metric::PURCHASES, "outcome" => outcome.label());
                     counter.increment(0);
-                    (*name, counter)
+                    counter
                 })
                 .collect()
         })
-    }
-
-    /// Counts one purchase in `seckill_purchases_total{outcome}`.
-    fn count_outcome(&self, outcome: &'static str) {
-        let counters = self.outcome_counters();
-        match counters.iter().find(|(name, _)| *name == outcome) {
-            Some((_, counter)) => counter.increment(1),
-            None => metrics::counter!("seckill_purchases_total", "outcome" => outcome).increment(1),
-        }
     }
 
     async fn try_purchase(&self, user_id: i64, voucher: Arc<Voucher>) -> Result<OrderId> {
@@ -437,9 +428,9 @@ impl Seckill {
             .lockers
             .try_lock(voucher.id, user_id, purchase)
             .await?;
-        metrics::histogram!("seckill_lock_acquire_seconds").record(asked.elapsed().as_secs_f64());
+        metrics::histogram!(metric::LOCK_ACQUIRE_SECONDS).record(asked.elapsed().as_secs_f64());
         let Some(guard) = acquired else {
-            metrics::counter!("seckill_lock_contended_total").increment(1);
+            metrics::counter!(metric::LOCK_CONTENDED).increment(1);
             return Err(SeckillError::InProgress);
         };
 
@@ -468,21 +459,31 @@ impl Seckill {
             .sell(voucher, user_id, guard, place)
             .await?
         {
-            Outcome::Sold(order_id) => Ok(order_id),
-            Outcome::SoldOut => Err(SeckillError::SoldOut),
-            Outcome::Held(order_id) => Err(SeckillError::AlreadyPurchased { order_id }),
-            Outcome::TooMany => Err(SeckillError::TooManyOrders(max_orders)),
-            Outcome::Fenced => {
+            Batched::Sold(order_id) => Ok(order_id),
+            Batched::SoldOut => Err(SeckillError::SoldOut),
+            Batched::Held(order_id) => Err(SeckillError::AlreadyPurchased { order_id }),
+            Batched::TooMany => Err(SeckillError::TooManyOrders(max_orders)),
+            Batched::Fenced => {
                 // Our lock's lease ran out and a newer holder has written:
                 // that request is the user's purchase in progress.
                 tracing::warn!(
                     user_id,
                     voucher_id,
-                    fence,
+                    fence = ?fence,
                     "purchase refused: a newer lock holder wrote first"
                 );
                 Err(SeckillError::InProgress)
             }
+        }
+    }
+
+    /// The voucher as its purchases and its room read it: an async sale's
+    /// from memory once read (see `async_vouchers`), a sync sale's as
+    /// [`Seckill::sale_window`] keeps it.
+    async fn selling(&self, voucher_id: i64) -> Result<Arc<Voucher>> {
+        match self.inner.async_vouchers.get(&voucher_id) {
+            Some(voucher) => Ok(voucher),
+            None => self.sale_window(voucher_id).await,
         }
     }
 
@@ -506,8 +507,14 @@ impl Seckill {
             })
             .await
             .map_err(|error| error.answer());
-        if let Err(SeckillError::NotFound(_)) = found {
-            self.inner.missing.insert(voucher_id, ());
+        match &found {
+            Ok(voucher) if voucher.sale_mode == SaleMode::Async => {
+                self.inner
+                    .async_vouchers
+                    .insert(voucher_id, voucher.clone());
+            }
+            Err(SeckillError::NotFound(_)) => self.inner.missing.insert(voucher_id, ()),
+            _ => {}
         }
         found
     }

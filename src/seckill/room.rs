@@ -20,6 +20,7 @@ use secrecy::{ExposeSecret, SecretBox};
 use sha2::Sha256;
 
 use super::error::{Result, SeckillError};
+use super::metric;
 use crate::id::parse_positive;
 use crate::kv::{Keys, Kv};
 use crate::store::Voucher;
@@ -237,17 +238,17 @@ impl Rooms {
             .arg(life.as_secs().max(1));
         let answer: Vec<i64> = self.redis.invoke(&invocation).await?;
         let [place, serving, admitted_ms, now_ms, placed, out] = answer[..] else {
-            return Err(SeckillError::Internal(format!(
+            return Err(SeckillError::internal(format!(
                 "unexpected answer of the room script: {answer:?}"
             )));
         };
         if admitted_ms != 0 && admitted_ms == now_ms {
-            metrics::counter!("seckill_queue_admitted_total").increment(1);
+            metrics::counter!(metric::QUEUE_ADMITTED).increment(1);
         }
         if place > 0 {
             let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
             waiting.insert(voucher.id, (placed - serving).max(0));
-            metrics::gauge!("seckill_queue_waiting").set(waiting.values().sum::<i64>() as f64);
+            metrics::gauge!(metric::QUEUE_WAITING).set(waiting.values().sum::<i64>() as f64);
         }
         Ok(Placing {
             place,
@@ -472,7 +473,7 @@ impl super::Seckill {
         voucher_id: i64,
         proof: Option<&str>,
     ) -> Result<QueueState> {
-        metrics::counter!("seckill_queue_requests_total", "kind" => "join").increment(1);
+        metrics::counter!(metric::QUEUE_REQUESTS, "kind" => metric::JOIN).increment(1);
         let (voucher, rate) = self.room_of(voucher_id).await?;
         let bits = u32::try_from(voucher.queue_proof_bits).unwrap_or(0);
         if bits > 0 && !proof.is_some_and(|nonce| proof_holds(voucher_id, user_id, nonce, bits)) {
@@ -496,7 +497,7 @@ impl super::Seckill {
         voucher_id: i64,
         ticket: &str,
     ) -> Result<QueueState> {
-        metrics::counter!("seckill_queue_requests_total", "kind" => "poll").increment(1);
+        metrics::counter!(metric::QUEUE_REQUESTS, "kind" => metric::POLL).increment(1);
         let ticket = self.inner.rooms.check_own(voucher_id, user_id, ticket)?;
         let (voucher, rate) = self.room_of(voucher_id).await?;
         let (sold_out, async_sale) = self.sale_state(&voucher).await?;
@@ -511,7 +512,7 @@ impl super::Seckill {
 
     /// A voucher with a room, and the room's pace.
     async fn room_of(&self, voucher_id: i64) -> Result<(Arc<Voucher>, i32)> {
-        let voucher = self.sale_window(voucher_id).await?;
+        let voucher = self.selling(voucher_id).await?;
         match voucher.admit_per_second {
             Some(rate) => Ok((voucher, rate)),
             None => Err(SeckillError::NotFound("waiting room")),

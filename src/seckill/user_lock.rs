@@ -31,12 +31,18 @@ pub enum UserLocks {
         locks: MultiNodeLocks,
         node_timeout: Duration,
     },
+    /// None: one order per user rests on the sale statement and its unique
+    /// index alone (`SECKILL_USER_LOCKS=off`, to measure what the lock
+    /// buys; see the guide's "Why the lock").
+    Off,
 }
 
 /// A user's lock, held.
 pub enum UserGuard {
     Single(LockGuard),
     RedLock(MultiGuard),
+    /// With [`UserLocks::Off`]: nothing held, nothing fenced.
+    Unlocked,
 }
 
 impl UserLocks {
@@ -66,6 +72,7 @@ impl UserLocks {
                 .try_acquire(&name, &owner_id, lease, *node_timeout)
                 .await?
                 .map(UserGuard::RedLock)),
+            Self::Off => Ok(Some(UserGuard::Unlocked)),
         }
     }
 
@@ -78,6 +85,7 @@ impl UserLocks {
                 locks,
                 node_timeout,
             } => locks.check_writable(*node_timeout).await,
+            Self::Off => Ok(()),
         }
     }
 
@@ -107,7 +115,7 @@ impl UserLocks {
                 }
                 answers
             }
-            Self::RedLock { .. } => {
+            Self::RedLock { .. } | Self::Off => {
                 futures_util::future::join_all(guards.into_iter().map(UserGuard::unlock)).await
             }
         }
@@ -118,16 +126,19 @@ impl UserLocks {
         match self {
             Self::Single(locks) => locks.shutdown(timeout).await,
             Self::RedLock { locks, .. } => locks.shutdown(timeout).await,
+            Self::Off => true,
         }
     }
 }
 
 impl UserGuard {
-    /// The hold's fencing token (see `lock::LockGuard::fence`).
-    pub fn fence(&self) -> i64 {
+    /// The hold's fencing token (see `lock::LockGuard::fence`); none
+    /// without a lock.
+    pub fn fence(&self) -> Option<i64> {
         match self {
-            Self::Single(guard) => guard.fence(),
-            Self::RedLock(guard) => guard.fence(),
+            Self::Single(guard) => Some(guard.fence()),
+            Self::RedLock(guard) => Some(guard.fence()),
+            Self::Unlocked => None,
         }
     }
 
@@ -144,6 +155,7 @@ impl UserGuard {
                     _ => Ok(()),
                 }
             }
+            Self::Unlocked => Ok(()),
         }
     }
 }
@@ -175,7 +187,8 @@ pub fn lock_of(voucher_id: i64, user_id: i64, purchase: u64) -> (String, String)
 /// call is under way go together in the next call
 /// (`LockClient::try_acquire_all`, one run of the acquire script for up to
 /// `redis_locks::LOCKS_PER_CALL` locks), as group commit gathers a batch; a
-/// lone purchase goes at once. With RedLock, each purchase on its own.
+/// lone purchase goes at once. With RedLock, each purchase on its own;
+/// with the locks off, none.
 pub struct Lockers {
     locks: UserLocks,
     lease: Duration,
@@ -198,6 +211,7 @@ impl Lockers {
         let wait = match &locks {
             UserLocks::Single(client) => client.command_timeout() * 2,
             UserLocks::RedLock { node_timeout, .. } => *node_timeout * 2,
+            UserLocks::Off => Duration::ZERO,
         };
         Arc::new(Self {
             locks,
@@ -217,7 +231,7 @@ impl Lockers {
         user_id: i64,
         purchase: u64,
     ) -> Result<Option<UserGuard>, SeckillError> {
-        if matches!(self.locks, UserLocks::RedLock { .. }) {
+        if matches!(self.locks, UserLocks::RedLock { .. } | UserLocks::Off) {
             return Ok(self
                 .locks
                 .try_lock(voucher_id, user_id, purchase, self.lease)

@@ -525,6 +525,31 @@ async fn orders_accepted_while_postgres_is_down_are_written_when_it_returns() {
     assert_eq!(app.check_invariants(voucher).await, 30);
 }
 
+/// Once read, an async sale's voucher is served from memory past the
+/// voucher cache's lifetime: a Postgres away (a failover) stops its
+/// writers, not its buyers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_sale_accepts_past_the_voucher_cache_while_postgres_is_away() {
+    let (app, proxy) = spawn_app_behind_pg_proxy(|s| Settings {
+        voucher_cache_ttl: Duration::from_millis(100),
+        ..postgres_may_go(s)
+    })
+    .await;
+    let voucher = app.open_async_voucher(10).await;
+    let tokens = app.tokens(1..=3).await;
+    let mut orders = vec![accept(&app, &app.base, &tokens[&1], voucher).await];
+    proxy.freeze();
+    // Ten of the cache's lifetimes: a sync sale would have to read
+    // Postgres again by now.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for user in 2..=3 {
+        orders.push(accept(&app, &app.base, &tokens[&user], voucher).await);
+    }
+    proxy.thaw();
+    app.wait_confirmed(&orders).await;
+    assert_eq!(app.check_invariants(voucher).await, 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_aof_always_a_redis_killed_with_orders_pending_loses_none_of_them() {
     let mut redis = OwnRedis::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);

@@ -85,3 +85,73 @@ async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
     let (status, answer) = buy(&app.client, &app.base, &token, other_voucher).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
 }
+
+/// What the fence adds beyond the unique index: a stalled holder's write
+/// that would no longer collide with anything (the next holder's order was
+/// cancelled, so the user holds no live order) is still refused. Without
+/// the fence it would sell the user a unit they gave back.
+#[tokio::test]
+async fn a_stalled_holder_is_refused_even_after_the_next_holders_order_was_cancelled() {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(5).await;
+    let user = 43;
+    let store = Store::from_pool(app.db.clone(), Duration::from_secs(5));
+    let client = redis::Client::open(redis_url()).unwrap();
+    let keyspace = app.keyspace().await;
+    let ids = IdGenerator::new(
+        Kv::new(client.clone(), Duration::from_secs(5)),
+        keyspace.clone(),
+    );
+    let locks = LockClient::new(client, keyspace);
+    let (name, _) = seckill::seckill::lock_of(voucher, user, 0);
+    let lock = locks.lock(&name);
+    let sell = |fence: i64| {
+        let (store, ids) = (&store, &ids);
+        async move {
+            let order_id = ids.next_id().await.unwrap().as_i64();
+            let request = SaleRequest {
+                order_id,
+                user_id: user,
+                fence: Some(fence),
+                at: chrono::Utc::now(),
+            };
+            let sale = store
+                .sell_batch(voucher, 3, &[request])
+                .await
+                .unwrap()
+                .sales[0];
+            (order_id, sale)
+        }
+    };
+
+    // A takes the lock and stalls past its lease; B takes it and buys.
+    let a = take(&locks, &lock, "A", Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(a.is_lost(), "A's lease ran out while it stalled");
+    let b = take(&locks, &lock, "B", Duration::from_secs(10)).await;
+    let (b_order, sold) = sell(b.fence()).await;
+    assert_eq!(sold, Sale::Sold);
+    b.unlock().await.unwrap();
+
+    // The user cancels B's order: the unit goes back, and no live order
+    // of theirs is left for a stale write to collide with.
+    let token = app.token(user).await;
+    let (status, body) = crate::helpers::answer(
+        app.client
+            .post(app.url(&format!("/orders/{b_order}/cancel")))
+            .bearer_auth(&token),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(app.check_invariants(voucher).await, 0);
+
+    // A resumes: the unique index would let it sell; the fence does not.
+    let (_, stale) = sell(a.fence()).await;
+    assert_eq!(stale, Sale::Fenced, "A's stale write after the cancel");
+    assert_eq!(app.check_invariants(voucher).await, 0);
+
+    // The user's own next purchase, under a new lock, goes through.
+    let (status, answer) = buy(&app.client, &app.base, &token, voucher).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(app.check_invariants(voucher).await, 1);
+}

@@ -10,7 +10,7 @@ use seckill::id::EPOCH_UNIX;
 use serde_json::Value;
 use tokio::task::JoinSet;
 
-use crate::helpers::{buy, client, spawn_app, ADMIN_TOKEN};
+use crate::helpers::{buy, client, spawn_app, spawn_app_with, ADMIN_TOKEN};
 use crate::proxy::spawn_app_behind_pg_proxy;
 
 const REFUSALS: [&str; 3] = ["sold_out", "already_purchased", "purchase_in_progress"];
@@ -125,6 +125,43 @@ async fn two_instances_sharing_postgres_and_redis_keep_the_invariants() {
     assert_sold_exactly(&results, 50);
     assert_eq!(app.check_invariants(voucher).await, 50);
     assert_eq!(app.stats(voucher).await["stock"], 0);
+    // With the locks on, every buyer's lock was taken.
+    assert!(lock_fences(&app).await >= 50);
+}
+
+/// The per-user lock is not what keeps one order per user: with it off
+/// (`SECKILL_USER_LOCKS=off`), the sale statement and its unique index
+/// still sell each user one unit, across two instances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_user_locks_the_unique_index_alone_keeps_one_order_per_user() {
+    let app = spawn_app_with(|s| seckill::config::Settings {
+        user_locks: seckill::config::Switch::Off,
+        ..s
+    })
+    .await;
+    let second = app.spawn_instance().await;
+    let voucher = app.open_voucher(50).await;
+    let tokens = app.tokens(1..=200).await;
+
+    let results = crowd(&[app.base.clone(), second], &tokens, voucher, 5).await;
+
+    assert_sold_exactly(&results, 50);
+    assert_eq!(app.check_invariants(voucher).await, 50);
+    // No lock was taken: a lock leaves its fencing token's key behind.
+    assert_eq!(lock_fences(&app).await, 0, "a user's lock was taken");
+}
+
+/// Fencing-token keys of the users' locks under the app's keyspace: one
+/// per user whose lock was ever taken.
+async fn lock_fences(app: &crate::helpers::TestApp) -> usize {
+    let mut conn = crate::helpers::redis_conn(&crate::helpers::redis_url()).await;
+    let pattern = format!("{}*:fence", app.keyspace().await);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(pattern)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    keys.len()
 }
 
 #[tokio::test]

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::{AsyncSales, SaleKeys, PENDING_TTL_SECS};
 use crate::id::OrderId;
 use crate::seckill::error::{Result, SeckillError};
+use crate::seckill::metric;
 use crate::seckill::workers::Unanswered;
 
 /// Most purchases in one call: bounds how long one script holds Redis
@@ -151,7 +152,7 @@ async fn accept_arrivals(
             (MAX, IDLE),
             |request| !request.reply.is_closed(),
             |batch| async move {
-                metrics::histogram!("seckill_async_accept_batch_size").record(batch.len() as f64);
+                metrics::histogram!(metric::ASYNC_ACCEPT_BATCH_SIZE).record(batch.len() as f64);
                 match sales.call(voucher_id, max_orders, keys, &batch).await {
                     Ok(verdicts) => {
                         for (request, verdict) in batch.into_iter().zip(verdicts) {
@@ -188,7 +189,7 @@ fn verdict(answer: &[String]) -> Result<Verdict> {
 }
 
 fn unexpected(answer: &(impl std::fmt::Debug + ?Sized)) -> SeckillError {
-    SeckillError::Internal(format!(
+    SeckillError::internal(format!(
         "unexpected answer of the purchase script: {answer:?}"
     ))
 }

@@ -16,6 +16,8 @@ mod accept;
 mod reconcile;
 mod writer;
 
+pub use writer::UNSTORED_REASONS;
+
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -31,6 +33,7 @@ use super::workers::{Background, Queue, Workers};
 use super::SeckillSettings;
 use crate::id::{IdGenerator, OrderId};
 use crate::kv::{AsyncSaleKeys as SaleKeys, Keys, Kv};
+use crate::seckill::metric;
 use crate::store::{Order, OrderStatus, StockReturn, Store, Voucher};
 
 use accept::Verdict;
@@ -190,7 +193,7 @@ impl AsyncSales {
                 tracing::warn!(%order_id, %error, "could not record a pending order's lookup");
             }
         }
-        metrics::counter!("seckill_async_accepted_total").increment(1);
+        metrics::counter!(metric::ASYNC_ACCEPTED).increment(1);
         self.wake_writer(voucher.id);
         Ok(order_id)
     }
@@ -257,7 +260,7 @@ impl AsyncSales {
         if given < 0 {
             return Ok(false);
         }
-        metrics::counter!("seckill_async_units_returned_total")
+        metrics::counter!(metric::ASYNC_UNITS_RETURNED)
             .increment(u64::try_from(given).unwrap_or(0));
         Ok(true)
     }

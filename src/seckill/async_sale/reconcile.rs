@@ -27,6 +27,7 @@ use super::{writer, AsyncSales, SaleKeys};
 use crate::id::OrderId;
 use crate::seckill::batch::raise_id_counter;
 use crate::seckill::error::{Result, SeckillError};
+use crate::seckill::metric;
 use crate::store::SaleMode;
 
 /// Most members (or field-value pairs) in one write of a staged set.
@@ -111,7 +112,7 @@ impl AsyncSales {
         tasks
             .spawn(async move { sales.reconcile_to_end(voucher_id, pause).await })
             .await
-            .map_err(|error| SeckillError::Internal(format!("a reconciliation failed: {error}")))?
+            .map_err(|error| SeckillError::internal_from("a reconciliation failed", error))?
     }
 
     async fn reconcile_to_end(&self, voucher_id: i64, pause: Pause) -> Result<Reconciliation> {
@@ -273,7 +274,7 @@ impl AsyncSales {
             .map(|(order_id, reason)| Unstored { order_id, reason })
             .collect();
         unstored.sort_by(|a, b| a.order_id.cmp(&b.order_id));
-        metrics::counter!("seckill_async_reconciliations_total").increment(1);
+        metrics::counter!(metric::ASYNC_RECONCILIATIONS).increment(1);
         Ok(Reconciliation::Done(Reconciled {
             voucher_id,
             stock,

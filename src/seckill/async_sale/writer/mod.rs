@@ -20,8 +20,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::{AsyncSales, SaleKeys, WriterSignals, GROUP};
 use crate::kv::{Consumer, Delivery, KvError};
-use crate::seckill::batch::{raise_id_counter, sell_batch};
-use crate::store::{Sale, SaleRequest, StoreError};
+use crate::seckill::metric;
+use commit::{commit, parse, Entry};
+
+mod commit;
+
+pub use commit::UNSTORED_REASONS;
 
 /// First pause when the stream had nothing new; doubled while it stays
 /// empty, up to `IDLE_MAX`. A purchase accepted in this instance wakes its
@@ -39,62 +43,6 @@ const CLAIM_EVERY: Duration = Duration::from_secs(1);
 /// idle for the claim's time: every instance that ever ran leaves one per
 /// voucher, and the group would keep them all.
 const PRUNE_EVERY: Duration = Duration::from_secs(10);
-
-/// An accepted order as the stream holds it.
-struct Entry {
-    stream_id: String,
-    order_id: i64,
-    user_id: i64,
-    at_ms: i64,
-}
-
-/// Why Postgres refused an order Redis accepted (reported in the sale's
-/// `unstored` hash and the `seckill_async_unstored_total` metric).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refusal {
-    /// The user holds another live order for the voucher.
-    AlreadyPurchased,
-    SoldOut,
-    /// The order id was taken: the id counter was lost.
-    IdTaken,
-    Fenced,
-}
-
-impl Refusal {
-    /// What an order's row says of it: `None` when it is stored under its
-    /// own id (now, or by an earlier delivery of the same entry).
-    fn of(order_id: i64, sale: Sale) -> Option<Self> {
-        match sale {
-            Sale::Sold => None,
-            Sale::Held(id) if id == order_id => None,
-            Sale::Held(_) => Some(Self::AlreadyPurchased),
-            Sale::SoldOut => Some(Self::SoldOut),
-            Sale::IdTaken => Some(Self::IdTaken),
-            Sale::Fenced => Some(Self::Fenced),
-            // Not asked of a stream's entries (no bound is passed).
-            Sale::TooMany => Some(Self::AlreadyPurchased),
-        }
-    }
-
-    fn code(self) -> &'static str {
-        match self {
-            Self::AlreadyPurchased => "already_purchased",
-            Self::SoldOut => "sold_out",
-            Self::IdTaken => "id_taken",
-            Self::Fenced => "fenced",
-        }
-    }
-}
-
-/// Why a batch was not written: its entries stay pending with this
-/// consumer and are tried again.
-#[derive(Debug, thiserror::Error)]
-enum CommitError {
-    #[error("Postgres: {0}")]
-    Postgres(#[from] StoreError),
-    #[error("Redis: {0}")]
-    Redis(#[from] KvError),
-}
 
 /// What to read next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,13 +199,13 @@ pub(super) async fn write(
         // Read and not yet acknowledged by this instance: what its death
         // would leave for the others to claim.
         let held = entries.len() as f64;
-        metrics::gauge!("seckill_async_in_flight").increment(held);
+        metrics::gauge!(metric::ASYNC_IN_FLIGHT).increment(held);
         let committed = commit(&sales, voucher_id, &keys, entries).await;
-        metrics::gauge!("seckill_async_in_flight").decrement(held);
+        metrics::gauge!(metric::ASYNC_IN_FLIGHT).decrement(held);
         rounds.committed(read, committed.is_ok());
         if let Err(error) = committed {
             tracing::warn!(voucher_id, %error, "writing accepted orders failed; retrying");
-            metrics::counter!("seckill_async_write_failures_total").increment(1);
+            metrics::counter!(metric::ASYNC_WRITE_FAILURES).increment(1);
             tokio::time::sleep(BACKOFF).await;
         }
     }
@@ -325,7 +273,7 @@ async fn next_entries(
                     claimed = claimed.len(),
                     "claimed accepted orders left by another writer"
                 );
-                metrics::counter!("seckill_async_claimed_total").increment(claimed.len() as u64);
+                metrics::counter!(metric::ASYNC_CLAIMED).increment(claimed.len() as u64);
             }
             claimed
         }
@@ -345,205 +293,9 @@ async fn next_entries(
     Ok(ids.iter().map(parse).collect())
 }
 
-/// An entry's fields; a malformed one (never written by our script) gets
-/// order id 0 and is reported, not written.
-fn parse(id: &StreamId) -> Entry {
-    let field = |name: &str| id.get::<i64>(name).unwrap_or(0);
-    Entry {
-        stream_id: id.id.clone(),
-        order_id: field("order"),
-        user_id: field("user"),
-        at_ms: field("at"),
-    }
-}
-
-/// The entries in statements of distinct users, in order: the statement
-/// takes one order per user, so a second order of one user (only possible
-/// if Redis lost its buyers) goes in a later round, where it meets the
-/// first.
-fn by_distinct_users(entries: &[Entry]) -> Vec<Vec<&Entry>> {
-    let mut rounds: Vec<Vec<&Entry>> = Vec::new();
-    for entry in entries {
-        match rounds
-            .iter_mut()
-            .find(|round| round.iter().all(|e| e.user_id != entry.user_id))
-        {
-            Some(round) => round.push(entry),
-            None => rounds.push(vec![entry]),
-        }
-    }
-    rounds
-}
-
-/// Writes `entries` to Postgres, reports the orders it refused, and then
-/// acknowledges and deletes them all. An error leaves them pending with
-/// this consumer, to be tried again.
-async fn commit(
-    sales: &AsyncSales,
-    voucher_id: i64,
-    keys: &SaleKeys,
-    entries: Vec<Entry>,
-) -> Result<(), CommitError> {
-    let inner = &sales.inner;
-    let (valid, malformed): (Vec<Entry>, Vec<Entry>) = entries
-        .into_iter()
-        .partition(|e| e.order_id > 0 && e.user_id > 0);
-    let mut refused: Vec<(i64, Refusal)> = Vec::new();
-    for entry in &malformed {
-        tracing::error!(stream_id = %entry.stream_id, "a malformed entry in an async sale's stream");
-    }
-    for round in by_distinct_users(&valid) {
-        let requests: Vec<SaleRequest> = round
-            .iter()
-            .map(|e| SaleRequest {
-                order_id: e.order_id,
-                user_id: e.user_id,
-                fence: None,
-                // Created when Redis accepted it: the deadline counts from
-                // the same clock as the sale's window.
-                at: chrono::DateTime::from_timestamp_millis(e.at_ms)
-                    .unwrap_or_else(|| inner.clock.now()),
-            })
-            .collect();
-        metrics::histogram!("seckill_async_batch_size").record(requests.len() as f64);
-        // Redis accepted these orders: Postgres stores them whatever the
-        // voucher's bound on orders per user, which Redis's step did not
-        // count (see the guide's abuse chapter).
-        let sold = sell_batch(&inner.store, voucher_id, i32::MAX, &requests).await?;
-        // Confirmed when committed: measured from the script's clock.
-        let now_ms = inner.clock.now().timestamp_millis();
-        for (entry, sale) in round.iter().zip(sold.sales) {
-            match Refusal::of(entry.order_id, sale) {
-                None => {
-                    metrics::histogram!("seckill_async_confirm_seconds")
-                        .record((now_ms - entry.at_ms).max(0) as f64 / 1000.0);
-                }
-                Some(reason) => refused.push((entry.order_id, reason)),
-            }
-        }
-    }
-    // Ids taken already: the day's counter was lost (a Redis or a cluster
-    // node that failed over without it); raised so that the next ids are
-    // free. The orders accepted under taken ids are reported.
-    if let Some((taken, _)) = refused.iter().find(|(_, r)| *r == Refusal::IdTaken) {
-        if let Some(day) = crate::id::OrderId::from_stored(*taken).map(|id| id.drawn_at()) {
-            if let Err(error) = raise_id_counter(&inner.store, &inner.ids, day, 0).await {
-                tracing::warn!(%error, "raising the order-id counter failed");
-            }
-        }
-    }
-    for (order_id, refusal) in &refused {
-        let reason = refusal.code();
-        tracing::error!(order_id, reason, "Postgres refused an order Redis accepted");
-        metrics::counter!("seckill_async_unstored_total", "reason" => reason).increment(1);
-    }
-    if !refused.is_empty() {
-        let mut report = redis::cmd("HSET");
-        report.arg(&keys.unstored);
-        for (order_id, refusal) in &refused {
-            report.arg(order_id).arg(refusal.code());
-        }
-        inner.redis.query::<()>(&report).await?;
-        for (order_id, _) in &refused {
-            if let Some(id) = crate::id::OrderId::from_stored(*order_id) {
-                let forget = redis::cmd("HDEL")
-                    .arg(sales.pending_key(id))
-                    .arg(order_id)
-                    .clone();
-                let _ = inner.redis.query::<()>(&forget).await;
-            }
-        }
-    }
-    let stream_ids: Vec<&str> = valid
-        .iter()
-        .chain(&malformed)
-        .map(|e| e.stream_id.as_str())
-        .collect();
-    inner
-        .redis
-        .ack_and_delete(&keys.orders, GROUP, &stream_ids)
-        .await?;
-    metrics::counter!("seckill_async_written_total").increment(valid.len() as u64);
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn entry(order_id: i64, user_id: i64) -> Entry {
-        Entry {
-            stream_id: format!("{order_id}-0"),
-            order_id,
-            user_id,
-            at_ms: 0,
-        }
-    }
-
-    #[test]
-    fn an_order_stored_under_its_own_id_is_no_refusal_and_every_other_answer_is_one() {
-        assert_eq!(Refusal::of(7, Sale::Sold), None);
-        assert_eq!(Refusal::of(7, Sale::Held(7)), None, "a redelivered entry");
-        assert_eq!(
-            Refusal::of(7, Sale::Held(8)),
-            Some(Refusal::AlreadyPurchased)
-        );
-        assert_eq!(Refusal::of(7, Sale::SoldOut), Some(Refusal::SoldOut));
-        assert_eq!(Refusal::of(7, Sale::IdTaken), Some(Refusal::IdTaken));
-        assert_eq!(Refusal::of(7, Sale::Fenced), Some(Refusal::Fenced));
-        let codes: std::collections::HashSet<&str> = [
-            Refusal::AlreadyPurchased,
-            Refusal::SoldOut,
-            Refusal::IdTaken,
-            Refusal::Fenced,
-        ]
-        .iter()
-        .map(|r| r.code())
-        .collect();
-        assert_eq!(codes.len(), 4, "each refusal has its own code");
-    }
-
-    #[test]
-    fn a_second_order_of_a_user_waits_for_a_later_statement_and_order_is_kept() {
-        let entries = [
-            entry(1, 10),
-            entry(2, 20),
-            entry(3, 10),
-            entry(4, 30),
-            entry(5, 10),
-        ];
-        let rounds = by_distinct_users(&entries);
-        let ids: Vec<Vec<i64>> = rounds
-            .iter()
-            .map(|r| r.iter().map(|e| e.order_id).collect())
-            .collect();
-        assert_eq!(ids, vec![vec![1, 2, 4], vec![3], vec![5]]);
-        assert!(by_distinct_users(&[]).is_empty());
-    }
-
-    #[test]
-    fn a_malformed_entry_parses_to_order_zero_and_a_good_one_to_its_fields() {
-        let good = StreamId {
-            id: "1-0".into(),
-            map: [
-                ("order".to_owned(), redis::Value::BulkString(b"42".to_vec())),
-                ("user".to_owned(), redis::Value::BulkString(b"7".to_vec())),
-                ("at".to_owned(), redis::Value::BulkString(b"1000".to_vec())),
-            ]
-            .into_iter()
-            .collect(),
-        };
-        let e = parse(&good);
-        assert_eq!((e.order_id, e.user_id, e.at_ms), (42, 7, 1000));
-        let bad = StreamId {
-            id: "2-0".into(),
-            map: [("order".to_owned(), redis::Value::BulkString(b"x".to_vec()))]
-                .into_iter()
-                .collect(),
-        };
-        let e = parse(&bad);
-        assert_eq!((e.order_id, e.user_id), (0, 0));
-    }
 
     #[test]
     fn own_entries_go_first_then_claims_once_a_second_then_new_ones() {
