@@ -26,6 +26,7 @@ mod scrape;
 mod service;
 mod speed;
 mod table;
+mod userlocks;
 mod waitingroom;
 
 use std::path::PathBuf;
@@ -160,6 +161,11 @@ enum Scenario {
     /// the next committed order, the 503s, answered orders missing (none),
     /// throughput before and after; single-node vs replicated throughput.
     Failover(failover::FailoverArgs),
+    /// The same binary with the per-user lock on and off
+    /// (SECKILL_USER_LOCKS), two instances, rounds alternating the two: a
+    /// crowd sending each user's purchases at once over both instances,
+    /// and a flash crowd; what the lock buys and costs, with the spread.
+    Userlocks(userlocks::UserLocksArgs),
 }
 
 #[derive(Args, Clone)]
@@ -176,6 +182,10 @@ struct LockBenchArgs {
     /// of its own, all up and then two frozen (0: skip).
     #[arg(long, default_value_t = 2_000)]
     redlock_rounds: usize,
+    /// Seconds of purchases through the service with its users' locks as
+    /// RedLocks over those nodes, all up and then two frozen (0: skip).
+    #[arg(long, default_value_t = 5)]
+    redlock_purchase_seconds: u64,
 }
 
 #[derive(Args, Clone)]
@@ -242,6 +252,8 @@ async fn main() -> ExitCode {
             tasks: args.tasks,
             wakeups: args.wakeups,
             redlock_rounds: args.redlock_rounds,
+            redlock_purchase_seconds: args.redlock_purchase_seconds,
+            launch: cli.target.launch(1, Vec::new()),
         };
         return match lockbench::run(&args).await {
             Ok(json) => {
@@ -259,6 +271,9 @@ async fn main() -> ExitCode {
     }
     if let Scenario::Lifecycle(args) = &cli.scenario {
         return exit(run_lifecycle(&cli.target, args).await);
+    }
+    if let Scenario::Userlocks(args) = &cli.scenario {
+        return exit(userlocks::run(&cli.target, args).await);
     }
     if let Scenario::Groupcommit(args) = &cli.scenario {
         return exit(groupcommit::run(&cli.target, args).await);
@@ -448,15 +463,22 @@ async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, Strin
     let life_table = lablife::table(&life);
     print!("\n{}", life_table.text());
     table::record("lab-lifecycle", "", &life_table);
-    // A chart per anomaly, of the rows where it happened: a reader takes
-    // in the grid first, then how large each failure was.
-    let label = |r: &lab::Row| format!("{} x{} {}", r.strategy, r.instances, r.stall.name());
+    // A chart per anomaly, of the cells where it happened (the most any
+    // run of a cell counted): a reader takes in the grid first, then how
+    // large each failure was.
+    let cells = lab::cells(&rows);
+    let repeat = args.repeat.max(1);
+    let most = if repeat > 1 {
+        format!(" (the most of {repeat} runs)")
+    } else {
+        String::new()
+    };
     let anomaly = |title: &str, value: fn(&lab::Row) -> i64| report::Bars {
-        title: format!("{title}, where it happened"),
-        rows: rows
+        title: format!("{title}, where it happened{most}"),
+        rows: cells
             .iter()
-            .filter(|r| value(r) > 0)
-            .map(|r| (label(r), value(r) as f64))
+            .filter(|c| c.max(value) > 0)
+            .map(|c| (c.label(), c.max(value) as f64))
             .collect(),
     };
     let bars = [
@@ -489,8 +511,13 @@ async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, Strin
         );
     }
     for r in &failed {
+        let run = if repeat > 1 {
+            format!(" (run {} of {repeat})", r.run)
+        } else {
+            String::new()
+        };
         println!(
-            "  FAILED: {} on {} instance(s), stall {}: a guarantee of its design broke",
+            "  FAILED: {} on {} instance(s), stall {}{run}: a guarantee of its design broke",
             r.strategy,
             r.instances,
             r.stall.name()
@@ -505,8 +532,10 @@ async fn run_lab(target: &TargetArgs, args: &lab::LabArgs) -> Result<bool, Strin
             "per_user": args.per_user,
             "stock": args.stock,
             "pairs": args.pairs,
+            "repeat": repeat,
             "ok": failed.is_empty() && life_failed.is_empty(),
             "rows": rows.iter().map(lab::Row::json).collect::<Vec<_>>(),
+            "cells": cells.iter().map(lab::CellRuns::json).collect::<Vec<_>>(),
             "lifecycle_rows": life.iter().map(lablife::LifeRow::json).collect::<Vec<_>>(),
         })
     );
@@ -589,6 +618,7 @@ async fn run(
         | Scenario::Lifecycle(_)
         | Scenario::Abuse(_)
         | Scenario::Waitingroom(_)
+        | Scenario::Userlocks(_)
         | Scenario::Failover(_) => {
             unreachable!("handled before a target starts")
         }

@@ -32,6 +32,7 @@ pub struct Target {
 }
 
 /// How to start our own service.
+#[derive(Clone)]
 pub struct Launch {
     pub seckill_bin: Option<PathBuf>,
     pub pg_pool: Option<u32>,
