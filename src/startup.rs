@@ -85,37 +85,13 @@ impl Application {
             tracing::warn!(%error, "cannot read Redis's clock yet; using this host's until it answers");
         }
 
-        // The user tokens' key, and the waiting-room tickets' derived from
-        // it: instances that share one accept each other's tickets.
-        let token_key: Vec<u8> = match settings.token_secret() {
-            Some(secret) => secret.as_bytes().to_vec(),
-            None => {
-                tracing::warn!(
-                    "SECKILL_TOKEN_SECRET is unset: this instance signs user tokens and queue tickets \
-                     with a random key of its own, so they fail on every other instance (behind a \
-                     balancer, a buyer's next request is 401) and all of them die when it restarts"
-                );
-                rand::random::<[u8; 32]>().to_vec()
-            }
-        };
+        let token_key = token_key(&settings);
         let seckill = Seckill::new(
             store,
             redis,
             locks,
             clock,
-            SeckillSettings {
-                redis_prefix: prefix,
-                lock_lease: settings.lock_lease,
-                voucher_cache_ttl: settings.voucher_cache_ttl,
-                sale_batch_max: usize::try_from(settings.sale_batch_max).unwrap_or(1),
-                async_batch_max: usize::try_from(settings.async_batch_max).unwrap_or(1),
-                async_claim_idle: (settings.dependency_timeout * 3).max(Duration::from_secs(5)),
-                // Shorter than the request's deadline: a purchase that waited
-                // this long still has time for its lock and its batch.
-                gate_wait: settings.dependency_timeout / 2,
-                request_deadline: settings.dependency_timeout,
-                ticket_key: crate::seckill::ticket_key(&token_key),
-            },
+            seckill_settings(&settings, prefix, &token_key),
         );
         let tokens = TokenSigner::new(&token_key);
         let metrics_listener = match &settings.metrics_addr {
@@ -320,6 +296,39 @@ fn lock_client(settings: &Settings, url: &str, prefix: &str) -> Result<LockClien
         prefix,
         options,
     ))
+}
+
+/// The user tokens' key, and the waiting-room tickets' derived from it:
+/// instances that share one accept each other's tickets.
+fn token_key(settings: &Settings) -> Vec<u8> {
+    match settings.token_secret() {
+        Some(secret) => secret.as_bytes().to_vec(),
+        None => {
+            tracing::warn!(
+                "SECKILL_TOKEN_SECRET is unset: this instance signs user tokens and queue tickets \
+                 with a random key of its own, so they fail on every other instance (behind a \
+                 balancer, a buyer's next request is 401) and all of them die when it restarts"
+            );
+            rand::random::<[u8; 32]>().to_vec()
+        }
+    }
+}
+
+/// The sale's tuning, from the settings; its keys under `prefix`.
+fn seckill_settings(settings: &Settings, prefix: String, token_key: &[u8]) -> SeckillSettings {
+    SeckillSettings {
+        redis_prefix: prefix,
+        lock_lease: settings.lock_lease,
+        voucher_cache_ttl: settings.voucher_cache_ttl,
+        sale_batch_max: usize::try_from(settings.sale_batch_max).unwrap_or(1),
+        async_batch_max: usize::try_from(settings.async_batch_max).unwrap_or(1),
+        async_claim_idle: (settings.dependency_timeout * 3).max(Duration::from_secs(5)),
+        // Shorter than the request's deadline: a purchase that waited this
+        // long still has time for its lock and its batch.
+        gate_wait: settings.dependency_timeout / 2,
+        request_deadline: settings.dependency_timeout,
+        ticket_key: crate::seckill::ticket_key(token_key),
+    }
 }
 
 /// The users' purchase locks: on the service's Redis, or RedLock over the

@@ -16,6 +16,7 @@ use subtle::ConstantTimeEq;
 use super::error::ApiError;
 use super::limit::VerifiedUser;
 use super::AppState;
+use crate::domain::{UserId, VoucherId};
 use crate::id::{parse_positive, OrderId};
 
 /// A JSON body whose rejections are the app's `bad_request` errors.
@@ -162,14 +163,14 @@ pub fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 /// The single `{id}` of a path, as a voucher id.
-pub struct VoucherIdPath(pub i64);
+pub struct VoucherIdPath(pub VoucherId);
 
 impl<S: Send + Sync> FromRequestParts<S> for VoucherIdPath {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let raw = path_segment(parts, state).await?;
-        voucher_id(&raw).map(Self)
+        voucher_id(&raw).map(|id| Self(VoucherId::new(id)))
     }
 }
 
@@ -257,20 +258,20 @@ impl FromRequestParts<AppState> for Admin {
 }
 
 /// A signed-in user, by the id in a valid token.
-pub struct User(pub i64);
+pub struct User(pub UserId);
 
 impl FromRequestParts<AppState> for User {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         if let Some(VerifiedUser(user_id)) = parts.extensions.get::<VerifiedUser>() {
-            return Ok(Self(*user_id));
+            return Ok(Self(UserId::new(*user_id)));
         }
         let token = bearer(&parts.headers).map_err(|why| ApiError::Unauthorized(why.into()))?;
         state
             .tokens
             .verify(token, chrono::Utc::now().timestamp())
-            .map(Self)
+            .map(|id| Self(UserId::new(id)))
             .map_err(|e| ApiError::Unauthorized(e.to_string()))
     }
 }
@@ -278,7 +279,7 @@ impl FromRequestParts<AppState> for User {
 /// Either the admin or a signed-in user.
 pub enum Caller {
     Admin,
-    User(i64),
+    User(UserId),
 }
 
 impl FromRequestParts<AppState> for Caller {

@@ -213,7 +213,7 @@ pub async fn get_order(
 ) -> Result<Json<OrderBody>, ApiError> {
     let order = state.seckill.order(order_id).await?;
     match caller {
-        Caller::User(user_id) if user_id != order.user_id => {
+        Caller::User(user_id) if user_id.get() != order.user_id => {
             // Someone else's order looks like no order at all: ids are
             // guessable, their existence is not to be confirmed.
             Err(ApiError::NotFound("order not found".into()))

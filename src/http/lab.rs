@@ -56,6 +56,7 @@ pub async fn stats(
     VoucherIdPath(id): VoucherIdPath,
 ) -> Result<Json<Value>, ApiError> {
     let lab = lab(&state)?;
+    let id = id.get();
     let stats = lab.stats(id).await?;
     // Stats come from Postgres; the Redis stock is null while Redis is away.
     let redis_stock = lab.redis_stock(id).await.ok().flatten();
@@ -140,7 +141,7 @@ pub async fn purchase(
     let order = lab(&state)?
         .purchase(Attempt {
             strategy: path.strategy,
-            user_id,
+            user_id: user_id.get(),
             voucher_id: path.voucher_id,
             stall,
         })

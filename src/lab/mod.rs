@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::domain::Outcome;
 use crate::kv::Kv;
 use crate::seckill::workers::{Background, Workers};
 use crate::seckill::{stock_units, Result, SeckillError};
@@ -126,7 +127,8 @@ impl Lab {
         let result = self.try_purchase(attempt).await;
         let outcome = result
             .as_ref()
-            .map_or_else(SeckillError::outcome, |_| "ordered");
+            .map_or_else(SeckillError::outcome, |_| Outcome::Ordered)
+            .label();
         metrics::counter!(
             "seckill_lab_purchases_total",
             "strategy" => attempt.strategy.name(),

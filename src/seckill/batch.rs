@@ -204,19 +204,7 @@ fn take_batch(waiting: &mut VecDeque<Pending>, max: usize) -> Vec<Pending> {
 /// Commits one batch and answers it; returns the purchases to put in the
 /// next batch (those whose drawn id was taken).
 async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pending> {
-    // Purchases that passed the flag just before this instance saw the
-    // voucher sold out need no statement to learn it.
-    let mut open = Vec::with_capacity(batch.len());
-    let mut known = Vec::new();
-    for pending in batch {
-        if inner.deps.flags.known_sold_out(&pending.voucher).await {
-            known.push((pending, Ok(Outcome::SoldOut)));
-        } else {
-            open.push(pending);
-        }
-    }
-    answer(inner, known).await;
-    let batch = open;
+    let batch = answer_known_sold_out(inner, batch).await;
     if batch.is_empty() {
         return Vec::new();
     }
@@ -241,22 +229,43 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
             at,
         })
         .collect();
-
-    let BatchSale { sales, level } = match sell_batch(
-        &inner.deps.store,
-        voucher_id,
-        batch[0].voucher.max_orders_per_user,
-        &requests,
-    )
-    .await
-    {
-        Ok(sold) => sold,
+    let max_orders = batch[0].voucher.max_orders_per_user;
+    match sell_batch(&inner.deps.store, voucher_id, max_orders, &requests).await {
+        Ok(sold) => settle(inner, voucher_id, batch, ids, sold).await,
         Err(error) => {
             answer(inner, failed(batch, &SeckillError::from(error))).await;
-            return Vec::new();
+            Vec::new()
         }
-    };
+    }
+}
 
+/// Answers the purchases that passed the flag just before this instance
+/// saw their voucher sold out (they need no statement to learn it); the
+/// others, still open.
+async fn answer_known_sold_out(inner: &Inner, batch: Vec<Pending>) -> Vec<Pending> {
+    let mut open = Vec::with_capacity(batch.len());
+    let mut known = Vec::new();
+    for pending in batch {
+        if inner.deps.flags.known_sold_out(&pending.voucher).await {
+            known.push((pending, Ok(Outcome::SoldOut)));
+        } else {
+            open.push(pending);
+        }
+    }
+    answer(inner, known).await;
+    open
+}
+
+/// After a committed batch: the gate and the flags told what it left,
+/// every purchase answered, what it left published; returns the purchases
+/// whose ids were taken, with new ids to draw.
+async fn settle(
+    inner: &Inner,
+    voucher_id: i64,
+    batch: Vec<Pending>,
+    ids: Vec<OrderId>,
+    BatchSale { sales, level }: BatchSale,
+) -> Vec<Pending> {
     // Before anyone is answered: those waiting at the gate for this batch
     // find what it left when they wake, and when it left no unit, those
     // who come after (the answered buyers' next tries among them) are

@@ -23,6 +23,7 @@ use super::error::{Result, SeckillError};
 use super::metric;
 use super::workers::Background;
 use super::Seckill;
+use crate::domain::UserId;
 use crate::id::OrderId;
 use crate::store::{Closed, Order, OrderStatus, Payment, PaymentOutcome, SaleMode, StockReturn};
 
@@ -54,7 +55,8 @@ pub struct PaymentAnswer {
 impl Seckill {
     /// Cancels an `unpaid` order of `user` (`None`: an admin, any order).
     /// A cancelled order is cancelled again without change.
-    pub async fn cancel(&self, order_id: OrderId, user: Option<i64>) -> Result<Order> {
+    pub async fn cancel(&self, order_id: OrderId, user: Option<UserId>) -> Result<Order> {
+        let user = user.map(UserId::get);
         let order = self.order(order_id).await?;
         if user.is_some_and(|user| user != order.user_id) {
             // Someone else's order looks like none: its existence is not

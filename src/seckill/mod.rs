@@ -56,7 +56,7 @@ pub use room::{
 use user_lock::Lockers;
 pub use user_lock::{lock_of, UserGuard, UserLocks};
 
-use crate::domain::Outcome;
+use crate::domain::{Outcome, UserId, VoucherId};
 use crate::id::{IdGenerator, OrderId};
 use crate::kv::Kv;
 use crate::store::{Store, StoreError};
@@ -326,14 +326,15 @@ impl Seckill {
         self.inner.locks.shutdown(timeout).await
     }
 
-    /// Buys one unit of `voucher_id` for `user_id`; a voucher with a
-    /// waiting room needs `ticket`, admitted.
+    /// Buys one unit of `voucher` for `user`; a voucher with a waiting
+    /// room needs `ticket`, admitted.
     pub async fn purchase(
         &self,
-        user_id: i64,
-        voucher_id: i64,
+        user: UserId,
+        voucher: VoucherId,
         ticket: Option<&str>,
     ) -> Result<Purchase> {
+        let (user_id, voucher_id) = (user.get(), voucher.get());
         let purchase = async {
             // Held until this purchase ends: the user's duplicates are
             // refused here, before any Redis or Postgres work.
@@ -428,7 +429,9 @@ impl Seckill {
             .lockers
             .try_lock(voucher.id, user_id, purchase)
             .await?;
-        metrics::histogram!(metric::LOCK_ACQUIRE_SECONDS).record(asked.elapsed().as_secs_f64());
+        if !matches!(acquired, Some(UserGuard::Unlocked)) {
+            metrics::histogram!(metric::LOCK_ACQUIRE_SECONDS).record(asked.elapsed().as_secs_f64());
+        }
         let Some(guard) = acquired else {
             metrics::counter!(metric::LOCK_CONTENDED).increment(1);
             return Err(SeckillError::InProgress);
@@ -546,7 +549,8 @@ impl Seckill {
 
     /// Rebuilds Redis's side of an async sale from Postgres and the
     /// stream's unwritten orders (see `async_sale::reconcile`).
-    pub async fn reconcile(&self, voucher_id: i64) -> Result<Reconciled> {
+    pub async fn reconcile(&self, voucher: VoucherId) -> Result<Reconciled> {
+        let voucher_id = voucher.get();
         match self
             .inner
             .async_sales
@@ -568,7 +572,8 @@ impl Seckill {
     /// epoch, and a sold-out flag of an older epoch is ignored (see
     /// [`soldout`]); here at once, elsewhere within the voucher cache's
     /// lifetime.
-    pub async fn restock(&self, voucher_id: i64, units: i64) -> Result<Voucher> {
+    pub async fn restock(&self, voucher: VoucherId, units: i64) -> Result<Voucher> {
+        let voucher_id = voucher.get();
         let units = i32::try_from(units)
             .ok()
             .filter(|u| *u > 0)

@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use super::{LoadError, Result, Seckill, SeckillError, READY_EVERY};
+use crate::domain::VoucherId;
 use crate::id::OrderId;
 use crate::kv::Keys;
 use crate::store::{Order, OrderLine, SaleMode, Voucher};
@@ -42,7 +43,8 @@ impl Seckill {
     /// cache's lifetime old), with its remaining stock read at most
     /// [`STOCK_REFRESH`] ago. A crowd of readers costs one query per
     /// voucher and refresh, however large.
-    pub async fn voucher(&self, voucher_id: i64) -> Result<Voucher> {
+    pub async fn voucher(&self, voucher: VoucherId) -> Result<Voucher> {
+        let voucher_id = voucher.get();
         let mut voucher = Voucher::clone(&*self.sale_window(voucher_id).await?);
         let store = &self.inner.store;
         let level = self
@@ -77,7 +79,8 @@ impl Seckill {
         }
     }
 
-    pub async fn orders_for_voucher(&self, voucher_id: i64) -> Result<Vec<OrderLine>> {
+    pub async fn orders_for_voucher(&self, voucher: VoucherId) -> Result<Vec<OrderLine>> {
+        let voucher_id = voucher.get();
         let store = &self.inner.store;
         if store.stock_level(voucher_id).await?.is_none() {
             return Err(SeckillError::NotFound("voucher"));
@@ -90,7 +93,8 @@ impl Seckill {
     /// stream is read first, so an order written in between is counted
     /// once, as stored, and one accepted in between not at all (nor taken
     /// from Postgres's stock).
-    pub async fn stats(&self, voucher_id: i64) -> Result<Stats> {
+    pub async fn stats(&self, voucher: VoucherId) -> Result<Stats> {
+        let voucher_id = voucher.get();
         // The sale mode never changes: the cached voucher tells it.
         let voucher = self.sale_window(voucher_id).await?;
         let listed: Vec<i64> = match voucher.sale_mode {

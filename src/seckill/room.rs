@@ -21,6 +21,7 @@ use sha2::Sha256;
 
 use super::error::{Result, SeckillError};
 use super::metric;
+use crate::domain::{UserId, VoucherId};
 use crate::id::parse_positive;
 use crate::kv::{Keys, Kv};
 use crate::store::Voucher;
@@ -463,16 +464,17 @@ impl Placing {
 }
 
 impl super::Seckill {
-    /// Joins `user_id` to the waiting room of `voucher_id`, or tells them
+    /// Joins `user` to the waiting room of `voucher`, or tells them
     /// their place if they are in it already: one place per user, however
     /// many requests. A room that asks for proof of work needs `proof`, a
     /// nonce that solves the user's challenge (see [`proof_holds`]).
     pub async fn join_queue(
         &self,
-        user_id: i64,
-        voucher_id: i64,
+        user: UserId,
+        voucher: VoucherId,
         proof: Option<&str>,
     ) -> Result<QueueState> {
+        let (user_id, voucher_id) = (user.get(), voucher.get());
         metrics::counter!(metric::QUEUE_REQUESTS, "kind" => metric::JOIN).increment(1);
         let (voucher, rate) = self.room_of(voucher_id).await?;
         let bits = u32::try_from(voucher.queue_proof_bits).unwrap_or(0);
@@ -493,10 +495,11 @@ impl super::Seckill {
     /// Where the holder of `ticket` (their own, for this voucher) stands.
     pub async fn poll_queue(
         &self,
-        user_id: i64,
-        voucher_id: i64,
+        user: UserId,
+        voucher: VoucherId,
         ticket: &str,
     ) -> Result<QueueState> {
+        let (user_id, voucher_id) = (user.get(), voucher.get());
         metrics::counter!(metric::QUEUE_REQUESTS, "kind" => metric::POLL).increment(1);
         let ticket = self.inner.rooms.check_own(voucher_id, user_id, ticket)?;
         let (voucher, rate) = self.room_of(voucher_id).await?;

@@ -299,32 +299,7 @@ async fn pay_in(
             price_cents: order.price_cents,
         });
     }
-    let (status, refund, expired) = match order.status {
-        OrderStatus::Unpaid if order.pay_by > now => {
-            sqlx::query(
-                "UPDATE voucher_orders SET status = 'paid', paid_at = $2
-                 WHERE id = $1 AND status = 'unpaid'",
-            )
-            .bind(payment.order_id)
-            .bind(now)
-            .persistent(persistent)
-            .execute(&mut *tx)
-            .await?;
-            (OrderStatus::Paid, false, None)
-        }
-        OrderStatus::Unpaid => {
-            // Late: the order expires here, as the sweep would have.
-            let closed: Option<Closed> = sqlx::query_as(EXPIRE_ONE)
-                .bind(OrderStatus::Expired)
-                .bind(now)
-                .bind(payment.order_id)
-                .persistent(persistent)
-                .fetch_optional(&mut *tx)
-                .await?;
-            (OrderStatus::Expired, true, closed)
-        }
-        closed => (closed, true, None),
-    };
+    let (status, refund, expired) = settle(&mut tx, &order, &payment, now, persistent).await?;
     // The same payment id for another order, delivered at the same moment,
     // locks another order's row: the two meet here, and the later one
     // finds the id taken once the first commits. It changes nothing.
@@ -348,5 +323,42 @@ async fn pay_in(
         status,
         refund,
         expired,
+    })
+}
+
+/// What a payment does to its `order` (locked by the caller): an unpaid
+/// order in time is paid; a late one expires here, as the sweep would have
+/// closed it, and the payment is to be refunded, as for any closed order.
+async fn settle(
+    conn: &mut PgConnection,
+    order: &Payable,
+    payment: &Payment,
+    now: DateTime<Utc>,
+    persistent: bool,
+) -> std::result::Result<(OrderStatus, bool, Option<Closed>), sqlx::Error> {
+    Ok(match order.status {
+        OrderStatus::Unpaid if order.pay_by > now => {
+            sqlx::query(
+                "UPDATE voucher_orders SET status = 'paid', paid_at = $2
+                 WHERE id = $1 AND status = 'unpaid'",
+            )
+            .bind(payment.order_id)
+            .bind(now)
+            .persistent(persistent)
+            .execute(conn)
+            .await?;
+            (OrderStatus::Paid, false, None)
+        }
+        OrderStatus::Unpaid => {
+            let closed: Option<Closed> = sqlx::query_as(EXPIRE_ONE)
+                .bind(OrderStatus::Expired)
+                .bind(now)
+                .bind(payment.order_id)
+                .persistent(persistent)
+                .fetch_optional(conn)
+                .await?;
+            (OrderStatus::Expired, true, closed)
+        }
+        closed => (closed, true, None),
     })
 }

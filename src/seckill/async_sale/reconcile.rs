@@ -212,19 +212,7 @@ impl AsyncSales {
             }
         }
         let stock = (i64::from(snapshot.voucher.stock) - pending).max(0);
-        // A Redis that lost the sale lost the day's id counter too: it
-        // would hand out ids that orders hold already. Raised past those
-        // stored and those accepted before the sale reopens.
-        let today = inner.clock.now();
-        let day = crate::id::day_range(today);
-        let accepted_today = accepted
-            .iter()
-            .filter(|(order, _)| day.as_ref().is_some_and(|d| d.contains(order)))
-            .filter_map(|(order, _)| OrderId::from_stored(*order))
-            .map(OrderId::sequence)
-            .max()
-            .unwrap_or(0);
-        raise_id_counter(&inner.store, &inner.ids, today, accepted_today).await?;
+        self.raise_id_counter_past(&accepted).await?;
 
         // The buyers are rebuilt aside, and replace the live ones as the
         // sale reopens, in one step.
@@ -265,7 +253,38 @@ impl AsyncSales {
             return Ok(Reconciliation::Superseded);
         }
 
-        let unstored: HashMap<String, String> = inner
+        metrics::counter!(metric::ASYNC_RECONCILIATIONS).increment(1);
+        Ok(Reconciliation::Done(Reconciled {
+            voucher_id,
+            stock,
+            pending: usize::try_from(pending).unwrap_or(0),
+            buyers: pairs.len(),
+            unstored: self.unstored(keys).await?,
+        }))
+    }
+
+    /// A Redis that lost the sale lost the day's id counter too: it would
+    /// hand out ids that orders hold already. Raised past those stored and
+    /// those `accepted` before the sale reopens.
+    async fn raise_id_counter_past(&self, accepted: &[(i64, i64)]) -> Result<()> {
+        let inner = &self.inner;
+        let today = inner.clock.now();
+        let day = crate::id::day_range(today);
+        let accepted_today = accepted
+            .iter()
+            .filter(|(order, _)| day.as_ref().is_some_and(|d| d.contains(order)))
+            .filter_map(|(order, _)| OrderId::from_stored(*order))
+            .map(OrderId::sequence)
+            .max()
+            .unwrap_or(0);
+        raise_id_counter(&inner.store, &inner.ids, today, accepted_today).await?;
+        Ok(())
+    }
+
+    /// The orders Postgres refused that the sale's writers reported, by id.
+    async fn unstored(&self, keys: &SaleKeys) -> Result<Vec<Unstored>> {
+        let unstored: HashMap<String, String> = self
+            .inner
             .redis
             .query(redis::cmd("HGETALL").arg(&keys.unstored))
             .await?;
@@ -274,13 +293,6 @@ impl AsyncSales {
             .map(|(order_id, reason)| Unstored { order_id, reason })
             .collect();
         unstored.sort_by(|a, b| a.order_id.cmp(&b.order_id));
-        metrics::counter!(metric::ASYNC_RECONCILIATIONS).increment(1);
-        Ok(Reconciliation::Done(Reconciled {
-            voucher_id,
-            stock,
-            pending: usize::try_from(pending).unwrap_or(0),
-            buyers: pairs.len(),
-            unstored,
-        }))
+        Ok(unstored)
     }
 }
