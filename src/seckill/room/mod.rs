@@ -11,22 +11,24 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
 use redis::Script;
-use secrecy::{ExposeSecret, SecretBox};
+use secrecy::ExposeSecret;
 use sha2::Sha256;
 
 use super::error::{Result, SeckillError};
 use super::metric;
 use crate::domain::{UserId, VoucherId};
-use crate::id::parse_positive;
 use crate::kv::{Keys, Kv};
 use crate::store::Voucher;
 
 type HmacSha256 = Hmac<Sha256>;
+
+mod ticket;
+
+pub(super) use ticket::Ticket;
+pub use ticket::{challenge, proof_holds, ticket_key, TicketKey};
 
 /// How long an admission lets its user buy, from when Redis's clock first
 /// saw the user's place served.
@@ -37,8 +39,6 @@ const KEEP_AFTER_END: Duration = Duration::from_secs(86_400);
 const MAX_POLL_EVERY: u64 = 30;
 /// A sold-out room is asked again after this long: units may come back.
 const SOLD_OUT_POLL_EVERY: u64 = 10;
-
-const TICKET_VERSION: &str = "t1";
 
 /// Where a user stands in a room.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,18 +69,6 @@ pub struct QueueState {
     pub retry_after_seconds: u64,
 }
 
-/// A ticket as signed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Ticket {
-    voucher_id: i64,
-    user_id: i64,
-    /// The holder's place; 0 until placed.
-    place: i64,
-    /// Unix ms; 0 while waiting.
-    admitted_until_ms: i64,
-    expires_unix: i64,
-}
-
 /// The rooms of this instance's vouchers.
 pub(super) struct Rooms {
     redis: Kv,
@@ -106,23 +94,12 @@ struct Served {
     sold_out: bool,
 }
 
-/// The key that signs tickets, kept unprintable.
-pub type TicketKey = Arc<SecretBox<[u8; 32]>>;
-
-/// A ticket key derived from the key that signs user tokens: instances
-/// that share that key accept each other's tickets.
-pub fn ticket_key(token_secret: &[u8]) -> TicketKey {
-    let mut mac = HmacSha256::new_from_slice(token_secret).expect("HMAC takes any key length");
-    mac.update(b"seckill waiting-room tickets");
-    Arc::new(SecretBox::new(Box::new(mac.finalize().into_bytes().into())))
-}
-
 impl Rooms {
     pub(super) fn new(redis: Kv, prefix: String, key: &TicketKey) -> Self {
         Self {
             redis,
             keys: Keys::new(prefix),
-            join: Script::new(include_str!("../../lua/room_join.lua")),
+            join: Script::new(include_str!("../../../lua/room_join.lua")),
             keyed: HmacSha256::new_from_slice(key.expose_secret())
                 .expect("HMAC takes any key length"),
             waiting: Mutex::new(HashMap::new()),
@@ -319,123 +296,6 @@ impl Rooms {
             retry_after_seconds,
         }
     }
-
-    fn mac(&self, payload: &str) -> HmacSha256 {
-        let mut mac = self.keyed.clone();
-        mac.update(payload.as_bytes());
-        mac
-    }
-
-    fn sign(&self, t: &Ticket) -> String {
-        let payload = format!(
-            "{TICKET_VERSION}.{}.{}.{}.{}.{}",
-            t.voucher_id, t.user_id, t.place, t.admitted_until_ms, t.expires_unix
-        );
-        let signature = URL_SAFE_NO_PAD.encode(self.mac(&payload).finalize().into_bytes());
-        format!("{payload}.{signature}")
-    }
-
-    /// The ticket's contents, if this service signed it.
-    fn verify(&self, ticket: &str) -> Option<Ticket> {
-        let (payload, signature) = ticket.rsplit_once('.')?;
-        let mut parts = payload.split('.');
-        let (Some(TICKET_VERSION), Some(v), Some(u), Some(p), Some(a), Some(e), None) = (
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) else {
-            return None;
-        };
-        let whole_or_zero = |text: &str| {
-            if text == "0" {
-                Some(0)
-            } else {
-                parse_positive(text)
-            }
-        };
-        let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
-        self.mac(payload).verify_slice(&signature).ok()?;
-        Some(Ticket {
-            voucher_id: parse_positive(v)?,
-            user_id: parse_positive(u)?,
-            place: whole_or_zero(p)?,
-            admitted_until_ms: whole_or_zero(a)?,
-            expires_unix: parse_positive(e)?,
-        })
-    }
-
-    /// The ticket, if it is this user's for this voucher (before a poll).
-    pub(super) fn check_own(&self, voucher_id: i64, user_id: i64, ticket: &str) -> Result<Ticket> {
-        match self.verify(ticket) {
-            Some(t) if t.voucher_id == voucher_id && t.user_id == user_id => Ok(t),
-            _ => Err(SeckillError::Invalid(
-                "X-Queue-Ticket is not a ticket of this user for this voucher".into(),
-            )),
-        }
-    }
-
-    /// Whether `ticket` admits `user_id` to buy `voucher_id` at `now` (the
-    /// sale's clock): signed here, theirs, admitted, within its window.
-    pub(super) fn check_admitted(
-        &self,
-        voucher_id: i64,
-        user_id: i64,
-        ticket: Option<&str>,
-        now: DateTime<Utc>,
-    ) -> Result<()> {
-        let refuse = |why: &'static str| Err(SeckillError::NotAdmitted(why));
-        let Some(ticket) = ticket else {
-            return refuse(
-                "this sale has a waiting room: join it and buy with the X-Queue-Ticket it admits",
-            );
-        };
-        let Some(t) = self.verify(ticket) else {
-            return refuse("the X-Queue-Ticket is not one this service signed");
-        };
-        if t.voucher_id != voucher_id || t.user_id != user_id {
-            return refuse("the X-Queue-Ticket is another user's or another voucher's");
-        }
-        if t.admitted_until_ms == 0 {
-            return refuse("the X-Queue-Ticket is not admitted yet: poll the queue");
-        }
-        if now.timestamp_millis() >= t.admitted_until_ms {
-            return refuse("the X-Queue-Ticket's admission has passed");
-        }
-        Ok(())
-    }
-}
-
-/// The text a user's proof of work for a room hashes, before its nonce.
-pub fn challenge(voucher_id: i64, user_id: i64) -> String {
-    format!("seckill-queue:{voucher_id}:{user_id}:")
-}
-
-/// Whether SHA-256 of the user's challenge followed by `nonce` starts with
-/// `bits` zero bits. A nonce is at most 64 characters.
-pub fn proof_holds(voucher_id: i64, user_id: i64, nonce: &str, bits: u32) -> bool {
-    use sha2::Digest;
-    if nonce.is_empty() || nonce.len() > 64 {
-        return false;
-    }
-    let mut hash = Sha256::new();
-    hash.update(challenge(voucher_id, user_id).as_bytes());
-    hash.update(nonce.as_bytes());
-    leading_zero_bits(&hash.finalize()) >= bits
-}
-
-fn leading_zero_bits(bytes: &[u8]) -> u32 {
-    let mut zeros = 0;
-    for byte in bytes {
-        zeros += byte.leading_zeros();
-        if *byte != 0 {
-            break;
-        }
-    }
-    zeros
 }
 
 /// The room script's answer.
@@ -536,6 +396,7 @@ impl super::Seckill {
 
 #[cfg(test)]
 mod tests {
+    use super::ticket::leading_zero_bits;
     use super::*;
 
     fn rooms() -> Rooms {
