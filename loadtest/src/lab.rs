@@ -8,6 +8,9 @@
 //! leases; its request B starts 1.2 leases later on the other instance (if
 //! there are two), retries while told "in progress", and stalls the same
 //! way. That interleaving is the one every lease-expiry story tells.
+//!
+//! With `--repeat N` each cell is run N times (a fresh voucher each time),
+//! and the grid shows each anomaly's spread over the runs (min-max).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -65,6 +68,10 @@ pub struct LabArgs {
     /// Only this strategy (repeatable; all when not given).
     #[arg(long)]
     pub strategy: Vec<String>,
+    /// Runs of each cell (a fresh voucher each); the grid shows each
+    /// anomaly's min-max over them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeat: u32,
 }
 
 impl LabArgs {
@@ -124,6 +131,8 @@ pub struct Row {
     pub strategy: &'static str,
     pub instances: usize,
     pub stall: Stall,
+    /// Which run of its cell this row is (1 to `--repeat`).
+    pub run: u32,
     /// Users that sent requests in this row.
     pub users: i64,
     pub stats: LabStats,
@@ -158,7 +167,7 @@ impl Row {
     }
 
     /// Every anomaly the lab counts, with its count in this row.
-    pub fn anomalies(&self) -> [(&'static str, i64); 5] {
+    pub fn anomalies(&self) -> Anomalies {
         [
             ("oversold", self.oversold()),
             ("undersold", self.undersold()),
@@ -198,6 +207,7 @@ impl Row {
             "strategy": self.strategy,
             "instances": self.instances,
             "stall": self.stall.name(),
+            "run": self.run,
             "users": self.users,
             "requests": self.tally.requests,
             "status": self.tally.statuses,
@@ -254,33 +264,46 @@ pub async fn run(target: &Target, args: &LabArgs) -> Result<Vec<Row>, String> {
             vec![Stall::None, Stall::Sale, Stall::Release]
         }
     };
-    let total: usize = strategies.iter().map(|s| 2 * stalls(s).len()).sum();
+    let repeat = args.repeat.max(1);
+    let total: usize = strategies
+        .iter()
+        .map(|s| 2 * stalls(s).len())
+        .sum::<usize>()
+        * repeat as usize;
     let mut rows = Vec::with_capacity(total);
     for strategy in strategies {
         for instances in [1, 2] {
             for stall in stalls(strategy) {
-                let started = Instant::now();
-                let label = format!("{strategy} x{instances} {}", stall.name());
-                let cell = Cell {
-                    admin: &admin,
-                    bases: &bases[..instances],
-                    tokens: &tokens,
-                    strategy,
-                    stall,
-                    args,
-                    label: &label,
-                };
-                let row = match stall {
-                    Stall::None | Stall::Crash => crowd(target, &cell).await?,
-                    _ => pairs(&cell).await?,
-                };
-                eprintln!(
-                    "lab [{:>2}/{total}] {label:<28} {:>5.1} s  {}",
-                    rows.len() + 1,
-                    started.elapsed().as_secs_f64(),
-                    row.verdict()
-                );
-                rows.push(row);
+                for run in 1..=repeat {
+                    let started = Instant::now();
+                    let mut label = format!("{strategy} x{instances} {}", stall.name());
+                    if repeat > 1 {
+                        label = format!("{label} {run}/{repeat}");
+                    }
+                    let cell = Cell {
+                        admin: &admin,
+                        bases: &bases[..instances],
+                        tokens: &tokens,
+                        strategy,
+                        stall,
+                        run,
+                        args,
+                        label: &label,
+                    };
+                    let row = match stall {
+                        Stall::None | Stall::Crash => crowd(target, &cell).await?,
+                        _ => pairs(&cell).await?,
+                    };
+                    eprintln!(
+                        "lab [{:>w$}/{total}] {label:<lw$} {:>5.1} s  {}",
+                        rows.len() + 1,
+                        started.elapsed().as_secs_f64(),
+                        row.verdict(),
+                        w = total.to_string().len().max(2),
+                        lw = if repeat > 1 { 34 } else { 28 },
+                    );
+                    rows.push(row);
+                }
             }
         }
     }
@@ -295,6 +318,8 @@ struct Cell<'a> {
     tokens: &'a [Arc<str>],
     strategy: &'static str,
     stall: Stall,
+    /// Which run of the cell this is.
+    run: u32,
     args: &'a LabArgs,
     /// The progress display's name of the cell.
     label: &'a str,
@@ -307,6 +332,7 @@ impl Cell<'_> {
             strategy: self.strategy,
             instances: self.bases.len(),
             stall: self.stall,
+            run: self.run,
             users,
             stats,
             tally,
@@ -434,91 +460,237 @@ impl Expect {
     }
 }
 
-/// The lab's table: a row per strategy, instance count and stall.
+/// The lab's table: a row per strategy, instance count and stall (and
+/// run, when a cell was run more than once).
 pub fn table(rows: &[Row]) -> Table {
-    let mut table = Table::new([
-        "strategy",
-        "inst",
-        "stall",
-        "orders",
-        "stock",
-        "oversold",
-        "undersold",
-        "dup users",
-        "foreign",
-        "lost",
-        "rps",
-        "p99 ms",
-        "expected",
-        "verdict",
-    ]);
+    let repeated = rows.iter().any(|r| r.run > 1);
+    let mut table = Table::new(
+        [
+            "strategy",
+            "inst",
+            "stall",
+            "run",
+            "orders",
+            "stock",
+            "oversold",
+            "undersold",
+            "dup users",
+            "foreign",
+            "lost",
+            "rps",
+            "p99 ms",
+            "expected",
+            "verdict",
+        ]
+        .into_iter()
+        .filter(|h| repeated || *h != "run"),
+    );
     for r in rows {
-        table.row([
-            r.strategy.to_owned(),
-            r.instances.to_string(),
-            r.stall.name().to_owned(),
-            r.stats.orders.to_string(),
-            r.stats.stock.to_string(),
-            r.oversold().to_string(),
-            r.undersold().to_string(),
-            r.duplicate_users().to_string(),
-            r.stats.foreign_releases.to_string(),
-            r.lost().to_string(),
-            format!("{:.0}", r.tally.rps()),
-            format!("{:.1}", r.tally.ms(0.99)),
-            r.expected().name().to_owned(),
-            r.verdict().to_owned(),
-        ]);
+        let run = repeated.then(|| r.run.to_string());
+        table.row(
+            [
+                r.strategy.to_owned(),
+                r.instances.to_string(),
+                r.stall.name().to_owned(),
+            ]
+            .into_iter()
+            .chain(run)
+            .chain([
+                r.stats.orders.to_string(),
+                r.stats.stock.to_string(),
+                r.oversold().to_string(),
+                r.undersold().to_string(),
+                r.duplicate_users().to_string(),
+                r.stats.foreign_releases.to_string(),
+                r.lost().to_string(),
+                format!("{:.0}", r.tally.rps()),
+                format!("{:.1}", r.tally.ms(0.99)),
+                r.expected().name().to_owned(),
+                r.verdict().to_owned(),
+            ]),
+        );
     }
     table
 }
 
-/// What a row shows at a glance: `holds`, or each anomaly with its count.
-fn anomalies(r: &Row) -> String {
-    let found: Vec<String> = r
-        .anomalies()
-        .iter()
-        .filter(|(_, n)| *n > 0)
-        .map(|(what, n)| format!("{what} {n}"))
+/// Every anomaly the lab counts, named, with its count in one run.
+pub type Anomalies = [(&'static str, i64); 5];
+
+/// One cell of the grid: every run of a strategy on some instances under
+/// one stall, in the order run.
+pub struct CellRuns<'a> {
+    pub strategy: &'static str,
+    pub instances: usize,
+    pub stall: Stall,
+    pub runs: Vec<&'a Row>,
+}
+
+impl CellRuns<'_> {
+    pub fn label(&self) -> String {
+        format!(
+            "{} x{} {}",
+            self.strategy,
+            self.instances,
+            self.stall.name()
+        )
+    }
+
+    /// The most any run counted of one anomaly.
+    pub fn max(&self, value: impl Fn(&Row) -> i64) -> i64 {
+        self.runs.iter().map(|r| value(r)).max().unwrap_or(0)
+    }
+
+    /// What the cell shows: see `cell_text`.
+    pub fn text(&self) -> String {
+        let anomalies: Vec<Anomalies> = self.runs.iter().map(|r| r.anomalies()).collect();
+        let failed = self.runs.iter().filter(|r| r.failed()).count();
+        cell_text(
+            &anomalies,
+            failed,
+            expect(self.strategy, self.instances, self.stall),
+        )
+    }
+
+    /// Each anomaly's count in every run, with its least and most.
+    pub fn json(&self) -> Value {
+        let anomalies: Vec<Anomalies> = self.runs.iter().map(|r| r.anomalies()).collect();
+        let spread: serde_json::Map<String, Value> = (0..anomalies.first().map_or(0, |a| a.len()))
+            .map(|i| {
+                let counts: Vec<i64> = anomalies.iter().map(|a| a[i].1).collect();
+                let key = match anomalies[0][i].0 {
+                    "users with two orders" => "duplicate_users",
+                    "foreign releases" => "foreign_releases",
+                    name => name,
+                };
+                (
+                    key.to_owned(),
+                    json!({
+                        "min": counts.iter().min(),
+                        "max": counts.iter().max(),
+                        "runs": counts,
+                    }),
+                )
+            })
+            .collect();
+        json!({
+            "strategy": self.strategy,
+            "instances": self.instances,
+            "stall": self.stall.name(),
+            "runs": self.runs.len(),
+            "failed_runs": self.runs.iter().filter(|r| r.failed()).count(),
+            "anomalies": spread,
+            "text": self.text(),
+        })
+    }
+}
+
+/// The rows grouped into cells, in the order first run.
+pub fn cells(rows: &[Row]) -> Vec<CellRuns<'_>> {
+    let mut cells: Vec<CellRuns> = Vec::new();
+    for r in rows {
+        let same = |c: &&mut CellRuns| {
+            c.strategy == r.strategy && c.instances == r.instances && c.stall == r.stall
+        };
+        match cells.iter_mut().find(same) {
+            Some(cell) => cell.runs.push(r),
+            None => cells.push(CellRuns {
+                strategy: r.strategy,
+                instances: r.instances,
+                stall: r.stall,
+                runs: vec![r],
+            }),
+        }
+    }
+    cells
+}
+
+/// What a cell shows at a glance, from its runs' anomaly counts: `holds`
+/// when every run held, or each anomaly seen with its count (`min-max`
+/// over the runs when they differ, and in how many runs it was seen when
+/// not in all). `failed` runs broke a guarantee of their design; a cell
+/// `expected` to break that never did says the race did not happen.
+/// One run reads as it always did: `oversold 3, users with two orders 2`.
+pub fn cell_text(runs: &[Anomalies], failed: usize, expected: Expect) -> String {
+    let n = runs.len();
+    let found: Vec<String> = (0..runs.first().map_or(0, |a| a.len()))
+        .filter_map(|i| {
+            let counts: Vec<i64> = runs.iter().map(|a| a[i].1).collect();
+            let seen = counts.iter().filter(|c| **c > 0).count();
+            if seen == 0 {
+                return None;
+            }
+            let (min, max) = (counts.iter().min()?, counts.iter().max()?);
+            let count = if min == max {
+                min.to_string()
+            } else {
+                format!("{min}-{max}")
+            };
+            let what = runs[0][i].0;
+            Some(if seen < n {
+                format!("{what} {count} ({seen} of {n} runs)")
+            } else {
+                format!("{what} {count}")
+            })
+        })
         .collect();
     let cell = if found.is_empty() {
         "holds".to_owned()
     } else {
         format!("**{}**", found.join(", "))
     };
-    match r.verdict() {
-        "FAILED" => format!("{cell} (FAILED: its design promises better)"),
-        "race not seen" => format!("{cell} (the race did not happen this run)"),
-        _ => cell,
+    if failed > 0 {
+        if n == 1 {
+            format!("{cell} (FAILED: its design promises better)")
+        } else {
+            format!("{cell} (FAILED in {failed} of {n} runs: its design promises better)")
+        }
+    } else if expected == Expect::Breaks && found.is_empty() {
+        if n == 1 {
+            format!("{cell} (the race did not happen this run)")
+        } else {
+            format!("{cell} (the race did not happen in any of {n} runs)")
+        }
+    } else {
+        cell
     }
 }
 
 /// The strategy x scenario grid: a row per strategy, a column per
-/// instance count and stall, each cell `holds` or the anomalies with counts.
+/// instance count and stall, each cell `holds` or the anomalies with counts
+/// (their min-max over the runs, when a cell ran more than once; the first
+/// header then says how many runs).
 pub fn grid(rows: &[Row]) -> Table {
+    let cells = cells(rows);
     let mut scenarios: Vec<(usize, Stall)> = Vec::new();
     let mut strategies: Vec<&str> = Vec::new();
-    for r in rows {
-        if !scenarios.contains(&(r.instances, r.stall)) {
-            scenarios.push((r.instances, r.stall));
+    for c in &cells {
+        if !scenarios.contains(&(c.instances, c.stall)) {
+            scenarios.push((c.instances, c.stall));
         }
-        if !strategies.contains(&r.strategy) {
-            strategies.push(r.strategy);
+        if !strategies.contains(&c.strategy) {
+            strategies.push(c.strategy);
         }
     }
+    let most = cells.iter().map(|c| c.runs.len()).max().unwrap_or(1);
+    let corner = if most > 1 {
+        format!("strategy ({most} runs per cell, min-max)")
+    } else {
+        "strategy".to_owned()
+    };
     let mut grid = Table::new(
-        std::iter::once("strategy".to_owned()).chain(scenarios.iter().map(|(n, stall)| {
+        std::iter::once(corner).chain(scenarios.iter().map(|(n, stall)| {
             let who = if *n == 1 { "1 instance" } else { "2 instances" };
             format!("{who}, stall: {}", stall.name())
         })),
     );
     for strategy in strategies {
-        let cells = scenarios.iter().map(|(n, stall)| {
-            rows.iter()
-                .find(|r| r.strategy == strategy && r.instances == *n && r.stall == *stall)
-                .map_or("·".to_owned(), anomalies)
+        let row = scenarios.iter().map(|(n, stall)| {
+            cells
+                .iter()
+                .find(|c| c.strategy == strategy && c.instances == *n && c.stall == *stall)
+                .map_or("·".to_owned(), CellRuns::text)
         });
-        grid.row(std::iter::once(format!("`{strategy}`")).chain(cells));
+        grid.row(std::iter::once(format!("`{strategy}`")).chain(row));
     }
     grid
 }
@@ -532,6 +704,7 @@ mod tests {
             strategy,
             instances,
             stall,
+            run: 1,
             users: 10,
             stats,
             tally: Tally::new(),
@@ -593,5 +766,120 @@ mod tests {
                 assert_eq!(expect("fenced", instances, stall), Expect::Holds);
             }
         }
+    }
+
+    /// A run's anomalies from its counts, in `Row::anomalies`' order:
+    /// oversold, undersold, users with two orders, foreign releases, lost.
+    fn counts(c: [i64; 5]) -> Anomalies {
+        let names = [
+            "oversold",
+            "undersold",
+            "users with two orders",
+            "foreign releases",
+            "lost",
+        ];
+        std::array::from_fn(|i| (names[i], c[i]))
+    }
+
+    #[test]
+    fn one_run_reads_as_it_always_did() {
+        let naive = counts([144, 0, 118, 0, 0]);
+        assert_eq!(
+            cell_text(&[naive], 0, Expect::Breaks),
+            "**oversold 144, users with two orders 118**"
+        );
+        assert_eq!(cell_text(&[counts([0; 5])], 0, Expect::Holds), "holds");
+        assert_eq!(
+            cell_text(&[counts([0; 5])], 0, Expect::Breaks),
+            "holds (the race did not happen this run)"
+        );
+        assert_eq!(
+            cell_text(&[counts([0, 0, 1, 0, 0])], 1, Expect::Holds),
+            "**users with two orders 1** (FAILED: its design promises better)"
+        );
+        // A single run's cell is the row's own text.
+        let r = row("naive", 1, Stall::None, stats(5, -3, 8, 7, 0));
+        assert_eq!(
+            cell_text(&[r.anomalies()], 0, r.expected()),
+            "**oversold 3, users with two orders 1**"
+        );
+    }
+
+    #[test]
+    fn runs_show_each_anomaly_min_max_or_one_number_when_they_agree() {
+        let runs = [
+            counts([130, 0, 111, 0, 0]),
+            counts([144, 0, 118, 0, 0]),
+            counts([138, 0, 118, 0, 0]),
+        ];
+        assert_eq!(
+            cell_text(&runs, 0, Expect::Breaks),
+            "**oversold 130-144, users with two orders 111-118**"
+        );
+        let agree = [counts([0, 0, 50, 50, 0]); 5];
+        assert_eq!(
+            cell_text(&agree, 0, Expect::Breaks),
+            "**users with two orders 50, foreign releases 50**"
+        );
+        assert_eq!(cell_text(&[counts([0; 5]); 5], 0, Expect::Holds), "holds");
+    }
+
+    #[test]
+    fn runs_that_disagree_on_whether_it_broke_say_in_how_many_it_did() {
+        let runs = [
+            counts([0, 0, 3, 0, 0]),
+            counts([0; 5]),
+            counts([0, 0, 1, 0, 0]),
+            counts([0; 5]),
+            counts([0; 5]),
+        ];
+        assert_eq!(
+            cell_text(&runs, 0, Expect::Breaks),
+            "**users with two orders 0-3 (2 of 5 runs)**"
+        );
+        // The same count in the runs that broke: still a range from 0.
+        let once = [counts([0; 5]), counts([0, 4, 0, 0, 0])];
+        assert_eq!(
+            cell_text(&once, 0, Expect::Breaks),
+            "**undersold 0-4 (1 of 2 runs)**"
+        );
+        assert_eq!(
+            cell_text(&[counts([0; 5]); 5], 0, Expect::Breaks),
+            "holds (the race did not happen in any of 5 runs)"
+        );
+        assert_eq!(
+            cell_text(&runs, 2, Expect::Holds),
+            "**users with two orders 0-3 (2 of 5 runs)** (FAILED in 2 of 5 runs: its design promises better)"
+        );
+    }
+
+    #[test]
+    fn the_grid_groups_runs_into_cells_and_says_how_many() {
+        let mut second = row("naive", 1, Stall::None, stats(5, -1, 6, 6, 0));
+        second.run = 2;
+        let rows = [
+            row("naive", 1, Stall::None, stats(5, -3, 8, 8, 0)),
+            second,
+            row("fenced", 1, Stall::None, stats(5, 0, 5, 5, 0)),
+        ];
+        let cells = cells(&rows);
+        assert_eq!(cells.len(), 2);
+        assert_eq!(cells[0].runs.len(), 2);
+        assert_eq!(cells[0].max(Row::oversold), 3);
+        assert_eq!(
+            cells[0].json()["anomalies"]["oversold"]["runs"],
+            json!([3, 1])
+        );
+        let md = grid(&rows).markdown();
+        assert!(
+            md.starts_with("| strategy (2 runs per cell, min-max) |"),
+            "{md}"
+        );
+        assert!(md.contains("| `naive` | **oversold 1-3** |"), "{md}");
+        assert!(md.contains("| `fenced` | holds |"), "{md}");
+        // One run a cell: the header is as it always was.
+        assert!(grid(&rows[..1])
+            .markdown()
+            .starts_with("| strategy | 1 instance, stall: none |"));
     }
 }
