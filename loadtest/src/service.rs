@@ -213,16 +213,34 @@ impl Target {
     }
 
     pub fn purchases(&self, voucher: i64, tokens: &[Arc<str>], per_user: usize) -> Vec<Request> {
+        self.purchases_over(voucher, tokens, per_user, false)
+    }
+
+    /// As [`Target::purchases`], each user's side by side in the plan;
+    /// with `spread`, a user's purchases go to the instances in turn
+    /// (their first to the user's own, the next to the next one).
+    pub fn purchases_over(
+        &self,
+        voucher: i64,
+        tokens: &[Arc<str>],
+        per_user: usize,
+        spread: bool,
+    ) -> Vec<Request> {
         let path = format!("/seckill/{voucher}");
         let bases: Vec<Arc<str>> = self.bases.iter().map(|b| Arc::from(b.as_str())).collect();
         tokens
             .iter()
             .enumerate()
             .flat_map(|(i, token)| {
-                let base = bases[i % bases.len()].clone();
-                let path = path.clone();
-                (0..per_user)
-                    .map(move |_| Request::post_to(base.clone(), path.clone(), token.clone()))
+                let (bases, path) = (&bases, &path);
+                (0..per_user).map(move |j| {
+                    let turn = if spread { i + j } else { i };
+                    Request::post_to(
+                        bases[turn % bases.len()].clone(),
+                        path.clone(),
+                        token.clone(),
+                    )
+                })
             })
             .collect()
     }

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::api::{Admin, SaleMode};
 use crate::cpu::Usage;
-use crate::drive::{Request, Tally};
+use crate::drive::Tally;
 use crate::invariants::{check, Check};
 use crate::scrape::metric_sum;
 use crate::service::Target;
@@ -125,7 +125,7 @@ async fn crowd(
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, users).await?;
     let plan = match kind {
         // A user's three purchases side by side, on both instances.
-        Crowd::Duplicates => spread(target, voucher, &tokens),
+        Crowd::Duplicates => target.purchases_over(voucher, &tokens, 3, true),
         Crowd::Flash => {
             let mut plan = target.purchases(voucher, &tokens, 3);
             plan.shuffle(&mut rand::rng());
@@ -158,27 +158,6 @@ async fn crowd(
         locks,
         cpu,
     })
-}
-
-/// Each user's three purchases in a row of the plan (so they are sent
-/// together), over the instances in turn: two on one, one on the other.
-fn spread(target: &Target, voucher: i64, tokens: &[Arc<str>]) -> Vec<Request> {
-    let path = format!("/seckill/{voucher}");
-    let bases: Vec<Arc<str>> = target.bases.iter().map(|b| Arc::from(b.as_str())).collect();
-    tokens
-        .iter()
-        .enumerate()
-        .flat_map(|(i, token)| {
-            let (bases, path) = (&bases, &path);
-            (0..3).map(move |j| {
-                Request::post_to(
-                    bases[(i + j) % bases.len()].clone(),
-                    path.clone(),
-                    token.clone(),
-                )
-            })
-        })
-        .collect()
 }
 
 /// Batch statements, their reruns and the locks taken, summed over the

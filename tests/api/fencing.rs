@@ -9,7 +9,7 @@ use seckill::id::IdGenerator;
 use seckill::kv::Kv;
 use seckill::store::{Sale, SaleRequest, Store};
 
-use crate::helpers::{buy, redis_url, spawn_app};
+use crate::helpers::{buy, redis_url, spawn_app, TestApp};
 
 /// `name` takes `lock`, which must be free (or its lease run out), for
 /// `lease`.
@@ -20,29 +20,70 @@ async fn take(locks: &LockClient, lock: &Lock, name: &str, lease: Duration) -> L
     }
 }
 
+/// The service's own store, id counter and lock client for `app`, and the
+/// lock of `user`'s purchases of `voucher`: what a purchase holds, taken
+/// by hand so that a test can stall it.
+struct Holders {
+    store: Store,
+    ids: IdGenerator,
+    locks: LockClient,
+    lock: Lock,
+    user: i64,
+}
+
+impl Holders {
+    async fn of(app: &TestApp, voucher: i64, user: i64) -> Self {
+        let client = redis::Client::open(redis_url()).unwrap();
+        let keyspace = app.keyspace().await;
+        let ids = IdGenerator::new(
+            Kv::new(client.clone(), Duration::from_secs(5)),
+            keyspace.clone(),
+        );
+        let locks = LockClient::new(client, keyspace);
+        let (name, _) = seckill::seckill::lock_of(voucher, user, 0);
+        let lock = locks.lock(&name);
+        Self {
+            store: Store::from_pool(app.db.clone(), Duration::from_secs(5)),
+            ids,
+            locks,
+            lock,
+            user,
+        }
+    }
+
+    /// `name` takes the lock, which must be free (or its lease run out).
+    async fn take(&self, name: &str, lease: Duration) -> LockGuard {
+        take(&self.locks, &self.lock, name, lease).await
+    }
+
+    /// Sells the user one unit of `target` in a batch of one, behind
+    /// `fence`: the new order's id and the statement's answer.
+    async fn sell(&self, target: i64, fence: i64) -> (i64, Sale) {
+        let order_id = self.ids.next_id().await.unwrap().as_i64();
+        let request = SaleRequest {
+            order_id,
+            user_id: self.user,
+            fence: Some(fence),
+            at: chrono::Utc::now(),
+        };
+        let sold = self.store.sell_batch(target, 3, &[request]).await.unwrap();
+        (order_id, sold.sales[0])
+    }
+}
+
 #[tokio::test]
 async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
     let app = spawn_app().await;
     let voucher = app.open_voucher(5).await;
     let other_voucher = app.open_voucher(5).await;
-    let user = 42;
-    let store = Store::from_pool(app.db.clone(), Duration::from_secs(5));
-    let client = redis::Client::open(redis_url()).unwrap();
-    let keyspace = app.keyspace().await;
-    let ids = IdGenerator::new(
-        Kv::new(client.clone(), Duration::from_secs(5)),
-        keyspace.clone(),
-    );
-    let locks = LockClient::new(client, keyspace);
     // The service's own lock for this user and voucher.
-    let (name, _) = seckill::seckill::lock_of(voucher, user, 0);
-    let lock = locks.lock(&name);
+    let h = Holders::of(&app, voucher, 42).await;
 
     // A takes the user's lock with a short lease, checks, and stalls.
-    let a = take(&locks, &lock, "A", Duration::from_millis(100)).await;
+    let a = h.take("A", Duration::from_millis(100)).await;
     let held: Option<i64> =
         sqlx::query_scalar("SELECT id FROM voucher_orders WHERE user_id = $1 AND voucher_id = $2")
-            .bind(user)
+            .bind(h.user)
             .bind(voucher)
             .fetch_optional(&app.db)
             .await
@@ -52,27 +93,14 @@ async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
     assert!(a.is_lost(), "A's lease ran out while it stalled");
 
     // B takes the lock (A's lease ran out) and buys.
-    let b = take(&locks, &lock, "B", Duration::from_secs(10)).await;
+    let b = h.take("B", Duration::from_secs(10)).await;
     assert!(b.fence() > a.fence());
-    let sell = |target: i64, fence: i64| {
-        let (store, ids) = (&store, &ids);
-        async move {
-            let order_id = ids.next_id().await.unwrap().as_i64();
-            let request = SaleRequest {
-                order_id,
-                user_id: user,
-                fence: Some(fence),
-                at: chrono::Utc::now(),
-            };
-            store.sell_batch(target, 3, &[request]).await.unwrap().sales[0]
-        }
-    };
-    assert_eq!(sell(voucher, b.fence()).await, Sale::Sold);
+    assert_eq!(h.sell(voucher, b.fence()).await.1, Sale::Sold);
 
     // A resumes: its write is refused. (Its token is of the lock of this
     // voucher: it speaks for no other.)
     assert_eq!(
-        sell(voucher, a.fence()).await,
+        h.sell(voucher, a.fence()).await.1,
         Sale::Fenced,
         "A's stale write"
     );
@@ -81,7 +109,7 @@ async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
     assert_eq!(app.check_invariants(voucher).await, 1);
     assert_eq!(app.check_invariants(other_voucher).await, 0);
     // The user's next purchase, under a new lock, goes through.
-    let token = app.token(user).await;
+    let token = app.token(h.user).await;
     let (status, answer) = buy(&app.client, &app.base, &token, other_voucher).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
 }
@@ -94,48 +122,20 @@ async fn a_stalled_holder_is_refused_after_the_next_holder_bought() {
 async fn a_stalled_holder_is_refused_even_after_the_next_holders_order_was_cancelled() {
     let app = spawn_app().await;
     let voucher = app.open_voucher(5).await;
-    let user = 43;
-    let store = Store::from_pool(app.db.clone(), Duration::from_secs(5));
-    let client = redis::Client::open(redis_url()).unwrap();
-    let keyspace = app.keyspace().await;
-    let ids = IdGenerator::new(
-        Kv::new(client.clone(), Duration::from_secs(5)),
-        keyspace.clone(),
-    );
-    let locks = LockClient::new(client, keyspace);
-    let (name, _) = seckill::seckill::lock_of(voucher, user, 0);
-    let lock = locks.lock(&name);
-    let sell = |fence: i64| {
-        let (store, ids) = (&store, &ids);
-        async move {
-            let order_id = ids.next_id().await.unwrap().as_i64();
-            let request = SaleRequest {
-                order_id,
-                user_id: user,
-                fence: Some(fence),
-                at: chrono::Utc::now(),
-            };
-            let sale = store
-                .sell_batch(voucher, 3, &[request])
-                .await
-                .unwrap()
-                .sales[0];
-            (order_id, sale)
-        }
-    };
+    let h = Holders::of(&app, voucher, 43).await;
 
     // A takes the lock and stalls past its lease; B takes it and buys.
-    let a = take(&locks, &lock, "A", Duration::from_millis(100)).await;
+    let a = h.take("A", Duration::from_millis(100)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(a.is_lost(), "A's lease ran out while it stalled");
-    let b = take(&locks, &lock, "B", Duration::from_secs(10)).await;
-    let (b_order, sold) = sell(b.fence()).await;
+    let b = h.take("B", Duration::from_secs(10)).await;
+    let (b_order, sold) = h.sell(voucher, b.fence()).await;
     assert_eq!(sold, Sale::Sold);
     b.unlock().await.unwrap();
 
     // The user cancels B's order: the unit goes back, and no live order
     // of theirs is left for a stale write to collide with.
-    let token = app.token(user).await;
+    let token = app.token(h.user).await;
     let (status, body) = crate::helpers::answer(
         app.client
             .post(app.url(&format!("/orders/{b_order}/cancel")))
@@ -146,7 +146,7 @@ async fn a_stalled_holder_is_refused_even_after_the_next_holders_order_was_cance
     assert_eq!(app.check_invariants(voucher).await, 0);
 
     // A resumes: the unique index would let it sell; the fence does not.
-    let (_, stale) = sell(a.fence()).await;
+    let (_, stale) = h.sell(voucher, a.fence()).await;
     assert_eq!(stale, Sale::Fenced, "A's stale write after the cancel");
     assert_eq!(app.check_invariants(voucher).await, 0);
 

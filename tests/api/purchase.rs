@@ -116,14 +116,7 @@ async fn one_user_sending_a_hundred_purchases_gets_one_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_sharing_postgres_and_redis_keep_the_invariants() {
     let app = spawn_app().await;
-    let second = app.spawn_instance().await;
-    let voucher = app.open_voucher(50).await;
-    let tokens = app.tokens(1..=200).await;
-
-    let results = crowd(&[app.base.clone(), second], &tokens, voucher, 5).await;
-
-    assert_sold_exactly(&results, 50);
-    assert_eq!(app.check_invariants(voucher).await, 50);
+    let voucher = two_instance_crowd(&app).await;
     assert_eq!(app.stats(voucher).await["stock"], 0);
     // With the locks on, every buyer's lock was taken.
     assert!(lock_fences(&app).await >= 50);
@@ -139,16 +132,21 @@ async fn without_user_locks_the_unique_index_alone_keeps_one_order_per_user() {
         ..s
     })
     .await;
+    two_instance_crowd(&app).await;
+    // No lock was taken: a lock leaves its fencing token's key behind.
+    assert_eq!(lock_fences(&app).await, 0, "a user's lock was taken");
+}
+
+/// 200 users, five purchases each, over `app` and a second instance, for
+/// 50 units: exactly the stock sold, once per user. The voucher.
+async fn two_instance_crowd(app: &crate::helpers::TestApp) -> i64 {
     let second = app.spawn_instance().await;
     let voucher = app.open_voucher(50).await;
     let tokens = app.tokens(1..=200).await;
-
     let results = crowd(&[app.base.clone(), second], &tokens, voucher, 5).await;
-
     assert_sold_exactly(&results, 50);
     assert_eq!(app.check_invariants(voucher).await, 50);
-    // No lock was taken: a lock leaves its fencing token's key behind.
-    assert_eq!(lock_fences(&app).await, 0, "a user's lock was taken");
+    voucher
 }
 
 /// Fencing-token keys of the users' locks under the app's keyspace: one

@@ -203,17 +203,22 @@ async fn redlock_answers_once_a_majority_has_without_waiting_for_frozen_nodes() 
     servers[4].thaw();
 }
 
-#[tokio::test]
-async fn a_grant_after_the_quorum_joins_the_hold_and_is_given_back_with_it() {
+/// Three nodes, the third frozen for less than the node timeout, and the
+/// lock `name` taken by the two others: the frozen node's grant comes late.
+async fn taken_with_a_node_frozen(name: &str) -> (Vec<OwnRedis>, MultiNodeLocks, MultiGuard) {
     let servers = start_nodes(3);
     let locks = locks_on(&servers, Quorum::Majority);
-    // One node frozen for less than the node timeout: the two others make
-    // the quorum, and its grant comes late.
     servers[2].freeze();
     let guard = held(
-        try_take(&locks, "order:late", "a").await,
+        try_take(&locks, name, "a").await,
         "two of three grant a free lock",
     );
+    (servers, locks, guard)
+}
+
+#[tokio::test]
+async fn a_grant_after_the_quorum_joins_the_hold_and_is_given_back_with_it() {
+    let (servers, _locks, guard) = taken_with_a_node_frozen("order:late").await;
     assert_eq!(guard.nodes(), 2, "the acquire waited for the frozen node");
     servers[2].thaw();
     joined_by(&guard, 3).await;
@@ -228,13 +233,7 @@ async fn a_grant_after_the_quorum_joins_the_hold_and_is_given_back_with_it() {
 
 #[tokio::test]
 async fn a_grant_after_the_hold_was_given_back_is_given_back_too() {
-    let servers = start_nodes(3);
-    let locks = locks_on(&servers, Quorum::Majority);
-    servers[2].freeze();
-    let guard = held(
-        try_take(&locks, "order:gone", "a").await,
-        "two of three grant a free lock",
-    );
+    let (servers, locks, guard) = taken_with_a_node_frozen("order:gone").await;
     assert_eq!(guard.unlock().await, 2);
     // The frozen node applies the grant when it thaws, after the release;
     // it is given back then, long before its lease would end.
