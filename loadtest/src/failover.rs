@@ -354,12 +354,20 @@ async fn replication_price(
     let (mut replicated, mut alone) = (Vec::new(), Vec::new());
     for round in 1..=args.ratio_rounds {
         say!(
-            "replication's price, round {round}/{}: {} s of sync purchases on the cluster, then on the single node",
+            "replication's price, round {round}/{}: {} s of sync purchases on the cluster and on the single node",
             args.ratio_rounds,
             args.ratio_seconds
         );
-        replicated.push(sync_rate(cluster, secret, args.connections, args.ratio_seconds).await?);
-        alone.push(sync_rate(single, secret, args.connections, args.ratio_seconds).await?);
+        // Each side first in every other round: neither always meets the
+        // machine warmed by the other.
+        let rate = |target| sync_rate(target, secret, args.connections, args.ratio_seconds);
+        if round % 2 == 1 {
+            replicated.push(rate(cluster).await?);
+            alone.push(rate(single).await?);
+        } else {
+            alone.push(rate(single).await?);
+            replicated.push(rate(cluster).await?);
+        }
     }
     let median = |rates: &[f64]| {
         let mut sorted = rates.to_vec();

@@ -99,9 +99,10 @@ enum Vote {
 #[derive(Debug)]
 pub struct MultiGuard {
     guards: Vec<LockGuard>,
-    /// Grants that came after the quorum's: released with the rest. One
-    /// that comes after the hold was given back is released at once.
-    late: Arc<Mutex<Vec<LockGuard>>>,
+    /// Grants that came after the quorum's: released with the rest. `None`
+    /// once the hold is given back: a grant that comes after that is
+    /// released at once.
+    late: Arc<Mutex<Option<Vec<LockGuard>>>>,
     valid_until: Instant,
 }
 
@@ -158,10 +159,10 @@ impl MultiNodeLocks {
     /// quorum was possible: the lock's state is unknown, not "held".
     ///
     /// It returns as soon as a quorum has granted the lock, not when the
-    /// slowest node answers; a grant
-    /// that comes later is released in the background. Nodes that failed
-    /// to answer lately are skipped (counted as refusals) for a second,
-    /// then asked again.
+    /// slowest node answers; a grant that comes later joins the hold in the
+    /// background (and is given back at once if the hold is gone). Nodes
+    /// that failed to answer lately are skipped (counted as refusals) for a
+    /// second, then asked again.
     pub async fn try_acquire(
         &self,
         name: &str,
@@ -220,7 +221,7 @@ impl MultiNodeLocks {
         let drift = lease / 100 + Duration::from_millis(2);
         let validity = lease.saturating_sub(elapsed).saturating_sub(drift);
         if guards.len() >= self.needed() && !validity.is_zero() {
-            let late = Arc::new(Mutex::new(Vec::new()));
+            let late = Arc::new(Mutex::new(Some(Vec::new())));
             self.hear_out(asking, Arc::downgrade(&late));
             return Ok(Some(MultiGuard {
                 guards,
@@ -248,7 +249,7 @@ impl MultiNodeLocks {
     fn hear_out(
         &self,
         mut asking: FuturesUnordered<impl Future<Output = (usize, Vote)> + Send + 'static>,
-        hold: Weak<Mutex<Vec<LockGuard>>>,
+        hold: Weak<Mutex<Option<Vec<LockGuard>>>>,
     ) {
         if asking.is_empty() {
             return;
@@ -258,11 +259,19 @@ impl MultiNodeLocks {
             while let Some((node, vote)) = asking.next().await {
                 this.mark(node, !matches!(vote, Vote::Silent));
                 let Vote::Granted(guard) = vote else { continue };
-                match hold.upgrade() {
-                    Some(late) => late.lock().unwrap_or_else(|e| e.into_inner()).push(guard),
-                    None => {
-                        let _ = guard.unlock().await;
-                    }
+                // Joins the hold while it lasts; otherwise given back here.
+                let unjoined = match hold.upgrade() {
+                    Some(late) => match &mut *late.lock().unwrap_or_else(|e| e.into_inner()) {
+                        Some(grants) => {
+                            grants.push(guard);
+                            None
+                        }
+                        None => Some(guard),
+                    },
+                    None => Some(guard),
+                };
+                if let Some(guard) = unjoined {
+                    let _ = guard.unlock().await;
                 }
             }
         });
@@ -328,10 +337,10 @@ impl MultiGuard {
     /// How many nodes granted the lock so far: the quorum, and those
     /// whose grant came later.
     pub fn nodes(&self) -> usize {
-        self.guards.len() + self.late_grants().len()
+        self.guards.len() + self.late_grants().as_ref().map_or(0, Vec::len)
     }
 
-    fn late_grants(&self) -> std::sync::MutexGuard<'_, Vec<LockGuard>> {
+    fn late_grants(&self) -> std::sync::MutexGuard<'_, Option<Vec<LockGuard>>> {
         self.late.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -346,9 +355,10 @@ impl MultiGuard {
         self.valid_until
     }
 
-    /// A fencing token for the hold: the largest of the quorum's tokens. Tokens grow with Redis's clock on every node, so a later
-    /// holder's is larger as long as the nodes' clocks agree to within the
-    /// lease; unlike a single node's, this is not guaranteed.
+    /// A fencing token for the hold: the largest of the quorum's tokens.
+    /// Tokens grow with Redis's clock on every node, so a later holder's is
+    /// larger as long as the nodes' clocks agree to within the lease;
+    /// unlike a single node's, this is not guaranteed.
     pub fn fence(&self) -> i64 {
         self.guards.iter().map(LockGuard::fence).max().unwrap_or(0)
     }
@@ -356,7 +366,9 @@ impl MultiGuard {
     /// Releases the lock on every node that granted it. Nodes that fail
     /// are left to their leases; returns how many released it.
     pub async fn unlock(self) -> usize {
-        let late = std::mem::take(&mut *self.late_grants());
+        // Closed before the releases: a grant that comes now is given back
+        // by the task that hears it.
+        let late = self.late_grants().take().unwrap_or_default();
         let mut guards = self.guards;
         guards.extend(late);
         release_all(guards).await

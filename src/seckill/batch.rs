@@ -232,6 +232,16 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
     let max_orders = batch[0].voucher.max_orders_per_user;
     match sell_batch(&inner.deps.store, voucher_id, max_orders, &requests).await {
         Ok(sold) => settle(inner, voucher_id, batch, ids, sold).await,
+        // Every rerun met another batch's order of one of its users: the
+        // statement rolled back, so nobody in it bought here, and not all
+        // of them hold an order elsewhere. A retry finds out which.
+        Err(StoreError::DuplicateOrder) => {
+            let error = SeckillError::postgres_unavailable(
+                "the batch kept meeting concurrent orders of its users",
+            );
+            answer(inner, failed(batch, &error)).await;
+            Vec::new()
+        }
         Err(error) => {
             answer(inner, failed(batch, &SeckillError::from(error))).await;
             Vec::new()

@@ -60,13 +60,18 @@ pub struct InternalError {
 }
 
 impl InternalError {
-    /// Every cause in the chain, for the log: "what: cause: its cause".
+    /// Every cause in the chain, for the log: "what: cause: its cause"
+    /// (a cause whose text its error's message already ends with is not
+    /// said twice).
     pub fn chain(&self) -> String {
         let mut text = self.what.clone();
         let mut next = std::error::Error::source(self);
         while let Some(cause) = next {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
+            let said = cause.to_string();
+            if !text.ends_with(&said) {
+                text.push_str(": ");
+                text.push_str(&said);
+            }
             next = cause.source();
         }
         text

@@ -1,6 +1,8 @@
-//! The names of the sale's metrics, each written once: the code that
-//! counts an event and `http::ops`, which puts every series the dashboard
-//! reads on the page at 0 from start-up, both read them here.
+//! The names of the sale's own metrics (those `seckill` counts), each
+//! written once: the code that counts an event and `http::ops`, which puts
+//! every series the dashboard reads on the page at 0 from start-up, both
+//! read them here. The HTTP layer's (requests, pools, rate limits) are
+//! named where `http` counts them.
 
 pub const PURCHASES: &str = "seckill_purchases_total";
 pub const LOCK_CONTENDED: &str = "seckill_lock_contended_total";
