@@ -16,6 +16,7 @@ use utoipa_swagger_ui::Config;
 
 use super::error::ApiError;
 use super::{admin, handlers, ops, payments, queue};
+use crate::domain::{OrderStatus, SaleMode};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -170,3 +171,40 @@ pub async fn docs_file(Path(file): Path<String>) -> Response {
         _ => ApiError::NotFound("no such file".into()).into_response(),
     }
 }
+
+/// A domain state as the API shows it: a string, one of its words (the
+/// domain types carry no HTTP concern; their schemas are written here).
+fn word_schema(
+    description: &str,
+    words: impl IntoIterator<Item = &'static str>,
+) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .description(Some(description))
+        .enum_values(Some(words))
+        .into()
+}
+
+impl utoipa::PartialSchema for SaleMode {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        word_schema(
+            "How a voucher is sold: sync (the order is committed before the buyer hears 200) \
+             or async (Redis accepts it, 202 pending, and the stream writers commit it)",
+            SaleMode::ALL.iter().map(|mode| mode.as_str()),
+        )
+    }
+}
+
+impl utoipa::ToSchema for SaleMode {}
+
+impl utoipa::PartialSchema for OrderStatus {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        word_schema(
+            "Where an order stands: pending (accepted by an async sale, not stored yet), \
+             unpaid, paid, cancelled or expired",
+            OrderStatus::ALL.iter().map(|status| status.as_str()),
+        )
+    }
+}
+
+impl utoipa::ToSchema for OrderStatus {}

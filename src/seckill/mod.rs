@@ -40,6 +40,7 @@ mod reads;
 mod room;
 mod soldout;
 mod user_lock;
+mod vouchers;
 pub(crate) mod workers;
 
 pub use async_sale::Reconciled;
@@ -59,22 +60,19 @@ pub use user_lock::{lock_of, UserGuard, UserLocks};
 use crate::domain::{Outcome, UserId, VoucherId};
 use crate::id::{IdGenerator, OrderId};
 use crate::kv::Kv;
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 use async_sale::AsyncSales;
 use batch::{Batcher, Outcome as Batched};
 use gate::{Admission, Gates};
 use inflight::InFlight;
 use soldout::SoldOutFlags;
+use vouchers::Caches;
 use workers::Background;
 
 pub use crate::store::{Order, OrderLine, OrderStatus, Payment, SaleMode, Voucher};
 
 /// How old the stock `GET /vouchers/{id}` shows may be, at most.
 pub const STOCK_REFRESH: Duration = Duration::from_millis(100);
-/// How long an unknown voucher id is remembered as unknown.
-const MISSING_TTL: Duration = Duration::from_millis(500);
-/// How long an async sale's voucher stays in memory unread.
-const ASYNC_VOUCHER_IDLE: Duration = Duration::from_secs(3_600);
 /// Readiness is probed at most this often; callers in between share it.
 pub const READY_EVERY: Duration = Duration::from_millis(500);
 /// The payment window when none is given: 15 minutes.
@@ -121,30 +119,6 @@ pub enum Purchase {
     Stored(OrderId),
     /// Redis accepted the order; the writers will commit it.
     Pending(OrderId),
-}
-
-/// Why a voucher could not be read into a cache: shared by the requests
-/// that waited for the one read.
-#[derive(Debug, thiserror::Error)]
-enum LoadError {
-    #[error("voucher not found")]
-    Missing,
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-impl LoadError {
-    /// What each of the requests that shared the read is answered.
-    fn answer(self: Arc<Self>) -> SeckillError {
-        match &*self {
-            Self::Missing => return SeckillError::NotFound("voucher"),
-            Self::Store(e @ (StoreError::Unavailable(_) | StoreError::TimedOut(_))) => {
-                return SeckillError::postgres_unavailable(e)
-            }
-            Self::Store(_) => {}
-        }
-        SeckillError::internal_from("reading a voucher", self)
-    }
 }
 
 /// The flash-sale service. Cheap to clone.
@@ -211,22 +185,12 @@ impl Seckill {
         clock: SaleClock,
         settings: SeckillSettings,
     ) -> Self {
-        let windows = moka::future::Cache::builder()
-            .max_capacity(10_000)
-            .time_to_live(settings.voucher_cache_ttl)
-            .build();
-        let async_vouchers = moka::sync::Cache::builder()
-            .max_capacity(10_000)
-            .time_to_idle(ASYNC_VOUCHER_IDLE)
-            .build();
-        let missing = moka::sync::Cache::builder()
-            .max_capacity(100_000)
-            .time_to_live(MISSING_TTL)
-            .build();
-        let stock_seen = moka::future::Cache::builder()
-            .max_capacity(10_000)
-            .time_to_live(STOCK_REFRESH)
-            .build();
+        let Caches {
+            windows,
+            async_vouchers,
+            missing,
+            stock_seen,
+        } = Caches::new(settings.voucher_cache_ttl);
         let flags = Arc::new(SoldOutFlags::new(
             redis.clone(),
             settings.redis_prefix.clone(),
@@ -478,48 +442,6 @@ impl Seckill {
                 Err(SeckillError::InProgress)
             }
         }
-    }
-
-    /// The voucher as its purchases and its room read it: an async sale's
-    /// from memory once read (see `async_vouchers`), a sync sale's as
-    /// [`Seckill::sale_window`] keeps it.
-    async fn selling(&self, voucher_id: i64) -> Result<Arc<Voucher>> {
-        match self.inner.async_vouchers.get(&voucher_id) {
-            Some(voucher) => Ok(voucher),
-            None => self.sale_window(voucher_id).await,
-        }
-    }
-
-    async fn sale_window(&self, voucher_id: i64) -> Result<Arc<Voucher>> {
-        // A crowd's voucher is cached: a plain lookup, without the
-        // machinery that shares one load among concurrent misses.
-        if let Some(voucher) = self.inner.windows.get(&voucher_id).await {
-            return Ok(voucher);
-        }
-        if self.inner.missing.contains_key(&voucher_id) {
-            return Err(SeckillError::NotFound("voucher"));
-        }
-        let store = &self.inner.store;
-        let found = self
-            .inner
-            .windows
-            .try_get_with(voucher_id, async move {
-                Ok::<_, LoadError>(Arc::new(
-                    store.voucher(voucher_id).await?.ok_or(LoadError::Missing)?,
-                ))
-            })
-            .await
-            .map_err(|error| error.answer());
-        match &found {
-            Ok(voucher) if voucher.sale_mode == SaleMode::Async => {
-                self.inner
-                    .async_vouchers
-                    .insert(voucher_id, voucher.clone());
-            }
-            Err(SeckillError::NotFound(_)) => self.inner.missing.insert(voucher_id, ()),
-            _ => {}
-        }
-        found
     }
 
     pub async fn create_voucher(&self, draft: VoucherDraft) -> Result<i64> {

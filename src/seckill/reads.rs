@@ -4,7 +4,8 @@
 
 use std::time::Instant;
 
-use super::{LoadError, Result, Seckill, SeckillError, READY_EVERY};
+use super::vouchers::LoadError;
+use super::{Result, Seckill, SeckillError, READY_EVERY};
 use crate::domain::VoucherId;
 use crate::id::OrderId;
 use crate::kv::Keys;

@@ -20,13 +20,13 @@ mod reconcile;
 mod sale;
 mod states;
 
+pub use crate::domain::{OrderStatus, SaleMode, UnknownState};
 use db::{Db, Within};
 #[cfg(feature = "lab")]
 pub use lab::{Decrement, LabSale, LabStats, LabStore};
 pub use lifecycle::{Closed, Payment, PaymentOutcome, StockReturn, CANCEL, EXPIRE_ONE};
 pub use reconcile::SaleSnapshot;
 pub use sale::{BatchSale, Sale, SaleRequest, SELL_BATCH};
-pub use states::{OrderStatus, SaleMode, UnknownState};
 
 /// The columns of a [`Voucher`], for `s` = `seckill_vouchers` and `v` =
 /// `vouchers`.
