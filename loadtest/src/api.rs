@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::service::Target;
 
 /// How a voucher sells (the contract's `sale_mode`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SaleMode {
     /// The order is in Postgres when the buyer hears `200`.
     Sync,

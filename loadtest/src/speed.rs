@@ -17,7 +17,7 @@ use crate::api::{Admin, SaleMode};
 use crate::asyncsale::{drain, print_goals, Goal};
 use crate::cpu::Usage;
 use crate::drive::Tally;
-use crate::invariants::check;
+use crate::invariants::{check, Check};
 use crate::service::{redis_url, Target};
 use crate::table::Table;
 use crate::Report;
@@ -121,41 +121,9 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
     };
     let health_first = healthz().await?;
 
-    let voucher = admin.endless_voucher(SaleMode::Sync).await?;
-    let started = chrono::Utc::now().timestamp();
-    let (sync, sync_cost) = measured(target, || async {
-        let tally = target
-            .buy_once(voucher, &tokens, seconds, args.connections, "sync")
-            .await;
-        let n = tally.count("200");
-        Ok((tally, n))
-    })
-    .await?;
-    let sync_check = check(target, voucher, &sync, started, None, 0).await?;
-
-    let voucher = admin.endless_voucher(SaleMode::Async).await?;
-    let started = chrono::Utc::now().timestamp();
-    let (accepted_run, async_cost) = measured(target, || async {
-        let clock = Instant::now();
-        let tally = target
-            .buy_once(voucher, &tokens, seconds, args.connections, "async")
-            .await;
-        let accepted = tally.count("202");
-        // The cost of an async purchase includes writing it to Postgres.
-        wait_stored(target, &admin, voucher, accepted, clock).await?;
-        Ok((tally, accepted))
-    })
-    .await?;
-    let async_check = check(target, voucher, &accepted_run, started, None, 0).await?;
-    // Rates are of the load alone, not of the drain after it.
-    let sync_cost = Cost {
-        rate: sync.count("200") as f64 / sync.elapsed.as_secs_f64().max(1e-9),
-        ..sync_cost
-    };
-    let async_cost = Cost {
-        rate: accepted_run.count("202") as f64 / accepted_run.elapsed.as_secs_f64().max(1e-9),
-        ..async_cost
-    };
+    let (sync, sync_check, sync_cost) = purchases(target, &tokens, args, SaleMode::Sync).await?;
+    let (accepted_run, async_check, async_cost) =
+        purchases(target, &tokens, args, SaleMode::Async).await?;
     let health_last = healthz().await?;
     let health_cost = Cost::mean(&health_first, &health_last);
 
@@ -169,11 +137,139 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
     };
     let sync_sent = counted(args.users + 1, SaleMode::Sync).await?;
     let async_sent = counted(args.users + args.counted + 1, SaleMode::Async).await?;
-    // The crowd's tail beside the HTTP floor's, at the same concurrency:
-    // each crowd's p99 over that of the /healthz crowd right after it, in
-    // FLASH_ROUNDS rounds, judged by the median round. A p99 of 30,000
-    // requests is their 300 slowest, and one stall of the machine moves it
-    // by half.
+    let flash = flash_rounds(target, args).await?;
+
+    let goals = goals(
+        &health_cost,
+        [&sync_cost, &async_cost],
+        [&sync_sent, &async_sent],
+        flash.median_ratio,
+    );
+    print_costs(&[
+        ("/healthz, first", &health_first),
+        ("/healthz, last", &health_last),
+        ("/healthz, mean", &health_cost),
+        ("sync purchase", &sync_cost),
+        ("async purchase", &async_cost),
+    ]);
+    print_sent_and_flash([&sync_sent, &async_sent], &flash);
+    print_goals("speed", &goals);
+
+    let costs = json!({
+        "healthz": health_cost.json(),
+        "healthz_runs": [health_first.json(), health_last.json()],
+        "sync": sync_cost.json(),
+        "async": async_cost.json(),
+        "client_commands_per_purchase": {
+            "sync": round(sync_sent.per_purchase),
+            "async": round(async_sent.per_purchase),
+            "sync_by_name": sync_sent.by_name,
+            "async_by_name": async_sent.by_name,
+        },
+        "flash_p99_ratios": flash.ratios,
+        "flash_locks_taken": flash.locks,
+        "goals": goals.iter().map(Goal::json).collect::<Vec<_>>(),
+    });
+    Ok(vec![
+        Report {
+            scenario: "speed-sync",
+            tally: sync,
+            check: sync_check,
+            ratios: Some(costs),
+            extra: json!({ "connections": args.connections }),
+        },
+        Report {
+            scenario: "speed-async",
+            tally: accepted_run,
+            check: async_check,
+            ratios: None,
+            extra: json!({ "connections": args.connections }),
+        },
+        flash.median,
+    ])
+}
+
+/// A run of purchases of `mode` by distinct users, its invariants and
+/// what each purchase cost. An async purchase's cost includes its writing
+/// to Postgres; the rate is of the load alone, not of the drain after it.
+async fn purchases(
+    target: &Target,
+    tokens: &[Arc<str>],
+    args: &SpeedArgs,
+    mode: SaleMode,
+) -> Result<(Tally, Check, Cost), String> {
+    let admin = Admin::new(target);
+    let (label, taken) = match mode {
+        SaleMode::Sync => ("sync", "200"),
+        SaleMode::Async => ("async", "202"),
+    };
+    let voucher = admin.endless_voucher(mode).await?;
+    let started = chrono::Utc::now().timestamp();
+    let seconds = Duration::from_secs(args.seconds);
+    let (tally, cost) = measured(target, || async {
+        let clock = Instant::now();
+        let tally = target
+            .buy_once(voucher, tokens, seconds, args.connections, label)
+            .await;
+        let n = tally.count(taken);
+        if mode == SaleMode::Async {
+            wait_stored(target, &admin, voucher, n, clock).await?;
+        }
+        Ok((tally, n))
+    })
+    .await?;
+    let checked = check(target, voucher, &tally, started, None, 0).await?;
+    let cost = Cost {
+        rate: tally.count(taken) as f64 / tally.elapsed.as_secs_f64().max(1e-9),
+        ..cost
+    };
+    Ok((tally, checked, cost))
+}
+
+/// The commands each purchase sent, by name, and each flash round's ratio
+/// and locks.
+fn print_sent_and_flash([sync_sent, async_sent]: [&Sent; 2], flash: &FlashRounds) {
+    eprintln!(
+        "Redis commands sent per purchase, by name: sync {:?}",
+        sync_sent.by_name
+    );
+    eprintln!(
+        "                                          async {:?}",
+        async_sent.by_name
+    );
+    eprintln!(
+        "flash crowd p99 / /healthz p99 of each round: {:?}",
+        flash.ratios
+    );
+    let shown: Vec<String> = flash
+        .locks
+        .iter()
+        .map(|locks| locks.map_or("unknown".into(), |n| format!("{n:.0}")))
+        .collect();
+    eprintln!(
+        "users' locks taken by each round's crowd (100 units): [{}]",
+        shown.join(", ")
+    );
+}
+
+/// The flash crowd's rounds, sorted by their p99 over the /healthz
+/// crowd's right after them.
+struct FlashRounds {
+    ratios: Vec<f64>,
+    /// Users' locks each round's crowd took; null where an instance's
+    /// metrics could not be read.
+    locks: Vec<Option<f64>>,
+    median_ratio: f64,
+    /// The median round's report.
+    median: Report,
+}
+
+/// The crowd's tail beside the HTTP floor's, at the same concurrency:
+/// each crowd's p99 over that of the /healthz crowd right after it, in
+/// FLASH_ROUNDS rounds, judged by the median round. A p99 of 30,000
+/// requests is their 300 slowest, and one stall of the machine moves it by
+/// half.
+async fn flash_rounds(target: &Target, args: &SpeedArgs) -> Result<FlashRounds, String> {
     let mut rounds = Vec::with_capacity(FLASH_ROUNDS);
     for _ in 0..FLASH_ROUNDS {
         let crowd = crate::crowds::flash(
@@ -191,27 +287,41 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
         rounds.push((ratio, crowd));
     }
     rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let flash_p99_ratios: Vec<f64> = rounds.iter().map(|(ratio, _)| round(*ratio)).collect();
-    // Null where an instance's metrics could not be read.
-    let flash_locks: Vec<Option<f64>> = rounds
+    let ratios = rounds.iter().map(|(ratio, _)| round(*ratio)).collect();
+    let locks = rounds
         .iter()
         .map(|(_, crowd)| crowd.extra["locks_taken"].as_f64())
         .collect();
-    let (flash_p99_ratio, crowd) = rounds.swap_remove(FLASH_ROUNDS / 2);
-    let flash_p99_ratio = round(flash_p99_ratio);
+    let (median_ratio, median) = rounds.swap_remove(FLASH_ROUNDS / 2);
+    Ok(FlashRounds {
+        ratios,
+        locks,
+        median_ratio: round(median_ratio),
+        median,
+    })
+}
 
+/// The goals, judged from the run's costs: `/healthz`'s, sync's
+/// and async's; the client commands each purchase sent; the flash crowd's
+/// median ratio.
+fn goals(
+    health_cost: &Cost,
+    [sync_cost, async_cost]: [&Cost; 2],
+    [sync_sent, async_sent]: [&Sent; 2],
+    flash_p99_ratio: f64,
+) -> Vec<Goal> {
     let healthz_service = health_cost.cpu.get("service").copied().unwrap_or(f64::NAN);
     let ratio = |cost: &Cost| round(cost.server() / healthz_service);
-    let goals = vec![
+    vec![
         goal(
             "server CPU per sync purchase / service CPU per /healthz",
-            ratio(&sync_cost),
+            ratio(sync_cost),
             "<= 6",
             |m| m <= 6.0,
         ),
         goal(
             "server CPU per async purchase / service CPU per /healthz",
-            ratio(&async_cost),
+            ratio(async_cost),
             "<= 4",
             |m| m <= 4.0,
         ),
@@ -263,65 +373,7 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
             "0",
             |m| m == 0.0,
         ),
-    ];
-    print_costs(&[
-        ("/healthz, first", &health_first),
-        ("/healthz, last", &health_last),
-        ("/healthz, mean", &health_cost),
-        ("sync purchase", &sync_cost),
-        ("async purchase", &async_cost),
-    ]);
-    eprintln!(
-        "Redis commands sent per purchase, by name: sync {:?}",
-        sync_sent.by_name
-    );
-    eprintln!(
-        "                                          async {:?}",
-        async_sent.by_name
-    );
-    eprintln!("flash crowd p99 / /healthz p99 of each round: {flash_p99_ratios:?}");
-    let shown: Vec<String> = flash_locks
-        .iter()
-        .map(|locks| locks.map_or("unknown".into(), |n| format!("{n:.0}")))
-        .collect();
-    eprintln!(
-        "users' locks taken by each round's crowd (100 units): [{}]",
-        shown.join(", ")
-    );
-    print_goals("speed", &goals);
-
-    let costs = json!({
-        "healthz": health_cost.json(),
-        "healthz_runs": [health_first.json(), health_last.json()],
-        "sync": sync_cost.json(),
-        "async": async_cost.json(),
-        "client_commands_per_purchase": {
-            "sync": round(sync_sent.per_purchase),
-            "async": round(async_sent.per_purchase),
-            "sync_by_name": sync_sent.by_name,
-            "async_by_name": async_sent.by_name,
-        },
-        "flash_p99_ratios": flash_p99_ratios,
-        "flash_locks_taken": flash_locks,
-        "goals": goals.iter().map(Goal::json).collect::<Vec<_>>(),
-    });
-    Ok(vec![
-        Report {
-            scenario: "speed-sync",
-            tally: sync,
-            check: sync_check,
-            ratios: Some(costs),
-            extra: json!({ "connections": args.connections }),
-        },
-        Report {
-            scenario: "speed-async",
-            tally: accepted_run,
-            check: async_check,
-            ratios: None,
-            extra: json!({ "connections": args.connections }),
-        },
-        crowd,
-    ])
+    ]
 }
 
 /// Runs `work` (which says how many units it did) and what it cost per
