@@ -493,6 +493,51 @@ async fn kills(
         args.window
     );
     tokio::time::sleep(window).await;
+    let (done, failure) = kill_in_turn(cluster, &crowd, database_url, voucher, args).await;
+    let answers = crowd.finish().await;
+    let ended = Instant::now();
+
+    let ids = ids_of(&answers, taken);
+    let stored = stored_after(database_url, voucher, &ids, args, ended).await;
+    let (rows, missing_total) = per_kill(&done, &answers, taken, &stored, window, ended);
+    // Orders taken before the first kill are checked too.
+    let missing_all = ids.iter().filter(|id| !stored.contains(id)).count();
+    let mut problems = books(target, voucher, &answers, taken, started_unix).await;
+    if missing_all > 0 {
+        problems.push(format!(
+            "{missing_all} orders answered {taken} are not in the database"
+        ));
+    }
+    if done.len() < args.kills {
+        problems.push(format!("{} of {} kills done", done.len(), args.kills));
+    }
+    if let Some(e) = failure {
+        problems.push(e);
+    }
+    for p in &problems {
+        println!("  FAILED: {p}");
+    }
+    summary["taken"] = json!(ids.len());
+    summary["answers"] = json!(answers.len());
+    summary["missing"] = json!(missing_all);
+    summary["missing_after_kills"] = json!(missing_total);
+    summary["per_kill"] = json!(rows);
+    summary["problems"] = json!(problems);
+    Ok((problems.is_empty(), summary))
+}
+
+/// `args.kills` kills of the primary, each once a synchronous standby runs
+/// and then once the sale resumed and a window passed; the kills done, and
+/// why the next could not be, if one could not.
+async fn kill_in_turn(
+    cluster: &Cluster,
+    crowd: &Crowd,
+    database_url: &str,
+    voucher: i64,
+    args: &FailoverArgs,
+) -> (Vec<Kill>, Option<String>) {
+    let window = Duration::from_secs(args.window);
+    let taken = args.mode.taken();
     let mut done: Vec<Kill> = Vec::new();
     let mut failure = None;
     for k in 1..=args.kills {
@@ -518,7 +563,7 @@ async fn kills(
             break;
         }
         say!("kill {k}: sent kill -9 to the primary");
-        let resumed = match resumption(&crowd, mark, at, taken, database_url, voucher, args).await {
+        let resumed = match resumption(crowd, mark, at, taken, database_url, voucher, args).await {
             Ok(resumed) => resumed,
             Err(e) => {
                 failure = Some(format!(
@@ -547,16 +592,25 @@ async fn kills(
             resumed,
         });
     }
-    let answers = crowd.finish().await;
-    let ended = Instant::now();
+    (done, failure)
+}
 
-    // Async: every accepted order must reach Postgres; wait for the writers.
-    let ids = ids_of(&answers, taken);
+/// The orders among `ids` that the database holds. Async: every accepted
+/// order must reach Postgres, so the writers are waited for (at most
+/// `drain_timeout`); sync: what is not there at the first reading never
+/// will be.
+async fn stored_after(
+    database_url: &str,
+    voucher: i64,
+    ids: &[i64],
+    args: &FailoverArgs,
+    ended: Instant,
+) -> HashSet<i64> {
     let mut stored = HashSet::new();
     let mut read = false;
     let deadline = Instant::now() + Duration::from_secs(args.drain_timeout);
     loop {
-        match stored_ids(database_url, voucher, &ids).await {
+        match stored_ids(database_url, voucher, ids).await {
             Ok(found) => {
                 stored = found;
                 read = true;
@@ -578,8 +632,19 @@ async fn kills(
             ended.elapsed().as_secs_f64()
         );
     }
+    stored
+}
 
-    // Per kill: the answers sent from it to the next kill (or the end).
+/// Per kill, the answers sent from it to the next kill (or the end): the
+/// table printed, its rows as JSON, and how many taken orders are missing.
+fn per_kill(
+    done: &[Kill],
+    answers: &[Answer],
+    taken: u16,
+    stored: &HashSet<i64>,
+    window: Duration,
+    ended: Instant,
+) -> (Vec<serde_json::Value>, usize) {
     let mut table = Table::new([
         "kill",
         "first commit s",
@@ -611,8 +676,8 @@ async fn kills(
             .collect();
         let missing = took.iter().filter(|id| !stored.contains(id)).count();
         missing_total += missing;
-        let before = rate(&answers, taken, kill.at - window, window);
-        let after = rate(&answers, taken, kill.resumed, window);
+        let before = rate(answers, taken, kill.at - window, window);
+        let after = rate(answers, taken, kill.resumed, window);
         table.row([
             (i + 1).to_string(),
             format!("{:.2}", kill.first_commit.as_secs_f64()),
@@ -638,17 +703,27 @@ async fn kills(
         }));
     }
     print!("{}", table.text());
-    // Orders taken before the first kill are checked too.
-    let missing_all = ids.iter().filter(|id| !stored.contains(id)).count();
+    (rows, missing_total)
+}
 
-    // The books: the contract's invariants over the whole sale. A 503 is
-    // an answer whose outcome the buyer cannot know (its commit may have
-    // landed before the connection was cut): counted as a transport error,
-    // so that the exact "orders == answers taken" rule gives way to "every
-    // answer taken is an order".
+/// The books: the contract's invariants over the whole sale, and no answer
+/// but `taken` and 503; the problems found. A 503 is an answer whose
+/// outcome the buyer cannot know (its commit may have landed before the
+/// connection was cut): counted as a transport error, so that the exact
+/// "orders == answers taken" rule gives way to "every answer taken is an
+/// order".
+async fn books(
+    target: &Target,
+    voucher: i64,
+    answers: &[Answer],
+    taken: u16,
+    started_unix: i64,
+) -> Vec<String> {
     let mut tally = Tally::new();
     tally.requests = answers.len() as u64;
-    tally.statuses.insert(taken.to_string(), ids.len() as u64);
+    tally
+        .statuses
+        .insert(taken.to_string(), ids_of(answers, taken).len() as u64);
     let unavailable = answers.iter().filter(|a| a.status == 503).count() as u64;
     if unavailable > 0 {
         tally
@@ -677,27 +752,7 @@ async fn kills(
     if !others.is_empty() {
         problems.push(format!("answers other than {taken} and 503: {others:?}"));
     }
-    if missing_all > 0 {
-        problems.push(format!(
-            "{missing_all} orders answered {taken} are not in the database"
-        ));
-    }
-    if done.len() < args.kills {
-        problems.push(format!("{} of {} kills done", done.len(), args.kills));
-    }
-    if let Some(e) = failure {
-        problems.push(e);
-    }
-    for p in &problems {
-        println!("  FAILED: {p}");
-    }
-    summary["taken"] = json!(ids.len());
-    summary["answers"] = json!(answers.len());
-    summary["missing"] = json!(missing_all);
-    summary["missing_after_kills"] = json!(missing_total);
-    summary["per_kill"] = json!(rows);
-    summary["problems"] = json!(problems);
-    Ok((problems.is_empty(), summary))
+    problems
 }
 
 /// With no answer but taken ones this long after a kill (async: Redis
