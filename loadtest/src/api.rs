@@ -194,12 +194,7 @@ impl<'a> Admin<'a> {
             "price_cents": sale.price_cents,
             "pay_within_seconds": sale.pay_within_seconds,
         });
-        let created = self
-            .call(reqwest::Method::POST, "/admin/vouchers", Some(body))
-            .await?;
-        created["id"]
-            .as_i64()
-            .ok_or_else(|| format!("no id in {created}"))
+        self.create_voucher_from(body).await
     }
 
     /// A voucher from a whole creation body, for what [`NewSale`] does not

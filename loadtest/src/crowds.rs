@@ -71,11 +71,15 @@ pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> Result<Report, S
 /// locks, and every lock more is a purchase that went on to be told "sold
 /// out" by a batch instead of by the flag or the gate.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
-struct SaleSteps {
+pub(crate) struct SaleSteps {
     /// Users' locks taken (`seckill_lock_acquire_seconds`).
-    locks: f64,
+    pub locks: f64,
     /// Purchases that waited at the gate (`seckill_gate_waits_total`).
-    gate_waits: f64,
+    pub gate_waits: f64,
+    /// Sale statements committed (`seckill_sale_batch_size`).
+    pub batches: f64,
+    /// Sale statements run again (`seckill_sale_batch_reruns_total`).
+    pub reruns: f64,
 }
 
 impl std::ops::Sub for SaleSteps {
@@ -84,18 +88,22 @@ impl std::ops::Sub for SaleSteps {
         Self {
             locks: self.locks - earlier.locks,
             gate_waits: self.gate_waits - earlier.gate_waits,
+            batches: self.batches - earlier.batches,
+            reruns: self.reruns - earlier.reruns,
         }
     }
 }
 
 /// The sale steps counted so far, or `None` when an instance's metrics
 /// cannot be read (the crowd is judged without them).
-async fn sale_steps(target: &Target) -> Option<SaleSteps> {
+pub(crate) async fn sale_steps(target: &Target) -> Option<SaleSteps> {
     let mut steps = SaleSteps::default();
     for base in &target.bases {
         let text = scrape::metrics_text(base).await.ok()?;
         steps.locks += scrape::sum_of(&text, "seckill_lock_acquire_seconds_count");
         steps.gate_waits += scrape::sum_of(&text, "seckill_gate_waits_total");
+        steps.batches += scrape::sum_of(&text, "seckill_sale_batch_size_count");
+        steps.reruns += scrape::sum_of(&text, "seckill_sale_batch_reruns_total");
     }
     Some(steps)
 }

@@ -16,9 +16,9 @@ use serde_json::{json, Value};
 
 use crate::api::{Admin, SaleMode};
 use crate::cpu::Usage;
+use crate::crowds::{sale_steps, SaleSteps};
 use crate::drive::Tally;
 use crate::invariants::{check, Check};
-use crate::scrape::metric_sum;
 use crate::service::Target;
 use crate::table::Table;
 use crate::{round, TargetArgs};
@@ -49,9 +49,7 @@ struct Run {
     check: Check,
     /// Batch statements, their reruns and the locks taken, from the
     /// instances' `/metrics`.
-    batches: f64,
-    reruns: f64,
-    locks: f64,
+    steps: SaleSteps,
     /// CPU µs per request, by process.
     cpu: BTreeMap<&'static str, f64>,
 }
@@ -132,7 +130,8 @@ async fn crowd(
             plan
         }
     };
-    let metrics_before = counters(target).await?;
+    let unread = || "an instance's /metrics could not be read".to_owned();
+    let steps_before = sale_steps(target).await.ok_or_else(unread)?;
     let cpu_before = Usage::now(target).await;
     let started = chrono::Utc::now().timestamp();
     let label = match kind {
@@ -145,38 +144,16 @@ async fn crowd(
     let cpu = Usage::now(target)
         .await
         .micros_per(&cpu_before, tally.requests);
-    let metrics_after = counters(target).await?;
+    let steps = sale_steps(target).await.ok_or_else(unread)? - steps_before;
     let check = check(target, voucher, &tally, started, Some(stock.min(users)), 0).await?;
-    let [batches, reruns, locks] = [0, 1, 2].map(|i| metrics_after[i] - metrics_before[i]);
     Ok(Run {
         design,
         crowd: label,
         tally,
         check,
-        batches,
-        reruns,
-        locks,
+        steps,
         cpu,
     })
-}
-
-/// Batch statements, their reruns and the locks taken, summed over the
-/// instances.
-async fn counters(target: &Target) -> Result<[f64; 3], String> {
-    let mut sums = [0.0; 3];
-    for base in &target.bases {
-        for (i, name) in [
-            "seckill_sale_batch_size_count",
-            "seckill_sale_batch_reruns_total",
-            "seckill_lock_acquire_seconds_count",
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            sums[i] += metric_sum(base, name).await?;
-        }
-    }
-    Ok(sums)
 }
 
 /// Per design and crowd: the median of the rounds, with the min-max.
@@ -212,9 +189,9 @@ fn summarize(runs: &[Run]) -> Vec<Value> {
                 "already_purchased": answers("409 already_purchased"),
                 "purchase_in_progress": answers("429 purchase_in_progress"),
                 "sold_out": answers("409 sold_out"),
-                "batch_statements": spread(&|r| r.batches),
-                "batch_reruns": spread(&|r| r.reruns),
-                "locks_taken": spread(&|r| r.locks),
+                "batch_statements": spread(&|r| r.steps.batches),
+                "batch_reruns": spread(&|r| r.steps.reruns),
+                "locks_taken": spread(&|r| r.steps.locks),
                 "service_us_per_request": spread(&|r| r.cpu.get("service").copied().unwrap_or(f64::NAN)),
                 "redis_us_per_request": spread(&|r| r.cpu.get("redis").copied().unwrap_or(f64::NAN)),
                 "postgres_us_per_request": spread(&|r| r.cpu.get("postgres").copied().unwrap_or(f64::NAN)),

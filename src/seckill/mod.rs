@@ -388,14 +388,10 @@ impl Seckill {
         };
 
         let purchase = inner.purchases.fetch_add(1, Ordering::Relaxed);
-        let asked = Instant::now();
         let acquired = inner
             .lockers
             .try_lock(voucher.id, user_id, purchase)
             .await?;
-        if !matches!(acquired, Some(UserGuard::Unlocked)) {
-            metrics::histogram!(metric::LOCK_ACQUIRE_SECONDS).record(asked.elapsed().as_secs_f64());
-        }
         let Some(guard) = acquired else {
             metrics::counter!(metric::LOCK_CONTENDED).increment(1);
             return Err(SeckillError::InProgress);
