@@ -10,7 +10,7 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::id::parse_positive;
+use crate::domain::parse_positive;
 
 type HmacSha256 = Hmac<Sha256>;
 

@@ -7,6 +7,8 @@
 //! costs the service beside `/healthz`, and what proof of work costs a
 //! client.
 
+use seckill::domain::{UserId, VoucherId};
+use seckill::seckill::proof_holds;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -1595,7 +1597,7 @@ async fn proof_check(
     let without = join(None).await;
     // Another user's solution solves this user's challenge once in 2^bits:
     // only one that does not is expected to be refused.
-    let others = if seckill::seckill::proof_holds(voucher, 1, &other, bits) {
+    let others = if proof_holds(VoucherId::new(voucher), UserId::new(1), &other, bits) {
         None
     } else {
         Some(join(Some(other)).await)
@@ -1616,7 +1618,7 @@ fn solve(voucher: i64, user: i64, bits: u32) -> (String, u64) {
     for n in 0_u64.. {
         nonce.clear();
         nonce.push_str(&n.to_string());
-        if seckill::seckill::proof_holds(voucher, user, &nonce, bits) {
+        if proof_holds(VoucherId::new(voucher), UserId::new(user), &nonce, bits) {
             return (nonce, n + 1);
         }
     }

@@ -1,13 +1,19 @@
-//! The words of the sale that every layer speaks: the ids of vouchers and
-//! users ([`VoucherId`], [`UserId`]), how a voucher sells and where an
+//! The words of the sale that every layer speaks: the ids of vouchers,
+//! users and orders ([`VoucherId`], [`UserId`], [`OrderId`]), a voucher
+//! and an order ([`Voucher`], [`Order`]), how a voucher sells and where an
 //! order stands ([`SaleMode`], [`OrderStatus`]), and how a purchase ended
-//! ([`Outcome`]). `http` maps them to paths, statuses and JSON; this module
-//! depends on nothing of the crate.
+//! ([`Outcome`]). `store` maps rows to them, `http` maps them to paths,
+//! statuses and JSON; this module depends on nothing of the crate.
 
 mod ids;
 mod outcome;
+mod records;
 mod states;
 
-pub use ids::{UserId, VoucherId};
+pub use ids::{
+    day_range, day_start, parse_positive, NotAnOrderId, OrderId, UserId, VoucherId, EPOCH_UNIX,
+    SEQUENCE_BITS,
+};
 pub use outcome::Outcome;
+pub use records::{NewVoucher, Order, OrderLine, StockLevel, Voucher};
 pub use states::{OrderStatus, SaleMode, UnknownState};

@@ -12,10 +12,10 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{rfc3339, Admin, AppJson, NoBody, VoucherIdPath};
 use super::handlers::{VoucherBody, WaitingRoom};
+use super::openapi::{BadRequest, Forbidden, NotFound, TooLarge, Unavailable};
 use super::AppState;
-use crate::seckill::{
-    OrderStatus, SaleMode, VoucherDraft, DEFAULT_MAX_ORDERS_PER_USER, DEFAULT_PAY_WITHIN_SECONDS,
-};
+use crate::domain::{OrderStatus, SaleMode};
+use crate::seckill::{VoucherDraft, DEFAULT_MAX_ORDERS_PER_USER, DEFAULT_PAY_WITHIN_SECONDS};
 
 /// Most tokens one `POST /admin/tokens` may mint.
 pub const MAX_TOKENS_PER_CALL: usize = 10_000;
@@ -91,7 +91,7 @@ pub struct Created {
         (status = 201, description = "Created", body = Created),
         (status = 400, description = "bad_request: a malformed body or field", body = ErrorBody),
         (status = 403, description = "forbidden: no admin token", body = ErrorBody),
-        (status = 413, description = "payload_too_large", body = ErrorBody),
+        TooLarge,
         (status = 503, description = "unavailable: Postgres cannot be reached", body = ErrorBody),
     )
 )]
@@ -118,7 +118,7 @@ pub async fn create_voucher(
                 .map_or(0, |room| room.proof_of_work_bits),
         })
         .await?;
-    Ok((StatusCode::CREATED, Json(Created { id })))
+    Ok((StatusCode::CREATED, Json(Created { id: id.get() })))
 }
 
 /// Units to add to a voucher.
@@ -138,11 +138,11 @@ pub struct Restock {
     security(("admin" = [])),
     responses(
         (status = 200, description = "The voucher after the restock; the sale reopens on every instance", body = VoucherBody),
-        (status = 400, description = "bad_request", body = ErrorBody),
-        (status = 403, description = "forbidden", body = ErrorBody),
-        (status = 404, description = "not_found", body = ErrorBody),
-        (status = 413, description = "payload_too_large", body = ErrorBody),
-        (status = 503, description = "unavailable", body = ErrorBody),
+        BadRequest,
+        Forbidden,
+        NotFound,
+        TooLarge,
+        Unavailable,
     )
 )]
 pub async fn restock(
@@ -163,9 +163,9 @@ pub async fn restock(
     responses(
         (status = 200, description = "Redis's stock and buyers rebuilt from Postgres and the unwritten stream entries; the orders Postgres refused are listed", body = ReconcileBody),
         (status = 400, description = "bad_request: a malformed id, or a sync voucher", body = ErrorBody),
-        (status = 403, description = "forbidden", body = ErrorBody),
-        (status = 404, description = "not_found", body = ErrorBody),
-        (status = 413, description = "payload_too_large", body = ErrorBody),
+        Forbidden,
+        NotFound,
+        TooLarge,
         (status = 503, description = "unavailable: Postgres or Redis cannot be reached, or a reconciliation started later took over (it reopens the sale; ask again for the result)", body = ErrorBody),
     )
 )]
@@ -177,7 +177,7 @@ pub async fn reconcile(
 ) -> Result<Json<ReconcileBody>, ApiError> {
     let done = state.seckill.reconcile(id).await?;
     Ok(Json(ReconcileBody {
-        voucher_id: done.voucher_id,
+        voucher_id: done.voucher_id.get(),
         stock: done.stock,
         pending: done.pending,
         buyers: done.buyers,
@@ -248,9 +248,9 @@ pub struct Tokens {
     security(("admin" = [])),
     responses(
         (status = 200, description = "Signed user tokens", body = Tokens),
-        (status = 400, description = "bad_request", body = ErrorBody),
-        (status = 403, description = "forbidden", body = ErrorBody),
-        (status = 413, description = "payload_too_large", body = ErrorBody),
+        BadRequest,
+        Forbidden,
+        TooLarge,
     )
 )]
 pub async fn mint_tokens(
@@ -309,11 +309,11 @@ pub struct Orders {
     security(("admin" = [])),
     responses(
         (status = 200, description = "The voucher's orders", body = Orders),
-        (status = 400, description = "bad_request", body = ErrorBody),
-        (status = 403, description = "forbidden", body = ErrorBody),
-        (status = 404, description = "not_found", body = ErrorBody),
-        (status = 413, description = "payload_too_large", body = ErrorBody),
-        (status = 503, description = "unavailable", body = ErrorBody),
+        BadRequest,
+        Forbidden,
+        NotFound,
+        TooLarge,
+        Unavailable,
     )
 )]
 pub async fn voucher_orders(
@@ -328,7 +328,7 @@ pub async fn voucher_orders(
         .into_iter()
         .map(|line| OrderLine {
             order_id: line.id.to_string(),
-            user_id: line.user_id,
+            user_id: line.user_id.get(),
             status: line.status,
         })
         .collect();
@@ -364,11 +364,11 @@ pub struct StatsBody {
     security(("admin" = [])),
     responses(
         (status = 200, description = "The voucher's books", body = StatsBody),
-        (status = 400, description = "bad_request", body = ErrorBody),
-        (status = 403, description = "forbidden", body = ErrorBody),
-        (status = 404, description = "not_found", body = ErrorBody),
-        (status = 413, description = "payload_too_large", body = ErrorBody),
-        (status = 503, description = "unavailable", body = ErrorBody),
+        BadRequest,
+        Forbidden,
+        NotFound,
+        TooLarge,
+        Unavailable,
     )
 )]
 pub async fn voucher_stats(

@@ -16,8 +16,8 @@ use subtle::ConstantTimeEq;
 use super::error::ApiError;
 use super::limit::VerifiedUser;
 use super::AppState;
+use crate::domain::{parse_positive, OrderId};
 use crate::domain::{UserId, VoucherId};
-use crate::id::{parse_positive, OrderId};
 
 /// A JSON body whose rejections are the app's `bad_request` errors.
 pub struct AppJson<T>(pub T);
@@ -189,9 +189,11 @@ impl<S: Send + Sync> FromRequestParts<S> for OrderIdPath {
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let raw = path_segment(parts, state).await?;
-        raw.parse().map(Self).map_err(|_: crate::id::NotAnOrderId| {
-            ApiError::BadRequest(format!("order id {raw:?} is not a positive 64-bit integer"))
-        })
+        raw.parse()
+            .map(Self)
+            .map_err(|_: crate::domain::NotAnOrderId| {
+                ApiError::BadRequest(format!("order id {raw:?} is not a positive 64-bit integer"))
+            })
     }
 }
 

@@ -12,9 +12,11 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{header_text, Caller, NoBody, OrderIdPath, User, VoucherIdPath};
+use super::openapi::{BadRequest, NotFound, TooLarge, Unauthorized, Unavailable};
 use super::queue::QUEUE_TICKET;
 use super::AppState;
-use crate::seckill::{Order, OrderStatus, Purchase, SaleMode, Voucher};
+use crate::domain::{Order, OrderStatus, SaleMode, Voucher};
+use crate::seckill::Purchase;
 
 /// A voucher's waiting room.
 #[derive(Deserialize, Serialize, ToSchema)]
@@ -56,7 +58,7 @@ pub struct VoucherBody {
 impl From<Voucher> for VoucherBody {
     fn from(v: Voucher) -> Self {
         Self {
-            id: v.id,
+            id: v.id.get(),
             title: v.title,
             stock: v.stock,
             begin_time: v.begin_time,
@@ -81,9 +83,9 @@ impl From<Voucher> for VoucherBody {
     responses(
         (status = 200, description = "The voucher", body = VoucherBody),
         (status = 400, description = "bad_request: a malformed id", body = ErrorBody),
-        (status = 404, description = "not_found", body = ErrorBody),
-        (status = 413, description = "payload_too_large", body = ErrorBody),
-        (status = 503, description = "unavailable", body = ErrorBody),
+        NotFound,
+        TooLarge,
+        Unavailable,
     )
 )]
 pub async fn get_voucher(
@@ -126,7 +128,7 @@ pub struct Accepted {
         (status = 404, description = "not_found: no such voucher", body = ErrorBody),
         (status = 403, description = "not_admitted: the voucher has a waiting room and X-Queue-Ticket is missing, forged, another user's or voucher's, not admitted yet, or past admitted_until", body = ErrorBody),
         (status = 409, description = "not_started, ended, sold_out, already_purchased (with the user's order_id), or too_many_orders (the user has max_orders_per_user orders of this voucher)", body = ErrorBody),
-        (status = 413, description = "payload_too_large", body = ErrorBody),
+        TooLarge,
         (status = 429, description = "purchase_in_progress: another request of this user for this voucher is in flight; rate_limited: the user or the client address is over its limit (Retry-After is set)", body = ErrorBody),
         (status = 503, description = "unavailable: Postgres or Redis cannot be reached, or an async sale is paused until reconciled; Retry-After is set", body = ErrorBody),
     )
@@ -181,8 +183,8 @@ impl From<Order> for OrderBody {
     fn from(o: Order) -> Self {
         Self {
             order_id: o.id.to_string(),
-            user_id: o.user_id,
-            voucher_id: o.voucher_id,
+            user_id: o.user_id.get(),
+            voucher_id: o.voucher_id.get(),
             created_at: o.created_at,
             status: o.status,
             pay_by: o.pay_by,
@@ -199,11 +201,11 @@ impl From<Order> for OrderBody {
     security(("user" = []), ("admin" = [])),
     responses(
         (status = 200, description = "The order (a user sees only their own)", body = OrderBody),
-        (status = 400, description = "bad_request", body = ErrorBody),
-        (status = 401, description = "unauthorized", body = ErrorBody),
+        BadRequest,
+        Unauthorized,
         (status = 404, description = "not_found: no such order, or another user's", body = ErrorBody),
-        (status = 413, description = "payload_too_large", body = ErrorBody),
-        (status = 503, description = "unavailable", body = ErrorBody),
+        TooLarge,
+        Unavailable,
     )
 )]
 pub async fn get_order(
@@ -213,7 +215,7 @@ pub async fn get_order(
 ) -> Result<Json<OrderBody>, ApiError> {
     let order = state.seckill.order(order_id).await?;
     match caller {
-        Caller::User(user_id) if user_id.get() != order.user_id => {
+        Caller::User(user_id) if user_id != order.user_id => {
             // Someone else's order looks like no order at all: ids are
             // guessable, their existence is not to be confirmed.
             Err(ApiError::NotFound("order not found".into()))

@@ -4,6 +4,7 @@
 //! package at build time and are served from the binary, so the page works
 //! with no network.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 use axum::extract::Path;
@@ -11,6 +12,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::RefOr;
 use utoipa::{Modify, OpenApi};
 use utoipa_swagger_ui::Config;
 
@@ -83,25 +85,54 @@ impl Modify for Security {
     }
 }
 
+/// An error answer: its description and the error body.
+fn error_response(description: &str) -> utoipa::openapi::Response {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    ResponseBuilder::new()
+        .description(description)
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build()
+}
+
+/// The refusals whose description says no more than their code, each
+/// named once here and listed by name in the handlers' `responses(...)`.
+macro_rules! plain_refusals {
+    ($($name:ident = $status:literal, $code:literal;)+) => {$(
+        #[doc = concat!("`", $status, " ", $code, "`.")]
+        pub struct $name;
+
+        impl utoipa::IntoResponses for $name {
+            fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+                BTreeMap::from([($status.to_string(), error_response($code).into())])
+            }
+        }
+    )+};
+}
+
+plain_refusals! {
+    BadRequest = 400, "bad_request";
+    Unauthorized = 401, "unauthorized";
+    Forbidden = 403, "forbidden";
+    NotFound = 404, "not_found";
+    TooLarge = 413, "payload_too_large";
+    Unavailable = 503, "unavailable";
+}
+
 /// Every route may answer `429 rate_limited` (the client address's limit
 /// covers them all): said once here rather than on every handler.
 struct RateLimited;
 
 impl Modify for RateLimited {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
-        let limited = ResponseBuilder::new()
-            .description(
-                "rate_limited: the client address (or, on user routes, the user) is over its \
-                 limit; Retry-After says when to come back",
-            )
-            .content(
-                "application/json",
-                ContentBuilder::new()
-                    .schema(Some(Ref::from_schema_name("ErrorBody")))
-                    .build(),
-            )
-            .build();
+        let limited = error_response(
+            "rate_limited: the client address (or, on user routes, the user) is over its \
+             limit; Retry-After says when to come back",
+        );
         for item in openapi.paths.paths.values_mut() {
             for operation in [
                 &mut item.get,

@@ -14,10 +14,12 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{from_object, Caller, NoBody, OrderIdPath};
 use super::handlers::OrderBody;
+use super::openapi::{TooLarge, Unauthorized, Unavailable};
 use super::screen::MAX_BODY_BYTES;
 use super::AppState;
-use crate::id::OrderId;
-use crate::seckill::{OrderStatus, Payment};
+use crate::domain::OrderId;
+use crate::domain::OrderStatus;
+use crate::seckill::Payment;
 
 /// The header that carries a notification's signature.
 const SIGNATURE_HEADER: &str = "x-signature";
@@ -33,11 +35,11 @@ const PAYMENT_ID_MAX_CHARS: usize = 64;
     responses(
         (status = 200, description = "The order, now cancelled (or cancelled already); its unit went back on sale once", body = OrderBody),
         (status = 400, description = "bad_request: a malformed id, or a body", body = ErrorBody),
-        (status = 401, description = "unauthorized", body = ErrorBody),
+        Unauthorized,
         (status = 404, description = "not_found: no such order, or another user's", body = ErrorBody),
         (status = 409, description = "already_paid, order_expired, or order_pending (async, not stored yet; Retry-After is set)", body = ErrorBody),
-        (status = 413, description = "payload_too_large", body = ErrorBody),
-        (status = 503, description = "unavailable", body = ErrorBody),
+        TooLarge,
+        Unavailable,
     )
 )]
 pub async fn cancel_order(
@@ -94,8 +96,8 @@ pub struct PaymentReceipt {
         (status = 403, description = "forbidden: no payment secret is configured", body = ErrorBody),
         (status = 404, description = "not_found: no such order", body = ErrorBody),
         (status = 409, description = "order_pending: an async order not stored yet (Retry-After is set); payment_conflict: this payment_id was recorded for another order or amount, also when both arrive at once", body = ErrorBody),
-        (status = 413, description = "payload_too_large", body = ErrorBody),
-        (status = 503, description = "unavailable", body = ErrorBody),
+        TooLarge,
+        Unavailable,
     )
 )]
 pub async fn notify(
@@ -122,14 +124,14 @@ pub async fn notify(
     let order_id: OrderId = notice
         .order_id
         .parse()
-        .map_err(|_: crate::id::NotAnOrderId| {
+        .map_err(|_: crate::domain::NotAnOrderId| {
             ApiError::BadRequest("order_id must be a positive 64-bit integer in decimal".into())
         })?;
     let answer = state
         .seckill
         .pay(Payment {
             payment_id: notice.payment_id,
-            order_id: order_id.as_i64(),
+            order_id,
             amount_cents: notice.amount_cents,
         })
         .await?;

@@ -1,9 +1,25 @@
 //! Every Redis key the service writes, named in one place: what it holds,
 //! and the hash tag (`{...}`, literal braces) that keeps the keys one
 //! script touches together in one Cluster slot. The lock library adds its
-//! own `lock:{<name>}` around the lock names made here.
+//! own `lock:{<name>}` around the lock names made here. The domain's ids
+//! travel to scripts as their decimal numbers.
 
 use chrono::{DateTime, Utc};
+use redis::{RedisWrite, ToRedisArgs};
+
+use crate::domain::{OrderId, UserId, VoucherId};
+
+macro_rules! id_arg {
+    ($($name:ty),+) => {$(
+        impl ToRedisArgs for $name {
+            fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+                self.get().write_redis_args(out)
+            }
+        }
+    )+};
+}
+
+id_arg!(VoucherId, UserId, OrderId);
 
 /// The keys of one deployment: each starts with the configured prefix and
 /// the database's namespace (see `startup`), so Redis state written for
@@ -61,7 +77,7 @@ impl Keys {
     }
 
     /// Hash {epoch, sold_out}: the voucher's sold-out flag.
-    pub fn sold_out(&self, voucher_id: i64) -> String {
+    pub fn sold_out(&self, voucher_id: VoucherId) -> String {
         format!("{}seckill:soldout:{voucher_id}", self.prefix)
     }
 
@@ -71,11 +87,11 @@ impl Keys {
     }
 
     /// The name of `user_id`'s purchase lock for `voucher_id`.
-    pub fn user_lock(voucher_id: i64, user_id: i64) -> String {
+    pub fn user_lock(voucher_id: VoucherId, user_id: UserId) -> String {
         format!("order:{voucher_id}:{user_id}")
     }
 
-    pub fn async_sale(&self, voucher_id: i64) -> AsyncSaleKeys {
+    pub fn async_sale(&self, voucher_id: VoucherId) -> AsyncSaleKeys {
         let base = format!("{}async:{{{voucher_id}}}", self.prefix);
         AsyncSaleKeys {
             sale: format!("{base}:sale"),
@@ -94,7 +110,7 @@ impl Keys {
         format!("{}async-orders:{hour}:{shard}", self.prefix)
     }
 
-    pub fn room(&self, voucher_id: i64) -> RoomKeys {
+    pub fn room(&self, voucher_id: VoucherId) -> RoomKeys {
         let base = format!("{}room:{{{voucher_id}}}", self.prefix);
         RoomKeys {
             state: format!("{base}:state"),
@@ -108,12 +124,13 @@ impl Keys {
 #[cfg(test)]
 mod tests {
     use super::Keys;
+    use crate::domain::{UserId, VoucherId};
 
     #[test]
     fn the_keys_one_script_touches_share_a_hash_tag_and_the_prefix() {
         let keys = Keys::new("p:ns:");
-        let sale = keys.async_sale(42);
-        let room = keys.room(42);
+        let sale = keys.async_sale(VoucherId::new(42));
+        let room = keys.room(VoucherId::new(42));
         for key in [
             &sale.sale,
             &sale.buyers,
@@ -128,7 +145,10 @@ mod tests {
             assert!(key.starts_with("p:ns:"), "{key}");
             assert!(key.contains("{42}"), "{key}");
         }
-        assert_eq!(keys.sold_out(7), "p:ns:seckill:soldout:7");
-        assert_eq!(Keys::user_lock(7, 9), "order:7:9");
+        assert_eq!(keys.sold_out(VoucherId::new(7)), "p:ns:seckill:soldout:7");
+        assert_eq!(
+            Keys::user_lock(VoucherId::new(7), UserId::new(9)),
+            "order:7:9"
+        );
     }
 }

@@ -120,11 +120,12 @@ impl Kv {
         &self,
         stream: &str,
         group: &str,
-        ids: &[&str],
+        ids: &[impl AsRef<str>],
     ) -> Result<(), KvError> {
         if ids.is_empty() {
             return Ok(());
         }
+        let ids: Vec<&str> = ids.iter().map(AsRef::as_ref).collect();
         self.invoke::<i64>(ACK.key(stream).arg(group).arg(ids))
             .await
             .map(drop)

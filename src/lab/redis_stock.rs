@@ -17,6 +17,7 @@ use redis::{self, streams::StreamId, Script};
 use tokio_util::sync::CancellationToken;
 
 use super::{Attempt, Lab, LabOrder, Stall, StallAt, Strategy};
+use crate::domain::VoucherId;
 use crate::kv::{Consumer, Delivery};
 use crate::seckill::{Result, SeckillError};
 use crate::store::Decrement;
@@ -134,7 +135,7 @@ impl Lab {
 
     fn ensure_stream_writer(&self, voucher_id: i64) {
         self.inner.stream_writers.get_or_start(
-            voucher_id,
+            VoucherId::new(voucher_id),
             |()| true,
             |stop| ((), self.clone().write_stream(voucher_id, stop)),
         );
@@ -148,7 +149,7 @@ impl Lab {
         let inner = &self.inner;
         let keys = keys(&inner.settings.redis_prefix, voucher_id);
         if let Err(error) = inner.redis.create_group(&keys.orders, GROUP).await {
-            tracing::warn!(voucher_id, %error, "lab stream group");
+            tracing::warn!(%voucher_id, %error, "lab stream group");
         }
         let name = format!("{}:{voucher_id}", inner.locks.process_id());
         let consumer = Consumer {
@@ -166,7 +167,7 @@ impl Lab {
             let (claimed, fresh) = match (claimed, fresh) {
                 (Ok(c), Ok(f)) => (c, f),
                 (Err(error), _) | (_, Err(error)) => {
-                    tracing::warn!(voucher_id, %error, "lab stream writer");
+                    tracing::warn!(%voucher_id, %error, "lab stream writer");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -181,7 +182,7 @@ impl Lab {
                 .any(|e| e.get::<String>("crash").as_deref() == Some("1"));
             if dies {
                 tracing::info!(
-                    voucher_id,
+                    %voucher_id,
                     entries = fresh.len(),
                     "lab writer crashed with its batch unacknowledged"
                 );
@@ -193,11 +194,13 @@ impl Lab {
             };
             for entries in batches {
                 if let Err(error) = self.store_entries(voucher_id, &keys, &entries).await {
-                    tracing::warn!(voucher_id, %error, "lab stream writer: not stored yet");
+                    tracing::warn!(%voucher_id, %error, "lab stream writer: not stored yet");
                 }
             }
         }
-        inner.stream_writers.retire_if(voucher_id, |()| true);
+        inner
+            .stream_writers
+            .retire_if(VoucherId::new(voucher_id), |()| true);
         // A purchase between the last read and the line above found this
         // writer still running and started none: look once more.
         if !stop.is_cancelled() && !matches!(inner.redis.stream_len(&keys.orders).await, Ok(0)) {

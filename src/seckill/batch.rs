@@ -23,8 +23,10 @@ use super::metric;
 use super::soldout::SoldOutFlags;
 use super::user_lock::{UserGuard, UserLocks};
 use super::workers::{Background, Queue, Workers};
-use crate::id::{self, IdGenerator, OrderId};
-use crate::store::{BatchSale, Sale, SaleRequest, StockLevel, Store, StoreError, Voucher};
+use crate::domain::{day_range, OrderId, UserId, VoucherId};
+use crate::domain::{StockLevel, Voucher};
+use crate::id::IdGenerator;
+use crate::store::{BatchSale, Sale, SaleRequest, Store, StoreError};
 
 /// A writer with nothing to do for this long stops (the next purchase of
 /// its voucher starts another).
@@ -51,7 +53,7 @@ pub(super) enum Outcome {
 /// A purchase waiting for its batch.
 struct Pending {
     voucher: Arc<Voucher>,
-    user_id: i64,
+    user_id: UserId,
     fence: Option<i64>,
     redraws: u8,
     reply: oneshot::Sender<Result<Outcome>>,
@@ -107,7 +109,7 @@ impl Batcher {
     pub(super) async fn sell(
         &self,
         voucher: Arc<Voucher>,
-        user_id: i64,
+        user_id: UserId,
         guard: UserGuard,
         place: Ticket,
     ) -> Result<Outcome> {
@@ -139,7 +141,7 @@ impl Batcher {
 /// empty).
 async fn write(
     inner: Arc<Inner>,
-    voucher_id: i64,
+    voucher_id: VoucherId,
     mut arrivals: mpsc::UnboundedReceiver<Pending>,
     stop: CancellationToken,
 ) {
@@ -203,7 +205,7 @@ fn take_batch(waiting: &mut VecDeque<Pending>, max: usize) -> Vec<Pending> {
 
 /// Commits one batch and answers it; returns the purchases to put in the
 /// next batch (those whose drawn id was taken).
-async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pending> {
+async fn commit(inner: &Inner, voucher_id: VoucherId, batch: Vec<Pending>) -> Vec<Pending> {
     let batch = answer_known_sold_out(inner, batch).await;
     if batch.is_empty() {
         return Vec::new();
@@ -223,7 +225,7 @@ async fn commit(inner: &Inner, voucher_id: i64, batch: Vec<Pending>) -> Vec<Pend
         .iter()
         .zip(&ids)
         .map(|(pending, id)| SaleRequest {
-            order_id: id.as_i64(),
+            order_id: *id,
             user_id: pending.user_id,
             fence: pending.fence,
             at,
@@ -271,7 +273,7 @@ async fn answer_known_sold_out(inner: &Inner, batch: Vec<Pending>) -> Vec<Pendin
 /// whose ids were taken, with new ids to draw.
 async fn settle(
     inner: &Inner,
-    voucher_id: i64,
+    voucher_id: VoucherId,
     batch: Vec<Pending>,
     ids: Vec<OrderId>,
     BatchSale { sales, level }: BatchSale,
@@ -302,7 +304,7 @@ async fn settle(
                 sold_out = true;
                 Outcome::SoldOut
             }
-            Sale::Held(order_id) => Outcome::Held(OrderId::from_stored(order_id)),
+            Sale::Held(order_id) => Outcome::Held(Some(order_id)),
             Sale::Fenced => Outcome::Fenced,
             Sale::TooMany => Outcome::TooMany,
             Sale::IdTaken => {
@@ -327,7 +329,7 @@ async fn settle(
 /// above and the async sale's stream writer both write through here.
 pub(super) async fn sell_batch(
     store: &Store,
-    voucher_id: i64,
+    voucher_id: VoucherId,
     max_orders: i32,
     requests: &[SaleRequest],
 ) -> std::result::Result<BatchSale, StoreError> {
@@ -384,7 +386,7 @@ pub(super) async fn raise_id_counter(
     day: chrono::DateTime<chrono::Utc>,
     at_least: u32,
 ) -> Result<()> {
-    let range = id::day_range(day).ok_or_else(|| {
+    let range = day_range(day).ok_or_else(|| {
         SeckillError::redis_unavailable("Redis's clock is outside the order id range")
     })?;
     let highest = store.highest_sequence(range).await?.max(at_least);
@@ -449,7 +451,7 @@ async fn answer(inner: &Inner, answers: Vec<(Pending, Result<Outcome>)>) {
     let released = inner.deps.locks.unlock_all(guards).await;
     for ((voucher_id, user_id, reply, outcome), released) in replies.into_iter().zip(released) {
         if let Err(error) = released {
-            tracing::warn!(user_id, voucher_id, %error, "releasing the purchase lock failed");
+            tracing::warn!(%user_id, %voucher_id, %error, "releasing the purchase lock failed");
         }
         let _ = reply.send(outcome);
     }

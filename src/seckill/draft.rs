@@ -8,7 +8,7 @@ use std::ops::RangeInclusive;
 use chrono::{DateTime, Utc};
 
 use super::error::{Result, SeckillError};
-use crate::store::{NewVoucher, SaleMode};
+use crate::domain::{NewVoucher, SaleMode};
 
 const TITLE_MAX_CHARS: usize = 200;
 /// Highest price: the largest integer a JSON number carries exactly.

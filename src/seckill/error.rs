@@ -1,8 +1,9 @@
 //! The domain's errors, and how the errors of the layers below become them:
 //! a dependency that is away or slow is `Unavailable` (503), never a bug.
 
+use crate::domain::OrderId;
 use crate::domain::Outcome;
-use crate::id::{IdError, OrderId};
+use crate::id::IdError;
 use crate::kv::KvError;
 use crate::store::StoreError;
 use redis_locks::LockError;

@@ -27,11 +27,11 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::metric;
-use crate::store::{StockLevel, Voucher};
+use crate::domain::{StockLevel, Voucher, VoucherId};
 
 /// The gates of every voucher this instance sells.
 pub(super) struct Gates {
-    gates: moka::sync::Cache<i64, Arc<Gate>>,
+    gates: moka::sync::Cache<VoucherId, Arc<Gate>>,
     wait_limit: Duration,
 }
 
@@ -124,7 +124,7 @@ impl Gates {
         }
     }
 
-    fn gate(&self, voucher_id: i64) -> Arc<Gate> {
+    fn gate(&self, voucher_id: VoucherId) -> Arc<Gate> {
         self.gates.get_with(voucher_id, Arc::default)
     }
 
@@ -166,7 +166,7 @@ impl Gates {
     /// Tells the gate what a committed batch left: called before the
     /// batch's purchases are answered, so that those waiting for them see
     /// it when they wake.
-    pub(super) fn saw(&self, voucher_id: i64, level: StockLevel) {
+    pub(super) fn saw(&self, voucher_id: VoucherId, level: StockLevel) {
         self.gate(voucher_id)
             .state()
             .saw(level.epoch(), i64::from(level.stock));

@@ -4,6 +4,7 @@
 //! token's hundred connections hold one place, not a hundred. (Across
 //! instances the user's lock still decides.)
 
+use crate::domain::{UserId, VoucherId};
 use std::collections::HashSet;
 use std::sync::Mutex;
 
@@ -12,14 +13,14 @@ use std::sync::Mutex;
 const SHARDS: usize = 64;
 
 pub struct InFlight {
-    shards: [Mutex<HashSet<(i64, i64)>>; SHARDS],
+    shards: [Mutex<HashSet<(UserId, VoucherId)>>; SHARDS],
 }
 
 /// A purchase's mark: it leaves the set when the purchase ends (answered,
 /// or dropped because its client went away).
 pub struct Mark<'a> {
     set: &'a InFlight,
-    key: (i64, i64),
+    key: (UserId, VoucherId),
 }
 
 impl Default for InFlight {
@@ -33,7 +34,7 @@ impl Default for InFlight {
 impl InFlight {
     /// Marks `user_id`'s purchase of `voucher_id`; `None` when one is in
     /// flight already.
-    pub fn enter(&self, user_id: i64, voucher_id: i64) -> Option<Mark<'_>> {
+    pub fn enter(&self, user_id: UserId, voucher_id: VoucherId) -> Option<Mark<'_>> {
         let key = (user_id, voucher_id);
         let fresh = self
             .shard(key)
@@ -43,8 +44,12 @@ impl InFlight {
         fresh.then_some(Mark { set: self, key })
     }
 
-    fn shard(&self, (user_id, voucher_id): (i64, i64)) -> &Mutex<HashSet<(i64, i64)>> {
-        let mixed = (user_id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (voucher_id as u64);
+    fn shard(
+        &self,
+        (user_id, voucher_id): (UserId, VoucherId),
+    ) -> &Mutex<HashSet<(UserId, VoucherId)>> {
+        let mixed =
+            (user_id.get() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (voucher_id.get() as u64);
         &self.shards[(mixed % SHARDS as u64) as usize]
     }
 }
@@ -62,17 +67,30 @@ impl Drop for Mark<'_> {
 #[cfg(test)]
 mod tests {
     use super::InFlight;
+    use crate::domain::{UserId, VoucherId};
 
     #[test]
     fn one_purchase_per_user_and_voucher_at_a_time() {
         let set = InFlight::default();
-        let first = set.enter(7, 1).expect("the first is in");
-        assert!(set.enter(7, 1).is_none(), "a duplicate is refused");
+        let first = set
+            .enter(UserId::new(7), VoucherId::new(1))
+            .expect("the first is in");
+        assert!(
+            set.enter(UserId::new(7), VoucherId::new(1)).is_none(),
+            "a duplicate is refused"
+        );
         // Another voucher of the same user, another user of the voucher.
-        let other_voucher = set.enter(7, 2).expect("another voucher");
-        let other_user = set.enter(8, 1).expect("another user");
+        let other_voucher = set
+            .enter(UserId::new(7), VoucherId::new(2))
+            .expect("another voucher");
+        let other_user = set
+            .enter(UserId::new(8), VoucherId::new(1))
+            .expect("another user");
         drop(first);
-        assert!(set.enter(7, 1).is_some(), "free again once it ended");
+        assert!(
+            set.enter(UserId::new(7), VoucherId::new(1)).is_some(),
+            "free again once it ended"
+        );
         drop((other_voucher, other_user));
     }
 }

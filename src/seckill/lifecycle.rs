@@ -23,9 +23,10 @@ use super::error::{Result, SeckillError};
 use super::metric;
 use super::workers::Background;
 use super::Seckill;
+use crate::domain::OrderId;
 use crate::domain::UserId;
-use crate::id::OrderId;
-use crate::store::{Closed, Order, OrderStatus, Payment, PaymentOutcome, SaleMode, StockReturn};
+use crate::domain::{Order, OrderStatus, SaleMode, VoucherId};
+use crate::store::{Closed, Payment, PaymentOutcome, StockReturn};
 
 /// Most orders one expiry statement closes (all of one voucher).
 const EXPIRE_BATCH: i64 = 5_000;
@@ -56,7 +57,6 @@ impl Seckill {
     /// Cancels an `unpaid` order of `user` (`None`: an admin, any order).
     /// A cancelled order is cancelled again without change.
     pub async fn cancel(&self, order_id: OrderId, user: Option<UserId>) -> Result<Order> {
-        let user = user.map(UserId::get);
         let order = self.order(order_id).await?;
         if user.is_some_and(|user| user != order.user_id) {
             // Someone else's order looks like none: its existence is not
@@ -66,10 +66,10 @@ impl Seckill {
         let store = &self.inner.store;
         let now = self.inner.clock.now();
         if order.status == OrderStatus::Unpaid {
-            if let Some(closed) = store.cancel_order(order_id.as_i64(), now).await? {
+            if let Some(closed) = store.cancel_order(order_id, now).await? {
                 metrics::counter!(metric::CANCELS).increment(1);
                 self.units_returned(&[closed]).await;
-            } else if let Some(closed) = store.expire_order(order_id.as_i64(), now).await? {
+            } else if let Some(closed) = store.expire_order(order_id, now).await? {
                 // Its deadline passed before the cancel: it expires, as
                 // the sweep would have made it.
                 self.expired(&[closed], now).await;
@@ -92,8 +92,7 @@ impl Seckill {
     /// Records a payment provider's notification (its signature checked
     /// by the caller) and pays the order if it is `unpaid` and in time.
     pub async fn pay(&self, payment: Payment) -> Result<PaymentAnswer> {
-        let order_id =
-            OrderId::from_stored(payment.order_id).ok_or(SeckillError::NotFound("order"))?;
+        let order_id = payment.order_id;
         let now = self.inner.clock.now();
         match self.inner.store.pay(&payment, now).await? {
             PaymentOutcome::Recorded {
@@ -179,7 +178,7 @@ impl Seckill {
             .claim_stock_returns(RELAY_BATCH, RELAY_LEASE_MS)
             .await?;
         let full = i64::try_from(claimed.len()).unwrap_or(i64::MAX) >= RELAY_BATCH;
-        let mut by_voucher: BTreeMap<i64, Vec<StockReturn>> = BTreeMap::new();
+        let mut by_voucher: BTreeMap<VoucherId, Vec<StockReturn>> = BTreeMap::new();
         for r in claimed {
             by_voucher.entry(r.voucher_id).or_default().push(r);
         }
@@ -226,7 +225,7 @@ impl Seckill {
             if !seen.insert(order.voucher_id) {
                 continue;
             }
-            inner.windows.invalidate(&order.voucher_id).await;
+            inner.vouchers.windows.invalidate(&order.voucher_id).await;
             match order.sale_mode {
                 SaleMode::Sync => {
                     inner

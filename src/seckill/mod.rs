@@ -57,8 +57,8 @@ pub use room::{
 use user_lock::Lockers;
 pub use user_lock::{lock_of, UserGuard, UserLocks};
 
-use crate::domain::{Outcome, UserId, VoucherId};
-use crate::id::{IdGenerator, OrderId};
+use crate::domain::{OrderId, Outcome, SaleMode, UserId, Voucher, VoucherId};
+use crate::id::IdGenerator;
 use crate::kv::Kv;
 use crate::store::Store;
 use async_sale::AsyncSales;
@@ -69,7 +69,7 @@ use soldout::SoldOutFlags;
 use vouchers::Caches;
 use workers::Background;
 
-pub use crate::store::{Order, OrderLine, OrderStatus, Payment, SaleMode, Voucher};
+pub use crate::store::Payment;
 
 /// How old the stock `GET /vouchers/{id}` shows may be, at most.
 pub const STOCK_REFRESH: Duration = Duration::from_millis(100);
@@ -136,21 +136,8 @@ struct Inner {
     batcher: Batcher,
     async_sales: AsyncSales,
     clock: SaleClock,
-    /// Vouchers as last read, so a crowd on one voucher does not read its
-    /// row once per request. The time window and the epoch of the sold-out
-    /// flag are taken from here, and the gate takes the stock as what is
-    /// left at most at that epoch; the batch never does.
-    windows: moka::future::Cache<i64, Arc<Voucher>>,
-    /// Async sales' vouchers, once read: what their purchases read of them
-    /// (id, limits, room) never changes, and Redis keeps their window and
-    /// stock, so they go on selling while Postgres fails over.
-    async_vouchers: moka::sync::Cache<i64, Arc<Voucher>>,
-    /// Voucher ids found missing, for a moment: a flood of unknown ids
-    /// asks Postgres once per id and moment, not once per request.
-    missing: moka::sync::Cache<i64, ()>,
-    /// Each voucher's remaining stock as last read, for `GET /vouchers`:
-    /// a crowd of readers costs one query per voucher and refresh.
-    stock_seen: moka::future::Cache<i64, i32>,
+    /// The vouchers as last read.
+    vouchers: Caches,
     /// The last readiness probe and when it began: a flood of `/readyz`
     /// is answered from it, one probe at a time at most.
     readiness: tokio::sync::Mutex<Option<(Instant, Result<()>)>>,
@@ -185,12 +172,6 @@ impl Seckill {
         clock: SaleClock,
         settings: SeckillSettings,
     ) -> Self {
-        let Caches {
-            windows,
-            async_vouchers,
-            missing,
-            stock_seen,
-        } = Caches::new(settings.voucher_cache_ttl);
         let flags = Arc::new(SoldOutFlags::new(
             redis.clone(),
             settings.redis_prefix.clone(),
@@ -235,10 +216,7 @@ impl Seckill {
                 store,
                 redis,
                 clock,
-                windows,
-                async_vouchers,
-                missing,
-                stock_seen,
+                vouchers: Caches::new(settings.voucher_cache_ttl),
                 readiness: tokio::sync::Mutex::new(None),
                 in_flight: InFlight::default(),
                 rooms,
@@ -294,11 +272,10 @@ impl Seckill {
     /// room needs `ticket`, admitted.
     pub async fn purchase(
         &self,
-        user: UserId,
-        voucher: VoucherId,
+        user_id: UserId,
+        voucher_id: VoucherId,
         ticket: Option<&str>,
     ) -> Result<Purchase> {
-        let (user_id, voucher_id) = (user.get(), voucher.get());
         let purchase = async {
             // Held until this purchase ends: the user's duplicates are
             // refused here, before any Redis or Postgres work.
@@ -370,7 +347,7 @@ impl Seckill {
         })
     }
 
-    async fn try_purchase(&self, user_id: i64, voucher: Arc<Voucher>) -> Result<OrderId> {
+    async fn try_purchase(&self, user_id: UserId, voucher: Arc<Voucher>) -> Result<OrderId> {
         let now = self.inner.clock.now();
         if now < voucher.begin_time {
             return Err(SeckillError::NotStarted);
@@ -408,7 +385,7 @@ impl Seckill {
     /// a guard dropped before it reached a batch releases on its drop.
     async fn buy_locked(
         &self,
-        user_id: i64,
+        user_id: UserId,
         voucher: Arc<Voucher>,
         guard: UserGuard,
         place: gate::Ticket,
@@ -430,8 +407,8 @@ impl Seckill {
                 // Our lock's lease ran out and a newer holder has written:
                 // that request is the user's purchase in progress.
                 tracing::warn!(
-                    user_id,
-                    voucher_id,
+                    %user_id,
+                    %voucher_id,
                     fence = ?fence,
                     "purchase refused: a newer lock holder wrote first"
                 );
@@ -440,12 +417,12 @@ impl Seckill {
         }
     }
 
-    pub async fn create_voucher(&self, draft: VoucherDraft) -> Result<i64> {
+    pub async fn create_voucher(&self, draft: VoucherDraft) -> Result<VoucherId> {
         let new = draft.parse()?;
         let sale_mode = new.sale_mode;
         let id = self.inner.store.create_voucher(&new).await?;
         // Someone may have asked for the next id before it existed.
-        self.inner.missing.invalidate(&id);
+        self.inner.vouchers.missing.invalidate(&id);
         if sale_mode == SaleMode::Async {
             // Loaded before the creation is answered, so that a purchase
             // right after it finds the sale; if Redis cannot take it now,
@@ -454,11 +431,11 @@ impl Seckill {
             match self.inner.async_sales.load_new(id).await {
                 Ok(true) => {}
                 Ok(false) => tracing::warn!(
-                    voucher_id = id,
+                    voucher_id = %id,
                     "a new async sale is still being loaded into Redis elsewhere; its purchases answer 503 until it is"
                 ),
                 Err(error) => {
-                    tracing::warn!(voucher_id = id, %error, "loading a new async sale into Redis failed")
+                    tracing::warn!(voucher_id = %id, %error, "loading a new async sale into Redis failed")
                 }
             }
         }
@@ -467,8 +444,7 @@ impl Seckill {
 
     /// Rebuilds Redis's side of an async sale from Postgres and the
     /// stream's unwritten orders (see `async_sale::reconcile`).
-    pub async fn reconcile(&self, voucher: VoucherId) -> Result<Reconciled> {
-        let voucher_id = voucher.get();
+    pub async fn reconcile(&self, voucher_id: VoucherId) -> Result<Reconciled> {
         match self
             .inner
             .async_sales
@@ -490,8 +466,7 @@ impl Seckill {
     /// epoch, and a sold-out flag of an older epoch is ignored (see
     /// [`soldout`]); here at once, elsewhere within the voucher cache's
     /// lifetime.
-    pub async fn restock(&self, voucher: VoucherId, units: i64) -> Result<Voucher> {
-        let voucher_id = voucher.get();
+    pub async fn restock(&self, voucher_id: VoucherId, units: i64) -> Result<Voucher> {
         let units = i32::try_from(units)
             .ok()
             .filter(|u| *u > 0)
@@ -504,8 +479,8 @@ impl Seckill {
             .restock(voucher_id, units)
             .await?
             .ok_or(SeckillError::NotFound("voucher"))?;
-        self.inner.windows.invalidate(&voucher_id).await;
-        self.inner.stock_seen.invalidate(&voucher_id).await;
+        self.inner.vouchers.windows.invalidate(&voucher_id).await;
+        self.inner.vouchers.stock_seen.invalidate(&voucher_id).await;
         if voucher.sale_mode == SaleMode::Async {
             // Redis sells from its own stock: rebuilt from Postgres's (by
             // this reconciliation, or by a later one that took over).

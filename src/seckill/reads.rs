@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use super::vouchers::LoadError;
 use super::{Result, Seckill, SeckillError, READY_EVERY};
+use crate::domain::OrderId;
 use crate::domain::VoucherId;
-use crate::id::OrderId;
+use crate::domain::{Order, OrderLine, SaleMode, Voucher};
 use crate::kv::Keys;
-use crate::store::{Order, OrderLine, SaleMode, Voucher};
 
 /// A voucher's books: `stock + pending + unpaid + paid = initial_stock`.
 #[derive(Debug, Clone, Copy)]
@@ -44,12 +44,12 @@ impl Seckill {
     /// cache's lifetime old), with its remaining stock read at most
     /// [`STOCK_REFRESH`] ago. A crowd of readers costs one query per
     /// voucher and refresh, however large.
-    pub async fn voucher(&self, voucher: VoucherId) -> Result<Voucher> {
-        let voucher_id = voucher.get();
+    pub async fn voucher(&self, voucher_id: VoucherId) -> Result<Voucher> {
         let mut voucher = Voucher::clone(&*self.sale_window(voucher_id).await?);
         let store = &self.inner.store;
         let level = self
             .inner
+            .vouchers
             .stock_seen
             .try_get_with(voucher_id, async move {
                 match store.stock_level(voucher_id).await {
@@ -67,12 +67,12 @@ impl Seckill {
     /// An order: stored, or accepted by an async sale and not written
     /// yet (`pending`).
     pub async fn order(&self, order_id: OrderId) -> Result<Order> {
-        if let Some(order) = self.inner.store.order(order_id.as_i64()).await? {
+        if let Some(order) = self.inner.store.order(order_id).await? {
             return Ok(order);
         }
-        match self.inner.async_sales.pending(order_id.as_i64()).await? {
+        match self.inner.async_sales.pending(order_id).await? {
             // Written meanwhile: the pending lookup outlives the write.
-            Some(pending) => match self.inner.store.order(order_id.as_i64()).await? {
+            Some(pending) => match self.inner.store.order(order_id).await? {
                 Some(order) => Ok(order),
                 None => Ok(pending),
             },
@@ -80,8 +80,7 @@ impl Seckill {
         }
     }
 
-    pub async fn orders_for_voucher(&self, voucher: VoucherId) -> Result<Vec<OrderLine>> {
-        let voucher_id = voucher.get();
+    pub async fn orders_for_voucher(&self, voucher_id: VoucherId) -> Result<Vec<OrderLine>> {
         let store = &self.inner.store;
         if store.stock_level(voucher_id).await?.is_none() {
             return Err(SeckillError::NotFound("voucher"));
@@ -94,11 +93,10 @@ impl Seckill {
     /// stream is read first, so an order written in between is counted
     /// once, as stored, and one accepted in between not at all (nor taken
     /// from Postgres's stock).
-    pub async fn stats(&self, voucher: VoucherId) -> Result<Stats> {
-        let voucher_id = voucher.get();
+    pub async fn stats(&self, voucher_id: VoucherId) -> Result<Stats> {
         // The sale mode never changes: the cached voucher tells it.
         let voucher = self.sale_window(voucher_id).await?;
-        let listed: Vec<i64> = match voucher.sale_mode {
+        let listed: Vec<OrderId> = match voucher.sale_mode {
             SaleMode::Sync => Vec::new(),
             SaleMode::Async => (self.inner.async_sales.accepted(voucher_id).await?)
                 .into_iter()

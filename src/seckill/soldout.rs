@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use redis::{self, Script};
 
+use crate::domain::{StockLevel, Voucher, VoucherId};
 use crate::kv::{Keys, Kv, KvError};
-use crate::store::{StockLevel, Voucher};
 
 /// Longest life of a sold-out flag whose sale ends later than that; after
 /// it a single purchase attempt reads Postgres and sets the flag again.
@@ -44,14 +44,19 @@ pub(super) struct SoldOutFlags {
     /// What this instance recently saw of each (voucher, epoch): `true`
     /// sold out, `false` open, each trusted for its own time. Concurrent
     /// misses share one Redis read (a crowd's first wave asks once).
-    seen: moka::future::Cache<(i64, i64), bool>,
+    seen: moka::future::Cache<(VoucherId, i64), bool>,
 }
 
 /// How long a flag seen here is trusted, by what it said.
 struct Trust;
 
-impl moka::Expiry<(i64, i64), bool> for Trust {
-    fn expire_after_create(&self, _: &(i64, i64), sold_out: &bool, _: Instant) -> Option<Duration> {
+impl moka::Expiry<(VoucherId, i64), bool> for Trust {
+    fn expire_after_create(
+        &self,
+        _: &(VoucherId, i64),
+        sold_out: &bool,
+        _: Instant,
+    ) -> Option<Duration> {
         Some(if *sold_out {
             TRUST_SOLD_OUT
         } else {
@@ -61,7 +66,7 @@ impl moka::Expiry<(i64, i64), bool> for Trust {
 
     fn expire_after_update(
         &self,
-        _: &(i64, i64),
+        _: &(VoucherId, i64),
         sold_out: &bool,
         _: Instant,
         _: Option<Duration>,
@@ -87,7 +92,7 @@ impl SoldOutFlags {
         }
     }
 
-    fn key(&self, voucher_id: i64) -> String {
+    fn key(&self, voucher_id: VoucherId) -> String {
         self.keys.sold_out(voucher_id)
     }
 
@@ -123,7 +128,7 @@ impl SoldOutFlags {
     /// Remembers that this instance saw the voucher sold out at `epoch`
     /// (a batch of its own left no unit), before anyone is told: purchases
     /// that arrive from then on are refused here, without a lock.
-    pub(super) async fn saw_sold_out(&self, voucher_id: i64, epoch: i64) {
+    pub(super) async fn saw_sold_out(&self, voucher_id: VoucherId, epoch: i64) {
         self.seen.insert((voucher_id, epoch), true).await;
     }
 
@@ -134,7 +139,7 @@ impl SoldOutFlags {
     /// logged, not returned.
     pub(super) async fn publish(
         &self,
-        voucher_id: i64,
+        voucher_id: VoucherId,
         end_time: DateTime<Utc>,
         level: StockLevel,
         now: DateTime<Utc>,
@@ -156,7 +161,7 @@ impl SoldOutFlags {
             )
             .await;
         if let Err(error) = written {
-            tracing::warn!(voucher_id, %error, "could not update the sold-out flag");
+            tracing::warn!(%voucher_id, %error, "could not update the sold-out flag");
         }
     }
 }

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::SeckillError;
 use super::metric;
 use super::workers::{Background, Queue, Unanswered, Workers};
+use crate::domain::{UserId, VoucherId};
 use crate::kv::Keys;
 
 /// Most locks one gathered call takes.
@@ -51,8 +52,8 @@ impl UserLocks {
     /// waiting: `None` when another purchase of the user holds it.
     pub async fn try_lock(
         &self,
-        voucher_id: i64,
-        user_id: i64,
+        voucher_id: VoucherId,
+        user_id: UserId,
         purchase: u64,
         lease: Duration,
     ) -> Result<Option<UserGuard>, LockError> {
@@ -176,7 +177,7 @@ pub enum ReleaseError {
 /// The lock of `user_id`'s purchases of `voucher_id` (one live order per
 /// user and voucher: a user may buy two vouchers at once), and the owner
 /// id of one of them.
-pub fn lock_of(voucher_id: i64, user_id: i64, purchase: u64) -> (String, String) {
+pub fn lock_of(voucher_id: VoucherId, user_id: UserId, purchase: u64) -> (String, String) {
     (
         Keys::user_lock(voucher_id, user_id),
         format!("purchase-{purchase}"),
@@ -200,7 +201,7 @@ pub struct Lockers {
 }
 
 struct LockRequest {
-    user_id: i64,
+    user_id: UserId,
     purchase: u64,
     reply: oneshot::Sender<Result<Option<UserGuard>, LockError>>,
 }
@@ -229,8 +230,8 @@ impl Lockers {
     /// the locks off there is nothing to take or time.
     pub async fn try_lock(
         self: &Arc<Self>,
-        voucher_id: i64,
-        user_id: i64,
+        voucher_id: VoucherId,
+        user_id: UserId,
         purchase: u64,
     ) -> Result<Option<UserGuard>, SeckillError> {
         if matches!(self.locks, UserLocks::Off) {
@@ -244,8 +245,8 @@ impl Lockers {
 
     async fn take(
         self: &Arc<Self>,
-        voucher_id: i64,
-        user_id: i64,
+        voucher_id: VoucherId,
+        user_id: UserId,
         purchase: u64,
     ) -> Result<Option<UserGuard>, SeckillError> {
         if matches!(self.locks, UserLocks::RedLock { .. }) {
@@ -282,7 +283,7 @@ impl Lockers {
     /// call, answers each, and again (see `Workers::gather`).
     async fn lock_arrivals(
         self: Arc<Self>,
-        voucher_id: i64,
+        voucher_id: VoucherId,
         arrivals: mpsc::UnboundedReceiver<LockRequest>,
         stop: CancellationToken,
     ) {

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Result, SaleMode, Seckill, SeckillError, Voucher, STOCK_REFRESH};
+use super::{Result, Seckill, SeckillError, STOCK_REFRESH};
+use crate::domain::{SaleMode, Voucher, VoucherId};
 use crate::store::StoreError;
 
 /// How long an unknown voucher id is remembered as unknown.
@@ -38,12 +39,23 @@ impl LoadError {
     }
 }
 
-/// The vouchers as [`Inner`] keeps them in memory (see its fields).
+/// The vouchers kept in memory.
 pub(super) struct Caches {
-    pub(super) windows: moka::future::Cache<i64, Arc<Voucher>>,
-    pub(super) async_vouchers: moka::sync::Cache<i64, Arc<Voucher>>,
-    pub(super) missing: moka::sync::Cache<i64, ()>,
-    pub(super) stock_seen: moka::future::Cache<i64, i32>,
+    /// Vouchers as last read, so a crowd on one voucher does not read its
+    /// row once per request. The time window and the epoch of the sold-out
+    /// flag are taken from here, and the gate takes the stock as what is
+    /// left at most at that epoch; the batch never does.
+    pub(super) windows: moka::future::Cache<VoucherId, Arc<Voucher>>,
+    /// Async sales' vouchers, once read: what their purchases read of them
+    /// (id, limits, room) never changes, and Redis keeps their window and
+    /// stock, so they go on selling while Postgres fails over.
+    pub(super) async_vouchers: moka::sync::Cache<VoucherId, Arc<Voucher>>,
+    /// Voucher ids found missing, for a moment: a flood of unknown ids
+    /// asks Postgres once per id and moment, not once per request.
+    pub(super) missing: moka::sync::Cache<VoucherId, ()>,
+    /// Each voucher's remaining stock as last read, for `GET /vouchers`:
+    /// a crowd of readers costs one query per voucher and refresh.
+    pub(super) stock_seen: moka::future::Cache<VoucherId, i32>,
 }
 
 impl Caches {
@@ -73,25 +85,26 @@ impl Seckill {
     /// The voucher as its purchases and its room read it: an async sale's
     /// from memory once read (see `async_vouchers`), a sync sale's as
     /// [`Seckill::sale_window`] keeps it.
-    pub(super) async fn selling(&self, voucher_id: i64) -> Result<Arc<Voucher>> {
-        match self.inner.async_vouchers.get(&voucher_id) {
+    pub(super) async fn selling(&self, voucher_id: VoucherId) -> Result<Arc<Voucher>> {
+        match self.inner.vouchers.async_vouchers.get(&voucher_id) {
             Some(voucher) => Ok(voucher),
             None => self.sale_window(voucher_id).await,
         }
     }
 
-    pub(super) async fn sale_window(&self, voucher_id: i64) -> Result<Arc<Voucher>> {
+    pub(super) async fn sale_window(&self, voucher_id: VoucherId) -> Result<Arc<Voucher>> {
         // A crowd's voucher is cached: a plain lookup, without the
         // machinery that shares one load among concurrent misses.
-        if let Some(voucher) = self.inner.windows.get(&voucher_id).await {
+        if let Some(voucher) = self.inner.vouchers.windows.get(&voucher_id).await {
             return Ok(voucher);
         }
-        if self.inner.missing.contains_key(&voucher_id) {
+        if self.inner.vouchers.missing.contains_key(&voucher_id) {
             return Err(SeckillError::NotFound("voucher"));
         }
         let store = &self.inner.store;
         let found = self
             .inner
+            .vouchers
             .windows
             .try_get_with(voucher_id, async move {
                 Ok::<_, LoadError>(Arc::new(
@@ -103,10 +116,11 @@ impl Seckill {
         match &found {
             Ok(voucher) if voucher.sale_mode == SaleMode::Async => {
                 self.inner
+                    .vouchers
                     .async_vouchers
                     .insert(voucher_id, voucher.clone());
             }
-            Err(SeckillError::NotFound(_)) => self.inner.missing.insert(voucher_id, ()),
+            Err(SeckillError::NotFound(_)) => self.inner.vouchers.missing.insert(voucher_id, ()),
             _ => {}
         }
         found

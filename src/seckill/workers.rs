@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
 
+use crate::domain::VoucherId;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -35,7 +36,7 @@ impl Background {
 /// The workers of one kind, by voucher; `H` is what the rest of the
 /// instance holds to talk to one (a queue, a set of signals).
 pub(crate) struct Workers<H> {
-    running: Mutex<HashMap<i64, H>>,
+    running: Mutex<HashMap<VoucherId, H>>,
     background: Background,
 }
 
@@ -49,7 +50,7 @@ impl<H: Clone> Workers<H> {
         }
     }
 
-    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<i64, H>> {
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<VoucherId, H>> {
         // A worker that panicked while holding the lock left the map whole
         // (every change is one insert or remove).
         self.running
@@ -62,7 +63,7 @@ impl<H: Clone> Workers<H> {
     /// stop signal; its task is spawned on the tracker).
     pub(crate) fn get_or_start<F>(
         &self,
-        voucher_id: i64,
+        voucher_id: VoucherId,
         alive: impl FnOnce(&H) -> bool,
         start: impl FnOnce(CancellationToken) -> (H, F),
     ) -> H
@@ -82,7 +83,7 @@ impl<H: Clone> Workers<H> {
     }
 
     /// The handle of `voucher_id`'s worker, if one is registered.
-    pub(crate) fn get(&self, voucher_id: i64) -> Option<H> {
+    pub(crate) fn get(&self, voucher_id: VoucherId) -> Option<H> {
         self.running().get(&voucher_id).cloned()
     }
 
@@ -90,7 +91,7 @@ impl<H: Clone> Workers<H> {
     /// under the registry's lock, so nobody looks the worker up between
     /// the decision and the removal: a worker checks that nothing new came
     /// for it and leaves in one step. `false` when it stays (or none runs).
-    pub(crate) fn retire_if(&self, voucher_id: i64, retire: impl FnOnce(&H) -> bool) -> bool {
+    pub(crate) fn retire_if(&self, voucher_id: VoucherId, retire: impl FnOnce(&H) -> bool) -> bool {
         let mut running = self.running();
         match running.get(&voucher_id) {
             Some(handle) if retire(handle) => {
@@ -102,7 +103,7 @@ impl<H: Clone> Workers<H> {
     }
 
     /// Keeps the workers `keep` says yes to (it may signal the others).
-    pub(crate) fn retain(&self, mut keep: impl FnMut(i64, &H) -> bool) {
+    pub(crate) fn retain(&self, mut keep: impl FnMut(VoucherId, &H) -> bool) {
         self.running()
             .retain(|voucher_id, handle| keep(*voucher_id, handle));
     }
@@ -119,7 +120,7 @@ impl<T: Send + 'static> Workers<Queue<T>> {
     /// running one retired between the lookup and the send.
     pub(crate) fn send<F>(
         &self,
-        voucher_id: i64,
+        voucher_id: VoucherId,
         mut item: T,
         start: impl Fn(mpsc::UnboundedReceiver<T>, CancellationToken) -> F,
     ) where
@@ -149,7 +150,7 @@ impl<T: Send + 'static> Workers<Queue<T>> {
     /// runs) and waits for the reply, at most `within` when given.
     pub(crate) async fn ask<R, F>(
         &self,
-        voucher_id: i64,
+        voucher_id: VoucherId,
         make: impl FnOnce(oneshot::Sender<R>) -> T,
         within: Option<std::time::Duration>,
         start: impl Fn(mpsc::UnboundedReceiver<T>, CancellationToken) -> F,
@@ -175,7 +176,7 @@ impl<T: Send + 'static> Workers<Queue<T>> {
     /// what arrives meanwhile forms the next batch.
     pub(crate) async fn gather<F, Fut>(
         &self,
-        voucher_id: i64,
+        voucher_id: VoucherId,
         mut arrivals: mpsc::UnboundedReceiver<T>,
         stop: CancellationToken,
         (max, idle): (usize, std::time::Duration),
@@ -221,7 +222,7 @@ impl<T: Send + 'static> Workers<Queue<T>> {
     /// after all.
     pub(crate) fn retire_idle(
         &self,
-        voucher_id: i64,
+        voucher_id: VoucherId,
         arrivals: &mut mpsc::UnboundedReceiver<T>,
     ) -> bool {
         self.retire_if(voucher_id, |_| {
@@ -266,22 +267,25 @@ mod tests {
             let handle = Arc::new(AtomicUsize::new(0));
             (handle, async move { stop.cancelled().await })
         };
-        let a = workers.get_or_start(1, |_| true, start);
-        let again = workers.get_or_start(1, |_| true, start);
+        let a = workers.get_or_start(VoucherId::new(1), |_| true, start);
+        let again = workers.get_or_start(VoucherId::new(1), |_| true, start);
         assert!(Arc::ptr_eq(&a, &again), "one worker per voucher");
-        workers.get_or_start(2, |_| true, start);
+        workers.get_or_start(VoucherId::new(2), |_| true, start);
         assert_eq!(started.load(Ordering::SeqCst), 2);
         // A worker that is not alive any more is replaced.
-        let replaced = workers.get_or_start(1, |_| false, start);
+        let replaced = workers.get_or_start(VoucherId::new(1), |_| false, start);
         assert!(!Arc::ptr_eq(&a, &replaced));
         assert_eq!(tasks.len(), 3);
 
         // Retiring decides under the lock: refused, then accepted.
-        assert!(!workers.retire_if(2, |_| false));
-        assert!(workers.get(2).is_some());
-        assert!(workers.retire_if(2, |_| true));
-        assert!(workers.get(2).is_none());
-        assert!(!workers.retire_if(2, |_| true), "nothing left to retire");
+        assert!(!workers.retire_if(VoucherId::new(2), |_| false));
+        assert!(workers.get(VoucherId::new(2)).is_some());
+        assert!(workers.retire_if(VoucherId::new(2), |_| true));
+        assert!(workers.get(VoucherId::new(2)).is_none());
+        assert!(
+            !workers.retire_if(VoucherId::new(2), |_| true),
+            "nothing left to retire"
+        );
 
         assert!(
             background.stop(Duration::from_secs(1)).await,
@@ -299,11 +303,15 @@ mod tests {
         let _guard = rt.enter();
         let handles: Vec<_> = (1..=4)
             .map(|v| {
-                workers.get_or_start(v, |_| true, |_| (Arc::new(AtomicUsize::new(0)), async {}))
+                workers.get_or_start(
+                    VoucherId::new(v),
+                    |_| true,
+                    |_| (Arc::new(AtomicUsize::new(0)), async {}),
+                )
             })
             .collect();
         workers.retain(|voucher_id, handle| {
-            let keep = voucher_id % 2 == 0;
+            let keep = voucher_id.get() % 2 == 0;
             if !keep {
                 handle.store(1, Ordering::SeqCst);
             }
@@ -311,7 +319,9 @@ mod tests {
         });
         let told: Vec<usize> = handles.iter().map(|h| h.load(Ordering::SeqCst)).collect();
         assert_eq!(told, vec![1, 0, 1, 0]);
-        assert!(workers.get(1).is_none() && workers.get(2).is_some());
+        assert!(
+            workers.get(VoucherId::new(1)).is_none() && workers.get(VoucherId::new(2)).is_some()
+        );
     }
 
     #[tokio::test]
@@ -320,12 +330,12 @@ mod tests {
         let workers: Workers<Queue<(u32, oneshot::Sender<u32>)>> = Workers::new(background);
         // Voucher n's worker: 1 answers double, 2 drops what it gets, 3
         // keeps it unanswered.
-        let start = |voucher_id: i64| {
+        let start = |voucher_id: VoucherId| {
             move |mut arrivals: mpsc::UnboundedReceiver<(u32, oneshot::Sender<u32>)>,
                   _stop: CancellationToken| async move {
                 let mut kept = Vec::new();
                 while let Some((n, reply)) = arrivals.recv().await {
-                    match voucher_id {
+                    match voucher_id.get() {
                         1 => drop(reply.send(n * 2)),
                         2 => drop(reply),
                         _ => kept.push(reply),
@@ -333,14 +343,17 @@ mod tests {
                 }
             }
         };
-        let ask = |voucher_id: i64, within: Option<Duration>| {
+        let ask = |voucher_id: VoucherId, within: Option<Duration>| {
             workers.ask(voucher_id, |reply| (21, reply), within, start(voucher_id))
         };
-        assert_eq!(ask(1, None).await, Ok(42));
-        assert_eq!(ask(1, Some(Duration::from_secs(5))).await, Ok(42));
-        assert_eq!(ask(2, None).await, Err(Unanswered::Dropped));
+        assert_eq!(ask(VoucherId::new(1), None).await, Ok(42));
         assert_eq!(
-            ask(3, Some(Duration::from_millis(20))).await,
+            ask(VoucherId::new(1), Some(Duration::from_secs(5))).await,
+            Ok(42)
+        );
+        assert_eq!(ask(VoucherId::new(2), None).await, Err(Unanswered::Dropped));
+        assert_eq!(
+            ask(VoucherId::new(3), Some(Duration::from_millis(20))).await,
             Err(Unanswered::Late)
         );
     }

@@ -52,17 +52,19 @@ impl Db {
 
     /// The row `sql` finds for `id`, its one parameter, if any: `sql`
     /// selects by a key, so one row at most.
-    pub(super) async fn row_by_id<T>(&self, sql: &'static str, id: i64) -> Result<Option<T>>
+    pub(super) async fn row_by_id<T, I>(&self, sql: &'static str, id: I) -> Result<Option<T>>
     where
         T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin + 'static,
+        I: Key,
     {
         Ok(self.rows_by_id(sql, id).await?.into_iter().next())
     }
 
     /// Every row `sql` finds for `id`, its one parameter.
-    pub(super) async fn rows_by_id<T>(&self, sql: &'static str, id: i64) -> Result<Vec<T>>
+    pub(super) async fn rows_by_id<T, I>(&self, sql: &'static str, id: I) -> Result<Vec<T>>
     where
         T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin + 'static,
+        I: Key,
     {
         self.run(|c, persistent| {
             Box::pin(
@@ -74,6 +76,22 @@ impl Db {
         })
         .await
     }
+}
+
+/// A value a row is selected by: one of the domain's ids.
+pub(super) trait Key:
+    for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Copy + Send + Sync + 'static
+{
+}
+
+impl<T> Key for T where
+    T: for<'q> sqlx::Encode<'q, sqlx::Postgres>
+        + sqlx::Type<sqlx::Postgres>
+        + Copy
+        + Send
+        + Sync
+        + 'static
+{
 }
 
 /// `.within(timeout)` on any sqlx future: its answer, or

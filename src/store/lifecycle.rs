@@ -7,7 +7,8 @@
 use chrono::{DateTime, Utc};
 use sqlx::{Acquire, FromRow, PgConnection};
 
-use super::{OrderStatus, Result, SaleMode, StockLevel, Store};
+use super::{Result, Store};
+use crate::domain::{OrderId, OrderStatus, SaleMode, StockLevel, UserId, VoucherId};
 
 /// Closes the orders in `closing` (ids) that are `unpaid` and meet `$due`
 /// (their deadline against `$2`) as `$1` ('cancelled' or 'expired') at
@@ -87,9 +88,9 @@ const EXPIRE_DUE: &str = concat!(
 /// An order this instance closed, with its voucher's stock right after.
 #[derive(Debug, Clone, Copy, FromRow)]
 pub struct Closed {
-    pub order_id: i64,
-    pub voucher_id: i64,
-    pub user_id: i64,
+    pub order_id: OrderId,
+    pub voucher_id: VoucherId,
+    pub user_id: UserId,
     pub pay_by: DateTime<Utc>,
     #[sqlx(flatten)]
     pub level: StockLevel,
@@ -101,7 +102,7 @@ pub struct Closed {
 #[derive(Debug, Clone)]
 pub struct Payment {
     pub payment_id: String,
-    pub order_id: i64,
+    pub order_id: OrderId,
     pub amount_cents: i64,
 }
 
@@ -127,9 +128,9 @@ pub enum PaymentOutcome {
 /// A unit an async sale's closed order gave back, for Redis to learn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
 pub struct StockReturn {
-    pub order_id: i64,
-    pub voucher_id: i64,
-    pub user_id: i64,
+    pub order_id: OrderId,
+    pub voucher_id: VoucherId,
+    pub user_id: UserId,
 }
 
 #[derive(FromRow)]
@@ -141,7 +142,7 @@ struct Payable {
 
 #[derive(FromRow)]
 struct Recorded {
-    order_id: i64,
+    order_id: OrderId,
     amount_cents: i64,
     refund: bool,
 }
@@ -149,13 +150,21 @@ struct Recorded {
 impl Store {
     /// Cancels `order_id` if it is `unpaid` and in time at `now`; `None`
     /// when it was not (the caller reads why).
-    pub async fn cancel_order(&self, order_id: i64, now: DateTime<Utc>) -> Result<Option<Closed>> {
+    pub async fn cancel_order(
+        &self,
+        order_id: OrderId,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Closed>> {
         self.close_one(CANCEL, OrderStatus::Cancelled, order_id, now)
             .await
     }
 
     /// Expires `order_id` if it is `unpaid` and past its deadline at `now`.
-    pub async fn expire_order(&self, order_id: i64, now: DateTime<Utc>) -> Result<Option<Closed>> {
+    pub async fn expire_order(
+        &self,
+        order_id: OrderId,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Closed>> {
         self.close_one(EXPIRE_ONE, OrderStatus::Expired, order_id, now)
             .await
     }
@@ -164,7 +173,7 @@ impl Store {
         &self,
         statement: &'static str,
         to: OrderStatus,
-        order_id: i64,
+        order_id: OrderId,
         now: DateTime<Utc>,
     ) -> Result<Option<Closed>> {
         self.db
@@ -240,7 +249,7 @@ impl Store {
     }
 
     /// Forgets stock returns that Redis has learnt.
-    pub async fn forget_stock_returns(&self, order_ids: Vec<i64>) -> Result<()> {
+    pub async fn forget_stock_returns(&self, order_ids: Vec<OrderId>) -> Result<()> {
         self.db
             .run(move |c, persistent| {
                 Box::pin(async move {

@@ -6,21 +6,20 @@
 //! a duplicate order, or something else (a bug, logged and answered as an
 //! opaque 500).
 
-use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 use std::str::FromStr;
 use std::time::Duration;
 
+mod columns;
 mod db;
 #[cfg(feature = "lab")]
 mod lab;
 mod lifecycle;
 mod reconcile;
 mod sale;
-mod states;
 
-pub use crate::domain::{OrderStatus, SaleMode, UnknownState};
+use crate::domain::{NewVoucher, Order, OrderId, OrderLine, StockLevel, Voucher, VoucherId};
 use db::{Db, Within};
 #[cfg(feature = "lab")]
 pub use lab::{Decrement, LabSale, LabStats, LabStore};
@@ -111,79 +110,6 @@ impl From<sqlx::Error> for StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Voucher {
-    pub id: i64,
-    pub title: String,
-    pub initial_stock: i32,
-    pub stock: i32,
-    pub begin_time: DateTime<Utc>,
-    pub end_time: DateTime<Utc>,
-    pub sale_mode: SaleMode,
-    /// What one unit costs; a payment must bring exactly this.
-    pub price_cents: i64,
-    /// How long a buyer has to pay, from the order's creation.
-    pub pay_within_seconds: i32,
-    /// Units given back by cancelled and expired orders.
-    pub returned: i64,
-    /// Most orders (live, cancelled or expired) one user may have of it.
-    pub max_orders_per_user: i32,
-    /// Its waiting room's pace, if it has one.
-    pub admit_per_second: Option<i32>,
-    /// Zero bits of proof of work a join of its room asks for (0: none).
-    pub queue_proof_bits: i16,
-}
-
-impl Voucher {
-    /// The state of the voucher's stock that a sold-out flag speaks for:
-    /// it grows with every restock and every unit given back.
-    pub fn epoch(&self) -> i64 {
-        i64::from(self.initial_stock) + self.returned
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct NewVoucher {
-    pub title: String,
-    pub stock: i32,
-    pub begin_time: DateTime<Utc>,
-    pub end_time: DateTime<Utc>,
-    pub sale_mode: SaleMode,
-    pub price_cents: i64,
-    pub pay_within_seconds: i32,
-    pub max_orders_per_user: i32,
-    pub admit_per_second: Option<i32>,
-    pub queue_proof_bits: i16,
-}
-
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Order {
-    pub id: i64,
-    pub user_id: i64,
-    pub voucher_id: i64,
-    pub created_at: DateTime<Utc>,
-    pub status: OrderStatus,
-    /// `None` only while an async order is pending.
-    pub pay_by: Option<DateTime<Utc>>,
-    pub paid_at: Option<DateTime<Utc>>,
-}
-
-/// Stock, initial stock and units given back, read together in one row
-/// version.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
-pub struct StockLevel {
-    pub stock: i32,
-    pub initial_stock: i32,
-    pub returned: i64,
-}
-
-impl StockLevel {
-    /// See [`Voucher::epoch`].
-    pub fn epoch(&self) -> i64 {
-        i64::from(self.initial_stock) + self.returned
-    }
-}
-
 /// A voucher's books, from one snapshot: `stock + unpaid + paid =
 /// initial_stock` (an async sale's pending orders are counted by the
 /// caller, from Redis).
@@ -198,14 +124,6 @@ pub struct Stats {
     pub expired: i64,
     /// How many of the order ids asked about are stored.
     pub stored_listed: i64,
-}
-
-/// One order of a voucher, as the admin listing shows it.
-#[derive(Debug, Clone, Copy, sqlx::FromRow)]
-pub struct OrderLine {
-    pub id: i64,
-    pub user_id: i64,
-    pub status: OrderStatus,
 }
 
 /// Pool sizes, timeouts and the way to Postgres for [`Store::connect`].
@@ -350,7 +268,7 @@ impl Store {
             .await
     }
 
-    pub async fn create_voucher(&self, new: &NewVoucher) -> Result<i64> {
+    pub async fn create_voucher(&self, new: &NewVoucher) -> Result<VoucherId> {
         // One statement, so a voucher never exists without its sale.
         let title = new.title.clone();
         let id = self
@@ -384,7 +302,7 @@ impl Store {
         Ok(id)
     }
 
-    pub async fn voucher(&self, id: i64) -> Result<Option<Voucher>> {
+    pub async fn voucher(&self, id: VoucherId) -> Result<Option<Voucher>> {
         const SQL: &str = concat!(
             "SELECT ",
             voucher_columns!(),
@@ -393,7 +311,7 @@ impl Store {
         self.db.row_by_id(SQL, id).await
     }
 
-    pub async fn stock_level(&self, voucher_id: i64) -> Result<Option<StockLevel>> {
+    pub async fn stock_level(&self, voucher_id: VoucherId) -> Result<Option<StockLevel>> {
         const SQL: &str =
             "SELECT stock, initial_stock, returned FROM seckill_vouchers WHERE voucher_id = $1";
         self.db.row_by_id(SQL, voucher_id).await
@@ -401,7 +319,7 @@ impl Store {
 
     /// Adds `units` to both the stock and the initial stock; returns the
     /// voucher as the update left it.
-    pub async fn restock(&self, voucher_id: i64, units: i32) -> Result<Option<Voucher>> {
+    pub async fn restock(&self, voucher_id: VoucherId, units: i32) -> Result<Option<Voucher>> {
         self.db
             .run(|c, persistent| {
                 Box::pin(
@@ -423,7 +341,7 @@ impl Store {
     }
 
     /// The highest per-day sequence among the order ids in `ids` (one UTC
-    /// day's range, see `id::day_range`), 0 when there is none. Read once
+    /// day's range, see `domain::day_range`), 0 when there is none. Read once
     /// after Redis lost a day's counter; it walks that day's ids in the
     /// primary key.
     pub async fn highest_sequence(&self, ids: std::ops::Range<i64>) -> Result<u32> {
@@ -445,14 +363,14 @@ impl Store {
         Ok(u32::try_from(highest).unwrap_or(u32::MAX))
     }
 
-    pub async fn order(&self, order_id: i64) -> Result<Option<Order>> {
+    pub async fn order(&self, order_id: OrderId) -> Result<Option<Order>> {
         const SQL: &str = "SELECT id, user_id, voucher_id, created_at, status, pay_by, paid_at
                            FROM voucher_orders WHERE id = $1";
         self.db.row_by_id(SQL, order_id).await
     }
 
     /// Every order of a voucher, oldest first.
-    pub async fn orders_for_voucher(&self, voucher_id: i64) -> Result<Vec<OrderLine>> {
+    pub async fn orders_for_voucher(&self, voucher_id: VoucherId) -> Result<Vec<OrderLine>> {
         const SQL: &str =
             "SELECT id, user_id, status FROM voucher_orders WHERE voucher_id = $1 ORDER BY id";
         self.db.rows_by_id(SQL, voucher_id).await
@@ -460,7 +378,11 @@ impl Store {
 
     /// The voucher's books and how many of `listed` (order ids) are
     /// stored, in one statement (one snapshot).
-    pub async fn stats(&self, voucher_id: i64, listed: Vec<i64>) -> Result<Option<Stats>> {
+    pub async fn stats(
+        &self,
+        voucher_id: VoucherId,
+        listed: Vec<OrderId>,
+    ) -> Result<Option<Stats>> {
         self.db
             .run(move |c, persistent| {
                 Box::pin(

@@ -6,7 +6,8 @@
 use chrono::{DateTime, Utc};
 use sqlx::FromRow;
 
-use super::{voucher_columns, Result, SaleMode, Store, Voucher};
+use super::{voucher_columns, Result, Store};
+use crate::domain::{OrderId, SaleMode, UserId, Voucher, VoucherId};
 
 /// A voucher as one snapshot saw it, for rebuilding its Redis state.
 #[derive(Debug, Clone)]
@@ -14,27 +15,27 @@ pub struct SaleSnapshot {
     pub voucher: Voucher,
     /// Every live (`unpaid` or `paid`) order of the voucher, as (user,
     /// order id).
-    pub buyers: Vec<(i64, i64)>,
+    pub buyers: Vec<(UserId, OrderId)>,
     /// Every closed (`cancelled` or `expired`) order of the voucher: their
     /// units are in `voucher.stock` already.
-    pub closed: Vec<i64>,
+    pub closed: Vec<OrderId>,
     /// Those of the asked order ids that are stored (for any voucher).
-    pub stored: Vec<i64>,
+    pub stored: Vec<OrderId>,
 }
 
 #[derive(FromRow)]
 struct Row {
     #[sqlx(flatten)]
     voucher: Voucher,
-    users: Option<Vec<i64>>,
-    orders: Option<Vec<i64>>,
-    closed: Option<Vec<i64>>,
-    stored: Option<Vec<i64>>,
+    users: Option<Vec<UserId>>,
+    orders: Option<Vec<OrderId>>,
+    closed: Option<Vec<OrderId>>,
+    stored: Option<Vec<OrderId>>,
 }
 
 impl Store {
     /// Async vouchers whose sale ended after `since` (or has not ended).
-    pub async fn async_vouchers(&self, since: DateTime<Utc>) -> Result<Vec<i64>> {
+    pub async fn async_vouchers(&self, since: DateTime<Utc>) -> Result<Vec<VoucherId>> {
         self.db
             .run(move |c, persistent| {
                 Box::pin(
@@ -56,8 +57,8 @@ impl Store {
     /// three or in none.
     pub async fn sale_snapshot(
         &self,
-        voucher_id: i64,
-        order_ids: Vec<i64>,
+        voucher_id: VoucherId,
+        order_ids: Vec<OrderId>,
     ) -> Result<Option<SaleSnapshot>> {
         let row: Option<Row> = self
             .db

@@ -6,7 +6,8 @@
 use chrono::{DateTime, Utc};
 use sqlx::FromRow;
 
-use super::{Result, StockLevel, Store, StoreError};
+use super::{Result, Store, StoreError};
+use crate::domain::{OrderId, StockLevel, UserId, VoucherId};
 
 /// One purchase in a batch: a user who holds their lock (with its fencing
 /// token) and the order id drawn for them; or, from an async sale's
@@ -15,8 +16,8 @@ use super::{Result, StockLevel, Store, StoreError};
 /// voucher's window from then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SaleRequest {
-    pub order_id: i64,
-    pub user_id: i64,
+    pub order_id: OrderId,
+    pub user_id: UserId,
     pub fence: Option<i64>,
     pub at: DateTime<Utc>,
 }
@@ -29,7 +30,7 @@ pub enum Sale {
     /// No unit was left for it (or the voucher has no sale).
     SoldOut,
     /// The user already holds this order for the voucher.
-    Held(i64),
+    Held(OrderId),
     /// The fencing token is older than the user's last one: the lock it
     /// came from was lost and a newer holder has written since.
     Fenced,
@@ -165,7 +166,7 @@ ORDER BY r.pos";
 #[derive(FromRow)]
 struct Row {
     outcome: String,
-    held_id: Option<i64>,
+    held_id: Option<OrderId>,
     stock: Option<i32>,
     initial_stock: Option<i32>,
     returned: Option<i64>,
@@ -199,12 +200,12 @@ impl Store {
     /// `max_orders` is the voucher's `max_orders_per_user`.
     pub async fn sell_batch(
         &self,
-        voucher_id: i64,
+        voucher_id: VoucherId,
         max_orders: i32,
         batch: &[SaleRequest],
     ) -> Result<BatchSale> {
-        let order_ids: Vec<i64> = batch.iter().map(|r| r.order_id).collect();
-        let user_ids: Vec<i64> = batch.iter().map(|r| r.user_id).collect();
+        let order_ids: Vec<OrderId> = batch.iter().map(|r| r.order_id).collect();
+        let user_ids: Vec<UserId> = batch.iter().map(|r| r.user_id).collect();
         let fences: Vec<Option<i64>> = batch.iter().map(|r| r.fence).collect();
         let times: Vec<DateTime<Utc>> = batch.iter().map(|r| r.at).collect();
         let rows: Vec<Row> = self

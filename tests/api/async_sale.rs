@@ -2,6 +2,7 @@
 //! written by the stream's consumer group, and nothing accepted lost when a
 //! consumer dies, Redis restarts or Postgres is away.
 
+use seckill::domain::VoucherId;
 use seckill::kv::Keys;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -245,7 +246,9 @@ async fn entries_left_with_a_dead_consumer_are_claimed_and_written() {
     let (redis, app) = spawn_app_on_own_redis(None).await;
     let voucher = app.open_async_voucher(1_000).await;
     let keyspace = app.keyspace().await;
-    let stream = Keys::new(keyspace.as_str()).async_sale(voucher).orders;
+    let stream = Keys::new(keyspace.as_str())
+        .async_sale(VoucherId::new(voucher))
+        .orders;
     let mut conn = redis_conn(&redis.url()).await;
     let tokens = app.tokens(1..=400).await;
     // A consumer that reads entries and dies without acknowledging them,
@@ -343,7 +346,9 @@ async fn an_instance_killed_mid_batch_loses_none_of_its_accepted_orders() {
     .await;
     let voucher = app.open_async_voucher(500).await;
     let keyspace = app.keyspace().await;
-    let stream = Keys::new(keyspace.as_str()).async_sale(voucher).orders;
+    let stream = Keys::new(keyspace.as_str())
+        .async_sale(VoucherId::new(voucher))
+        .orders;
     let mut conn = redis_conn(&redis_url()).await;
     let tokens = app.tokens(1..=500).await;
     let victim_consumer = format!("pid{}-", victim.pid());
@@ -604,7 +609,9 @@ async fn a_sale_whose_loading_is_under_way_elsewhere_is_open_when_its_creation_i
     // created (as when an instance's supervisor saw it first); this one
     // dies without a word, so its mark expires after 300 ms.
     let next = before + 1;
-    let reconciling = Keys::new(app.keyspace().await).async_sale(next).reconciling;
+    let reconciling = Keys::new(app.keyspace().await)
+        .async_sale(VoucherId::new(next))
+        .reconciling;
     let mut conn = redis_conn(&redis_url()).await;
     let _: () = redis::cmd("SET")
         .arg(&reconciling)

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use reqwest::StatusCode;
+use seckill::domain::{OrderId, UserId, VoucherId};
 use seckill::store::{Sale, SaleRequest, Store};
 use tokio::task::JoinSet;
 
@@ -14,6 +15,10 @@ use crate::proxy::{spawn_app_behind_pg_proxy, spawn_app_behind_pg_proxy_timing_o
 
 fn store(app: &TestApp) -> Store {
     Store::from_pool(app.db.clone(), Duration::from_secs(10))
+}
+
+fn order(id: i64) -> OrderId {
+    OrderId::from_stored(id).unwrap()
 }
 
 /// One purchase of `voucher` by each of `users`, all at once.
@@ -38,8 +43,8 @@ fn requests(users: impl IntoIterator<Item = i64>, first_id: i64) -> Vec<SaleRequ
         .into_iter()
         .enumerate()
         .map(|(i, user_id)| SaleRequest {
-            order_id: first_id + i as i64,
-            user_id,
+            order_id: order(first_id + i as i64),
+            user_id: UserId::new(user_id),
             fence: Some(1_000),
             at: chrono::Utc::now(),
         })
@@ -51,7 +56,11 @@ async fn a_batch_larger_than_the_stock_sells_the_stock_first_come_first_served()
     let app = spawn_app().await;
     let voucher = app.open_voucher(3).await;
     let sold = store(&app)
-        .sell_batch(voucher, 3, &requests([5, 4, 3, 2, 1], 1 << 40))
+        .sell_batch(
+            VoucherId::new(voucher),
+            3,
+            &requests([5, 4, 3, 2, 1], 1 << 40),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -78,7 +87,7 @@ async fn a_batch_larger_than_the_stock_sells_the_stock_first_come_first_served()
 
     // Sold out: nothing decremented, nothing to report as the stock.
     let after = store(&app)
-        .sell_batch(voucher, 3, &requests([6], 2 << 40))
+        .sell_batch(VoucherId::new(voucher), 3, &requests([6], 2 << 40))
         .await
         .unwrap();
     assert_eq!(after.sales, [Sale::SoldOut]);
@@ -92,14 +101,18 @@ async fn a_batch_answers_holders_stale_fences_and_taken_ids_each_on_its_own() {
     let store = store(&app);
     // User 1 buys first; user 2's lock has moved on to token 5,000.
     let first = store
-        .sell_batch(voucher, 3, &requests([1], 7 << 40))
+        .sell_batch(VoucherId::new(voucher), 3, &requests([1], 7 << 40))
         .await
         .unwrap();
     assert_eq!(first.sales, [Sale::Sold]);
     let mut fresh = requests([2], 8 << 40);
     fresh[0].fence = Some(5_000);
     assert_eq!(
-        store.sell_batch(voucher, 3, &fresh).await.unwrap().sales,
+        store
+            .sell_batch(VoucherId::new(voucher), 3, &fresh)
+            .await
+            .unwrap()
+            .sales,
         [Sale::Sold]
     );
 
@@ -107,11 +120,19 @@ async fn a_batch_answers_holders_stale_fences_and_taken_ids_each_on_its_own() {
     // id that is taken, user 4 as it should be.
     let mut batch = requests([1, 2, 3, 4], 9 << 40);
     batch[1].fence = Some(4_000);
-    batch[2].order_id = 7 << 40;
-    let sold = store.sell_batch(voucher, 3, &batch).await.unwrap();
+    batch[2].order_id = order(7 << 40);
+    let sold = store
+        .sell_batch(VoucherId::new(voucher), 3, &batch)
+        .await
+        .unwrap();
     assert_eq!(
         sold.sales,
-        [Sale::Held(7 << 40), Sale::Fenced, Sale::IdTaken, Sale::Sold]
+        [
+            Sale::Held(order(7 << 40)),
+            Sale::Fenced,
+            Sale::IdTaken,
+            Sale::Sold
+        ]
     );
     assert_eq!(sold.level.unwrap().stock, 7);
     assert_eq!(app.check_invariants(voucher).await, 3);

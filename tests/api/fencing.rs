@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use redis_locks::{Acquired, Lock, LockClient, LockGuard};
 use reqwest::StatusCode;
+use seckill::domain::{OrderId, UserId, VoucherId};
 use seckill::id::IdGenerator;
 use seckill::kv::Kv;
 use seckill::store::{Sale, SaleRequest, Store};
@@ -40,7 +41,7 @@ impl Holders {
             keyspace.clone(),
         );
         let locks = LockClient::new(client, keyspace);
-        let (name, _) = seckill::seckill::lock_of(voucher, user, 0);
+        let (name, _) = seckill::seckill::lock_of(VoucherId::new(voucher), UserId::new(user), 0);
         let lock = locks.lock(&name);
         Self {
             store: Store::from_pool(app.db.clone(), Duration::from_secs(5)),
@@ -58,14 +59,15 @@ impl Holders {
 
     /// Sells the user one unit of `target` in a batch of one, behind
     /// `fence`: the new order's id and the statement's answer.
-    async fn sell(&self, target: i64, fence: i64) -> (i64, Sale) {
-        let order_id = self.ids.next_id().await.unwrap().as_i64();
+    async fn sell(&self, target: i64, fence: i64) -> (OrderId, Sale) {
+        let order_id = self.ids.next_id().await.unwrap();
         let request = SaleRequest {
             order_id,
-            user_id: self.user,
+            user_id: UserId::new(self.user),
             fence: Some(fence),
             at: chrono::Utc::now(),
         };
+        let target = VoucherId::new(target);
         let sold = self.store.sell_batch(target, 3, &[request]).await.unwrap();
         (order_id, sold.sales[0])
     }

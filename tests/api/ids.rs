@@ -3,7 +3,8 @@
 use std::collections::HashSet;
 
 use chrono::Utc;
-use seckill::id::{IdError, IdGenerator, EPOCH_UNIX};
+use seckill::domain::EPOCH_UNIX;
+use seckill::id::{IdError, IdGenerator};
 use seckill::kv::Kv;
 use uuid::Uuid;
 
@@ -53,8 +54,8 @@ async fn ids_have_the_documented_layout_and_a_per_day_key() {
     let second = ids.next_id().await.unwrap();
     let after = redis.redis_time().await;
 
-    assert!(first.as_i64() > 0, "the sign bit is clear");
-    assert_eq!(first.as_i64() >> 32, first.seconds_since_epoch());
+    assert!(first.get() > 0, "the sign bit is clear");
+    assert_eq!(first.get() >> 32, first.seconds_since_epoch());
     let stamped = first.seconds_since_epoch() + EPOCH_UNIX;
     assert!(
         (before..=after).contains(&stamped),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use reqwest::StatusCode;
-use seckill::id::EPOCH_UNIX;
+use seckill::domain::EPOCH_UNIX;
 use serde_json::Value;
 use tokio::task::JoinSet;
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use reqwest::StatusCode;
+use seckill::domain::{UserId, VoucherId};
 use serde_json::{json, Value};
 
 use crate::helpers::{answer, spawn_app, TestApp};
@@ -274,17 +275,18 @@ async fn a_room_that_asks_for_proof_of_work_admits_only_solved_joins() {
         body["message"].as_str().unwrap().contains("seckill-queue:"),
         "{body}"
     );
+    let proof_holds = |voucher, user, nonce: &str| {
+        let (voucher, user) = (VoucherId::new(voucher), UserId::new(user));
+        seckill::seckill::proof_holds(voucher, user, nonce, bits)
+    };
     let solved = (0u64..)
         .map(|n| n.to_string())
-        .find(|n| seckill::seckill::proof_holds(voucher, 4, n, bits))
+        .find(|n| proof_holds(voucher, 4, n))
         .unwrap();
     // Another user's solution is not this user's.
     let wrong = (0u64..)
         .map(|n| n.to_string())
-        .find(|n| {
-            seckill::seckill::proof_holds(voucher, 5, n, bits)
-                && !seckill::seckill::proof_holds(voucher, 4, n, bits)
-        })
+        .find(|n| proof_holds(voucher, 5, n) && !proof_holds(voucher, 4, n))
         .unwrap();
     assert_eq!(join_with(Some(wrong)).await.0, StatusCode::BAD_REQUEST);
     let (status, body) = join_with(Some(solved)).await;

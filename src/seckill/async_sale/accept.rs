@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{AsyncSales, SaleKeys, PENDING_TTL_SECS};
-use crate::id::OrderId;
+use crate::domain::{OrderId, UserId, VoucherId};
 use crate::seckill::error::{Result, SeckillError};
 use crate::seckill::metric;
 use crate::seckill::workers::Unanswered;
@@ -44,7 +44,7 @@ pub(super) enum Verdict {
 
 /// A purchase waiting for its call.
 pub(super) struct Request {
-    user_id: i64,
+    user_id: UserId,
     order_id: OrderId,
     reply: oneshot::Sender<Result<Verdict>>,
 }
@@ -58,9 +58,9 @@ impl AsyncSales {
     /// finds the order.
     pub(super) async fn accept(
         &self,
-        voucher_id: i64,
+        voucher_id: VoucherId,
         max_orders: i32,
-        user_id: i64,
+        user_id: UserId,
         order_id: OrderId,
     ) -> Result<Verdict> {
         let verdict = self
@@ -94,7 +94,7 @@ impl AsyncSales {
     /// in order.
     async fn call(
         &self,
-        voucher_id: i64,
+        voucher_id: VoucherId,
         max_orders: i32,
         keys: &SaleKeys,
         batch: &[Request],
@@ -117,9 +117,7 @@ impl AsyncSales {
             if lookups_in_script {
                 invocation.key(self.pending_key(request.order_id));
             }
-            invocation
-                .arg(request.user_id)
-                .arg(request.order_id.as_i64());
+            invocation.arg(request.user_id).arg(request.order_id);
         }
         let answers: Vec<Vec<String>> = inner.redis.invoke(&invocation).await?;
         if answers.len() != batch.len() {
@@ -134,7 +132,7 @@ impl AsyncSales {
 /// its queue is empty). Nothing is sent for a purchase nobody waits for.
 async fn accept_arrivals(
     sales: AsyncSales,
-    voucher_id: i64,
+    voucher_id: VoucherId,
     max_orders: i32,
     arrivals: mpsc::UnboundedReceiver<Request>,
     stop: CancellationToken,
@@ -213,7 +211,7 @@ mod tests {
         assert_eq!(answer(&["-3"]).unwrap(), Verdict::SoldOut);
         let held = OrderId::from_stored(7 << 32 | 5).unwrap();
         assert_eq!(
-            answer(&["-4", &held.as_i64().to_string()]).unwrap(),
+            answer(&["-4", &held.to_string()]).unwrap(),
             Verdict::Held(Some(held))
         );
         assert_eq!(answer(&["-4", "garbage"]).unwrap(), Verdict::Held(None));

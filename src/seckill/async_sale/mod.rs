@@ -13,6 +13,7 @@
 //! still behind it.
 
 mod accept;
+mod lookup;
 mod reconcile;
 mod writer;
 
@@ -23,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{TimeDelta, Utc};
 use redis::{self, Script};
 use tokio_util::sync::CancellationToken;
 
@@ -31,12 +32,14 @@ use super::clock::SaleClock;
 use super::error::{Result, SeckillError};
 use super::workers::{Background, Queue, Workers};
 use super::SeckillSettings;
-use crate::id::{IdGenerator, OrderId};
+use crate::domain::{Order, OrderId, UserId, Voucher, VoucherId};
+use crate::id::IdGenerator;
 use crate::kv::{AsyncSaleKeys as SaleKeys, Keys, Kv};
 use crate::seckill::metric;
-use crate::store::{Order, OrderStatus, StockReturn, Store, Voucher};
+use crate::store::{StockReturn, Store};
 
 use accept::Verdict;
+use lookup::PendingLookup;
 pub use reconcile::{Pause, Reconciled, Reconciliation};
 
 /// How long the lookups of pending orders by id are kept after the last
@@ -133,11 +136,11 @@ impl AsyncSales {
 
     /// The hash of an async sale's stock in Redis (the waiting room reads
     /// it to know the sale sold out).
-    pub(super) fn sale_key(&self, voucher_id: i64) -> String {
+    pub(super) fn sale_key(&self, voucher_id: VoucherId) -> String {
         self.keys(voucher_id).sale
     }
 
-    fn keys(&self, voucher_id: i64) -> SaleKeys {
+    fn keys(&self, voucher_id: VoucherId) -> SaleKeys {
         self.inner.keys.async_sale(voucher_id)
     }
 
@@ -151,13 +154,13 @@ impl AsyncSales {
         };
         self.inner.keys.async_pending(
             order_id.seconds_since_epoch() / 3_600,
-            order_id.as_i64() % shards,
+            order_id.get() % shards,
         )
     }
 
     /// Accepts one unit of `voucher` for `user_id` in Redis: once this
     /// returns, the order is in the voucher's stream and will be written.
-    pub(super) async fn purchase(&self, voucher: &Voucher, user_id: i64) -> Result<OrderId> {
+    pub(super) async fn purchase(&self, voucher: &Voucher, user_id: UserId) -> Result<OrderId> {
         let inner = &self.inner;
         let order_id = inner.ids.next_id().await?;
         let at_ms = match self
@@ -186,8 +189,8 @@ impl AsyncSales {
             let mut remember = inner.remember.prepare_invoke();
             remember
                 .key(self.pending_key(order_id))
-                .arg(order_id.as_i64())
-                .arg(format!("{}:{user_id}:{at_ms}", voucher.id))
+                .arg(order_id)
+                .arg(PendingLookup::new(voucher.id, user_id, at_ms).encode())
                 .arg(PENDING_TTL_SECS);
             if let Err(error) = inner.redis.invoke::<i64>(&remember).await {
                 tracing::warn!(%order_id, %error, "could not record a pending order's lookup");
@@ -199,39 +202,26 @@ impl AsyncSales {
     }
 
     /// An order Redis accepted and Postgres does not hold yet.
-    pub(super) async fn pending(&self, order_id: i64) -> Result<Option<Order>> {
-        let Some(id) = OrderId::from_stored(order_id) else {
-            return Ok(None);
-        };
+    pub(super) async fn pending(&self, order_id: OrderId) -> Result<Option<Order>> {
         let value: Option<String> = self
             .inner
             .redis
-            .query(redis::cmd("HGET").arg(self.pending_key(id)).arg(order_id))
+            .query(
+                redis::cmd("HGET")
+                    .arg(self.pending_key(order_id))
+                    .arg(order_id),
+            )
             .await?;
-        let Some(value) = value else {
-            return Ok(None);
-        };
-        let mut parts = value.splitn(3, ':').map(str::parse::<i64>);
-        let (Some(Ok(voucher_id)), Some(Ok(user_id)), Some(Ok(at_ms))) =
-            (parts.next(), parts.next(), parts.next())
-        else {
-            return Ok(None);
-        };
-        Ok(Some(Order {
-            id: order_id,
-            user_id,
-            voucher_id,
-            created_at: DateTime::from_timestamp_millis(at_ms).unwrap_or_else(Utc::now),
-            status: OrderStatus::Pending,
-            pay_by: None,
-            paid_at: None,
-        }))
+        Ok(value
+            .as_deref()
+            .and_then(PendingLookup::decode)
+            .map(|lookup| lookup.order(order_id)))
     }
 
     /// The orders Redis accepted for `voucher_id` that its stream still
     /// holds (written ones are deleted from it), as (order id, user id) in
     /// stream order.
-    pub(super) async fn accepted(&self, voucher_id: i64) -> Result<Vec<(i64, i64)>> {
+    pub(super) async fn accepted(&self, voucher_id: VoucherId) -> Result<Vec<(OrderId, UserId)>> {
         let keys = self.keys(voucher_id);
         let stream: redis::streams::StreamRangeReply = self
             .inner
@@ -241,7 +231,10 @@ impl AsyncSales {
         Ok(stream
             .ids
             .iter()
-            .filter_map(|id| Some((id.get::<i64>("order")?, id.get::<i64>("user")?)))
+            .filter_map(|entry| {
+                let order = OrderId::from_stored(entry.get("order")?)?;
+                Some((order, UserId::new(entry.get("user")?)))
+            })
             .collect())
     }
 
@@ -249,7 +242,11 @@ impl AsyncSales {
     /// stock and buyers, exactly once per order (`lua/async_return.lua`);
     /// `false` while the sale is paused (nothing changed: try again after
     /// the reconciliation).
-    pub(super) async fn give_back(&self, voucher_id: i64, returns: &[StockReturn]) -> Result<bool> {
+    pub(super) async fn give_back(
+        &self,
+        voucher_id: VoucherId,
+        returns: &[StockReturn],
+    ) -> Result<bool> {
         let keys = self.keys(voucher_id);
         let mut give = self.inner.give_back.prepare_invoke();
         give.key(&keys.sale).key(&keys.buyers).key(&keys.returned);
@@ -303,17 +300,17 @@ impl AsyncSales {
     }
 
     /// Loads a sale whose Redis side is missing; whether it is loaded now.
-    async fn load_if_missing(&self, voucher_id: i64) -> bool {
+    async fn load_if_missing(&self, voucher_id: VoucherId) -> bool {
         match self.reconcile(voucher_id, Pause::IfMissing).await {
             Ok(Reconciliation::Done(done)) => {
-                tracing::info!(voucher_id, ?done, "loaded an async sale into Redis");
+                tracing::info!(%voucher_id, ?done, "loaded an async sale into Redis");
                 true
             }
             Ok(Reconciliation::Loaded) => true,
             // Another one reopens it, or fails and lets the next look load it.
             Ok(Reconciliation::UnderWay | Reconciliation::Superseded) => false,
             Err(error) => {
-                tracing::warn!(voucher_id, %error, "loading an async sale failed; retrying");
+                tracing::warn!(%voucher_id, %error, "loading an async sale failed; retrying");
                 false
             }
         }
@@ -325,7 +322,7 @@ impl AsyncSales {
     /// end, at most the Redis deadline, so that the creation is answered
     /// with the sale open. `Ok(false)`: still not loaded (the supervisors
     /// go on trying).
-    pub(super) async fn load_new(&self, voucher_id: i64) -> Result<bool> {
+    pub(super) async fn load_new(&self, voucher_id: VoucherId) -> Result<bool> {
         let deadline = tokio::time::Instant::now() + self.inner.redis.timeout();
         loop {
             match self.reconcile(voucher_id, Pause::IfMissing).await? {
@@ -339,7 +336,7 @@ impl AsyncSales {
         }
     }
 
-    fn ensure_writer(&self, voucher_id: i64) {
+    fn ensure_writer(&self, voucher_id: VoucherId) {
         self.inner.writers.get_or_start(
             voucher_id,
             |_| true,
@@ -353,7 +350,7 @@ impl AsyncSales {
 
     /// Tells the writers of vouchers not in `listed` (in id order) to stop
     /// once their stream is empty.
-    fn retire_writers(&self, listed: &[i64]) {
+    fn retire_writers(&self, listed: &[VoucherId]) {
         self.inner.writers.retain(|voucher_id, signals| {
             let keep = listed.binary_search(&voucher_id).is_ok();
             if !keep {
@@ -366,7 +363,7 @@ impl AsyncSales {
 
     /// Wakes this instance's writer of `voucher_id`, if it runs one: an
     /// order accepted here is read at once rather than at the next poll.
-    fn wake_writer(&self, voucher_id: i64) {
+    fn wake_writer(&self, voucher_id: VoucherId) {
         if let Some(signals) = self.inner.writers.get(voucher_id) {
             signals.wake.notify_one();
         }

@@ -24,11 +24,11 @@ use redis::{self, Script, ToRedisArgs};
 use serde::Serialize;
 
 use super::{writer, AsyncSales, SaleKeys};
-use crate::id::OrderId;
+use crate::domain::SaleMode;
+use crate::domain::{OrderId, UserId, VoucherId};
 use crate::seckill::batch::raise_id_counter;
 use crate::seckill::error::{Result, SeckillError};
 use crate::seckill::metric;
-use crate::store::SaleMode;
 
 /// Most members (or field-value pairs) in one write of a staged set.
 const CHUNK: usize = 1_000;
@@ -71,7 +71,7 @@ pub enum Reconciliation {
 /// What a reconciliation found and set.
 #[derive(Debug, Clone, Serialize)]
 pub struct Reconciled {
-    pub voucher_id: i64,
+    pub voucher_id: VoucherId,
     /// The stock Redis sells from now: Postgres's, less the accepted
     /// orders still waiting in the stream.
     pub stock: i64,
@@ -104,7 +104,7 @@ impl AsyncSales {
     /// the sale paused half-way, and shutdown waits for it.
     pub(in crate::seckill) async fn reconcile(
         &self,
-        voucher_id: i64,
+        voucher_id: VoucherId,
         pause: Pause,
     ) -> Result<Reconciliation> {
         let sales = self.clone();
@@ -115,7 +115,11 @@ impl AsyncSales {
             .map_err(|error| SeckillError::internal_from("a reconciliation failed", error))?
     }
 
-    async fn reconcile_to_end(&self, voucher_id: i64, pause: Pause) -> Result<Reconciliation> {
+    async fn reconcile_to_end(
+        &self,
+        voucher_id: VoucherId,
+        pause: Pause,
+    ) -> Result<Reconciliation> {
         let inner = &self.inner;
         // Refused before the pause: a refusal touches nothing of a sale
         // (an id no voucher has yet may be an async sale's tomorrow).
@@ -162,7 +166,7 @@ impl AsyncSales {
                 .key(&staged.returned)
                 .arg(&token);
             if let Err(error) = inner.redis.invoke::<i64>(&release).await {
-                tracing::warn!(voucher_id, %error, "could not release a failed reconciliation");
+                tracing::warn!(%voucher_id, %error, "could not release a failed reconciliation");
             }
         }
         rebuilt
@@ -187,7 +191,7 @@ impl AsyncSales {
     /// The reconciliation's work once the sale is paused under `token`.
     async fn rebuild(
         &self,
-        voucher_id: i64,
+        voucher_id: VoucherId,
         keys: &SaleKeys,
         token: &str,
         staged: &Staged,
@@ -202,8 +206,8 @@ impl AsyncSales {
             )
             .await?
             .ok_or(SeckillError::NotFound("voucher"))?;
-        let stored: HashSet<i64> = snapshot.stored.iter().copied().collect();
-        let mut buyers: HashMap<i64, i64> = snapshot.buyers.iter().copied().collect();
+        let stored: HashSet<OrderId> = snapshot.stored.iter().copied().collect();
+        let mut buyers: HashMap<UserId, OrderId> = snapshot.buyers.iter().copied().collect();
         let mut pending = 0;
         for (order_id, user_id) in &accepted {
             if !stored.contains(order_id) && !buyers.contains_key(user_id) {
@@ -216,7 +220,7 @@ impl AsyncSales {
 
         // The buyers are rebuilt aside, and replace the live ones as the
         // sale reopens, in one step.
-        let pairs: Vec<(i64, i64)> = buyers.into_iter().collect();
+        let pairs: Vec<(UserId, OrderId)> = buyers.into_iter().collect();
         self.stage("HSET", &staged.buyers, &pairs).await?;
         // Orders closed in this snapshot: their units are in its stock, so
         // a return of one of them still queued for Redis changes nothing.
@@ -249,7 +253,7 @@ impl AsyncSales {
             )
             .await?;
         if reopened != 1 {
-            tracing::info!(voucher_id, "a later reconciliation took over");
+            tracing::info!(%voucher_id, "a later reconciliation took over");
             return Ok(Reconciliation::Superseded);
         }
 
@@ -266,14 +270,14 @@ impl AsyncSales {
     /// A Redis that lost the sale lost the day's id counter too: it would
     /// hand out ids that orders hold already. Raised past those stored and
     /// those `accepted` before the sale reopens.
-    async fn raise_id_counter_past(&self, accepted: &[(i64, i64)]) -> Result<()> {
+    async fn raise_id_counter_past(&self, accepted: &[(OrderId, UserId)]) -> Result<()> {
         let inner = &self.inner;
         let today = inner.clock.now();
-        let day = crate::id::day_range(today);
+        let day = crate::domain::day_range(today);
         let accepted_today = accepted
             .iter()
-            .filter(|(order, _)| day.as_ref().is_some_and(|d| d.contains(order)))
-            .filter_map(|(order, _)| OrderId::from_stored(*order))
+            .filter(|(order, _)| day.as_ref().is_some_and(|d| d.contains(&order.get())))
+            .map(|(order, _)| *order)
             .map(OrderId::sequence)
             .max()
             .unwrap_or(0);

@@ -19,9 +19,9 @@ use sha2::Sha256;
 
 use super::error::{Result, SeckillError};
 use super::metric;
+use crate::domain::Voucher;
 use crate::domain::{UserId, VoucherId};
 use crate::kv::{Keys, Kv};
-use crate::store::Voucher;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -76,11 +76,11 @@ pub(super) struct Rooms {
     join: Script,
     keyed: HmacSha256,
     /// The last count of waiting places seen per voucher, for the gauge.
-    waiting: Mutex<HashMap<i64, i64>>,
+    waiting: Mutex<HashMap<VoucherId, i64>>,
     /// Each room's counter as last read, at most [`SERVED_REFRESH`] ago:
     /// a poll far from the front, or of an admitted ticket, is answered
     /// from it and its ticket, without a round trip of its own.
-    served: moka::future::Cache<i64, Served>,
+    served: moka::future::Cache<VoucherId, Served>,
 }
 
 /// How old a room's counter that answers polls may be.
@@ -118,7 +118,7 @@ impl Rooms {
         &self,
         voucher: &Voucher,
         rate: i32,
-        user_id: i64,
+        user_id: UserId,
         sold_out: bool,
         async_sale: Option<String>,
     ) -> Result<QueueState> {
@@ -186,7 +186,7 @@ impl Rooms {
         &self,
         voucher: &Voucher,
         rate: i32,
-        user_id: Option<i64>,
+        user_id: Option<UserId>,
         sold_out: bool,
         async_sale: Option<String>,
     ) -> Result<Placing> {
@@ -239,7 +239,7 @@ impl Rooms {
     }
 
     /// What the client is told, and its ticket.
-    fn state(&self, voucher: &Voucher, rate: i32, user_id: i64, p: Placing) -> QueueState {
+    fn state(&self, voucher: &Voucher, rate: i32, user_id: UserId, p: Placing) -> QueueState {
         let rate = i64::from(rate.max(1));
         let window = i64::try_from(ADMISSION_WINDOW.as_millis()).unwrap_or(i64::MAX);
         let admitted_until_ms = (p.admitted_ms > 0).then(|| p.admitted_ms + window);
@@ -330,11 +330,10 @@ impl super::Seckill {
     /// nonce that solves the user's challenge (see [`proof_holds`]).
     pub async fn join_queue(
         &self,
-        user: UserId,
-        voucher: VoucherId,
+        user_id: UserId,
+        voucher_id: VoucherId,
         proof: Option<&str>,
     ) -> Result<QueueState> {
-        let (user_id, voucher_id) = (user.get(), voucher.get());
         metrics::counter!(metric::QUEUE_REQUESTS, "kind" => metric::JOIN).increment(1);
         let (voucher, rate) = self.room_of(voucher_id).await?;
         let bits = u32::try_from(voucher.queue_proof_bits).unwrap_or(0);
@@ -355,11 +354,10 @@ impl super::Seckill {
     /// Where the holder of `ticket` (their own, for this voucher) stands.
     pub async fn poll_queue(
         &self,
-        user: UserId,
-        voucher: VoucherId,
+        user_id: UserId,
+        voucher_id: VoucherId,
         ticket: &str,
     ) -> Result<QueueState> {
-        let (user_id, voucher_id) = (user.get(), voucher.get());
         metrics::counter!(metric::QUEUE_REQUESTS, "kind" => metric::POLL).increment(1);
         let ticket = self.inner.rooms.check_own(voucher_id, user_id, ticket)?;
         let (voucher, rate) = self.room_of(voucher_id).await?;
@@ -374,7 +372,7 @@ impl super::Seckill {
     }
 
     /// A voucher with a room, and the room's pace.
-    async fn room_of(&self, voucher_id: i64) -> Result<(Arc<Voucher>, i32)> {
+    async fn room_of(&self, voucher_id: VoucherId) -> Result<(Arc<Voucher>, i32)> {
         let voucher = self.selling(voucher_id).await?;
         match voucher.admit_per_second {
             Some(rate) => Ok((voucher, rate)),
@@ -386,8 +384,8 @@ impl super::Seckill {
     /// sale's stock hash, which tells the room's script.
     async fn sale_state(&self, voucher: &Voucher) -> Result<(bool, Option<String>)> {
         Ok(match voucher.sale_mode {
-            crate::store::SaleMode::Sync => (self.inner.flags.is_sold_out(voucher).await?, None),
-            crate::store::SaleMode::Async => {
+            crate::domain::SaleMode::Sync => (self.inner.flags.is_sold_out(voucher).await?, None),
+            crate::domain::SaleMode::Async => {
                 (false, Some(self.inner.async_sales.sale_key(voucher.id)))
             }
         })
@@ -415,39 +413,44 @@ mod tests {
     fn a_proof_holds_with_enough_zero_bits_for_its_own_user_and_voucher() {
         assert_eq!(leading_zero_bits(&[0, 0, 0x1f, 0xff]), 19);
         assert_eq!(leading_zero_bits(&[0x80]), 0);
+        let holds =
+            |v, u, nonce: &str, bits| proof_holds(VoucherId::new(v), UserId::new(u), nonce, bits);
         let bits = 12;
         let nonce = (0u64..)
             .map(|n| n.to_string())
-            .find(|n| proof_holds(5, 9, n, bits))
+            .find(|n| holds(5, 9, n, bits))
             .unwrap();
-        assert!(proof_holds(5, 9, &nonce, bits));
+        assert!(holds(5, 9, &nonce, bits));
         // The same nonce for another user or voucher: another hash, which
         // has 12 zero bits once in 4,096.
         let others = [(5, 10), (6, 9), (5, 11), (7, 9)];
         assert!(
             others
                 .iter()
-                .filter(|(v, u)| proof_holds(*v, *u, &nonce, bits))
+                .filter(|(v, u)| holds(*v, *u, &nonce, bits))
                 .count()
                 < 2
         );
-        assert!(!proof_holds(5, 9, "", 0));
-        assert!(!proof_holds(5, 9, &"1".repeat(65), 0));
+        assert!(!holds(5, 9, "", 0));
+        assert!(!holds(5, 9, &"1".repeat(65), 0));
     }
 
     #[tokio::test]
     async fn only_an_admitted_ticket_of_this_user_and_voucher_in_its_window_buys() {
         let rooms = rooms();
+        let (v, u) = (VoucherId::new, UserId::new);
         let now = Utc::now();
         let until = now.timestamp_millis() + 5_000;
         let admitted = rooms.sign(&Ticket {
-            voucher_id: 3,
-            user_id: 7,
+            voucher_id: v(3),
+            user_id: u(7),
             place: 2,
             admitted_until_ms: until,
             expires_unix: until / 1000,
         });
-        assert!(rooms.check_admitted(3, 7, Some(&admitted), now).is_ok());
+        assert!(rooms
+            .check_admitted(v(3), u(7), Some(&admitted), now)
+            .is_ok());
         let later = now + chrono::Duration::seconds(6);
         for (voucher, user, ticket, at) in [
             (3, 8, Some(admitted.as_str()), now),
@@ -456,24 +459,28 @@ mod tests {
             (3, 7, None, now),
         ] {
             assert!(matches!(
-                rooms.check_admitted(voucher, user, ticket, at),
+                rooms.check_admitted(v(voucher), u(user), ticket, at),
                 Err(SeckillError::NotAdmitted(_))
             ));
         }
         let waiting = rooms.sign(&Ticket {
-            voucher_id: 3,
-            user_id: 7,
+            voucher_id: v(3),
+            user_id: u(7),
             place: 2,
             admitted_until_ms: 0,
             expires_unix: until / 1000,
         });
-        assert!(rooms.check_admitted(3, 7, Some(&waiting), now).is_err());
-        assert!(rooms.check_own(3, 7, &waiting).is_ok());
+        assert!(rooms
+            .check_admitted(v(3), u(7), Some(&waiting), now)
+            .is_err());
+        assert!(rooms.check_own(v(3), u(7), &waiting).is_ok());
         // A forged one: the admission raised by hand.
         let forged = waiting.replacen(".2.0.", &format!(".2.{until}."), 1);
         assert_ne!(forged, waiting);
-        assert!(rooms.check_admitted(3, 7, Some(&forged), now).is_err());
-        assert!(rooms.check_own(3, 7, &forged).is_err());
+        assert!(rooms
+            .check_admitted(v(3), u(7), Some(&forged), now)
+            .is_err());
+        assert!(rooms.check_own(v(3), u(7), &forged).is_err());
         // Another key's ticket.
         let other = Rooms::new(
             Kv::new(
@@ -483,6 +490,8 @@ mod tests {
             String::new(),
             &ticket_key(b"another key"),
         );
-        assert!(other.check_admitted(3, 7, Some(&admitted), now).is_err());
+        assert!(other
+            .check_admitted(v(3), u(7), Some(&admitted), now)
+            .is_err());
     }
 }

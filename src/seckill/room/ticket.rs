@@ -12,7 +12,7 @@ use secrecy::SecretBox;
 use sha2::Sha256;
 
 use super::{HmacSha256, Rooms};
-use crate::id::parse_positive;
+use crate::domain::{parse_positive, UserId, VoucherId};
 use crate::seckill::error::{Result, SeckillError};
 
 const TICKET_VERSION: &str = "t1";
@@ -20,8 +20,8 @@ const TICKET_VERSION: &str = "t1";
 /// A ticket as signed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(in crate::seckill) struct Ticket {
-    pub(super) voucher_id: i64,
-    pub(super) user_id: i64,
+    pub(super) voucher_id: VoucherId,
+    pub(super) user_id: UserId,
     /// The holder's place; 0 until placed.
     pub(super) place: i64,
     /// Unix ms; 0 while waiting.
@@ -81,8 +81,8 @@ impl Rooms {
         let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
         self.mac(payload).verify_slice(&signature).ok()?;
         Some(Ticket {
-            voucher_id: parse_positive(v)?,
-            user_id: parse_positive(u)?,
+            voucher_id: VoucherId::new(parse_positive(v)?),
+            user_id: UserId::new(parse_positive(u)?),
             place: whole_or_zero(p)?,
             admitted_until_ms: whole_or_zero(a)?,
             expires_unix: parse_positive(e)?,
@@ -92,8 +92,8 @@ impl Rooms {
     /// The ticket, if it is this user's for this voucher (before a poll).
     pub(in crate::seckill) fn check_own(
         &self,
-        voucher_id: i64,
-        user_id: i64,
+        voucher_id: VoucherId,
+        user_id: UserId,
         ticket: &str,
     ) -> Result<Ticket> {
         match self.verify(ticket) {
@@ -108,8 +108,8 @@ impl Rooms {
     /// sale's clock): signed here, theirs, admitted, within its window.
     pub(in crate::seckill) fn check_admitted(
         &self,
-        voucher_id: i64,
-        user_id: i64,
+        voucher_id: VoucherId,
+        user_id: UserId,
         ticket: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<()> {
@@ -136,13 +136,13 @@ impl Rooms {
 }
 
 /// The text a user's proof of work for a room hashes, before its nonce.
-pub fn challenge(voucher_id: i64, user_id: i64) -> String {
+pub fn challenge(voucher_id: VoucherId, user_id: UserId) -> String {
     format!("seckill-queue:{voucher_id}:{user_id}:")
 }
 
 /// Whether SHA-256 of the user's challenge followed by `nonce` starts with
 /// `bits` zero bits. A nonce is at most 64 characters.
-pub fn proof_holds(voucher_id: i64, user_id: i64, nonce: &str, bits: u32) -> bool {
+pub fn proof_holds(voucher_id: VoucherId, user_id: UserId, nonce: &str, bits: u32) -> bool {
     use sha2::Digest;
     if nonce.is_empty() || nonce.len() > 64 {
         return false;

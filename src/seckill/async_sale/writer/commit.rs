@@ -6,7 +6,7 @@
 use redis::streams::StreamId;
 
 use super::super::{AsyncSales, SaleKeys, GROUP};
-use crate::id::OrderId;
+use crate::domain::{OrderId, UserId, VoucherId};
 use crate::kv::KvError;
 use crate::seckill::batch::{raise_id_counter, sell_batch};
 use crate::seckill::metric;
@@ -15,8 +15,8 @@ use crate::store::{Sale, SaleRequest, StoreError};
 /// An accepted order as the stream holds it.
 pub(super) struct Entry {
     stream_id: String,
-    order_id: i64,
-    user_id: i64,
+    order_id: OrderId,
+    user_id: UserId,
     at_ms: i64,
 }
 
@@ -35,7 +35,7 @@ enum Refusal {
 impl Refusal {
     /// What an order's row says of it: `None` when it is stored under its
     /// own id (now, or by an earlier delivery of the same entry).
-    fn of(order_id: i64, sale: Sale) -> Option<Self> {
+    fn of(order_id: OrderId, sale: Sale) -> Option<Self> {
         match sale {
             Sale::Sold => None,
             Sale::Held(id) if id == order_id => None,
@@ -76,15 +76,26 @@ pub(super) enum CommitError {
     Redis(#[from] KvError),
 }
 
-/// An entry's fields; a malformed one (never written by our script) gets
-/// order id 0 and is reported, not written.
-pub(super) fn parse(id: &StreamId) -> Entry {
-    let field = |name: &str| id.get::<i64>(name).unwrap_or(0);
-    Entry {
-        stream_id: id.id.clone(),
-        order_id: field("order"),
-        user_id: field("user"),
-        at_ms: field("at"),
+/// A stream entry as read: an accepted order, or the stream id of an
+/// entry our script never writes (reported and deleted, not written).
+pub(super) type Parsed = Result<Entry, String>;
+
+/// An entry's fields, each in its range.
+pub(super) fn parse(id: &StreamId) -> Parsed {
+    let number = |name: &str| id.get::<i64>(name);
+    let fields = || {
+        let order_id = OrderId::from_stored(number("order")?)?;
+        let user_id = number("user").filter(|u| *u > 0).map(UserId::new)?;
+        Some((order_id, user_id, number("at")?))
+    };
+    match fields() {
+        Some((order_id, user_id, at_ms)) => Ok(Entry {
+            stream_id: id.id.clone(),
+            order_id,
+            user_id,
+            at_ms,
+        }),
+        None => Err(id.id.clone()),
     }
 }
 
@@ -111,25 +122,26 @@ fn by_distinct_users(entries: &[Entry]) -> Vec<Vec<&Entry>> {
 /// this consumer, to be tried again.
 pub(super) async fn commit(
     sales: &AsyncSales,
-    voucher_id: i64,
+    voucher_id: VoucherId,
     keys: &SaleKeys,
-    entries: Vec<Entry>,
+    entries: Vec<Parsed>,
 ) -> Result<(), CommitError> {
-    let (valid, malformed): (Vec<Entry>, Vec<Entry>) = entries
-        .into_iter()
-        .partition(|e| e.order_id > 0 && e.user_id > 0);
-    for entry in &malformed {
-        tracing::error!(stream_id = %entry.stream_id, "a malformed entry in an async sale's stream");
+    let mut valid = Vec::with_capacity(entries.len());
+    let mut stream_ids = Vec::with_capacity(entries.len());
+    for entry in entries {
+        match entry {
+            Ok(entry) => valid.push(entry),
+            Err(stream_id) => {
+                tracing::error!(%stream_id, "a malformed entry in an async sale's stream");
+                stream_ids.push(stream_id);
+            }
+        }
     }
     let refused = store(sales, voucher_id, &valid).await?;
     if !refused.is_empty() {
         report(sales, keys, &refused).await?;
     }
-    let stream_ids: Vec<&str> = valid
-        .iter()
-        .chain(&malformed)
-        .map(|e| e.stream_id.as_str())
-        .collect();
+    stream_ids.extend(valid.iter().map(|e| e.stream_id.clone()));
     sales
         .inner
         .redis
@@ -143,9 +155,9 @@ pub(super) async fn commit(
 /// refused, and why.
 async fn store(
     sales: &AsyncSales,
-    voucher_id: i64,
+    voucher_id: VoucherId,
     entries: &[Entry],
-) -> Result<Vec<(i64, Refusal)>, StoreError> {
+) -> Result<Vec<(OrderId, Refusal)>, StoreError> {
     let inner = &sales.inner;
     let mut refused = Vec::new();
     for round in by_distinct_users(entries) {
@@ -180,10 +192,9 @@ async fn store(
     // node that failed over without it); raised so that the next ids are
     // free. The orders accepted under taken ids are reported.
     if let Some((taken, _)) = refused.iter().find(|(_, r)| *r == Refusal::IdTaken) {
-        if let Some(day) = OrderId::from_stored(*taken).map(|id| id.drawn_at()) {
-            if let Err(error) = raise_id_counter(&inner.store, &inner.ids, day, 0).await {
-                tracing::warn!(%error, "raising the order-id counter failed");
-            }
+        let day = taken.drawn_at();
+        if let Err(error) = raise_id_counter(&inner.store, &inner.ids, day, 0).await {
+            tracing::warn!(%error, "raising the order-id counter failed");
         }
     }
     Ok(refused)
@@ -194,26 +205,24 @@ async fn store(
 async fn report(
     sales: &AsyncSales,
     keys: &SaleKeys,
-    refused: &[(i64, Refusal)],
+    refused: &[(OrderId, Refusal)],
 ) -> Result<(), KvError> {
     let redis = &sales.inner.redis;
     let mut hash = redis::cmd("HSET");
     hash.arg(&keys.unstored);
     for (order_id, refusal) in refused {
         let reason = refusal.code();
-        tracing::error!(order_id, reason, "Postgres refused an order Redis accepted");
+        tracing::error!(%order_id, reason, "Postgres refused an order Redis accepted");
         metrics::counter!(metric::ASYNC_UNSTORED, "reason" => reason).increment(1);
         hash.arg(order_id).arg(reason);
     }
     redis.query::<()>(&hash).await?;
     for (order_id, _) in refused {
-        if let Some(id) = OrderId::from_stored(*order_id) {
-            let forget = redis::cmd("HDEL")
-                .arg(sales.pending_key(id))
-                .arg(order_id)
-                .clone();
-            let _ = redis.query::<()>(&forget).await;
-        }
+        let forget = redis::cmd("HDEL")
+            .arg(sales.pending_key(*order_id))
+            .arg(order_id)
+            .clone();
+        let _ = redis.query::<()>(&forget).await;
     }
     Ok(())
 }
@@ -222,26 +231,35 @@ async fn report(
 mod tests {
     use super::*;
 
+    fn order(id: i64) -> OrderId {
+        OrderId::from_stored(id).unwrap()
+    }
+
     fn entry(order_id: i64, user_id: i64) -> Entry {
         Entry {
             stream_id: format!("{order_id}-0"),
-            order_id,
-            user_id,
+            order_id: order(order_id),
+            user_id: UserId::new(user_id),
             at_ms: 0,
         }
     }
 
     #[test]
     fn an_order_stored_under_its_own_id_is_no_refusal_and_every_other_answer_is_one() {
-        assert_eq!(Refusal::of(7, Sale::Sold), None);
-        assert_eq!(Refusal::of(7, Sale::Held(7)), None, "a redelivered entry");
+        let seven = order(7);
+        assert_eq!(Refusal::of(seven, Sale::Sold), None);
         assert_eq!(
-            Refusal::of(7, Sale::Held(8)),
+            Refusal::of(seven, Sale::Held(seven)),
+            None,
+            "a redelivered entry"
+        );
+        assert_eq!(
+            Refusal::of(seven, Sale::Held(order(8))),
             Some(Refusal::AlreadyPurchased)
         );
-        assert_eq!(Refusal::of(7, Sale::SoldOut), Some(Refusal::SoldOut));
-        assert_eq!(Refusal::of(7, Sale::IdTaken), Some(Refusal::IdTaken));
-        assert_eq!(Refusal::of(7, Sale::Fenced), Some(Refusal::Fenced));
+        assert_eq!(Refusal::of(seven, Sale::SoldOut), Some(Refusal::SoldOut));
+        assert_eq!(Refusal::of(seven, Sale::IdTaken), Some(Refusal::IdTaken));
+        assert_eq!(Refusal::of(seven, Sale::Fenced), Some(Refusal::Fenced));
         let codes: std::collections::HashSet<&str> = [
             Refusal::AlreadyPurchased,
             Refusal::SoldOut,
@@ -266,14 +284,14 @@ mod tests {
         let rounds = by_distinct_users(&entries);
         let ids: Vec<Vec<i64>> = rounds
             .iter()
-            .map(|r| r.iter().map(|e| e.order_id).collect())
+            .map(|r| r.iter().map(|e| e.order_id.get()).collect())
             .collect();
         assert_eq!(ids, vec![vec![1, 2, 4], vec![3], vec![5]]);
         assert!(by_distinct_users(&[]).is_empty());
     }
 
     #[test]
-    fn a_malformed_entry_parses_to_order_zero_and_a_good_one_to_its_fields() {
+    fn a_malformed_entry_parses_to_its_stream_id_and_a_good_one_to_its_fields() {
         let good = StreamId {
             id: "1-0".into(),
             map: [
@@ -284,15 +302,17 @@ mod tests {
             .into_iter()
             .collect(),
         };
-        let e = parse(&good);
-        assert_eq!((e.order_id, e.user_id, e.at_ms), (42, 7, 1000));
+        let e = parse(&good).unwrap();
+        assert_eq!(
+            (e.order_id, e.user_id, e.at_ms),
+            (order(42), UserId::new(7), 1000)
+        );
         let bad = StreamId {
             id: "2-0".into(),
             map: [("order".to_owned(), redis::Value::BulkString(b"x".to_vec()))]
                 .into_iter()
                 .collect(),
         };
-        let e = parse(&bad);
-        assert_eq!((e.order_id, e.user_id), (0, 0));
+        assert_eq!(parse(&bad).err().as_deref(), Some("2-0"));
     }
 }

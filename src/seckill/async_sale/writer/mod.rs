@@ -19,9 +19,10 @@ use redis::{self, streams::StreamId};
 use tokio_util::sync::CancellationToken;
 
 use super::{AsyncSales, SaleKeys, WriterSignals, GROUP};
+use crate::domain::VoucherId;
 use crate::kv::{Consumer, Delivery, KvError};
 use crate::seckill::metric;
-use commit::{commit, parse, Entry};
+use commit::{commit, parse, Parsed};
 
 mod commit;
 
@@ -143,7 +144,7 @@ impl Rounds {
 /// (what another instance accepted and holds is that one's to write).
 pub(super) async fn write(
     sales: AsyncSales,
-    voucher_id: i64,
+    voucher_id: VoucherId,
     signals: Arc<WriterSignals>,
     stop: CancellationToken,
 ) {
@@ -167,7 +168,7 @@ pub(super) async fn write(
                 if error.code() == Some("NOGROUP") {
                     rounds.group_ready = false;
                 } else {
-                    tracing::warn!(voucher_id, %error, "reading an async sale's stream failed");
+                    tracing::warn!(%voucher_id, %error, "reading an async sale's stream failed");
                 }
                 tokio::time::sleep(BACKOFF).await;
                 continue;
@@ -184,7 +185,7 @@ pub(super) async fn write(
                 if signals.retire.load(Ordering::Relaxed)
                     && matches!(sales.inner.redis.stream_len(&keys.orders).await, Ok(0))
                 {
-                    tracing::info!(voucher_id, "the sale is over and written: writer retired");
+                    tracing::info!(%voucher_id, "the sale is over and written: writer retired");
                     return;
                 }
                 let woken = tokio::select! {
@@ -204,7 +205,7 @@ pub(super) async fn write(
         metrics::gauge!(metric::ASYNC_IN_FLIGHT).decrement(held);
         rounds.committed(read, committed.is_ok());
         if let Err(error) = committed {
-            tracing::warn!(voucher_id, %error, "writing accepted orders failed; retrying");
+            tracing::warn!(%voucher_id, %error, "writing accepted orders failed; retrying");
             metrics::counter!(metric::ASYNC_WRITE_FAILURES).increment(1);
             tokio::time::sleep(BACKOFF).await;
         }
@@ -255,7 +256,7 @@ async fn next_entries(
     keys: &SaleKeys,
     read: Read,
     count: usize,
-) -> Result<Vec<Entry>, KvError> {
+) -> Result<Vec<Parsed>, KvError> {
     let inner = &sales.inner;
     let consumer = Consumer {
         stream: &keys.orders,
