@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::endpoint::{self, Endpoint};
 use super::guard::Term;
-use super::lock::{Lock, LockGuard, FENCE_KEY_TTL_MS, RELEASE_MEMORY_MS};
+use super::lock::{ChangeKind, GiveBack, HoldChange, Lock, LockGuard, Take};
 use super::pubsub::Subscriber;
 use super::watchdog::Watchdog;
 use super::{
@@ -86,45 +86,37 @@ impl Shared {
         }
     }
 
-    /// Runs `script` for many locks: one call per [`LOCKS_PER_CALL`] of
-    /// `items` (on a cluster, per slot; the calls at once), each item
-    /// adding its keys and arguments (`add`), `last` the call's final
-    /// argument. Each item's answer is `answer` of its part of the script's
-    /// answer, or the call's error; `at` (the item's place) goes with it.
-    pub(super) async fn per_lock<I, A, R>(
+    /// Runs `change` for one lock.
+    pub(super) async fn change_one<K: ChangeKind>(
         &self,
-        script: &Script,
-        items: &[(usize, I)],
-        lock_of: impl Fn(&I) -> &Lock,
-        add: impl Fn(&I, &mut ScriptInvocation<'_>),
-        last: u64,
-        answer: impl Fn(&I, Option<A>) -> Result<R, LockError>,
-    ) -> Vec<(usize, Result<R, LockError>)>
-    where
-        A: redis::FromRedisValue + Clone,
-    {
+        change: &HoldChange<'_, K>,
+    ) -> Result<K::Output, LockError> {
+        let answers = self.change_in_one_call(&[change]).await?;
+        change.answer(answers.first().cloned())
+    }
+
+    /// Runs the changes of `items`: one call per [`LOCKS_PER_CALL`] of them
+    /// (on a cluster, per slot; the calls at once). Each item's answer, or
+    /// its call's error, goes with its place `at`.
+    pub(super) async fn per_lock<K: ChangeKind>(
+        &self,
+        items: &[(usize, HoldChange<'_, K>)],
+    ) -> Vec<(usize, Result<K::Output, LockError>)> {
         let batches = endpoint::script_batches(
             self.conn.is_cluster(),
             items,
-            |(_, item)| &lock_of(item).key,
+            |(_, change)| change.lock.key(),
             LOCKS_PER_CALL,
         );
-        let (add, answer, lock_of) = (&add, &answer, &lock_of);
         let calls = batches.into_iter().map(|batch| async move {
-            let mut invocation = script.prepare_invoke();
-            for (_, item) in &batch {
-                add(item, &mut invocation);
-            }
-            invocation.arg(last);
-            let answers: Result<Vec<A>, LockError> = self
-                .send_idempotent(&lock_of(&batch[0].1).key, &invocation)
-                .await;
+            let changes: Vec<_> = batch.iter().map(|(_, change)| change).collect();
+            let answers = self.change_in_one_call(&changes).await;
             batch
                 .iter()
                 .enumerate()
-                .map(|(i, (at, item))| {
+                .map(|(i, (at, change))| {
                     let mine = match &answers {
-                        Ok(answers) => answer(item, answers.get(i).cloned()),
+                        Ok(answers) => change.answer(answers.get(i).cloned()),
                         Err(error) => Err(error.for_each_lock()),
                     };
                     (*at, mine)
@@ -136,6 +128,21 @@ impl Shared {
             .into_iter()
             .flatten()
             .collect()
+    }
+
+    /// One call of `K`'s script for `changes` (not empty).
+    async fn change_in_one_call<K: ChangeKind>(
+        &self,
+        changes: &[&HoldChange<'_, K>],
+    ) -> Result<Vec<K::Answer>, LockError> {
+        let (script, last) = K::script(self);
+        let mut invocation = script.prepare_invoke();
+        for change in changes {
+            change.add(&mut invocation);
+        }
+        invocation.arg(last);
+        self.send_idempotent(changes[0].lock.key(), &invocation)
+            .await
     }
 
     /// Releases the hold of a guard dropped without `unlock`, on a task the
@@ -222,33 +229,23 @@ impl LockClient {
         let (ours, others): (Vec<_>, Vec<_>) = requests
             .iter()
             .enumerate()
-            .partition(|(_, (lock, ..))| Arc::ptr_eq(&lock.shared, &self.shared));
-        // (place, (lock, owner, term, request id)) of each lock tried here.
-        let tries: Vec<_> = ours
+            .partition(|(_, (lock, ..))| self.owns(lock));
+        let takes: Vec<_> = ours
             .into_iter()
             .map(|(at, (lock, owner, lease))| {
                 let term = self.shared.resolve(*lease);
-                (at, (*lock, *owner, term, new_request_id()))
+                (
+                    at,
+                    HoldChange::new(lock, owner, Take(term), new_request_id()),
+                )
             })
             .collect();
-        let acquired = self.shared.per_lock(
-            &self.shared.acquire,
-            &tries,
-            |(lock, ..)| lock,
-            |(lock, owner, term, request_id), invocation| {
-                lock.add_acquire(invocation, owner, *term, request_id);
-            },
-            FENCE_KEY_TTL_MS,
-            |(lock, owner, term, _), answer: Option<(i64, i64, i64)>| {
-                Ok(lock.acquired(owner, *term, answer.unwrap_or((0, -1, 0))))
-            },
-        );
         let alone = others
             .into_iter()
             .map(|(at, (lock, owner, lease))| async move {
                 vec![(at, lock.try_acquire(owner, *lease).await)]
             });
-        gathered(acquired, alone).await
+        gathered(self.shared.per_lock(&takes), alone).await
     }
 
     /// Gives back every hold in `guards` as [`LockGuard::unlock`] would, in
@@ -259,32 +256,29 @@ impl LockClient {
     /// order of `guards`; a guard of another client is given back on its
     /// own.
     pub async fn unlock_all(&self, guards: Vec<LockGuard>) -> Vec<Result<Released, LockError>> {
-        let (ours, others): (Vec<_>, Vec<_>) = guards
+        let (mut ours, others): (Vec<_>, Vec<_>) = guards
             .into_iter()
             .enumerate()
-            .partition(|(_, guard)| Arc::ptr_eq(&guard.core.lock.shared, &self.shared));
-        // (place, (lock, owner, lease, request id)) of each hold given back.
-        let holds: Vec<_> = ours
-            .into_iter()
-            .map(|(at, mut guard)| {
+            .partition(|(_, guard)| self.owns(&guard.core.lock));
+        let give_backs: Vec<_> = ours
+            .iter_mut()
+            .map(|(at, guard)| {
                 let (lock, owner, lease) = guard.core.give_back();
-                (at, (lock.clone(), owner.clone(), lease, new_request_id()))
+                (
+                    *at,
+                    HoldChange::new(lock, owner, GiveBack(lease), new_request_id()),
+                )
             })
             .collect();
-        let released = self.shared.per_lock(
-            &self.shared.release,
-            &holds,
-            |(lock, ..)| lock,
-            |(lock, owner, lease, request_id), invocation| {
-                lock.add_release(invocation, owner, *lease, request_id);
-            },
-            RELEASE_MEMORY_MS,
-            |(lock, owner, ..), left: Option<i64>| lock.released(owner, left.unwrap_or(-1)),
-        );
         let alone = others
             .into_iter()
             .map(|(at, guard)| async move { vec![(at, guard.unlock().await)] });
-        gathered(released, alone).await
+        gathered(self.shared.per_lock(&give_backs), alone).await
+    }
+
+    /// Whether `lock` was made by this client.
+    fn owns(&self, lock: &Lock) -> bool {
+        Arc::ptr_eq(&lock.shared, &self.shared)
     }
 
     /// The deadline of each call to Redis (`LockOptions::command_timeout`).

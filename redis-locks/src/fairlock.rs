@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::lock::{lease_left, lease_ms, wait_turn, FENCE_KEY_TTL_MS};
+use super::lock::{lease_ms, wait_turn, FENCE_KEY_TTL_MS};
 use super::{Lease, Lock, LockError, LockGuard, Owner};
 
 /// A named fair lock. Cheap to clone.
@@ -36,7 +36,7 @@ impl FairLock {
     ) -> Result<Result<LockGuard, Option<Duration>>, LockError> {
         let shared = &self.lock.shared;
         let term = shared.resolve(lease);
-        let (granted, value, fence): (i64, i64, i64) = shared
+        let answer: (i64, i64, i64) = shared
             .conn
             .invoke(
                 shared
@@ -51,16 +51,7 @@ impl FairLock {
                     .arg(lease_ms(wait)),
             )
             .await?;
-        if granted == 1 {
-            Ok(Ok(LockGuard::granted(
-                self.lock.clone(),
-                owner,
-                term,
-                fence,
-            )))
-        } else {
-            Ok(Err(lease_left(value)))
-        }
+        Ok(self.lock.granted(owner, term, answer))
     }
 
     /// Takes the lock for `owner` when it is its turn, waiting at most

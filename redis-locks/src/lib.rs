@@ -346,6 +346,14 @@ pub enum LockError {
 }
 
 impl LockError {
+    /// `owner` does not hold the lock at `key`.
+    fn not_held(key: &str, owner: &Owner) -> Self {
+        Self::NotHeld {
+            key: key.to_owned(),
+            owner: owner.to_string(),
+        }
+    }
+
     /// The error of one call that gave back several locks, as each of them
     /// reports it (`RedisError` cannot be cloned; its kind, message and
     /// whether it timed out are kept).

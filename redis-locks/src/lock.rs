@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::ScriptInvocation;
+use redis::{FromRedisValue, Script, ScriptInvocation};
 
 use super::client::{new_request_id, Shared};
 use super::guard::{GuardCore, GuardedLock, Term};
@@ -131,48 +131,8 @@ impl Lock {
         request_id: &str,
     ) -> Result<Acquired, LockError> {
         let term = self.shared.resolve(lease.into());
-        let mut invocation = self.shared.acquire.prepare_invoke();
-        self.add_acquire(&mut invocation, owner, term, request_id);
-        invocation.arg(FENCE_KEY_TTL_MS);
-        let answers: Vec<(i64, i64, i64)> =
-            self.shared.send_idempotent(&self.key, &invocation).await?;
-        let answer = answers.first().copied().unwrap_or((0, -1, 0));
-        Ok(self.acquired(owner, term, answer))
-    }
-
-    /// Adds `owner`'s acquisition to a call of the acquire script
-    /// (`lua/lock_acquire.lua`, which takes each lock it is given as if
-    /// alone).
-    pub(super) fn add_acquire(
-        &self,
-        invocation: &mut ScriptInvocation<'_>,
-        owner: &Owner,
-        term: Term,
-        request_id: &str,
-    ) {
-        invocation
-            .key(&*self.key)
-            .key(self.fence_key())
-            .arg(lease_ms(term.lease))
-            .arg(owner.as_str())
-            .arg(request_id);
-    }
-
-    /// What the acquire script answered for this lock: `(1, holds, token)`
-    /// or `(0, pttl, 0)`.
-    pub(super) fn acquired(
-        &self,
-        owner: &Owner,
-        term: Term,
-        (acquired, value, fence): (i64, i64, i64),
-    ) -> Acquired {
-        if acquired == 1 {
-            Acquired::Yes(LockGuard::granted(self.clone(), owner, term, fence))
-        } else {
-            Acquired::HeldByOther {
-                lease_left: lease_left(value),
-            }
-        }
+        let take = HoldChange::new(self, owner, Take(term), request_id.to_owned());
+        self.shared.change_one(&take).await
     }
 
     /// Gives back one hold of `owner`. A release by anyone but a holder
@@ -189,41 +149,22 @@ impl Lock {
         lease: Duration,
         request_id: &str,
     ) -> Result<Released, LockError> {
-        let mut invocation = self.shared.release.prepare_invoke();
-        self.add_release(&mut invocation, owner, lease, request_id);
-        invocation.arg(RELEASE_MEMORY_MS);
-        let left: Vec<i64> = self.shared.send_idempotent(&self.key, &invocation).await?;
-        self.released(owner, left.first().copied().unwrap_or(-1))
+        let give_back = HoldChange::new(self, owner, GiveBack(lease), request_id.to_owned());
+        self.shared.change_one(&give_back).await
     }
 
-    /// Adds the release of `owner`'s hold to a call of the release script
-    /// (`lua/lock_release.lua`, which gives back one hold of each lock it
-    /// is given).
-    pub(super) fn add_release(
+    /// The guard of an acquire script's answer `(1, holds, token)`, or
+    /// the lease left on the lock for `(0, pttl, 0)`.
+    pub(super) fn granted(
         &self,
-        invocation: &mut ScriptInvocation<'_>,
         owner: &Owner,
-        lease: Duration,
-        request_id: &str,
-    ) {
-        invocation
-            .key(&*self.key)
-            .key(self.channel())
-            .key(self.released_key(request_id))
-            .arg(lease_ms(lease))
-            .arg(owner.as_str())
-            .arg(request_id);
-    }
-
-    /// What the release script answered for this lock.
-    pub(super) fn released(&self, owner: &Owner, left: i64) -> Result<Released, LockError> {
-        match left {
-            0 => Ok(Released::Free),
-            n if n > 0 => Ok(Released::StillHeld(u32::try_from(n).unwrap_or(u32::MAX))),
-            _ => Err(LockError::NotHeld {
-                key: self.key.to_string(),
-                owner: owner.to_string(),
-            }),
+        term: Term,
+        (granted, value, fence): (i64, i64, i64),
+    ) -> Result<LockGuard, Option<Duration>> {
+        if granted == 1 {
+            Ok(LockGuard::granted(self.clone(), owner, term, fence))
+        } else {
+            Err(lease_left(value))
         }
     }
 
@@ -390,6 +331,124 @@ impl Drop for LockGuard {
     }
 }
 
+/// One lock's part of a call of the acquire or the release script. Both
+/// take, per lock, its key and the kind's own keys, then the lease, the
+/// owner and the request id; one call serves one lock or many.
+pub(super) struct HoldChange<'a, K> {
+    pub(super) lock: &'a Lock,
+    owner: &'a Owner,
+    kind: K,
+    request_id: String,
+}
+
+/// What differs between taking a hold and giving one back.
+pub(super) trait ChangeKind {
+    /// The script's answer for one lock.
+    type Answer: FromRedisValue + Clone;
+    type Output;
+    /// The script, and the last argument of its call.
+    fn script(shared: &Shared) -> (&Script, u64);
+    fn lease(&self) -> Duration;
+    /// Adds the keys that follow the lock's own.
+    fn add_keys(lock: &Lock, request_id: &str, invocation: &mut ScriptInvocation<'_>);
+    fn answer(
+        &self,
+        lock: &Lock,
+        owner: &Owner,
+        answer: Option<Self::Answer>,
+    ) -> Result<Self::Output, LockError>;
+}
+
+impl<'a, K: ChangeKind> HoldChange<'a, K> {
+    pub(super) fn new(lock: &'a Lock, owner: &'a Owner, kind: K, request_id: String) -> Self {
+        Self {
+            lock,
+            owner,
+            kind,
+            request_id,
+        }
+    }
+
+    pub(super) fn add(&self, invocation: &mut ScriptInvocation<'_>) {
+        invocation.key(&*self.lock.key);
+        K::add_keys(self.lock, &self.request_id, invocation);
+        invocation
+            .arg(lease_ms(self.kind.lease()))
+            .arg(self.owner.as_str())
+            .arg(self.request_id.as_str());
+    }
+
+    /// This lock's answer (`None`: the script gave none).
+    pub(super) fn answer(&self, answer: Option<K::Answer>) -> Result<K::Output, LockError> {
+        self.kind.answer(self.lock, self.owner, answer)
+    }
+}
+
+/// An acquisition (`lua/lock_acquire.lua`) under this term.
+pub(super) struct Take(pub(super) Term);
+
+impl ChangeKind for Take {
+    type Answer = (i64, i64, i64);
+    type Output = Acquired;
+
+    fn script(shared: &Shared) -> (&Script, u64) {
+        (&shared.acquire, FENCE_KEY_TTL_MS)
+    }
+
+    fn lease(&self) -> Duration {
+        self.0.lease
+    }
+
+    fn add_keys(lock: &Lock, _: &str, invocation: &mut ScriptInvocation<'_>) {
+        invocation.key(lock.fence_key());
+    }
+
+    fn answer(
+        &self,
+        lock: &Lock,
+        owner: &Owner,
+        answer: Option<Self::Answer>,
+    ) -> Result<Acquired, LockError> {
+        Ok(
+            match lock.granted(owner, self.0, answer.unwrap_or((0, -1, 0))) {
+                Ok(guard) => Acquired::Yes(guard),
+                Err(lease_left) => Acquired::HeldByOther { lease_left },
+            },
+        )
+    }
+}
+
+/// A release (`lua/lock_release.lua`) renewing the holds left for this lease.
+pub(super) struct GiveBack(pub(super) Duration);
+
+impl ChangeKind for GiveBack {
+    /// The holds left, or -1: not held.
+    type Answer = i64;
+    type Output = Released;
+
+    fn script(shared: &Shared) -> (&Script, u64) {
+        (&shared.release, RELEASE_MEMORY_MS)
+    }
+
+    fn lease(&self) -> Duration {
+        self.0
+    }
+
+    fn add_keys(lock: &Lock, request_id: &str, invocation: &mut ScriptInvocation<'_>) {
+        invocation
+            .key(lock.channel())
+            .key(lock.released_key(request_id));
+    }
+
+    fn answer(&self, lock: &Lock, owner: &Owner, left: Option<i64>) -> Result<Released, LockError> {
+        match left.unwrap_or(-1) {
+            0 => Ok(Released::Free),
+            n if n > 0 => Ok(Released::StillHeld(u32::try_from(n).unwrap_or(u32::MAX))),
+            _ => Err(LockError::not_held(&lock.key, owner)),
+        }
+    }
+}
+
 /// Runs `attempt` until it wins or `wait` is spent, without polling: after
 /// the first failure it subscribes to `channel`, then each round marks the
 /// messages seen, attempts, and sleeps until a message or the holder's
@@ -435,7 +494,7 @@ where
 
 /// How long the answer of a last release is kept for a resend: longer
 /// than any resend (they all go out within one command deadline).
-pub(super) const RELEASE_MEMORY_MS: u64 = 60_000;
+const RELEASE_MEMORY_MS: u64 = 60_000;
 
 /// Lifetime of a lock's fencing-token key, renewed by each new holder. Only
 /// a speed-up: tokens keep growing with Redis's clock if the key expires.

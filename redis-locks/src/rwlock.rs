@@ -110,6 +110,16 @@ impl fmt::Debug for RwGuard {
     }
 }
 
+impl Hold {
+    /// The hold as the scripts name it.
+    pub(super) fn as_arg(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+        }
+    }
+}
+
 impl ReadWriteLock {
     /// The Redis key of this lock's hash.
     pub fn key(&self) -> &str {
@@ -158,7 +168,7 @@ impl ReadWriteLock {
         if granted == 1 {
             let renewal = || Renewal::ReadWrite {
                 timeouts: self.timeouts_prefix().into(),
-                write: hold == Hold::Write,
+                hold,
             };
             Ok(Ok(RwGuard {
                 core: GuardCore::granted(self.clone(), owner, term, renewal),
@@ -242,17 +252,11 @@ impl ReadWriteLock {
         invocation
             .key(self.timeouts_prefix())
             .key(self.channel())
-            .arg(match hold {
-                Hold::Read => "read",
-                Hold::Write => "write",
-            })
+            .arg(hold.as_arg())
             .arg(owner.as_str())
             .arg(lease_ms(lease));
         let left: i64 = self.run(invocation).await?;
-        u32::try_from(left).map_err(|_| LockError::NotHeld {
-            key: self.key.to_string(),
-            owner: owner.to_string(),
-        })
+        u32::try_from(left).map_err(|_| LockError::not_held(&self.key, owner))
     }
 }
 

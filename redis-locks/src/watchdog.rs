@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use redis::{RedisError, Script};
 use tokio::sync::watch;
 
-use super::Owner;
+use super::lock::lease_ms;
+use super::{Hold, Owner};
 
 /// Most locks renewed by one script call.
 const BATCH: usize = 256;
@@ -47,7 +48,7 @@ pub(super) enum Renewal {
     Plain,
     /// A read-write lock's hold; readers' per-hold lease keys live under
     /// `timeouts`.
-    ReadWrite { timeouts: Arc<str>, write: bool },
+    ReadWrite { timeouts: Arc<str>, hold: Hold },
 }
 
 struct Watched {
@@ -160,7 +161,7 @@ impl Watchdog {
             );
         }
         for entry in &rw {
-            let (_, key, owner, Renewal::ReadWrite { timeouts, write }) = entry else {
+            let (_, key, owner, Renewal::ReadWrite { timeouts, hold }) = entry else {
                 continue;
             };
             let mut invocation = self.renew_rw.key(&**key);
@@ -168,7 +169,7 @@ impl Watchdog {
                 .key(&**timeouts)
                 .arg(lease_ms(self.lease))
                 .arg(owner.as_str())
-                .arg(if *write { "write" } else { "read" });
+                .arg(hold.as_arg());
             let result: Result<bool, Arc<RedisError>> = self
                 .conn
                 .invoke::<i64>(&invocation)
@@ -232,8 +233,4 @@ async fn run(watchdog: Weak<Watchdog>) {
             return;
         }
     }
-}
-
-fn lease_ms(lease: Duration) -> u64 {
-    u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
 }
