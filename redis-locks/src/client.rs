@@ -1,6 +1,6 @@
-//! The client that makes locks and owners: its command connection, its
-//! scripts and how they are sent (one deadline a call, idempotent resends,
-//! many locks in one call), the subscriber its waiters share, its watchdog.
+//! The client that makes locks and owners, and owns what they share: the
+//! command connection, the scripts and how they are sent, the subscriber,
+//! the watchdog.
 
 use std::fmt;
 use std::sync::Arc;
@@ -20,8 +20,7 @@ use super::{
     SharedConnection,
 };
 
-/// What every lock of one client shares: the command connection, the
-/// scripts, the process UUID, the subscriber, the watchdog.
+/// What every lock of one client shares.
 pub(super) struct Shared {
     pub(super) conn: Arc<SharedConnection>,
     pub(super) prefix: String,
@@ -36,14 +35,12 @@ pub(super) struct Shared {
     pub(super) fair_leave: Script,
     pub(super) subscriber: Arc<Subscriber>,
     pub(super) watchdog: Arc<Watchdog>,
-    /// Releases started by guards dropped without `unlock`; shutdown waits
-    /// for them so that a stopping process leaves no lock behind.
+    /// Releases of guards dropped without `unlock`, for `shutdown` to await.
     pub(super) pending_releases: TaskTracker,
 }
 
 impl Shared {
-    /// The lease a hold gets, and whether the watchdog renews it, for a
-    /// request going out now.
+    /// The term of a hold whose request goes out now.
     pub(super) fn resolve(&self, lease: Lease) -> Term {
         let (lease, watched) = match lease {
             Lease::Fixed(lease) => (lease, false),
@@ -56,17 +53,14 @@ impl Shared {
         }
     }
 
-    /// Runs one of the scripts that remember their request ids (acquire,
-    /// release) within one command deadline, resending it (same request
-    /// ids, so at most once in effect) when the connection failed or timed
-    /// out. `key` names the lock in the logs.
+    /// Runs a script that remembers its request ids, resent with the same
+    /// ids after transient errors, all within one command deadline. `key`
+    /// names the lock in the logs.
     pub(super) async fn send_idempotent<T: redis::FromRedisValue>(
         &self,
         key: &str,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
-        // Every attempt within one deadline: resending never makes a call
-        // outlast the command timeout.
         let deadline = tokio::time::Instant::now() + self.conn.timeout();
         let mut attempt = 1;
         loop {
@@ -95,9 +89,8 @@ impl Shared {
         change.answer(answers.first().cloned())
     }
 
-    /// Runs the changes of `items`: one call per [`LOCKS_PER_CALL`] of them
-    /// (on a cluster, per slot; the calls at once). Each item's answer, or
-    /// its call's error, goes with its place `at`.
+    /// Runs the changes of `items`, one call per [`LOCKS_PER_CALL`] of them
+    /// (per slot on a cluster), the calls at once; answers keep their `at`.
     pub(super) async fn per_lock<K: ChangeKind>(
         &self,
         items: &[(usize, HoldChange<'_, K>)],
@@ -145,9 +138,8 @@ impl Shared {
             .await
     }
 
-    /// Releases the hold of a guard dropped without `unlock`, on a task the
-    /// client tracks (so `shutdown` waits for it). Failing that, the lease
-    /// frees the lock; either way it is logged.
+    /// Releases a dropped guard's hold on a tracked task; failing that (it is
+    /// logged), the lease frees the lock.
     pub(super) fn release_in_background(
         &self,
         key: Arc<str>,
@@ -169,17 +161,16 @@ impl Shared {
     }
 }
 
-/// Makes locks and owners; cheap to clone, one per process is enough.
+/// Makes locks and owners; cheap to clone, one per process and Redis is
+/// enough. It connects on first use, so it can be built while Redis is down.
 #[derive(Clone)]
 pub struct LockClient {
     shared: Arc<Shared>,
 }
 
 impl LockClient {
-    /// A client whose lock keys all start with `prefix` (may be empty). It
-    /// opens two connections to the endpoint's Redis (a `redis::Client`, or
-    /// an [`Endpoint`] such as a Sentinel master) when first used: one for
-    /// commands, one that waiters share to hear unlock messages.
+    /// A client whose keys all start with `prefix` (may be empty), with two
+    /// connections to `endpoint`: one for commands, one its waiters share.
     pub fn new(endpoint: impl Into<Endpoint>, prefix: impl Into<String>) -> Self {
         Self::with_options(endpoint, prefix, LockOptions::default())
     }
@@ -215,13 +206,10 @@ impl LockClient {
         }
     }
 
-    /// Tries each `(lock, owner, lease)` of `requests` as
-    /// [`Lock::try_acquire`] would, in as few calls as Redis allows: one
-    /// script call for up to [`LOCKS_PER_CALL`] locks (on a Redis Cluster,
-    /// one per slot, the calls at once). For a caller that gathers the
-    /// acquisitions of many owners that arrive together. The answers come
-    /// in the order of `requests`; a lock of another client is tried on its
-    /// own.
+    /// [`Lock::try_acquire`] for each `(lock, owner, lease)`, up to
+    /// [`LOCKS_PER_CALL`] locks a script call (per slot on a cluster); the
+    /// answers in the order of `requests`. Another client's lock is tried
+    /// on its own.
     pub async fn try_acquire_all(
         &self,
         requests: &[(&Lock, &Owner, Lease)],
@@ -248,13 +236,9 @@ impl LockClient {
         gathered(self.shared.per_lock(&takes), alone).await
     }
 
-    /// Gives back every hold in `guards` as [`LockGuard::unlock`] would, in
-    /// as few calls as Redis allows: one script call for up to
-    /// [`LOCKS_PER_CALL`] locks (on a Redis Cluster, one per slot, the calls
-    /// at once). For a caller that ends many holds together, such as a batch
-    /// of work whose locks all end when it commits. The answers come in the
-    /// order of `guards`; a guard of another client is given back on its
-    /// own.
+    /// [`LockGuard::unlock`] for each of `guards`, up to [`LOCKS_PER_CALL`]
+    /// locks a script call (per slot on a cluster); the answers in the order
+    /// of `guards`. Another client's guard is given back on its own.
     pub async fn unlock_all(&self, guards: Vec<LockGuard>) -> Vec<Result<Released, LockError>> {
         let (mut ours, others): (Vec<_>, Vec<_>) = guards
             .into_iter()
@@ -291,14 +275,14 @@ impl LockClient {
         self.shared.process
     }
 
-    /// The owner `id` of this process. Two owners with the same id are the
-    /// same owner: that is what makes the lock reentrant for them.
+    /// The owner `id` of this client's process: the same id is the same
+    /// owner (reentrancy); under another client it is another owner.
     pub fn owner(&self, id: impl fmt::Display) -> Owner {
         Owner(format!("{}:{id}", self.shared.process).into())
     }
 
-    /// The lock called `name`. Its key is `{prefix}lock:{name}`, a hash tag
-    /// so that every key of one lock lands in one Redis Cluster slot.
+    /// The lock called `name`, key `{prefix}lock:{name}` (a hash tag: every
+    /// key of one lock is in one cluster slot).
     pub fn lock(&self, name: &str) -> Lock {
         Lock {
             shared: self.shared.clone(),
@@ -324,9 +308,8 @@ impl LockClient {
         }
     }
 
-    /// Whether this client's Redis takes writes now (a master that has its
-    /// replicas, not a replica left behind by a failover): a key of the
-    /// client's own, written with a short life.
+    /// Whether this client's Redis takes writes now, for readiness checks
+    /// (a replica left behind by a failover does not).
     pub async fn check_writable(&self) -> Result<(), LockError> {
         let key = format!(
             "{}lock-client:{}:writable",
@@ -349,8 +332,8 @@ impl LockClient {
         self.shared.subscriber.active_channels()
     }
 
-    /// Waits (at most `timeout`) for releases started by dropped guards.
-    /// Returns false if some were still running when the time ran out.
+    /// Waits at most `timeout` for the releases of dropped guards; false if
+    /// some were still running.
     pub async fn shutdown(&self, timeout: Duration) -> bool {
         let tracker = &self.shared.pending_releases;
         tracker.close();
@@ -358,13 +341,11 @@ impl LockClient {
     }
 }
 
-/// Most locks one call of the acquire or the release script takes or gives
-/// back.
+/// Most locks one call of the acquire or the release script handles.
 pub const LOCKS_PER_CALL: usize = 64;
 
-/// The answers of a call on many locks, back in the caller's order: those
-/// of the script calls (`batched`) and those of the locks tried on their
-/// own.
+/// The answers of the script calls (`batched`) and of the locks tried
+/// alone, in the caller's order.
 async fn gathered<T>(
     batched: impl std::future::Future<Output = Vec<(usize, Result<T, LockError>)>>,
     alone: impl IntoIterator<
@@ -388,8 +369,7 @@ pub(super) fn new_request_id() -> String {
     Uuid::new_v4().simple().to_string()
 }
 
-/// Errors after which the command may or may not have been applied, and a
-/// resend (idempotent, by request id) is the way to find out.
+/// Errors after which the command may or may not have been applied.
 fn is_transient(error: &LockError) -> bool {
     match error {
         LockError::Redis(e) => e.is_io_error() || e.is_timeout() || e.is_connection_dropped(),
