@@ -1,6 +1,6 @@
-//! The client that makes locks and owners: its command connection, its
-//! scripts and how they are sent (one deadline a call, idempotent resends,
-//! many locks in one call), the subscriber its waiters share, its watchdog.
+//! The client that makes locks and owners, and owns what they share: the
+//! command connection, the scripts and how they are sent, the subscriber,
+//! the watchdog.
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::endpoint::{self, Endpoint};
 use super::guard::Term;
-use super::lock::{Lock, LockGuard, FENCE_KEY_TTL_MS, RELEASE_MEMORY_MS};
+use super::lock::{ChangeKind, GiveBack, HoldChange, Lock, LockGuard, Take};
 use super::pubsub::Subscriber;
 use super::watchdog::Watchdog;
 use super::{
@@ -20,8 +20,7 @@ use super::{
     SharedConnection,
 };
 
-/// What every lock of one client shares: the command connection, the
-/// scripts, the process UUID, the subscriber, the watchdog.
+/// What every lock of one client shares.
 pub(super) struct Shared {
     pub(super) conn: Arc<SharedConnection>,
     pub(super) prefix: String,
@@ -36,14 +35,12 @@ pub(super) struct Shared {
     pub(super) fair_leave: Script,
     pub(super) subscriber: Arc<Subscriber>,
     pub(super) watchdog: Arc<Watchdog>,
-    /// Releases started by guards dropped without `unlock`; shutdown waits
-    /// for them so that a stopping process leaves no lock behind.
+    /// Releases of guards dropped without `unlock`, for `shutdown` to await.
     pub(super) pending_releases: TaskTracker,
 }
 
 impl Shared {
-    /// The lease a hold gets, and whether the watchdog renews it, for a
-    /// request going out now.
+    /// The term of a hold whose request goes out now.
     pub(super) fn resolve(&self, lease: Lease) -> Term {
         let (lease, watched) = match lease {
             Lease::Fixed(lease) => (lease, false),
@@ -56,17 +53,14 @@ impl Shared {
         }
     }
 
-    /// Runs one of the scripts that remember their request ids (acquire,
-    /// release) within one command deadline, resending it (same request
-    /// ids, so at most once in effect) when the connection failed or timed
-    /// out. `key` names the lock in the logs.
+    /// Runs a script that remembers its request ids, resent with the same
+    /// ids after transient errors, all within one command deadline. `key`
+    /// names the lock in the logs.
     pub(super) async fn send_idempotent<T: redis::FromRedisValue>(
         &self,
         key: &str,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
-        // Every attempt within one deadline: resending never makes a call
-        // outlast the command timeout.
         let deadline = tokio::time::Instant::now() + self.conn.timeout();
         let mut attempt = 1;
         loop {
@@ -86,45 +80,36 @@ impl Shared {
         }
     }
 
-    /// Runs `script` for many locks: one call per [`LOCKS_PER_CALL`] of
-    /// `items` (on a cluster, per slot; the calls at once), each item
-    /// adding its keys and arguments (`add`), `last` the call's final
-    /// argument. Each item's answer is `answer` of its part of the script's
-    /// answer, or the call's error; `at` (the item's place) goes with it.
-    pub(super) async fn per_lock<I, A, R>(
+    /// Runs `change` for one lock.
+    pub(super) async fn change_one<K: ChangeKind>(
         &self,
-        script: &Script,
-        items: &[(usize, I)],
-        lock_of: impl Fn(&I) -> &Lock,
-        add: impl Fn(&I, &mut ScriptInvocation<'_>),
-        last: u64,
-        answer: impl Fn(&I, Option<A>) -> Result<R, LockError>,
-    ) -> Vec<(usize, Result<R, LockError>)>
-    where
-        A: redis::FromRedisValue + Clone,
-    {
+        change: &HoldChange<'_, K>,
+    ) -> Result<K::Output, LockError> {
+        let answers = self.change_in_one_call(&[change]).await?;
+        change.answer(answers.first().cloned())
+    }
+
+    /// Runs the changes of `items`, one call per [`LOCKS_PER_CALL`] of them
+    /// (per slot on a cluster), the calls at once; answers keep their `at`.
+    pub(super) async fn per_lock<K: ChangeKind>(
+        &self,
+        items: &[(usize, HoldChange<'_, K>)],
+    ) -> Vec<(usize, Result<K::Output, LockError>)> {
         let batches = endpoint::script_batches(
             self.conn.is_cluster(),
             items,
-            |(_, item)| &lock_of(item).key,
+            |(_, change)| change.lock.key(),
             LOCKS_PER_CALL,
         );
-        let (add, answer, lock_of) = (&add, &answer, &lock_of);
         let calls = batches.into_iter().map(|batch| async move {
-            let mut invocation = script.prepare_invoke();
-            for (_, item) in &batch {
-                add(item, &mut invocation);
-            }
-            invocation.arg(last);
-            let answers: Result<Vec<A>, LockError> = self
-                .send_idempotent(&lock_of(&batch[0].1).key, &invocation)
-                .await;
+            let changes: Vec<_> = batch.iter().map(|(_, change)| change).collect();
+            let answers = self.change_in_one_call(&changes).await;
             batch
                 .iter()
                 .enumerate()
-                .map(|(i, (at, item))| {
+                .map(|(i, (at, change))| {
                     let mine = match &answers {
-                        Ok(answers) => answer(item, answers.get(i).cloned()),
+                        Ok(answers) => change.answer(answers.get(i).cloned()),
                         Err(error) => Err(error.for_each_lock()),
                     };
                     (*at, mine)
@@ -138,9 +123,23 @@ impl Shared {
             .collect()
     }
 
-    /// Releases the hold of a guard dropped without `unlock`, on a task the
-    /// client tracks (so `shutdown` waits for it). Failing that, the lease
-    /// frees the lock; either way it is logged.
+    /// One call of `K`'s script for `changes` (not empty).
+    async fn change_in_one_call<K: ChangeKind>(
+        &self,
+        changes: &[&HoldChange<'_, K>],
+    ) -> Result<Vec<K::Answer>, LockError> {
+        let (script, last) = K::script(self);
+        let mut invocation = script.prepare_invoke();
+        for change in changes {
+            change.add(&mut invocation);
+        }
+        invocation.arg(last);
+        self.send_idempotent(changes[0].lock.key(), &invocation)
+            .await
+    }
+
+    /// Releases a dropped guard's hold on a tracked task; failing that (it is
+    /// logged), the lease frees the lock.
     pub(super) fn release_in_background(
         &self,
         key: Arc<str>,
@@ -162,17 +161,16 @@ impl Shared {
     }
 }
 
-/// Makes locks and owners; cheap to clone, one per process is enough.
+/// Makes locks and owners; cheap to clone, one per process and Redis is
+/// enough. It connects on first use, so it can be built while Redis is down.
 #[derive(Clone)]
 pub struct LockClient {
     shared: Arc<Shared>,
 }
 
 impl LockClient {
-    /// A client whose lock keys all start with `prefix` (may be empty). It
-    /// opens two connections to the endpoint's Redis (a `redis::Client`, or
-    /// an [`Endpoint`] such as a Sentinel master) when first used: one for
-    /// commands, one that waiters share to hear unlock messages.
+    /// A client whose keys all start with `prefix` (may be empty), with two
+    /// connections to `endpoint`: one for commands, one its waiters share.
     pub fn new(endpoint: impl Into<Endpoint>, prefix: impl Into<String>) -> Self {
         Self::with_options(endpoint, prefix, LockOptions::default())
     }
@@ -208,13 +206,10 @@ impl LockClient {
         }
     }
 
-    /// Tries each `(lock, owner, lease)` of `requests` as
-    /// [`Lock::try_acquire`] would, in as few calls as Redis allows: one
-    /// script call for up to [`LOCKS_PER_CALL`] locks (on a Redis Cluster,
-    /// one per slot, the calls at once). For a caller that gathers the
-    /// acquisitions of many owners that arrive together. The answers come
-    /// in the order of `requests`; a lock of another client is tried on its
-    /// own.
+    /// [`Lock::try_acquire`] for each `(lock, owner, lease)`, up to
+    /// [`LOCKS_PER_CALL`] locks a script call (per slot on a cluster); the
+    /// answers in the order of `requests`. Another client's lock is tried
+    /// on its own.
     pub async fn try_acquire_all(
         &self,
         requests: &[(&Lock, &Owner, Lease)],
@@ -222,69 +217,52 @@ impl LockClient {
         let (ours, others): (Vec<_>, Vec<_>) = requests
             .iter()
             .enumerate()
-            .partition(|(_, (lock, ..))| Arc::ptr_eq(&lock.shared, &self.shared));
-        // (place, (lock, owner, term, request id)) of each lock tried here.
-        let tries: Vec<_> = ours
+            .partition(|(_, (lock, ..))| self.owns(lock));
+        let takes: Vec<_> = ours
             .into_iter()
             .map(|(at, (lock, owner, lease))| {
                 let term = self.shared.resolve(*lease);
-                (at, (*lock, *owner, term, new_request_id()))
+                (
+                    at,
+                    HoldChange::new(lock, owner, Take(term), new_request_id()),
+                )
             })
             .collect();
-        let acquired = self.shared.per_lock(
-            &self.shared.acquire,
-            &tries,
-            |(lock, ..)| lock,
-            |(lock, owner, term, request_id), invocation| {
-                lock.add_acquire(invocation, owner, *term, request_id);
-            },
-            FENCE_KEY_TTL_MS,
-            |(lock, owner, term, _), answer: Option<(i64, i64, i64)>| {
-                Ok(lock.acquired(owner, *term, answer.unwrap_or((0, -1, 0))))
-            },
-        );
         let alone = others
             .into_iter()
             .map(|(at, (lock, owner, lease))| async move {
                 vec![(at, lock.try_acquire(owner, *lease).await)]
             });
-        gathered(acquired, alone).await
+        gathered(self.shared.per_lock(&takes), alone).await
     }
 
-    /// Gives back every hold in `guards` as [`LockGuard::unlock`] would, in
-    /// as few calls as Redis allows: one script call for up to
-    /// [`LOCKS_PER_CALL`] locks (on a Redis Cluster, one per slot, the calls
-    /// at once). For a caller that ends many holds together, such as a batch
-    /// of work whose locks all end when it commits. The answers come in the
-    /// order of `guards`; a guard of another client is given back on its
-    /// own.
+    /// [`LockGuard::unlock`] for each of `guards`, up to [`LOCKS_PER_CALL`]
+    /// locks a script call (per slot on a cluster); the answers in the order
+    /// of `guards`. Another client's guard is given back on its own.
     pub async fn unlock_all(&self, guards: Vec<LockGuard>) -> Vec<Result<Released, LockError>> {
-        let (ours, others): (Vec<_>, Vec<_>) = guards
+        let (mut ours, others): (Vec<_>, Vec<_>) = guards
             .into_iter()
             .enumerate()
-            .partition(|(_, guard)| Arc::ptr_eq(&guard.core.lock.shared, &self.shared));
-        // (place, (lock, owner, lease, request id)) of each hold given back.
-        let holds: Vec<_> = ours
-            .into_iter()
-            .map(|(at, mut guard)| {
+            .partition(|(_, guard)| self.owns(&guard.core.lock));
+        let give_backs: Vec<_> = ours
+            .iter_mut()
+            .map(|(at, guard)| {
                 let (lock, owner, lease) = guard.core.give_back();
-                (at, (lock.clone(), owner.clone(), lease, new_request_id()))
+                (
+                    *at,
+                    HoldChange::new(lock, owner, GiveBack(lease), new_request_id()),
+                )
             })
             .collect();
-        let released = self.shared.per_lock(
-            &self.shared.release,
-            &holds,
-            |(lock, ..)| lock,
-            |(lock, owner, lease, request_id), invocation| {
-                lock.add_release(invocation, owner, *lease, request_id);
-            },
-            RELEASE_MEMORY_MS,
-            |(lock, owner, ..), left: Option<i64>| lock.released(owner, left.unwrap_or(-1)),
-        );
         let alone = others
             .into_iter()
             .map(|(at, guard)| async move { vec![(at, guard.unlock().await)] });
-        gathered(released, alone).await
+        gathered(self.shared.per_lock(&give_backs), alone).await
+    }
+
+    /// Whether `lock` was made by this client.
+    fn owns(&self, lock: &Lock) -> bool {
+        Arc::ptr_eq(&lock.shared, &self.shared)
     }
 
     /// The deadline of each call to Redis (`LockOptions::command_timeout`).
@@ -297,14 +275,14 @@ impl LockClient {
         self.shared.process
     }
 
-    /// The owner `id` of this process. Two owners with the same id are the
-    /// same owner: that is what makes the lock reentrant for them.
+    /// The owner `id` of this client's process: the same id is the same
+    /// owner (reentrancy); under another client it is another owner.
     pub fn owner(&self, id: impl fmt::Display) -> Owner {
         Owner(format!("{}:{id}", self.shared.process).into())
     }
 
-    /// The lock called `name`. Its key is `{prefix}lock:{name}`, a hash tag
-    /// so that every key of one lock lands in one Redis Cluster slot.
+    /// The lock called `name`, key `{prefix}lock:{name}` (a hash tag: every
+    /// key of one lock is in one cluster slot).
     pub fn lock(&self, name: &str) -> Lock {
         Lock {
             shared: self.shared.clone(),
@@ -330,9 +308,8 @@ impl LockClient {
         }
     }
 
-    /// Whether this client's Redis takes writes now (a master that has its
-    /// replicas, not a replica left behind by a failover): a key of the
-    /// client's own, written with a short life.
+    /// Whether this client's Redis takes writes now, for readiness checks
+    /// (a replica left behind by a failover does not).
     pub async fn check_writable(&self) -> Result<(), LockError> {
         let key = format!(
             "{}lock-client:{}:writable",
@@ -355,8 +332,8 @@ impl LockClient {
         self.shared.subscriber.active_channels()
     }
 
-    /// Waits (at most `timeout`) for releases started by dropped guards.
-    /// Returns false if some were still running when the time ran out.
+    /// Waits at most `timeout` for the releases of dropped guards; false if
+    /// some were still running.
     pub async fn shutdown(&self, timeout: Duration) -> bool {
         let tracker = &self.shared.pending_releases;
         tracker.close();
@@ -364,13 +341,11 @@ impl LockClient {
     }
 }
 
-/// Most locks one call of the acquire or the release script takes or gives
-/// back.
+/// Most locks one call of the acquire or the release script handles.
 pub const LOCKS_PER_CALL: usize = 64;
 
-/// The answers of a call on many locks, back in the caller's order: those
-/// of the script calls (`batched`) and those of the locks tried on their
-/// own.
+/// The answers of the script calls (`batched`) and of the locks tried
+/// alone, in the caller's order.
 async fn gathered<T>(
     batched: impl std::future::Future<Output = Vec<(usize, Result<T, LockError>)>>,
     alone: impl IntoIterator<
@@ -394,8 +369,7 @@ pub(super) fn new_request_id() -> String {
     Uuid::new_v4().simple().to_string()
 }
 
-/// Errors after which the command may or may not have been applied, and a
-/// resend (idempotent, by request id) is the way to find out.
+/// Errors after which the command may or may not have been applied.
 fn is_transient(error: &LockError) -> bool {
     match error {
         LockError::Redis(e) => e.is_io_error() || e.is_timeout() || e.is_connection_dropped(),

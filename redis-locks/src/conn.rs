@@ -1,33 +1,6 @@
 //! [`SharedConnection`]: one multiplexed command connection to an
 //! [`Endpoint`], shared by every caller, each call under one deadline, and
-//! dropped when it reaches no master.
-//!
-//! Multiplexed: commands from many tasks go out on one socket and redis-rs
-//! matches each answer to the call that sent it (its own per-call channel,
-//! in send order). A call that gives up at its deadline drops its end of
-//! that channel; its answer, when it comes, is read and thrown away, so a
-//! late answer never reaches another caller. Nothing is checked out, so no
-//! health-check `PING` precedes a command: the connection sends only the
-//! callers' commands. It cannot carry a blocking command (`BLPOP`,
-//! `XREADGROUP ... BLOCK`) or a transaction: the first would stall every
-//! caller behind it, the second would interleave with them.
-//!
-//! One deadline per call covers everything: waiting for the connection to be
-//! made (one attempt at a time, callers behind it wait), the command and, for
-//! [`SharedConnection::invoke`], loading a script Redis does not know yet.
-//! A call never takes longer than its deadline, whatever a proxy in front of
-//! Redis does with a new connection (accept it and hold it, say, while no
-//! server behind it is up).
-//!
-//! A connection that a failover left on a replica (`READONLY`) or on a
-//! master that lost its replicas (`MASTERDOWN`) is open but useless, and
-//! redis-rs's `ConnectionManager` only reconnects when a connection breaks,
-//! and to the same address: such an answer (also nested in an array), a
-//! broken connection, and behind Sentinel a call that timed out, drop the
-//! connection here, so that the next call connects afresh: through the
-//! proxy or managed endpoint, or to the master the sentinels name now. (A
-//! broken connection is made again by the next call, not by redis-rs in
-//! the background: the first call after a Redis restart succeeds.)
+//! dropped when it reaches no master so that the next call connects afresh.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -43,10 +16,14 @@ use tokio::time::Instant;
 
 use super::endpoint::{Endpoint, Multiplexed};
 
-/// One multiplexed connection to an [`Endpoint`], made on first use and
-/// again after it reaches no master, every call within its deadline.
+/// One multiplexed connection to an [`Endpoint`], made on first use.
 ///
-/// # Example
+/// Every call has one deadline covering connecting, the command and loading
+/// a script; a call that gives up drops only its own answer (redis-rs
+/// matches answers to callers). An answer of `READONLY` or `MASTERDOWN`, a
+/// broken connection, and behind Sentinel a timeout, drop the connection:
+/// the next call connects afresh. Never send a blocking command (`BLPOP`)
+/// or a transaction on it: it is shared.
 ///
 /// ```rust
 /// use std::time::Duration;
@@ -55,29 +32,12 @@ use super::endpoint::{Endpoint, Multiplexed};
 ///
 /// # #[tokio::main]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
-/// let redis = SharedConnection::new(client, Duration::from_secs(1));
+/// let redis = SharedConnection::new(redis::Client::open("redis://127.0.0.1:6379")?, Duration::from_secs(1));
 /// let key = format!("redis-locks-doc:{}", uuid::Uuid::new_v4().simple());
-///
-/// // Clones of one command run at once on one socket; each gets its answer.
 /// let incr = redis::cmd("INCR").arg(&key).clone();
 /// let (a, b): (redis::RedisResult<i64>, redis::RedisResult<i64>) =
-///     tokio::join!(redis.query(&incr), redis.query(&incr));
-/// let mut counts = [a?, b?];
-/// counts.sort();
-/// assert_eq!(counts, [1, 2]);
-///
-/// // A call that outlives its deadline is a timeout error. (BLPOP blocks
-/// // the shared connection for 0.2 s: never send such a command here.)
-/// let slow = redis::cmd("BLPOP").arg(format!("{key}:empty")).arg(0.2).clone();
-/// let gave_up = redis
-///     .query_within::<Option<Vec<String>>>(Duration::from_millis(50), &slow)
-///     .await
-///     .unwrap_err();
-/// assert!(gave_up.is_timeout());
-/// // Its late answer (nil) is thrown away: the next call reads its own.
-/// let value: i64 = redis.query(redis::cmd("GET").arg(&key)).await?;
-/// assert_eq!(value, 2);
+///     tokio::join!(redis.query(&incr), redis.query(&incr)); // one socket
+/// assert_eq!(a? + b?, 3);
 /// # redis.query::<()>(redis::cmd("DEL").arg(&key)).await?;
 /// # Ok(())
 /// # }
@@ -85,8 +45,7 @@ use super::endpoint::{Endpoint, Multiplexed};
 pub struct SharedConnection {
     endpoint: Endpoint,
     timeout: Duration,
-    /// Made on first use, so a client can be built while Redis is down;
-    /// made again after an answer says it reaches no master.
+    /// Made on first use, so a client can be built while Redis is down.
     current: RwLock<Option<Handle>>,
     connecting: tokio::sync::Mutex<()>,
 }
@@ -95,16 +54,13 @@ pub struct SharedConnection {
 #[derive(Clone)]
 pub(crate) struct Handle {
     conn: Multiplexed,
-    /// Set when this connection answered that it reaches no master (or,
-    /// behind Sentinel, when it broke or timed out: the master may have
-    /// moved).
+    /// Set when the connection is found useless: the next call replaces it.
     stale: Arc<AtomicBool>,
     follow_failover: bool,
 }
 
 impl SharedConnection {
-    /// A connection to `endpoint` (made on first use) whose calls each end
-    /// within `timeout` unless told otherwise.
+    /// A connection to `endpoint` whose calls end within `timeout`.
     pub fn new(endpoint: impl Into<Endpoint>, timeout: Duration) -> Self {
         Self {
             endpoint: endpoint.into(),
@@ -119,14 +75,12 @@ impl SharedConnection {
         self.timeout
     }
 
-    /// Whether this is a Redis Cluster (a script's keys must then share a
-    /// slot).
+    /// Whether this is a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         self.endpoint.is_cluster()
     }
 
-    /// Whether a connection is open now (or, at least, not yet found
-    /// broken).
+    /// Whether a connection is open and not found broken.
     pub fn is_open(&self) -> bool {
         self.usable().is_some()
     }
@@ -143,9 +97,8 @@ impl SharedConnection {
         cmd: &Cmd,
     ) -> RedisResult<T> {
         let deadline = Instant::now() + timeout;
-        // Boxed: callers' futures hold a pointer, not redis-rs's nested
-        // futures, so that deep call chains stay within the compiler's
-        // type-layout limits.
+        // Boxed, to keep callers' futures small (deep call chains otherwise
+        // hit the compiler's type-layout limits).
         Box::pin(async move {
             let mut handle = self.handle_by(deadline).await?;
             let answer = tokio::time::timeout_at(deadline, cmd.query_async(&mut handle)).await;
@@ -154,8 +107,7 @@ impl SharedConnection {
         .await
     }
 
-    /// Runs a Lua script (`EVALSHA`, loading it on `NOSCRIPT`) within the
-    /// connection's timeout.
+    /// Runs a Lua script (loaded on `NOSCRIPT`) within the timeout.
     pub async fn invoke<T: FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,
@@ -164,8 +116,7 @@ impl SharedConnection {
             .await
     }
 
-    /// Runs a Lua script, ending by `deadline` (for callers that resend
-    /// within one deadline of their own).
+    /// Runs a Lua script, ending by `deadline`.
     pub async fn invoke_by<T: FromRedisValue>(
         &self,
         deadline: Instant,
@@ -189,8 +140,7 @@ impl SharedConnection {
         }
     }
 
-    /// The connection, made now if there is none usable (one attempt at a
-    /// time; the others wait for it).
+    /// The connection, made now if none is usable (one attempt at a time).
     pub(crate) async fn handle(&self) -> RedisResult<Handle> {
         if let Some(handle) = self.usable() {
             return Ok(handle);
@@ -220,7 +170,7 @@ impl SharedConnection {
 }
 
 /// A call's answer, or its timeout; behind Sentinel, silence may be a
-/// master that is gone, and the connection is made again.
+/// master that is gone, so the connection is made again.
 fn settle<T>(
     handle: &Handle,
     deadline: Instant,
@@ -234,8 +184,7 @@ fn settle<T>(
     })
 }
 
-/// The error of a call that reached its deadline: an I/O timeout, so that
-/// `is_timeout()` says so.
+/// An I/O timeout, so that `is_timeout()` says so.
 fn timed_out(deadline: Instant) -> RedisError {
     let late = Instant::now().saturating_duration_since(deadline);
     std::io::Error::new(
@@ -247,16 +196,13 @@ fn timed_out(deadline: Instant) -> RedisError {
 
 impl Handle {
     /// Marks the connection stale when it broke or an answer says it
-    /// reaches no master. Server errors arrive as values here; they become
-    /// errors later.
+    /// reaches no master (server errors are still values here).
     fn check<'v>(&self, answer: Result<impl IntoIterator<Item = &'v Value>, &RedisError>) {
         let useless = match answer {
             Err(error) => {
                 matches!(error.kind(), ErrorKind::ReadOnly | ErrorKind::MasterDown)
-                    // Broken: connect afresh on the next call rather than
-                    // wait on redis-rs's reconnection, whose failed attempt
-                    // (made while the server was down) the first call after
-                    // a restart would read.
+                    // Connect afresh rather than read redis-rs's reconnection,
+                    // which may have failed while the server was down.
                     || error.is_io_error()
                     || error.is_connection_dropped()
                     || error.is_connection_refusal()

@@ -1,8 +1,5 @@
-//! Where a lock client's Redis is: one server (or a proxy, or a managed
-//! endpoint); the master that Redis Sentinel names, looked up again
-//! whenever a connection to it has to be made, so that after a failover
-//! the client follows the new master; or a Redis Cluster, whose client
-//! follows `MOVED` and `ASK` and learns the new slot owners by itself.
+//! Where a lock client's Redis is, how to connect to it, and how script
+//! calls are grouped by cluster slot.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -15,10 +12,11 @@ use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::RedisResult;
 use tokio::sync::Mutex;
 
-/// A lock client's Redis.
+/// A lock client's Redis. The Sentinel master is looked up again for every
+/// new connection, so the client follows a failover.
 #[derive(Clone)]
 pub enum Endpoint {
-    /// One address.
+    /// One address: a server, a proxy or a managed endpoint.
     Server(redis::Client),
     /// The master of `master`, as the sentinels say.
     Sentinel(Arc<Mutex<SentinelClient>>),
@@ -30,9 +28,8 @@ pub enum Endpoint {
 pub struct Cluster {
     urls: Vec<String>,
     nodes: Vec<redis::Client>,
-    /// The node the next subscriber connection goes to: a classic PUBLISH
-    /// reaches every node of a cluster, so any one will do, and a lost
-    /// connection moves on to the next.
+    /// The node the next subscriber connection goes to: a PUBLISH reaches
+    /// every node, so any one will do.
     next: AtomicUsize,
 }
 
@@ -46,8 +43,8 @@ pub(super) enum Multiplexed {
 }
 
 impl Endpoint {
-    /// The master called `master` among the given sentinels (`redis://`
-    /// URLs of the sentinels themselves).
+    /// The master called `master`, as the sentinels at these `redis://` URLs
+    /// name it.
     pub fn sentinel(sentinels: Vec<String>, master: &str) -> RedisResult<Self> {
         let client = SentinelClient::build(
             sentinels,
@@ -58,8 +55,7 @@ impl Endpoint {
         Ok(Self::Sentinel(Arc::new(Mutex::new(client))))
     }
 
-    /// A cluster reached through these nodes (`redis://` URLs; one is
-    /// enough, more survive that one being down).
+    /// A cluster reached through any of these nodes (`redis://` URLs).
     pub fn cluster(urls: Vec<String>) -> RedisResult<Self> {
         let nodes = urls
             .iter()
@@ -72,15 +68,13 @@ impl Endpoint {
         })))
     }
 
-    /// Opens the command connection; every attempt and every answer
-    /// within `timeout`.
+    /// Opens the command connection, each attempt and answer within `timeout`.
     pub(super) async fn connect(&self, timeout: Duration) -> RedisResult<Multiplexed> {
         if let Self::Cluster(cluster) = self {
             let client = cluster_client(cluster.urls.clone(), timeout)?;
             return Ok(Multiplexed::Cluster(client.get_async_connection().await?));
         }
-        // Fail fast while Redis is away: the caller decides whether to
-        // resend; the manager reconnects in the background.
+        // Fail fast while Redis is away: the caller decides whether to resend.
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(timeout)
             .set_response_timeout(timeout)
@@ -93,9 +87,8 @@ impl Endpoint {
         Ok(Multiplexed::Single(manager))
     }
 
-    /// The client of the server to subscribe on now (for Sentinel, the
-    /// master as the sentinels name it at this moment; for a cluster, the
-    /// next of its nodes in turn).
+    /// The server to subscribe on now: the current master, or a cluster's
+    /// next node in turn.
     pub(super) async fn subscriber_client(&self) -> RedisResult<redis::Client> {
         match self {
             Self::Server(client) => Ok(client.clone()),
@@ -107,8 +100,7 @@ impl Endpoint {
         }
     }
 
-    /// Whether a broken connection should be made again through a new
-    /// look-up rather than to the same address.
+    /// Whether a broken connection is made again through a new look-up.
     pub(super) fn follows_failover(&self) -> bool {
         matches!(self, Self::Sentinel(_))
     }
@@ -143,10 +135,9 @@ impl Multiplexed {
     }
 }
 
-/// A Redis Cluster client through these nodes whose every connection
-/// attempt and answer takes at most `timeout`, and which follows a
-/// redirection or refreshes its slot map a few times rather than backing
-/// off for long: the caller's deadline decides how long to keep trying.
+/// A Redis Cluster client whose connection attempts and answers each take
+/// at most `timeout`, with short retries: the caller's deadline decides how
+/// long to keep trying.
 pub fn cluster_client(urls: Vec<String>, timeout: Duration) -> RedisResult<ClusterClient> {
     ClusterClientBuilder::new(urls)
         .connection_timeout(timeout)
@@ -157,9 +148,8 @@ pub fn cluster_client(urls: Vec<String>, timeout: Duration) -> RedisResult<Clust
         .build()
 }
 
-/// `items` in groups for one script call each, at most `max` to a group;
-/// on a cluster, each group's keys (`key` of each item) in one slot, since
-/// a script may only touch keys of the node it runs on.
+/// `items` in groups of at most `max`, one script call each; on a cluster,
+/// each group's keys in one slot (a script runs on one node).
 pub(super) fn script_batches<'a, T>(
     cluster: bool,
     items: impl IntoIterator<Item = &'a T>,
@@ -185,9 +175,8 @@ pub(super) fn script_batches<'a, T>(
         .collect()
 }
 
-/// The Redis Cluster slot of `key`: CRC-16/XMODEM of its hash tag (the
-/// part between the first `{` and the next `}`, when not empty) or of the
-/// whole key, modulo 16384.
+/// The Redis Cluster slot of `key`: CRC-16/XMODEM of its non-empty hash tag
+/// (or of the whole key), modulo 16384.
 pub(super) fn slot(key: &[u8]) -> u16 {
     const CRC16: crc::Crc<u16> = crc::Crc::<u16>::new(&crc::CRC_16_XMODEM);
     let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {

@@ -1,14 +1,13 @@
-//! Fair locks: reentrant locks granted in the order owners asked, on the
-//! model of Redisson's RFairLock. A waiter that stops waiting (gives up, or
-//! dies) loses its place when its wait time is over, so it cannot block
-//! the line. Released like the reentrant lock (same hash, same guard).
+//! Fair locks, on the model of Redisson's RFairLock.
 
 use std::time::Duration;
 
-use super::lock::{lease_left, lease_ms, wait_turn, FENCE_KEY_TTL_MS};
+use super::lock::{lease_ms, wait_turn, FENCE_KEY_TTL_MS};
 use super::{Lease, Lock, LockError, LockGuard, Owner};
 
-/// A named fair lock. Cheap to clone.
+/// A reentrant lock granted in the order owners asked, with the same hash
+/// and guard as [`Lock`]. A waiter keeps its place only for its own wait, so
+/// one that died cannot block the line. Cheap to clone.
 #[derive(Clone)]
 pub struct FairLock {
     pub(super) lock: Lock,
@@ -36,7 +35,7 @@ impl FairLock {
     ) -> Result<Result<LockGuard, Option<Duration>>, LockError> {
         let shared = &self.lock.shared;
         let term = shared.resolve(lease);
-        let (granted, value, fence): (i64, i64, i64) = shared
+        let answer: (i64, i64, i64) = shared
             .conn
             .invoke(
                 shared
@@ -51,20 +50,11 @@ impl FairLock {
                     .arg(lease_ms(wait)),
             )
             .await?;
-        if granted == 1 {
-            Ok(Ok(LockGuard::granted(
-                self.lock.clone(),
-                owner,
-                term,
-                fence,
-            )))
-        } else {
-            Ok(Err(lease_left(value)))
-        }
+        Ok(self.lock.granted(owner, term, answer))
     }
 
-    /// Takes the lock for `owner` when it is its turn, waiting at most
-    /// `wait`; `Ok(None)` when the wait ran out (the owner leaves the line).
+    /// Takes the lock for `owner` when its turn comes, waiting at most `wait`;
+    /// `Ok(None)` when the wait ran out (the owner leaves the line).
     pub async fn acquire(
         &self,
         owner: &Owner,
@@ -88,8 +78,7 @@ impl FairLock {
         got
     }
 
-    /// Takes the lock if it is free and nobody is waiting, without joining
-    /// the line.
+    /// Takes the lock if it is free and nobody waits.
     pub async fn try_acquire(
         &self,
         owner: &Owner,

@@ -1,9 +1,6 @@
-//! What the guards of the single-server locks share: how a hold stays
-//! alive and tells its holder when it ended, and giving it back, by
-//! `unlock` or, for a guard dropped without one, in the background.
-//! [`LockGuard`](super::LockGuard) and [`RwGuard`](super::RwGuard) each
-//! wrap a [`GuardCore`] and add what their own holds carry (a fencing
-//! token, a read or write hold).
+//! [`GuardCore`], what the guards of the single-server locks share: how a
+//! hold stays alive, how its holder hears that it ended, and giving it back
+//! by `unlock` or, when dropped, in the background.
 
 use std::fmt;
 use std::future::Future;
@@ -17,11 +14,9 @@ use super::{LockError, Owner};
 /// A hold's lease as asked for, resolved as its request goes out.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Term {
-    /// How long the hold lasts unless the watchdog renews it.
     pub(super) lease: Duration,
-    /// Whether the watchdog renews it.
     pub(super) watched: bool,
-    /// When the request went out: a fixed lease is counted from then.
+    /// A fixed lease is counted from here: it errs early, never late.
     pub(super) sent: Instant,
 }
 
@@ -29,8 +24,7 @@ pub(super) struct Term {
 enum Life {
     /// Renewed by the watchdog, which says when it finds the hold gone.
     Watched(Registration),
-    /// A fixed lease ending then, counted from before the request was sent,
-    /// so it errs early, never late.
+    /// A fixed lease ending then.
     Until(Instant),
 }
 
@@ -46,8 +40,7 @@ impl Life {
         match self {
             Self::Watched(watch) => {
                 let mut heard = watch.lost.clone();
-                // An error means the watchdog is gone with its client: the
-                // lock is no longer renewed, so it will be lost.
+                // An error: the watchdog is gone, so the lock will be lost.
                 let _ = heard.wait_for(|lost| *lost).await;
             }
             Self::Until(expires) => tokio::time::sleep_until((*expires).into()).await,
@@ -64,16 +57,13 @@ impl Life {
 
 /// What a [`GuardCore`] needs of the lock it holds.
 pub(super) trait GuardedLock: Clone + Send + 'static {
-    /// The client the lock belongs to: its watchdog, its background
-    /// releases.
+    /// The client the lock belongs to.
     fn shared(&self) -> &Arc<Shared>;
-    /// The key of the lock's hash, as the watchdog and the logs name it.
+    /// The key of the lock's hash.
     fn hash_key(&self) -> &Arc<str>;
 }
 
-/// One hold of a single-server lock, whatever its kind: the lock, whose
-/// hold it is, its lease, how it stays alive, and whether it still has to
-/// be given back.
+/// One hold of a single-server lock, whatever its kind.
 pub(super) struct GuardCore<L> {
     pub(super) lock: L,
     pub(super) owner: Owner,
@@ -83,9 +73,8 @@ pub(super) struct GuardCore<L> {
 }
 
 impl<L: GuardedLock> GuardCore<L> {
-    /// A hold just granted by Redis: the watchdog renews it (the way
-    /// `renewal` says, asked only then) if its term asks so; otherwise it
-    /// ends with its lease.
+    /// A hold just granted, watched (renewed as `renewal` says) if its term
+    /// asks so.
     pub(super) fn granted(
         lock: L,
         owner: &Owner,
@@ -120,29 +109,24 @@ impl<L: GuardedLock> GuardCore<L> {
         debug
     }
 
-    /// Whether this hold can no longer be trusted: the watchdog found the
-    /// lock gone, or a fixed lease has run out.
     pub(super) fn is_lost(&self) -> bool {
         self.life.is_lost()
     }
 
-    /// Resolves when the hold is lost (see [`GuardCore::is_lost`]).
     pub(super) async fn lost(&self) {
         self.life.lost().await;
     }
 
-    /// The hold is being given back by its guard: stops renewing it (and
-    /// leaves nothing for the guard's drop to give back), and lends what
-    /// giving it back takes: the lock, the owner, the lease.
+    /// Disarms the guard and stops renewing the hold; lends what giving it
+    /// back takes.
     pub(super) fn give_back(&mut self) -> (&L, &Owner, Duration) {
         self.armed = false;
         self.life.end(&self.lock.shared().watchdog);
         (&self.lock, &self.owner, self.lease)
     }
 
-    /// For a guard's `Drop`: unless `unlock` gave the hold back already,
-    /// gives it back in the background by `release` (the lock's own
-    /// release of the owner's hold with this lease).
+    /// For a guard's `Drop`: unless already given back, gives the hold back
+    /// in the background by `release`.
     pub(super) fn release_on_drop<F, Fut>(&mut self, release: F)
     where
         F: FnOnce(L, Owner, Duration) -> Fut,

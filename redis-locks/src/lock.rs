@@ -1,11 +1,11 @@
-//! The reentrant lock and its guard: one hold taken and given back by a
-//! script each, waiting for a turn without polling, the fencing token.
+//! The reentrant lock and its guard, the scripts that take and give back
+//! holds, and waiting for a turn on the lock's channel.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::ScriptInvocation;
+use redis::{FromRedisValue, Script, ScriptInvocation};
 
 use super::client::{new_request_id, Shared};
 use super::guard::{GuardCore, GuardedLock, Term};
@@ -42,8 +42,7 @@ impl Lock {
         &self.key
     }
 
-    /// Where the answer of the last release sent under `request_id` is
-    /// kept for a resend (the lock's hash is gone by then).
+    /// Where a last release's answer is kept for a resend.
     pub(super) fn released_key(&self, request_id: &str) -> String {
         format!("{}:release:{request_id}", self.key)
     }
@@ -58,14 +57,8 @@ impl Lock {
         format!("{}:released", self.key)
     }
 
-    /// Takes the lock for `owner`, waiting at most `wait` for its holder to
-    /// let go. `Ok(None)`: still held by another owner when `wait` ran out.
-    ///
-    /// Without polling: after one failed attempt the waiter subscribes to
-    /// the lock's channel, then tries again (a release between the two is
-    /// caught by the second attempt, one after it by the subscription), and
-    /// sleeps until a release message or the end of the holder's lease,
-    /// whichever comes first.
+    /// Takes the lock for `owner`, waiting at most `wait` (on the lock's
+    /// channel, not polling). `Ok(None)`: still held when `wait` ran out.
     pub async fn acquire(
         &self,
         owner: &Owner,
@@ -82,8 +75,8 @@ impl Lock {
         .await
     }
 
-    /// Frees the lock whoever holds it, and wakes its waiters. Returns
-    /// whether it was held. For operators; the holder is not told.
+    /// Frees the lock whoever holds it (for operators) and wakes its
+    /// waiters; the holder is not told. Returns whether it was held.
     pub async fn force_unlock(&self) -> Result<bool, LockError> {
         let deleted: i64 = self
             .shared
@@ -108,9 +101,8 @@ impl Lock {
         Ok(lease_left(pttl))
     }
 
-    /// Takes the lock for `owner` with the given lease, without waiting.
-    /// If `owner` already holds it, its hold count goes up by one and the
-    /// lease starts again.
+    /// Takes the lock without waiting; if `owner` holds it already, one more
+    /// hold, and the lease starts again. Resent on transient errors.
     pub async fn try_acquire(
         &self,
         owner: &Owner,
@@ -120,10 +112,8 @@ impl Lock {
             .await
     }
 
-    /// [`Lock::try_acquire`] under a request id of the caller's: sent again
-    /// with the same id (after a timeout, say), it gets the first answer
-    /// and takes no second hold. `try_acquire` itself resends on transient
-    /// errors with one id, so it never counts twice.
+    /// [`Lock::try_acquire`] under the caller's request id: sent again with
+    /// it, it gets the first answer and takes no second hold.
     pub async fn try_acquire_request(
         &self,
         owner: &Owner,
@@ -131,99 +121,39 @@ impl Lock {
         request_id: &str,
     ) -> Result<Acquired, LockError> {
         let term = self.shared.resolve(lease.into());
-        let mut invocation = self.shared.acquire.prepare_invoke();
-        self.add_acquire(&mut invocation, owner, term, request_id);
-        invocation.arg(FENCE_KEY_TTL_MS);
-        let answers: Vec<(i64, i64, i64)> =
-            self.shared.send_idempotent(&self.key, &invocation).await?;
-        let answer = answers.first().copied().unwrap_or((0, -1, 0));
-        Ok(self.acquired(owner, term, answer))
+        let take = HoldChange::new(self, owner, Take(term), request_id.to_owned());
+        self.shared.change_one(&take).await
     }
 
-    /// Adds `owner`'s acquisition to a call of the acquire script
-    /// (`lua/lock_acquire.lua`, which takes each lock it is given as if
-    /// alone).
-    pub(super) fn add_acquire(
-        &self,
-        invocation: &mut ScriptInvocation<'_>,
-        owner: &Owner,
-        term: Term,
-        request_id: &str,
-    ) {
-        invocation
-            .key(&*self.key)
-            .key(self.fence_key())
-            .arg(lease_ms(term.lease))
-            .arg(owner.as_str())
-            .arg(request_id);
-    }
-
-    /// What the acquire script answered for this lock: `(1, holds, token)`
-    /// or `(0, pttl, 0)`.
-    pub(super) fn acquired(
-        &self,
-        owner: &Owner,
-        term: Term,
-        (acquired, value, fence): (i64, i64, i64),
-    ) -> Acquired {
-        if acquired == 1 {
-            Acquired::Yes(LockGuard::granted(self.clone(), owner, term, fence))
-        } else {
-            Acquired::HeldByOther {
-                lease_left: lease_left(value),
-            }
-        }
-    }
-
-    /// Gives back one hold of `owner`. A release by anyone but a holder
-    /// changes nothing and is reported as [`LockError::NotHeld`].
+    /// Gives back one hold of `owner`, renewing the lease of those left;
+    /// [`LockError::NotHeld`] (and no change) if `owner` holds none.
     pub async fn release(&self, owner: &Owner, lease: Duration) -> Result<Released, LockError> {
         self.release_request(owner, lease, &new_request_id()).await
     }
 
-    /// [`Lock::release`] under a request id of the caller's: sent again with
-    /// the same id, it gets the first answer and gives back no second hold.
+    /// [`Lock::release`] under the caller's request id: sent again with it,
+    /// it gets the first answer and gives back no second hold.
     pub async fn release_request(
         &self,
         owner: &Owner,
         lease: Duration,
         request_id: &str,
     ) -> Result<Released, LockError> {
-        let mut invocation = self.shared.release.prepare_invoke();
-        self.add_release(&mut invocation, owner, lease, request_id);
-        invocation.arg(RELEASE_MEMORY_MS);
-        let left: Vec<i64> = self.shared.send_idempotent(&self.key, &invocation).await?;
-        self.released(owner, left.first().copied().unwrap_or(-1))
+        let give_back = HoldChange::new(self, owner, GiveBack(lease), request_id.to_owned());
+        self.shared.change_one(&give_back).await
     }
 
-    /// Adds the release of `owner`'s hold to a call of the release script
-    /// (`lua/lock_release.lua`, which gives back one hold of each lock it
-    /// is given).
-    pub(super) fn add_release(
+    /// Reads an acquire answer: `(1, holds, token)` or `(0, pttl, 0)`.
+    pub(super) fn granted(
         &self,
-        invocation: &mut ScriptInvocation<'_>,
         owner: &Owner,
-        lease: Duration,
-        request_id: &str,
-    ) {
-        invocation
-            .key(&*self.key)
-            .key(self.channel())
-            .key(self.released_key(request_id))
-            .arg(lease_ms(lease))
-            .arg(owner.as_str())
-            .arg(request_id);
-    }
-
-    /// What the release script answered for this lock.
-    pub(super) fn released(&self, owner: &Owner, left: i64) -> Result<Released, LockError> {
-        match left {
-            0 => Ok(Released::Free),
-            n if n > 0 => Ok(Released::StillHeld(u32::try_from(n).unwrap_or(u32::MAX))),
-            _ => Err(LockError::NotHeld {
-                key: self.key.to_string(),
-                owner: owner.to_string(),
-            }),
+        term: Term,
+        (granted, value, fence): (i64, i64, i64),
+    ) -> Result<LockGuard, Option<Duration>> {
+        if granted == 1 {
+            Ok(LockGuard::granted(self.clone(), owner, term, fence))
+        } else {
+            Err(lease_left(value))
         }
     }
 
@@ -248,9 +178,8 @@ impl Lock {
     }
 }
 
-/// One hold of a lock. `unlock` gives it back and reports what happened;
-/// dropping the guard (an early return, a panic, a cancelled request) gives
-/// it back in the background instead.
+/// One hold of a [`Lock`] or [`FairLock`](super::FairLock); dropped without
+/// `unlock`, it is given back in the background.
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     pub(super) core: GuardCore<Lock>,
@@ -282,79 +211,34 @@ impl LockGuard {
         &self.core.lock
     }
 
-    /// This hold's fencing token: larger than the token of every earlier
-    /// holder of the lock. Send it with every write the lock protects, and
-    /// have the store refuse a write whose token is smaller than the last
-    /// one it accepted: a holder that stalled past its lease then cannot
-    /// write after the next holder did.
-    ///
-    /// # Example
-    ///
-    /// A holder stalls past its lease; the next holder gets a larger token,
-    /// and a store that checks tokens refuses the stalled holder's late
-    /// write:
+    /// This hold's fencing token: larger than every earlier holder's
+    /// (`max(last + 1, Redis's clock in µs)`; a reentrant acquisition keeps
+    /// it). A store that refuses writes with a smaller token than the
+    /// largest it accepted refuses a holder that stalled past its lease:
     ///
     /// ```rust
     /// use std::time::Duration;
     ///
     /// use redis_locks::{Acquired, LockClient, LockError};
     ///
-    /// /// Accepts a write only with a token at least as large as the
-    /// /// largest it has accepted.
-    /// struct Store {
-    ///     last_token: i64,
-    ///     value: &'static str,
-    /// }
-    ///
-    /// impl Store {
-    ///     fn write(&mut self, token: i64, value: &'static str) -> bool {
-    ///         if token < self.last_token {
-    ///             return false;
-    ///         }
-    ///         self.last_token = token;
-    ///         self.value = value;
-    ///         true
-    ///     }
-    /// }
-    ///
     /// # #[tokio::main]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
-    /// // Keys under a prefix of this run's own: runs never share a key.
-    /// let prefix = format!("redis-locks-doc:{}:", uuid::Uuid::new_v4().simple());
-    /// let locks = LockClient::new(client.clone(), prefix);
+    /// # let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// # let locks = LockClient::new(client.clone(), format!("redis-locks-doc:{}:", uuid::Uuid::new_v4().simple()));
     /// let lock = locks.lock("account:7");
-    /// let mut store = Store { last_token: 0, value: "" };
-    ///
-    /// // Job 1 takes the lock with a short lease, then stalls past it.
-    /// let job1 = locks.owner("job-1");
-    /// let Acquired::Yes(stalled) = lock.try_acquire(&job1, Duration::from_millis(100)).await? else {
+    /// let Acquired::Yes(stalled) = lock.try_acquire(&locks.owner("job-1"), Duration::from_millis(100)).await? else {
     ///     panic!("a new lock is free");
     /// };
-    /// tokio::time::sleep(Duration::from_millis(250)).await;
-    /// assert!(stalled.is_lost());
-    ///
-    /// // Job 2 takes the lock, with a larger token, and writes.
-    /// let job2 = locks.owner("job-2");
-    /// let Acquired::Yes(next) = lock.try_acquire(&job2, Duration::from_secs(10)).await? else {
+    /// tokio::time::sleep(Duration::from_millis(250)).await; // past its lease
+    /// let Acquired::Yes(next) = lock.try_acquire(&locks.owner("job-2"), Duration::from_secs(10)).await? else {
     ///     panic!("the first lease has run out");
     /// };
-    /// assert!(next.fence() > stalled.fence());
-    /// assert!(store.write(next.fence(), "written by job 2"));
-    ///
-    /// // Job 1 wakes up: the store refuses its write, and the lock its unlock.
-    /// assert!(!store.write(stalled.fence(), "written by job 1"));
+    /// assert!(next.fence() > stalled.fence()); // the store refuses job 1 now
     /// assert!(matches!(stalled.unlock().await, Err(LockError::NotHeld { .. })));
-    /// assert_eq!(store.value, "written by job 2");
     /// next.unlock().await?;
-    /// # // This example's keys: the lock and its fencing token (the answer kept
-    /// # // for a resend of the last release expires by itself).
     /// # let mut conn = client.get_multiplexed_async_connection().await?;
-    /// # redis::cmd("DEL")
-    /// #     .arg(lock.key())
-    /// #     .arg(format!("{}:fence", lock.key()))
-    /// #     .query_async::<()>(&mut conn)
-    /// #     .await?;
+    /// # let fence = format!("{}:fence", lock.key());
+    /// # redis::cmd("DEL").arg(lock.key()).arg(fence).query_async::<()>(&mut conn).await?;
     /// # Ok(())
     /// # }
     /// ```
@@ -362,20 +246,19 @@ impl LockGuard {
         self.fence
     }
 
-    /// Whether this hold can no longer be trusted: the watchdog found the
-    /// lock gone, or a fixed lease has run out.
+    /// Whether the hold is lost: the watchdog found it gone (or could not
+    /// renew it for a whole lease), or its fixed lease ran out.
     pub fn is_lost(&self) -> bool {
         self.core.is_lost()
     }
 
-    /// Resolves when the hold is lost (see [`LockGuard::is_lost`]): race it
-    /// against the work done under the lock and abort the work if it wins.
+    /// Resolves when the hold is lost: race it against the work.
     pub async fn lost(&self) {
         self.core.lost().await;
     }
 
-    /// Gives the hold back now. `Err(NotHeld)` means the lease ran out
-    /// while the work was being done: someone else may have held the lock.
+    /// Gives the hold back. `Err(NotHeld)`: the lease ran out first, and
+    /// someone else may have held the lock meanwhile.
     pub async fn unlock(mut self) -> Result<Released, LockError> {
         let (lock, owner, lease) = self.core.give_back();
         lock.release(owner, lease).await
@@ -390,11 +273,124 @@ impl Drop for LockGuard {
     }
 }
 
-/// Runs `attempt` until it wins or `wait` is spent, without polling: after
-/// the first failure it subscribes to `channel`, then each round marks the
-/// messages seen, attempts, and sleeps until a message or the holder's
-/// lease (`Err(lease_left)` of the attempt), whichever comes first. A
-/// release between the attempt and the sleep is caught by the mark.
+/// One lock's part of a call of the acquire or release script, which take
+/// per lock its keys, then lease, owner and request id.
+pub(super) struct HoldChange<'a, K> {
+    pub(super) lock: &'a Lock,
+    owner: &'a Owner,
+    kind: K,
+    request_id: String,
+}
+
+/// What differs between taking a hold and giving one back.
+pub(super) trait ChangeKind {
+    type Answer: FromRedisValue + Clone;
+    type Output;
+    /// The script, and the last argument of its call.
+    fn script(shared: &Shared) -> (&Script, u64);
+    fn lease(&self) -> Duration;
+    /// Adds the keys that follow the lock's own.
+    fn add_keys(lock: &Lock, request_id: &str, invocation: &mut ScriptInvocation<'_>);
+    fn answer(
+        &self,
+        lock: &Lock,
+        owner: &Owner,
+        answer: Option<Self::Answer>,
+    ) -> Result<Self::Output, LockError>;
+}
+
+impl<'a, K: ChangeKind> HoldChange<'a, K> {
+    pub(super) fn new(lock: &'a Lock, owner: &'a Owner, kind: K, request_id: String) -> Self {
+        Self {
+            lock,
+            owner,
+            kind,
+            request_id,
+        }
+    }
+
+    pub(super) fn add(&self, invocation: &mut ScriptInvocation<'_>) {
+        invocation.key(&*self.lock.key);
+        K::add_keys(self.lock, &self.request_id, invocation);
+        invocation
+            .arg(lease_ms(self.kind.lease()))
+            .arg(self.owner.as_str())
+            .arg(self.request_id.as_str());
+    }
+
+    /// This lock's answer (`None`: the script gave none).
+    pub(super) fn answer(&self, answer: Option<K::Answer>) -> Result<K::Output, LockError> {
+        self.kind.answer(self.lock, self.owner, answer)
+    }
+}
+
+/// An acquisition (`lua/lock_acquire.lua`) under this term.
+pub(super) struct Take(pub(super) Term);
+
+impl ChangeKind for Take {
+    type Answer = (i64, i64, i64);
+    type Output = Acquired;
+
+    fn script(shared: &Shared) -> (&Script, u64) {
+        (&shared.acquire, FENCE_KEY_TTL_MS)
+    }
+
+    fn lease(&self) -> Duration {
+        self.0.lease
+    }
+
+    fn add_keys(lock: &Lock, _: &str, invocation: &mut ScriptInvocation<'_>) {
+        invocation.key(lock.fence_key());
+    }
+
+    fn answer(
+        &self,
+        lock: &Lock,
+        owner: &Owner,
+        answer: Option<Self::Answer>,
+    ) -> Result<Acquired, LockError> {
+        Ok(
+            match lock.granted(owner, self.0, answer.unwrap_or((0, -1, 0))) {
+                Ok(guard) => Acquired::Yes(guard),
+                Err(lease_left) => Acquired::HeldByOther { lease_left },
+            },
+        )
+    }
+}
+
+/// A release (`lua/lock_release.lua`) renewing the holds left for this lease.
+pub(super) struct GiveBack(pub(super) Duration);
+
+impl ChangeKind for GiveBack {
+    /// The holds left, or -1: not held.
+    type Answer = i64;
+    type Output = Released;
+
+    fn script(shared: &Shared) -> (&Script, u64) {
+        (&shared.release, RELEASE_MEMORY_MS)
+    }
+
+    fn lease(&self) -> Duration {
+        self.0
+    }
+
+    fn add_keys(lock: &Lock, request_id: &str, invocation: &mut ScriptInvocation<'_>) {
+        invocation
+            .key(lock.channel())
+            .key(lock.released_key(request_id));
+    }
+
+    fn answer(&self, lock: &Lock, owner: &Owner, left: Option<i64>) -> Result<Released, LockError> {
+        match left.unwrap_or(-1) {
+            0 => Ok(Released::Free),
+            n if n > 0 => Ok(Released::StillHeld(u32::try_from(n).unwrap_or(u32::MAX))),
+            _ => Err(LockError::not_held(&lock.key, owner)),
+        }
+    }
+}
+
+/// Runs `attempt` until it wins or `wait` is spent, sleeping between tries
+/// until a message on `channel` or the end of the holder's lease.
 pub(super) async fn wait_turn<G, F, Fut>(
     subscriber: &Arc<Subscriber>,
     channel: &str,
@@ -409,6 +405,8 @@ where
     if let Ok(won) = attempt().await? {
         return Ok(Some(won));
     }
+    // Subscribed after the first failure; marking the messages seen before
+    // each attempt catches a release between the attempt and the sleep.
     let mut subscription = None;
     loop {
         if Instant::now() >= deadline {
@@ -424,8 +422,7 @@ where
             Err(lease_left) => lease_left,
         };
         let left = deadline.saturating_duration_since(Instant::now());
-        // The lease may run out without a message: no one publishes an
-        // expiry. Wake then, at the latest (1 ms past, so the key is gone).
+        // No one publishes an expiry: wake 1 ms past the lease at the latest.
         let nap = lease_left.map_or(left, |l| left.min(l + Duration::from_millis(1)));
         if sub.wait(nap).await == Woken::Lost {
             subscription = None;
@@ -433,12 +430,10 @@ where
     }
 }
 
-/// How long the answer of a last release is kept for a resend: longer
-/// than any resend (they all go out within one command deadline).
-pub(super) const RELEASE_MEMORY_MS: u64 = 60_000;
+/// How long a last release's answer is kept: longer than any resend.
+const RELEASE_MEMORY_MS: u64 = 60_000;
 
-/// Lifetime of a lock's fencing-token key, renewed by each new holder. Only
-/// a speed-up: tokens keep growing with Redis's clock if the key expires.
+/// Lifetime of a fencing-token key (tokens still grow with Redis's clock).
 pub(super) const FENCE_KEY_TTL_MS: u64 = 7 * 86_400_000;
 
 /// The lease left on a lock, from Redis's milliseconds (negative: none).

@@ -1,14 +1,7 @@
-//! One shared subscriber connection per lock client. The multiplexed
-//! command connection cannot SUBSCRIBE, and a connection per waiter would
-//! not scale, so every waiter of the client shares this one, with a
-//! reference count per channel: the first waiter of a channel subscribes,
-//! the last one unsubscribes.
-//!
-//! A waiter subscribes *before* its last attempt to take the lock and reads
-//! a generation counter; an unlock message bumps the counter, so a message
-//! that arrives between the failed attempt and the wait is not missed. When
-//! the connection drops, every channel closes and its waiters subscribe
-//! again (on a new connection) before they wait once more.
+//! The one subscriber connection a lock client's waiters share (the command
+//! connection cannot SUBSCRIBE), with a reference count per channel and a
+//! counter that every message bumps, so that a release between a waiter's
+//! last attempt and its wait is not missed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,8 +16,7 @@ pub(super) struct Subscriber {
     client: super::Endpoint,
     /// Every channel someone waits on, by name.
     channels: Mutex<HashMap<String, Channel>>,
-    /// The live connection's sink. SUBSCRIBE and UNSUBSCRIBE are sent
-    /// under this lock, so they reach Redis in the order they were decided.
+    /// Sent under this lock, SUBSCRIBE and UNSUBSCRIBE keep their order.
     sink: tokio::sync::Mutex<Option<PubSubSink>>,
     ids: AtomicU64,
 }
@@ -32,8 +24,7 @@ pub(super) struct Subscriber {
 struct Channel {
     id: u64,
     refs: usize,
-    /// Bumped by every message on the channel; closed when the connection
-    /// that carried the subscription is lost.
+    /// Bumped by every message; closed when the connection is lost.
     signal: watch::Sender<u64>,
     /// Set once Redis has confirmed the SUBSCRIBE.
     subscribed: Arc<OnceCell<()>>,
@@ -68,8 +59,8 @@ impl Subscriber {
         })
     }
 
-    /// Subscribes to `channel` (or joins the waiters already on it) and
-    /// returns once Redis delivers its messages to us.
+    /// Subscribes to `channel` (or joins its waiters), returning once Redis
+    /// has confirmed.
     pub(super) async fn subscribe(
         self: &Arc<Self>,
         channel: &str,
@@ -93,8 +84,6 @@ impl Subscriber {
             id,
             signal,
         };
-        // Concurrent first waiters of a channel share one SUBSCRIBE; all of
-        // them wait for its confirmation.
         subscribed
             .get_or_try_init(|| async {
                 let mut sink = self.sink.lock().await;
@@ -127,8 +116,7 @@ impl Subscriber {
                         entry.signal.send_modify(|n| *n += 1);
                     }
                 }
-                // The connection is gone, and every subscription with it:
-                // close all channels so their waiters subscribe again.
+                // The connection is gone: its waiters subscribe again.
                 if let Some(me) = me.upgrade() {
                     me.channels.lock().expect("channel map poisoned").clear();
                     *me.sink.lock().await = None;
@@ -187,8 +175,7 @@ impl Subscriber {
 }
 
 impl Subscription {
-    /// Marks every message so far as seen: a later `wait` returns at once
-    /// if one arrives after this call.
+    /// Marks every message so far as seen.
     pub(super) fn mark_seen(&mut self) {
         self.signal.borrow_and_update();
     }

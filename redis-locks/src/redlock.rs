@@ -1,10 +1,6 @@
-//! Locks over several independent Redis nodes: RedLock (a majority within
-//! the validity time) and MultiLock (every node). A node that is down or
-//! slow counts as a refusal; a failed attempt releases whatever it took.
-//!
-//! Validity = lease − time spent acquiring − clock drift (1 % of the lease
-//! plus 2 ms, as the RedLock description suggests): the hold is trusted only
-//! that long, whatever the nodes say.
+//! Locks over several independent Redis nodes: RedLock (a majority) and
+//! MultiLock (every node), each hold trusted for its validity time only:
+//! lease − time spent acquiring − clock drift (1 % of the lease + 2 ms).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,53 +21,28 @@ pub enum Quorum {
     All,
 }
 
-/// A lock client over independent Redis nodes (never replicas of one
-/// another: a replica that misses a write would grant the lock twice).
-///
-/// # Example
-///
-/// RedLock over one node (in production: three or five independent
-/// servers, one [`LockClient`] each):
+/// RedLock or MultiLock over independent Redis nodes, one [`LockClient`]
+/// each (never replicas of one another: a replica that misses a write would
+/// grant the lock twice). Holds have fixed leases, renewed by nobody.
 ///
 /// ```rust
-/// use std::time::{Duration, Instant};
+/// use std::time::Duration;
 ///
 /// use redis_locks::{LockClient, MultiNodeLocks, Quorum};
 ///
 /// # #[tokio::main]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
-/// // Keys under a prefix of this run's own: runs never share a key.
-/// let prefix = format!("redis-locks-doc:{}:", uuid::Uuid::new_v4().simple());
-/// let node = LockClient::new(client.clone(), prefix);
-/// # let key = node.lock("payout:2024-06").key().to_owned();
-/// let redlock = MultiNodeLocks::new(vec![node], Quorum::Majority);
+/// # let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// # let node = LockClient::new(client.clone(), format!("redis-locks-doc:{}:", uuid::Uuid::new_v4().simple()));
+/// # let key = node.lock("payout").key().to_owned();
+/// let redlock = MultiNodeLocks::new(vec![node], Quorum::Majority); // in production, 3 or 5 nodes
 /// let (lease, node_timeout) = (Duration::from_secs(10), Duration::from_millis(500));
-///
-/// let guard = redlock
-///     .try_acquire("payout:2024-06", "worker-1", lease, node_timeout)
-///     .await?
-///     .expect("a new lock is free");
-/// assert_eq!(guard.nodes(), 1);
-///
-/// // Another id is refused while the hold lasts.
-/// let refused = redlock
-///     .try_acquire("payout:2024-06", "worker-2", lease, node_timeout)
-///     .await?;
-/// assert!(refused.is_none());
-///
-/// // Trust the hold only until its validity time, then release every node.
-/// assert!(!guard.is_expired());
-/// assert!(guard.valid_until() > Instant::now());
+/// let guard = redlock.try_acquire("payout", "worker-1", lease, node_timeout).await?.expect("free");
+/// assert!(redlock.try_acquire("payout", "worker-2", lease, node_timeout).await?.is_none());
+/// assert!(!guard.is_expired()); // trust the hold only until guard.valid_until()
 /// assert_eq!(guard.unlock().await, 1);
-/// # // This example's keys: the lock and its fencing token (the answer kept
-/// # // for a resend of the last release expires by itself).
 /// # let mut conn = client.get_multiplexed_async_connection().await?;
-/// # redis::cmd("DEL")
-/// #     .arg(key.as_str())
-/// #     .arg(format!("{key}:fence"))
-/// #     .query_async::<()>(&mut conn)
-/// #     .await?;
+/// # redis::cmd("DEL").arg(&key).arg(format!("{key}:fence")).query_async::<()>(&mut conn).await?;
 /// # Ok(())
 /// # }
 /// ```
@@ -79,9 +50,7 @@ pub enum Quorum {
 pub struct MultiNodeLocks {
     nodes: Vec<LockClient>,
     quorum: Quorum,
-    /// Per node, until when (ms since `epoch`) it is known to be down: an
-    /// attempt skips it until then instead of waiting out its timeout, and
-    /// the first attempt after that asks it again.
+    /// Per node, until when (ms since `epoch`) attempts skip it as down.
     down_until: Arc<Vec<AtomicU64>>,
     epoch: Instant,
 }
@@ -99,9 +68,8 @@ enum Vote {
 #[derive(Debug)]
 pub struct MultiGuard {
     guards: Vec<LockGuard>,
-    /// Grants that came after the quorum's: released with the rest. `None`
-    /// once the hold is given back: a grant that comes after that is
-    /// released at once.
+    /// Grants that came after the quorum's; `None` once the hold is given
+    /// back, so that a later grant is released at once.
     late: Arc<Mutex<Option<Vec<LockGuard>>>>,
     valid_until: Instant,
 }
@@ -146,23 +114,16 @@ impl MultiNodeLocks {
         }
     }
 
-    /// Each node's owner for `id`: the same id on every node, under each
-    /// client's own process UUID.
+    /// Each node's owner for `id`, under that client's process UUID.
     fn owners(&self, id: &str) -> Vec<Owner> {
         self.nodes.iter().map(|n| n.owner(id)).collect()
     }
 
-    /// Tries once to take lock `name` for owner `id` on enough nodes, each
-    /// asked at the same time and given at most `node_timeout`. `Ok(None)`
-    /// when too few granted it in time; what was granted is released.
-    /// `Err(NodesUnavailable)` when so few nodes answered at all that no
-    /// quorum was possible: the lock's state is unknown, not "held".
-    ///
-    /// It returns as soon as a quorum has granted the lock, not when the
-    /// slowest node answers; a grant that comes later joins the hold in the
-    /// background (and is given back at once if the hold is gone). Nodes
-    /// that failed to answer lately are skipped (counted as refusals) for a
-    /// second, then asked again.
+    /// Tries once to take lock `name` for owner `id`, asking every node at
+    /// once within `node_timeout`, and returns as soon as a quorum granted
+    /// it. `Ok(None)`: too few granted in time (what was granted is given
+    /// back); `Err(NodesUnavailable)`: too few answered to tell. A node that
+    /// failed to answer is skipped, as a refusal, for a second.
     pub async fn try_acquire(
         &self,
         name: &str,
@@ -199,8 +160,8 @@ impl MultiNodeLocks {
             .collect();
         let mut votes = Vec::new();
         let mut granted = 0;
-        // Until a quorum granted it; a refusal waits for every answer, to
-        // tell a lock held elsewhere from nodes that are down.
+        // A refusal waits for every answer, to tell a lock held elsewhere
+        // from nodes that are down.
         while let Some((node, vote)) = asking.next().await {
             self.mark(node, !matches!(vote, Vote::Silent));
             granted += usize::from(matches!(vote, Vote::Granted(_)));
@@ -230,9 +191,8 @@ impl MultiNodeLocks {
             }));
         }
         self.hear_out(asking, Weak::new());
-        // Too few, or too late: give back what was granted, on every node
-        // that answered (a node that timed out may still have applied it;
-        // its lease frees it).
+        // Too few, or too late: give back what was granted (a node that
+        // timed out may have applied it; its lease frees it).
         release_all(guards).await;
         if answered < self.needed() {
             return Err(LockError::NodesUnavailable {
@@ -243,9 +203,8 @@ impl MultiNodeLocks {
         Ok(None)
     }
 
-    /// Hears the nodes still out once the outcome is known, in the
-    /// background: a late grant joins the hold while it lasts and is given
-    /// back otherwise, and a node that never answers is skipped a while.
+    /// Hears the nodes still out, in the background: a late grant joins the
+    /// hold while it lasts and is given back otherwise.
     fn hear_out(
         &self,
         mut asking: FuturesUnordered<impl Future<Output = (usize, Vote)> + Send + 'static>,
@@ -259,7 +218,6 @@ impl MultiNodeLocks {
             while let Some((node, vote)) = asking.next().await {
                 this.mark(node, !matches!(vote, Vote::Silent));
                 let Vote::Granted(guard) = vote else { continue };
-                // Joins the hold while it lasts; otherwise given back here.
                 let unjoined = match hold.upgrade() {
                     Some(late) => match &mut *late.lock().unwrap_or_else(|e| e.into_inner()) {
                         Some(grants) => {
@@ -277,8 +235,8 @@ impl MultiNodeLocks {
         });
     }
 
-    /// Whether enough nodes take writes now for a lock to be granted: each
-    /// node checked at once, within `node_timeout`.
+    /// Whether enough nodes take writes now for a quorum (for readiness
+    /// checks); `Err(NodesUnavailable)` if not.
     pub async fn check_writable(&self, node_timeout: Duration) -> Result<(), LockError> {
         let checks = self
             .nodes
@@ -298,16 +256,14 @@ impl MultiNodeLocks {
         Ok(())
     }
 
-    /// Waits (at most `timeout`) for the releases of dropped guards on
-    /// every node. Returns false if some were still running.
+    /// [`LockClient::shutdown`] on every node.
     pub async fn shutdown(&self, timeout: Duration) -> bool {
         let all = join_all(self.nodes.iter().map(|n| n.shutdown(timeout))).await;
         all.into_iter().all(|done| done)
     }
 
-    /// Like [`MultiNodeLocks::try_acquire`], retrying (with a random pause,
-    /// so that competitors do not keep splitting the votes) until `wait`
-    /// is spent.
+    /// [`MultiNodeLocks::try_acquire`], retried after a random pause (so
+    /// that competitors stop splitting the votes) until `wait` is spent.
     pub async fn acquire(
         &self,
         name: &str,
@@ -320,7 +276,6 @@ impl MultiNodeLocks {
         loop {
             match self.try_acquire(name, id, lease, node_timeout).await {
                 Ok(Some(guard)) => return Ok(Some(guard)),
-                // Too few nodes answered: try again while there is time.
                 Ok(None) | Err(LockError::NodesUnavailable { .. }) => {}
                 Err(other) => return Err(other),
             }
@@ -334,8 +289,7 @@ impl MultiNodeLocks {
 }
 
 impl MultiGuard {
-    /// How many nodes granted the lock so far: the quorum, and those
-    /// whose grant came later.
+    /// How many nodes granted the lock so far, late grants included.
     pub fn nodes(&self) -> usize {
         self.guards.len() + self.late_grants().as_ref().map_or(0, Vec::len)
     }
@@ -344,8 +298,7 @@ impl MultiGuard {
         self.late.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether the validity time has run out: past it the hold is not to
-    /// be trusted, whatever the nodes say.
+    /// Whether the validity time has run out: the hold is not to be trusted.
     pub fn is_expired(&self) -> bool {
         Instant::now() >= self.valid_until
     }
@@ -355,19 +308,16 @@ impl MultiGuard {
         self.valid_until
     }
 
-    /// A fencing token for the hold: the largest of the quorum's tokens.
-    /// Tokens grow with Redis's clock on every node, so a later holder's is
-    /// larger as long as the nodes' clocks agree to within the lease;
-    /// unlike a single node's, this is not guaranteed.
+    /// The largest of the quorum's fencing tokens; it grows across holders
+    /// only as far as the nodes' clocks agree (not guaranteed).
     pub fn fence(&self) -> i64 {
         self.guards.iter().map(LockGuard::fence).max().unwrap_or(0)
     }
 
-    /// Releases the lock on every node that granted it. Nodes that fail
-    /// are left to their leases; returns how many released it.
+    /// Releases the lock on every node that granted it, and returns how
+    /// many did; the others are left to their leases.
     pub async fn unlock(self) -> usize {
-        // Closed before the releases: a grant that comes now is given back
-        // by the task that hears it.
+        // Closed first: a grant that comes now is given back by its listener.
         let late = self.late_grants().take().unwrap_or_default();
         let mut guards = self.guards;
         guards.extend(late);

@@ -1,8 +1,6 @@
-//! Read-write locks on the model of Redisson's RReadWriteLock: many readers
-//! or one writer; the writer may also read, and by releasing its write hold
-//! then, downgrades to a reader. Every read hold has its own lease key, so a
-//! reader that dies does not keep the lock past its own lease once the other
-//! readers leave. Waiting is by pub/sub, as for the reentrant lock.
+//! Read-write locks on the model of Redisson's RReadWriteLock. Every read
+//! hold has its own lease key, so a reader that dies does not keep a writer
+//! out past its own lease once the other readers leave.
 
 use std::fmt;
 use std::sync::Arc;
@@ -16,13 +14,10 @@ use super::lock::{lease_left, lease_ms, wait_turn};
 use super::watchdog::Renewal;
 use super::{Lease, LockError, Owner};
 
-/// A named read-write lock. Cheap to clone.
-///
-/// # Example
-///
-/// Readers share the lock and keep a writer out; the writer keeps readers
-/// out, may read itself, and by giving back its write hold while it reads,
-/// downgrades to a reader:
+/// A named read-write lock: many readers or one writer, each reentrant. The
+/// writer may also read, and by giving back its write hold while it reads,
+/// downgrades to a reader; a reader cannot upgrade (it waits out its wait).
+/// Holds carry no fencing token. Cheap to clone.
 ///
 /// ```rust
 /// use std::time::Duration;
@@ -31,40 +26,19 @@ use super::{Lease, LockError, Owner};
 ///
 /// # #[tokio::main]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
-/// // Keys under a prefix of this run's own: runs never share a key.
-/// let prefix = format!("redis-locks-doc:{}:", uuid::Uuid::new_v4().simple());
-/// let locks = LockClient::new(client.clone(), prefix);
+/// # let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// # let locks = LockClient::new(client.clone(), format!("redis-locks-doc:{}:", uuid::Uuid::new_v4().simple()));
 /// let catalog = locks.read_write_lock("catalog");
-/// let (reader, other_reader) = (locks.owner("reader"), locks.owner("other-reader"));
-/// let writer = locks.owner("writer");
-/// let lease = Duration::from_secs(10);
-///
+/// let (reader, writer, lease) = (locks.owner("reader"), locks.owner("writer"), Duration::from_secs(10));
 /// let reading = catalog.try_read(&reader, lease).await?.expect("a new lock is free");
-/// let also_reading = catalog.try_read(&other_reader, lease).await?.expect("readers share");
-/// assert_eq!(catalog.mode().await?, Some(Hold::Read));
 /// assert!(catalog.try_write(&writer, lease).await?.is_none());
 /// reading.unlock().await?;
-/// also_reading.unlock().await?;
-///
-/// // With the readers gone, the writer gets in (`write` would wait up to a
-/// // second), and keeps readers out.
-/// let writing = catalog
-///     .write(&writer, Duration::from_secs(1), lease)
-///     .await?
-///     .expect("the readers have left");
-/// assert_eq!(writing.hold(), Hold::Write);
-/// assert!(catalog.try_read(&reader, lease).await?.is_none());
-///
-/// // The writer may read too; giving back its write hold leaves it a reader.
+/// let writing = catalog.write(&writer, Duration::from_secs(1), lease).await?.expect("free again");
 /// let downgraded = catalog.try_read(&writer, lease).await?.expect("a writer may read");
 /// writing.unlock().await?;
 /// assert_eq!(catalog.mode().await?, Some(Hold::Read));
 /// downgraded.unlock().await?;
-/// assert_eq!(catalog.mode().await?, None);
-/// # // This example's key (the per-hold lease keys went with the unlocks).
-/// # let mut conn = client.get_multiplexed_async_connection().await?;
-/// # redis::cmd("DEL").arg(catalog.key()).query_async::<()>(&mut conn).await?;
+/// # redis::cmd("DEL").arg(catalog.key()).query_async::<()>(&mut client.get_multiplexed_async_connection().await?).await?;
 /// # Ok(())
 /// # }
 /// ```
@@ -93,8 +67,8 @@ pub enum Hold {
     Write,
 }
 
-/// One read or write hold; `unlock` gives it back, dropping it gives it
-/// back in the background.
+/// One read or write hold; dropped without `unlock`, it is given back in
+/// the background.
 #[must_use = "dropping the guard releases the hold at once"]
 pub struct RwGuard {
     core: GuardCore<ReadWriteLock>,
@@ -107,6 +81,16 @@ impl fmt::Debug for RwGuard {
             .debug(f, "RwGuard")
             .field("hold", &self.hold)
             .finish()
+    }
+}
+
+impl Hold {
+    /// The hold as the scripts name it.
+    pub(super) fn as_arg(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+        }
     }
 }
 
@@ -131,8 +115,8 @@ impl ReadWriteLock {
         Ok(self.shared.conn.invoke(&invocation).await?)
     }
 
-    /// Takes a hold without waiting. `Err(lease_left)` inside: someone
-    /// else's hold is in the way, for about this long.
+    /// Takes a hold without waiting; `Err(lease_left)` inside: another
+    /// owner's hold is in the way.
     async fn attempt(
         &self,
         owner: &Owner,
@@ -158,7 +142,7 @@ impl ReadWriteLock {
         if granted == 1 {
             let renewal = || Renewal::ReadWrite {
                 timeouts: self.timeouts_prefix().into(),
-                write: hold == Hold::Write,
+                hold,
             };
             Ok(Ok(RwGuard {
                 core: GuardCore::granted(self.clone(), owner, term, renewal),
@@ -169,8 +153,7 @@ impl ReadWriteLock {
         }
     }
 
-    /// Takes a hold, waiting at most `wait` for the holds in its way to
-    /// be given back.
+    /// Takes a hold, waiting at most `wait`.
     async fn wait_for(
         &self,
         owner: &Owner,
@@ -212,8 +195,7 @@ impl ReadWriteLock {
         self.wait_for(owner, Hold::Read, wait, lease.into()).await
     }
 
-    /// The write hold, waiting at most `wait` for readers and writers to
-    /// leave.
+    /// The write hold, waiting at most `wait` for the others to leave.
     pub async fn write(
         &self,
         owner: &Owner,
@@ -242,17 +224,11 @@ impl ReadWriteLock {
         invocation
             .key(self.timeouts_prefix())
             .key(self.channel())
-            .arg(match hold {
-                Hold::Read => "read",
-                Hold::Write => "write",
-            })
+            .arg(hold.as_arg())
             .arg(owner.as_str())
             .arg(lease_ms(lease));
         let left: i64 = self.run(invocation).await?;
-        u32::try_from(left).map_err(|_| LockError::NotHeld {
-            key: self.key.to_string(),
-            owner: owner.to_string(),
-        })
+        u32::try_from(left).map_err(|_| LockError::not_held(&self.key, owner))
     }
 }
 
@@ -262,18 +238,18 @@ impl RwGuard {
         self.hold
     }
 
-    /// Whether this hold can no longer be trusted (see `LockGuard::is_lost`).
+    /// Whether the hold is lost (see [`LockGuard::is_lost`](super::LockGuard::is_lost)).
     pub fn is_lost(&self) -> bool {
         self.core.is_lost()
     }
 
-    /// Resolves when the hold is lost (see `LockGuard::lost`).
+    /// Resolves when the hold is lost.
     pub async fn lost(&self) {
         self.core.lost().await;
     }
 
-    /// Gives the hold back; returns the owner's holds of this kind left.
-    /// `Err(NotHeld)`: the lease ran out first.
+    /// Gives the hold back; returns the owner's holds of this kind left, or
+    /// `Err(NotHeld)` if the lease ran out first.
     pub async fn unlock(mut self) -> Result<u32, LockError> {
         let (lock, owner, lease) = self.core.give_back();
         lock.release(owner, self.hold, lease).await

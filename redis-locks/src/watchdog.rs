@@ -1,15 +1,7 @@
-//! The watchdog: one task per lock client that keeps alive every lock taken
-//! without an explicit lease, renewing them in batches every third of the
-//! lease, and tells a holder at once when its lock is found gone.
-//!
-//! Redisson's watchdog notices a lost lock too, but only stops renewing: the
-//! holder learns it at unlock, after it has done its work unprotected. Here
-//! the guard's `lost()` fires at the first renewal that finds the lock gone,
-//! or when renewals have failed for a whole lease (Redis unreachable: the
-//! lock has expired by then whatever happened).
-//!
-//! On a Redis Cluster a script may only touch keys of one slot, so the
-//! batches are made per slot there.
+//! The watchdog: one task per lock client that renews the leases of watched
+//! holds every third of a lease, in batches (per slot on a cluster), and
+//! tells a holder when its hold is found gone or could not be renewed for a
+//! whole lease.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -18,7 +10,8 @@ use std::time::{Duration, Instant};
 use redis::{RedisError, Script};
 use tokio::sync::watch;
 
-use super::Owner;
+use super::lock::lease_ms;
+use super::{Hold, Owner};
 
 /// Most locks renewed by one script call.
 const BATCH: usize = 256;
@@ -35,8 +28,7 @@ pub(super) struct Watchdog {
 struct State {
     next_id: u64,
     watched: HashMap<u64, Watched>,
-    /// Whether the renewal task is running; it stops when nothing is
-    /// watched and starts again with the next lock.
+    /// Whether the renewal task runs; it stops when nothing is watched.
     running: bool,
 }
 
@@ -45,9 +37,8 @@ struct State {
 pub(super) enum Renewal {
     /// A reentrant (or fair) lock's hash: renewed in batches.
     Plain,
-    /// A read-write lock's hold; readers' per-hold lease keys live under
-    /// `timeouts`.
-    ReadWrite { timeouts: Arc<str>, write: bool },
+    /// A read-write lock's hold; read holds' lease keys are under `timeouts`.
+    ReadWrite { timeouts: Arc<str>, hold: Hold },
 }
 
 struct Watched {
@@ -123,8 +114,7 @@ impl Watchdog {
             .len()
     }
 
-    /// One round: renews every watched lock, and reports the lost ones.
-    /// Returns false when there is nothing left to watch.
+    /// Renews every watched lock once; false when none is left to watch.
     async fn renew_all(&self) -> bool {
         let (plain, rw): (Vec<Entry>, Vec<Entry>) = {
             let mut state = self.state.lock().expect("watchdog state poisoned");
@@ -160,7 +150,7 @@ impl Watchdog {
             );
         }
         for entry in &rw {
-            let (_, key, owner, Renewal::ReadWrite { timeouts, write }) = entry else {
+            let (_, key, owner, Renewal::ReadWrite { timeouts, hold }) = entry else {
                 continue;
             };
             let mut invocation = self.renew_rw.key(&**key);
@@ -168,7 +158,7 @@ impl Watchdog {
                 .key(&**timeouts)
                 .arg(lease_ms(self.lease))
                 .arg(owner.as_str())
-                .arg(if *write { "write" } else { "read" });
+                .arg(hold.as_arg());
             let result: Result<bool, Arc<RedisError>> = self
                 .conn
                 .invoke::<i64>(&invocation)
@@ -180,8 +170,7 @@ impl Watchdog {
         true
     }
 
-    /// The plain holds in script calls of at most [`BATCH`] keys (on a
-    /// cluster, each call's keys in one slot).
+    /// The plain holds in script calls of at most [`BATCH`] keys.
     fn batches<'a>(&self, plain: &'a [Entry]) -> Vec<Vec<&'a Entry>> {
         super::endpoint::script_batches(self.conn.is_cluster(), plain, |entry| &entry.1, BATCH)
     }
@@ -232,8 +221,4 @@ async fn run(watchdog: Weak<Watchdog>) {
             return;
         }
     }
-}
-
-fn lease_ms(lease: Duration) -> u64 {
-    u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
 }
