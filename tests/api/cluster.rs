@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use redis_locks::{Acquired, Endpoint, LockClient, LockOptions};
 use reqwest::StatusCode;
 
-use crate::helpers::{buy, send_purchase, spawn_app_on_redis, OwnRedis};
+use crate::helpers::{
+    buy, loopback_hosts, send_purchase, spawn_app_on_redis, wait_until, OwnRedis,
+};
 
 /// A private Redis Cluster: `masters` masters, each with `replicas`
 /// replicas, on free loopback ports.
@@ -43,14 +45,10 @@ impl Cluster {
             .expect("redis-cli runs");
         assert!(status.success(), "redis-cli --cluster create failed");
         let cluster = Self { nodes };
-        let started = Instant::now();
-        while !cluster.settled() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "the cluster did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let (bound, pause) = (Duration::from_secs(30), Duration::from_millis(100));
+        wait_until(bound, pause, "the cluster did not come up", || {
+            cluster.settled()
+        });
         cluster
     }
 
@@ -66,12 +64,8 @@ impl Cluster {
     }
 
     fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        format!("redis+cluster://{}", hosts.join(","))
+        let hosts = loopback_hosts(self.nodes.iter().map(|n| n.port));
+        format!("redis+cluster://{hosts}")
     }
 
     fn node_urls(&self) -> Vec<String> {

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use seckill::token::TokenSigner;
 use sqlx::{Connection, PgConnection, PgPool};
+use tokio::sync::MutexGuard;
 use tokio::task::JoinSet;
 
 use crate::helpers::{pg_server, send_purchase, spawn_app_with, TestApp, TOKEN_SECRET};
@@ -210,6 +211,14 @@ async fn spawn_app_on(cluster: &Cluster) -> TestApp {
     app
 }
 
+/// A fresh cluster, once no other test holds one, and an app on it.
+async fn cluster_and_app() -> (MutexGuard<'static, ()>, Arc<Cluster>, TestApp) {
+    let one = ONE_CLUSTER.lock().await;
+    let cluster = Arc::new(tokio::task::spawn_blocking(Cluster::up).await.unwrap());
+    let app = spawn_app_on(&cluster).await;
+    (one, cluster, app)
+}
+
 /// `CREATE DATABASE` on the tests' shared server, from a synchronous
 /// closure: on a runtime of its own, on a thread of its own.
 fn create_database_on_shared_server(name: &str) {
@@ -242,7 +251,8 @@ struct Purchase {
 }
 
 /// The sale: `BUYERS` buyers, each a new user at every purchase, until
-/// `stop`. A buyer answered 503 waits 100 ms, as one honouring
+/// `stop`; `taken` is the answer of a purchase that took a unit (200, or
+/// 202 in an async sale). A buyer answered 503 waits 100 ms, as one honouring
 /// `Retry-After` would (sooner, to see the sale resume).
 struct Sale {
     stop: Arc<AtomicBool>,
@@ -251,7 +261,7 @@ struct Sale {
     disruption_ended: Arc<OnceLock<Instant>>,
     /// Set by the first order committed for a purchase sent after that.
     resumed: Arc<AtomicBool>,
-    /// Purchases answered 200 so far.
+    /// Purchases answered `taken` so far.
     committed: Arc<AtomicUsize>,
 }
 
@@ -271,7 +281,7 @@ async fn warm_up(counter: &AtomicUsize, what: &str) {
 }
 
 impl Sale {
-    fn start(app: &TestApp, voucher: i64) -> Self {
+    fn start(app: &TestApp, voucher: i64, taken: StatusCode) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let next_user = Arc::new(AtomicI64::new(1));
         let disruption_ended = Arc::new(OnceLock::new());
@@ -302,7 +312,7 @@ impl Sale {
                         error: answer.body["error"].as_str().unwrap_or("").to_owned(),
                     };
                     let unavailable = purchase.status == StatusCode::SERVICE_UNAVAILABLE;
-                    if purchase.status == StatusCode::OK {
+                    if purchase.status == taken {
                         committed.fetch_add(1, Ordering::Relaxed);
                         if ended.get().is_some_and(|ended| sent >= *ended) {
                             resumed.store(true, Ordering::Relaxed);
@@ -325,10 +335,64 @@ impl Sale {
         }
     }
 
+    /// Runs `scripts/ha.sh <disruption>` on `cluster` under the sale; when
+    /// it began and when it ended.
+    async fn disrupt(
+        &self,
+        cluster: &Arc<Cluster>,
+        disruption: &'static str,
+    ) -> (Instant, Instant) {
+        let began = Instant::now();
+        cluster.run(disruption).await;
+        let ended = Instant::now();
+        self.disruption_ended.set(ended).unwrap();
+        (began, ended)
+    }
+
+    /// Waits until an order is committed for a purchase sent after the
+    /// disruption, which began at `began`: within `RESUME_BOUND`.
+    async fn resumed(&self, began: Instant, what: &str, cluster: &Cluster) {
+        while !self.resumed.load(Ordering::Relaxed) {
+            assert!(
+                began.elapsed() < RESUME_BOUND,
+                "no order committed within {RESUME_BOUND:?} of {what}:\n{}",
+                cluster.status()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn finish(self) -> Vec<Purchase> {
         self.stop.store(true, Ordering::Relaxed);
         self.buyers.join_all().await.into_iter().flatten().collect()
     }
+}
+
+/// Fails the test unless every purchase was answered with one of
+/// `allowed`; the message lists the others.
+#[track_caller]
+fn assert_answered_only(purchases: &[Purchase], allowed: &[StatusCode]) {
+    let unexpected: Vec<String> = purchases
+        .iter()
+        .filter(|p| !allowed.contains(&p.status))
+        .map(|p| format!("user {}: {} {}", p.user, p.status, p.error))
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "answers other than {allowed:?}: {unexpected:?}"
+    );
+}
+
+/// The ids of the orders answered `status` (200, or 202 in an async sale).
+fn answered_ids(purchases: &[Purchase], status: StatusCode) -> HashSet<String> {
+    purchases
+        .iter()
+        .filter(|p| p.status == status)
+        .map(|p| {
+            let id = p.order_id.clone();
+            id.unwrap_or_else(|| panic!("a {} carries its order id", status.as_u16()))
+        })
+        .collect()
 }
 
 /// What a disruption cost, as the buyers saw it.
@@ -353,28 +417,17 @@ struct Report {
 /// an order is committed after the disruption (and `AFTER` more), then
 /// checks what was answered against what the new leader holds.
 async fn sale_through(disruption: &'static str) -> Report {
-    let _one = ONE_CLUSTER.lock().await;
-    let cluster = Arc::new(tokio::task::spawn_blocking(Cluster::up).await.unwrap());
-    let mut app = spawn_app_on(&cluster).await;
+    let (_one, cluster, mut app) = cluster_and_app().await;
     let (_, leader_before) = cluster.primary("postgres").await;
     let voucher = app.open_voucher(1_000_000).await;
 
-    let sale = Sale::start(&app, voucher);
+    let sale = Sale::start(&app, voucher, StatusCode::OK);
     warm_up(&sale.committed, "the sale committed").await;
-    let disrupted = Instant::now();
-    cluster.run(disruption).await;
-    let disruption_ended = Instant::now();
-    sale.disruption_ended.set(disruption_ended).unwrap();
+    let (disrupted, disruption_ended) = sale.disrupt(&cluster, disruption).await;
 
     // Sell on until a purchase sent after the disruption is answered 200.
-    while !sale.resumed.load(Ordering::Relaxed) {
-        assert!(
-            disrupted.elapsed() < RESUME_BOUND,
-            "no order committed within {RESUME_BOUND:?} of `{disruption}`:\n{}",
-            cluster.status()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("`{disruption}`");
+    sale.resumed(disrupted, &what, &cluster).await;
     tokio::time::sleep(AFTER).await;
     let purchases = sale.finish().await;
 
@@ -395,14 +448,9 @@ async fn sale_through(disruption: &'static str) -> Report {
     let stored_ids: HashSet<String> = stored.iter().map(|(id, _)| id.to_string()).collect();
     let stored_users: HashSet<i64> = stored.iter().map(|&(_, user)| user).collect();
 
-    let unexpected: Vec<String> = purchases
-        .iter()
-        .filter(|p| ![StatusCode::OK, StatusCode::SERVICE_UNAVAILABLE].contains(&p.status))
-        .map(|p| format!("user {}: {} {}", p.user, p.status, p.error))
-        .collect();
-    assert!(
-        unexpected.is_empty(),
-        "answers other than 200 and 503: {unexpected:?}"
+    assert_answered_only(
+        &purchases,
+        &[StatusCode::OK, StatusCode::SERVICE_UNAVAILABLE],
     );
     let answered_ok: Vec<&Purchase> = purchases
         .iter()
@@ -481,74 +529,31 @@ async fn a_switchover_mid_sale_loses_no_answered_order() {
 /// caught up; the invariants hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_killed_under_async_writers_loses_no_accepted_order() {
-    let _one = ONE_CLUSTER.lock().await;
-    let cluster = Arc::new(tokio::task::spawn_blocking(Cluster::up).await.unwrap());
-    let mut app = spawn_app_on(&cluster).await;
+    let (_one, cluster, mut app) = cluster_and_app().await;
     let voucher = app.open_async_voucher(1_000_000).await;
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let next_user = Arc::new(AtomicI64::new(1));
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let signer = TokenSigner::new(TOKEN_SECRET.as_bytes());
-    let expires = chrono::Utc::now().timestamp() + 3_600;
-    let url = app.url(&format!("/seckill/{voucher}"));
-    let mut buyers = JoinSet::new();
-    for _ in 0..BUYERS {
-        let (stop, next_user, accepted) = (stop.clone(), next_user.clone(), accepted.clone());
-        let (signer, url, client) = (signer.clone(), url.clone(), app.client.clone());
-        buyers.spawn(async move {
-            let mut answers = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let user = next_user.fetch_add(1, Ordering::Relaxed);
-                let answer = send_purchase(&client, &url, &signer.sign(user, expires)).await;
-                if answer.status == StatusCode::ACCEPTED {
-                    accepted.fetch_add(1, Ordering::Relaxed);
-                }
-                let unavailable = answer.status == StatusCode::SERVICE_UNAVAILABLE;
-                answers.push((
-                    user,
-                    answer.status,
-                    answer.body["order_id"].as_str().map(str::to_owned),
-                ));
-                if unavailable {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-            answers
-        });
-    }
-    warm_up(&accepted, "the async sale accepted").await;
+    let sale = Sale::start(&app, voucher, StatusCode::ACCEPTED);
+    warm_up(&sale.committed, "the async sale accepted").await;
     cluster.run("kill-primary").await;
     // Accepting on through the failover, long enough for a new leader.
     tokio::time::sleep(Duration::from_secs(8)).await;
-    stop.store(true, Ordering::Relaxed);
-    let answers: Vec<(i64, StatusCode, Option<String>)> =
-        buyers.join_all().await.into_iter().flatten().collect();
+    let purchases = sale.finish().await;
 
-    let unexpected: Vec<String> = answers
-        .iter()
-        .filter(|(_, s, _)| ![StatusCode::ACCEPTED, StatusCode::SERVICE_UNAVAILABLE].contains(s))
-        .map(|(user, s, _)| format!("user {user}: {s}"))
-        .collect();
-    assert!(
-        unexpected.is_empty(),
-        "answers other than 202 and 503: {unexpected:?}"
+    assert_answered_only(
+        &purchases,
+        &[StatusCode::ACCEPTED, StatusCode::SERVICE_UNAVAILABLE],
     );
     // Redis sells an async sale: a failover of Postgres holds back its
     // writers, not its buyers.
-    let unavailable = answers
+    let unavailable = purchases
         .iter()
-        .filter(|(_, s, _)| *s == StatusCode::SERVICE_UNAVAILABLE)
+        .filter(|p| p.status == StatusCode::SERVICE_UNAVAILABLE)
         .count();
     assert_eq!(
         unavailable, 0,
         "async purchases answered 503 in the failover"
     );
-    let accepted_ids: HashSet<String> = answers
-        .iter()
-        .filter(|(_, s, _)| *s == StatusCode::ACCEPTED)
-        .map(|(_, _, id)| id.clone().expect("a 202 carries its order id"))
-        .collect();
+    let accepted_ids = answered_ids(&purchases, StatusCode::ACCEPTED);
 
     // The writers store every accepted order on the new leader (bounded).
     let waited = Instant::now();
@@ -577,7 +582,7 @@ async fn a_primary_killed_under_async_writers_loses_no_accepted_order() {
     app.check_invariants(voucher).await;
     eprintln!(
         "kill -9 under async writers: {} purchases, {} accepted, every one stored {:?} after the sale",
-        answers.len(),
+        purchases.len(),
         accepted_ids.len(),
         waited.elapsed()
     );
@@ -591,14 +596,12 @@ async fn a_primary_killed_under_async_writers_loses_no_accepted_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_killed_while_orders_expire_returns_every_unit_once() {
     const STOCK: i64 = 300;
-    let _one = ONE_CLUSTER.lock().await;
-    let cluster = Arc::new(tokio::task::spawn_blocking(Cluster::up).await.unwrap());
-    let mut app = spawn_app_on(&cluster).await;
+    let (_one, cluster, mut app) = cluster_and_app().await;
     let voucher = app
         .open_voucher_with(STOCK, serde_json::json!({ "pay_within_seconds": 2 }))
         .await;
 
-    let sale = Sale::start(&app, voucher);
+    let sale = Sale::start(&app, voucher, StatusCode::OK);
     let started = Instant::now();
     // Past the first deadlines, so that expiries run when the kill lands.
     while started.elapsed() < Duration::from_secs(3)
@@ -611,42 +614,19 @@ async fn a_primary_killed_while_orders_expire_returns_every_unit_once() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let killed = Instant::now();
-    cluster.run("kill-primary").await;
-    sale.disruption_ended.set(Instant::now()).unwrap();
-    while !sale.resumed.load(Ordering::Relaxed) {
-        assert!(
-            killed.elapsed() < RESUME_BOUND,
-            "no order committed within {RESUME_BOUND:?} of the kill:\n{}",
-            cluster.status()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (killed, _) = sale.disrupt(&cluster, "kill-primary").await;
+    sale.resumed(killed, "the kill", &cluster).await;
     // Units that expired around the kill come back and sell again.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let purchases = sale.finish().await;
 
-    let unexpected: Vec<String> = purchases
-        .iter()
-        .filter(|p| {
-            ![
-                StatusCode::OK,
-                StatusCode::SERVICE_UNAVAILABLE,
-                StatusCode::CONFLICT,
-            ]
-            .contains(&p.status)
-        })
-        .map(|p| format!("user {}: {} {}", p.user, p.status, p.error))
-        .collect();
-    assert!(
-        unexpected.is_empty(),
-        "answers other than 200, 503 and 409: {unexpected:?}"
-    );
-    let answered: HashSet<String> = purchases
-        .iter()
-        .filter(|p| p.status == StatusCode::OK)
-        .map(|p| p.order_id.clone().expect("a 200 carries its order id"))
-        .collect();
+    let allowed = [
+        StatusCode::OK,
+        StatusCode::SERVICE_UNAVAILABLE,
+        StatusCode::CONFLICT,
+    ];
+    assert_answered_only(&purchases, &allowed);
+    let answered = answered_ids(&purchases, StatusCode::OK);
 
     // Every order expires within its 2 s and the sweeper's pass (bounded).
     let waited = Instant::now();
@@ -717,17 +697,13 @@ async fn a_primary_killed_while_orders_expire_returns_every_unit_once() {
 /// the sale never stopped for it, and the invariants hold on the leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_rejoins_as_a_replica_while_the_sale_goes_on() {
-    let _one = ONE_CLUSTER.lock().await;
-    let cluster = Arc::new(tokio::task::spawn_blocking(Cluster::up).await.unwrap());
-    let mut app = spawn_app_on(&cluster).await;
+    let (_one, cluster, mut app) = cluster_and_app().await;
     let (_, old_port) = cluster.primary("postgres").await;
     let voucher = app.open_voucher(1_000_000).await;
 
-    let sale = Sale::start(&app, voucher);
+    let sale = Sale::start(&app, voucher, StatusCode::OK);
     warm_up(&sale.committed, "the sale committed").await;
-    let killed = Instant::now();
-    cluster.run("kill-primary").await;
-    sale.disruption_ended.set(Instant::now()).unwrap();
+    let (killed, _) = sale.disrupt(&cluster, "kill-primary").await;
 
     // The old primary back as a running replica, the sale on meanwhile.
     let host = format!("127.0.0.1:{old_port}");
@@ -755,16 +731,10 @@ async fn a_killed_primary_rejoins_as_a_replica_while_the_sale_goes_on() {
         cluster.status()
     );
     let purchases = sale.finish().await;
-    let answered: HashSet<String> = purchases
-        .iter()
-        .filter(|p| p.status == StatusCode::OK)
-        .map(|p| p.order_id.clone().expect("a 200 carries its order id"))
-        .collect();
-    assert!(
-        purchases
-            .iter()
-            .all(|p| [StatusCode::OK, StatusCode::SERVICE_UNAVAILABLE].contains(&p.status)),
-        "answers other than 200 and 503"
+    let answered = answered_ids(&purchases, StatusCode::OK);
+    assert_answered_only(
+        &purchases,
+        &[StatusCode::OK, StatusCode::SERVICE_UNAVAILABLE],
     );
 
     // The rejoined node, read directly, catches up with every answered

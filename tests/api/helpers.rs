@@ -76,8 +76,6 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(|s| s).await
 }
 
-/// Like [`spawn_app`], with the settings adjusted first (the database URL
-/// in them names the fresh database).
 /// An app on the Redis at `url` (a test's own), with a dependency deadline
 /// of `timeout_ms` when given.
 pub async fn spawn_app_on_redis(url: String, timeout_ms: Option<u64>) -> TestApp {
@@ -99,6 +97,8 @@ pub async fn spawn_app_on_own_redis(timeout_ms: Option<u64>) -> (OwnRedis, TestA
     (redis, app)
 }
 
+/// Like [`spawn_app`], with the settings adjusted first (the database URL
+/// in them names the fresh database).
 pub async fn spawn_app_with(adjust: impl FnOnce(Settings) -> Settings) -> TestApp {
     let db_name = format!("seckill_test_{}", Uuid::new_v4().simple());
     let db_url = format!("{}/{db_name}", pg_server());
@@ -173,6 +173,40 @@ impl TestApp {
         let tokens = self.tokens(1..=users).await;
         self.assert_bought(&tokens[&1], voucher).await;
         (voucher, tokens)
+    }
+
+    /// After a failover: buys one unit of `voucher` as user `*user`, then
+    /// the next user, ... (user `u` through `bases[u % bases.len()]`), a
+    /// `pause` apart, until a purchase is answered 200 within `bound`;
+    /// every answer before it is 503, never a 500. `*user` is left at the
+    /// first user not yet used. Returns how long it took and how many 503s.
+    pub async fn buy_until_resumed(
+        &self,
+        bases: &[&str],
+        tokens: &HashMap<i64, String>,
+        voucher: i64,
+        user: &mut i64,
+        bound: Duration,
+        pause: Duration,
+    ) -> (Duration, usize) {
+        let started = std::time::Instant::now();
+        let mut unavailable = 0;
+        loop {
+            assert!(
+                started.elapsed() < bound,
+                "sales did not resume after the failover ({unavailable} answers 503)"
+            );
+            let base = bases[usize::try_from(*user).unwrap() % bases.len()];
+            let (status, code) = buy(&self.client, base, &tokens[user], voucher).await;
+            *user += 1;
+            assert_ne!(status, StatusCode::INTERNAL_SERVER_ERROR, "{code}");
+            if status == StatusCode::OK {
+                return (started.elapsed(), unavailable);
+            }
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{code}");
+            unavailable += 1;
+            tokio::time::sleep(pause).await;
+        }
     }
 
     /// Waits (bounded) until `/readyz` answers 200 again.
@@ -537,6 +571,52 @@ impl Drop for Process {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Reads with `read` every `pause` until `done` holds of what it read, for
+/// `bound` at most (the test fails with `what` and the last reading
+/// otherwise); returns that reading.
+pub async fn poll_until<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
+    bound: Duration,
+    pause: Duration,
+    what: &str,
+    mut read: impl FnMut() -> F,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let started = std::time::Instant::now();
+    loop {
+        let last = read().await;
+        if done(&last) {
+            return last;
+        }
+        assert!(
+            started.elapsed() < bound,
+            "{what} after {bound:?}: {last:?}"
+        );
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Blocks until `done` says so, asking every `pause`, for `bound` at most:
+/// the test fails with `what` otherwise. For the start of servers, before
+/// any runtime.
+#[track_caller]
+pub fn wait_until(bound: Duration, pause: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !done() {
+        assert!(started.elapsed() < bound, "{what}");
+        std::thread::sleep(pause);
+    }
+}
+
+/// `127.0.0.1:<port>` for each port, joined by commas: the hosts of a
+/// `redis+sentinel://` or `redis+cluster://` URL.
+pub fn loopback_hosts(ports: impl IntoIterator<Item = u16>) -> String {
+    let hosts: Vec<String> = ports
+        .into_iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect();
+    hosts.join(",")
 }
 
 /// A free loopback port (tests may panic when there is none).

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use reqwest::StatusCode;
+use seckill::config::Settings;
 use serde_json::{json, Value};
 
 use crate::helpers::{post_purchase, spawn_app, spawn_app_with, OwnRedis, TestApp, ADMIN_TOKEN};
@@ -16,10 +17,15 @@ use crate::helpers::{post_purchase, spawn_app, spawn_app_with, OwnRedis, TestApp
 const LEASE_MS: u64 = 500;
 
 async fn lab_app() -> TestApp {
+    lab_app_with(|s| s).await
+}
+
+/// A lab app with the settings adjusted first.
+async fn lab_app_with(adjust: impl FnOnce(Settings) -> Settings) -> TestApp {
     spawn_app_with(|mut s| {
         s.lab = true;
         s.lab_lease = Duration::from_millis(LEASE_MS);
-        s
+        adjust(s)
     })
     .await
 }
@@ -185,6 +191,43 @@ where
     panic!("{anomaly} never showed in {rounds} rounds: {seen:?}");
 }
 
+/// Crowds of 200 users for 20 units on one instance, 5 at most, until
+/// `strategy` oversells: that crowd's stock is below zero.
+async fn oversells_below_zero(app: &TestApp, strategy: &str) {
+    let bases = [app.base.clone()];
+    let seen = until_seen(
+        5,
+        || crowd(app, &bases, strategy, 200, 1, 20),
+        |r| r.oversold() > 0,
+        &format!("{strategy}'s oversell"),
+    )
+    .await;
+    let last = seen.last().unwrap();
+    assert!(last.stock < 0, "{last:?}");
+}
+
+/// `crowds` crowds of 200 users for 20 units over `bases`: `strategy` sells
+/// each out exactly, no unit more, none left.
+async fn sells_out_exactly(app: &TestApp, bases: &[String], strategy: &str, crowds: usize) {
+    for _ in 0..crowds {
+        let rows = crowd(app, bases, strategy, 200, 1, 20).await;
+        rows.assert_consistent();
+        assert_eq!((rows.orders, rows.stock), (20, 0), "{strategy}: {rows:?}");
+    }
+}
+
+/// Crowds of 50 users with 4 purchases each at once for 1,000 units over
+/// `bases`, 5 at most, until `strategy` sells some user two units.
+async fn sells_one_user_twice(app: &TestApp, bases: &[String], strategy: &str, anomaly: &str) {
+    until_seen(
+        5,
+        || crowd(app, bases, strategy, 50, 4, 1_000),
+        |r| r.duplicates() > 0,
+        anomaly,
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn lab_routes_exist_only_when_enabled() {
     let app = spawn_app().await;
@@ -287,16 +330,7 @@ async fn lab_rejects_bad_input_and_changes_nothing() {
 #[tokio::test]
 async fn naive_oversells_under_concurrency() {
     let app = lab_app().await;
-    let bases = [app.base.clone()];
-    let seen = until_seen(
-        5,
-        || crowd(&app, &bases, "naive", 200, 1, 20),
-        |r| r.oversold() > 0,
-        "naive's oversell",
-    )
-    .await;
-    let last = seen.last().unwrap();
-    assert!(last.stock < 0, "{last:?}");
+    oversells_below_zero(&app, "naive").await;
     assert!(
         app.metrics()
             .await
@@ -325,19 +359,9 @@ async fn stock_gt_zero_never_oversells_but_sells_one_user_twice() {
     let app = lab_app().await;
     let bases = [app.base.clone()];
     // Scarce stock: no oversell, whatever the crowd.
-    for _ in 0..3 {
-        let rows = crowd(&app, &bases, "stock_gt_zero", 200, 1, 20).await;
-        rows.assert_consistent();
-        assert_eq!((rows.orders, rows.stock), (20, 0), "{rows:?}");
-    }
+    sells_out_exactly(&app, &bases, "stock_gt_zero", 3).await;
     // Plenty of stock, each user's requests at once: some user buys twice.
-    until_seen(
-        5,
-        || crowd(&app, &bases, "stock_gt_zero", 50, 4, 1_000),
-        |r| r.duplicates() > 0,
-        "a user buying twice",
-    )
-    .await;
+    sells_one_user_twice(&app, &bases, "stock_gt_zero", "a user buying twice").await;
 }
 
 #[tokio::test]
@@ -354,13 +378,8 @@ async fn process_mutex_holds_on_one_instance_and_fails_on_two() {
     let two = [app.base.clone(), app.spawn_instance().await];
     let rows = stalled_pairs(&app, &two, "process_mutex", "sale").await;
     assert!(rows.duplicates() > 0, "two instances, stalled: {rows:?}");
-    until_seen(
-        5,
-        || crowd(&app, &two, "process_mutex", 50, 4, 1_000),
-        |r| r.duplicates() > 0,
-        "a user buying twice on two instances",
-    )
-    .await;
+    let anomaly = "a user buying twice on two instances";
+    sells_one_user_twice(&app, &two, "process_mutex", anomaly).await;
 }
 
 /// Without a stall a guarded strategy holds on two instances: no user
@@ -375,8 +394,7 @@ async fn holds_without_a_stall(app: &TestApp, bases: &[String], strategy: &str) 
             "{strategy}, no stall: {rows:?}"
         );
     }
-    let rows = crowd(app, bases, strategy, 200, 1, 20).await;
-    assert_eq!((rows.orders, rows.stock), (20, 0), "{strategy}: {rows:?}");
+    sells_out_exactly(app, bases, strategy, 1).await;
 }
 
 /// A `SET NX` lock without a stall holds on two instances; a stall past the
@@ -446,9 +464,7 @@ async fn fenced_holds_in_every_case() {
 async fn lab_answers_503_while_redis_is_away_and_recovers() {
     let mut redis = OwnRedis::start();
     let url = redis.url();
-    let app = spawn_app_with(|mut s| {
-        s.lab = true;
-        s.lab_lease = Duration::from_millis(LEASE_MS);
+    let app = lab_app_with(|mut s| {
         s.redis_url = url;
         s
     })
@@ -520,15 +536,7 @@ async fn redis_stock(app: &TestApp, voucher: i64) -> i64 {
 #[tokio::test]
 async fn redis_decr_takes_the_redis_stock_below_zero_and_oversells() {
     let app = lab_app().await;
-    let bases = [app.base.clone()];
-    let seen = until_seen(
-        5,
-        || crowd(&app, &bases, "redis_decr", 200, 1, 20),
-        |r| r.oversold() > 0,
-        "redis_decr's oversell",
-    )
-    .await;
-    assert!(seen.last().unwrap().stock < 0);
+    oversells_below_zero(&app, "redis_decr").await;
 }
 
 #[tokio::test]

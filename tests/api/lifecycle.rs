@@ -8,9 +8,9 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    answer, buy, create_voucher_at, drop_database, pg_server, redis_url, send_purchase, spawn_app,
-    spawn_app_on_redis, spawn_app_with, start, start_stoppable, tokens_at, OwnRedis, Process,
-    TestApp, PAYMENT_SECRET,
+    answer, buy, create_voucher_at, drop_database, pg_server, poll_until, redis_url, send_purchase,
+    spawn_app, spawn_app_on_redis, spawn_app_with, start, start_stoppable, tokens_at, OwnRedis,
+    Process, TestApp, PAYMENT_SECRET,
 };
 
 impl TestApp {
@@ -648,21 +648,20 @@ async fn an_async_sale_whose_redis_restarts_with_returns_in_flight_sells_each_re
     assert_eq!(report["buyers"], 3, "{report}");
     // The relay delivers what was queued (again, after its claim lapses):
     // the reconciled sale counts each of those units once already.
-    let started = std::time::Instant::now();
-    loop {
-        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM stock_returns")
+    let still_queued = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM stock_returns")
             .fetch_one(&app.db)
             .await
-            .unwrap();
-        if left == 0 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{left} returns still queued"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            .unwrap()
+    };
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        "returns still queued",
+        still_queued,
+        |left| *left == 0,
+    )
+    .await;
     // Exactly the seven returned units sell, to whoever comes: the buyers
     // who cancelled may buy again, the three who did not are refused.
     let mut accepted = Vec::new();

@@ -145,48 +145,45 @@ fn assert_one_deadline(took: Duration, status: StatusCode, deadline: Duration) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_purchase_meets_one_deadline_at_most_when_redis_hangs() {
+/// A sale with one order bought; then, with the dependency frozen by
+/// `freeze` (and `settle` waited), two more purchases meet one deadline
+/// at most; once `thaw` let it run again, the service is ready and the
+/// books balance.
+async fn one_deadline_while_frozen(
+    app: TestApp,
+    freeze: impl FnOnce(),
+    settle: Duration,
+    thaw: impl FnOnce(),
+) {
     let deadline = Duration::from_millis(1_000);
-    let redis = OwnRedis::start();
-    let app = spawn_app_on_redis(redis.url(), Some(1_000)).await;
-    let voucher = app.open_voucher(10).await;
-    let tokens = app.tokens(1..=3).await;
-    assert!(buy(&app.client, &app.base, &tokens[&1], voucher)
-        .await
-        .1
-        .starts_with("ok:"));
-    // Frozen (SIGSTOP): every Redis step of the purchase would wait its
-    // own deadline (the flag's read, the lock, the ids).
-    redis.freeze();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (voucher, tokens) = app.warm_sale(10, 3).await;
+    freeze();
+    if !settle.is_zero() {
+        tokio::time::sleep(settle).await;
+    }
     for user in [2, 3] {
         let (took, status) = timed_purchase(&app, &tokens[&user], voucher).await;
         assert_one_deadline(took, status, deadline);
     }
-    redis.thaw();
+    thaw();
     app.wait_ready().await;
     app.check_invariants(voucher).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_meets_one_deadline_at_most_when_redis_hangs() {
+    let redis = OwnRedis::start();
+    let app = spawn_app_on_redis(redis.url(), Some(1_000)).await;
+    // Frozen (SIGSTOP): every Redis step of the purchase would wait its
+    // own deadline (the flag's read, the lock, the ids).
+    let settle = Duration::from_millis(300);
+    one_deadline_while_frozen(app, || redis.freeze(), settle, || redis.thaw()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purchase_meets_one_deadline_at_most_when_postgres_hangs() {
-    let deadline = Duration::from_millis(1_000);
     let (app, proxy) = crate::proxy::spawn_app_behind_pg_proxy_timing_out(1_000).await;
-    let voucher = app.open_voucher(10).await;
-    let tokens = app.tokens(1..=3).await;
-    assert!(buy(&app.client, &app.base, &tokens[&1], voucher)
-        .await
-        .1
-        .starts_with("ok:"));
-    proxy.freeze();
-    for user in [2, 3] {
-        let (took, status) = timed_purchase(&app, &tokens[&user], voucher).await;
-        assert_one_deadline(took, status, deadline);
-    }
-    proxy.thaw();
-    app.wait_ready().await;
     // Whatever the frozen batches did is whole: a 503 was an unknown
     // outcome, never a lost or a doubled unit.
-    app.check_invariants(voucher).await;
+    one_deadline_while_frozen(app, || proxy.freeze(), Duration::ZERO, || proxy.thaw()).await;
 }

@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use seckill::domain::{UserId, VoucherId};
 use serde_json::{json, Value};
 
-use crate::helpers::{answer, spawn_app, TestApp};
+use crate::helpers::{answer, poll_until, spawn_app, TestApp};
 
 async fn join(app: &TestApp, voucher: i64, token: &str) -> (StatusCode, Value) {
     let url = app.url(&format!("/vouchers/{voucher}/queue"));
@@ -26,6 +26,11 @@ async fn poll(app: &TestApp, voucher: i64, token: &str, ticket: &str) -> (Status
             .header("x-queue-ticket", ticket),
     )
     .await
+}
+
+/// The ticket of an answer of the queue.
+fn ticket(body: &Value) -> &str {
+    body["ticket"].as_str().unwrap()
 }
 
 async fn buy_with(
@@ -90,7 +95,7 @@ async fn the_pre_queue_is_placed_at_random_at_the_start_and_later_joiners_in_ord
         assert_eq!(body["place"], Value::Null, "{body}");
         let (_, again) = join(&app, voucher, &tokens[&user]).await;
         assert_eq!(again["place"], Value::Null);
-        tickets.insert(user, body["ticket"].as_str().unwrap().to_owned());
+        tickets.insert(user, ticket(&body).to_owned());
     }
     // Not admitted: no purchase, before or after the start.
     let (status, body) = buy_with(&app, voucher, &tokens[&1], Some(&tickets[&1])).await;
@@ -99,18 +104,14 @@ async fn the_pre_queue_is_placed_at_random_at_the_start_and_later_joiners_in_ord
 
     // After the start, every pre-queue joiner has a place among the first
     // twenty, each a different one, in an order that is not the joins'.
-    let started = Instant::now();
-    loop {
-        let (_, body) = poll(&app, voucher, &tokens[&1], &tickets[&1]).await;
-        if !body["place"].is_null() {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "never placed: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        "never placed",
+        || async { poll(&app, voucher, &tokens[&1], &tickets[&1]).await.1 },
+        |body| !body["place"].is_null(),
+    )
+    .await;
     let mut places = Vec::new();
     for user in 1..=20 {
         let (status, body) = poll(&app, voucher, &tokens[&user], &tickets[&user]).await;
@@ -149,7 +150,7 @@ async fn only_an_admitted_ticket_buys_and_admission_keeps_the_rooms_pace() {
     for user in 1..=8 {
         let (status, body) = join(&app, voucher, &tokens[&user]).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-        tickets.insert(user, body["ticket"].as_str().unwrap().to_owned());
+        tickets.insert(user, ticket(&body).to_owned());
     }
     // Without a ticket, with a waiting one, with a forged one, with
     // another user's: not admitted.
@@ -184,7 +185,7 @@ async fn only_an_admitted_ticket_buys_and_admission_keeps_the_rooms_pace() {
             );
             if body["status"] == "admitted" {
                 assert!(body["admitted_until"].is_string(), "{body}");
-                break body["ticket"].as_str().unwrap().to_owned();
+                break ticket(&body).to_owned();
             }
             assert_eq!(body["status"], "waiting", "{body}");
             assert!(
@@ -213,28 +214,17 @@ async fn a_sold_out_room_says_so_at_the_next_poll() {
     let (_, first) = join(&app, voucher, &tokens[&1]).await;
     let (_, second) = join(&app, voucher, &tokens[&2]).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (_, admitted) = poll(
-        &app,
-        voucher,
-        &tokens[&1],
-        first["ticket"].as_str().unwrap(),
-    )
-    .await;
+    let (_, admitted) = poll(&app, voucher, &tokens[&1], ticket(&first)).await;
     assert_eq!(admitted["status"], "admitted", "{admitted}");
-    let ticket = admitted["ticket"].as_str().unwrap();
     assert_eq!(
-        buy_with(&app, voucher, &tokens[&1], Some(ticket)).await.0,
+        buy_with(&app, voucher, &tokens[&1], Some(ticket(&admitted)))
+            .await
+            .0,
         StatusCode::OK
     );
     let started = Instant::now();
     loop {
-        let (status, body) = poll(
-            &app,
-            voucher,
-            &tokens[&2],
-            second["ticket"].as_str().unwrap(),
-        )
-        .await;
+        let (status, body) = poll(&app, voucher, &tokens[&2], ticket(&second)).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         if body["status"] == "sold_out" {
             break;

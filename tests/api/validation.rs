@@ -6,34 +6,32 @@ use reqwest::{Method, StatusCode};
 use seckill::token::TokenSigner;
 use serde_json::{json, Value};
 
-use crate::helpers::{buy, spawn_app, TestApp, ADMIN_TOKEN, TOKEN_SECRET};
+use crate::helpers::{answer, buy, spawn_app, TestApp, ADMIN_TOKEN, TOKEN_SECRET};
+
+/// A request: method, path, `Authorization` header and body (sent as
+/// JSON).
+type Call<'a> = (Method, &'a str, Option<&'a str>, Option<&'a str>);
+
+/// The status and error code a refused request gets.
+type Refusal = (StatusCode, &'static str);
+
+const BAD_REQUEST: Refusal = (StatusCode::BAD_REQUEST, "bad_request");
+const UNAUTHORIZED: Refusal = (StatusCode::UNAUTHORIZED, "unauthorized");
+const FORBIDDEN: Refusal = (StatusCode::FORBIDDEN, "forbidden");
+const NOT_FOUND: Refusal = (StatusCode::NOT_FOUND, "not_found");
+const METHOD_NOT_ALLOWED: Refusal = (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
 
 /// POSTs each body to `path` as `auth`: every one is `400 bad_request`.
 async fn refuse_all(app: &TestApp, path: &str, auth: &str, bodies: &[impl AsRef<str>]) {
     for body in bodies {
-        expect(
-            app,
-            Method::POST,
-            path,
-            Some(auth),
-            Some(body.as_ref()),
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-        )
-        .await;
+        let call = (Method::POST, path, Some(auth), Some(body.as_ref()));
+        expect(app, call, BAD_REQUEST).await;
     }
 }
 
 /// Sends a request and asserts the status and the JSON error code.
-async fn expect(
-    app: &TestApp,
-    method: Method,
-    path: &str,
-    auth: Option<&str>,
-    body: Option<&str>,
-    status: StatusCode,
-    code: &str,
-) {
+async fn expect(app: &TestApp, call: Call<'_>, (status, code): Refusal) {
+    let (method, path, auth, body) = call;
     let mut request = app.client.request(method.clone(), app.url(path));
     if let Some(auth) = auth {
         request = request.header("Authorization", auth);
@@ -54,6 +52,15 @@ async fn expect(
         json["message"].as_str().is_some_and(|m| !m.is_empty()),
         "{text}"
     );
+}
+
+/// An app with a voucher of 5 units on sale, and the app's snapshot
+/// before any bad input.
+async fn app_with_a_voucher() -> (TestApp, i64, (i64, i64, i64, i64)) {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(5).await;
+    let before = app.snapshot().await;
+    (app, voucher, before)
 }
 
 #[tokio::test]
@@ -82,42 +89,15 @@ async fn the_time_window_and_unknown_vouchers_are_refused() {
         (StatusCode::NOT_FOUND, "not_found".into())
     );
     let bearer = format!("Bearer {token}");
-    expect(
-        &app,
-        Method::GET,
-        "/vouchers/999999",
-        None,
-        None,
-        StatusCode::NOT_FOUND,
-        "not_found",
-    )
-    .await;
     let admin = format!("Bearer {ADMIN_TOKEN}");
-    for path in [
-        "/admin/vouchers/999999/orders",
-        "/admin/vouchers/999999/stats",
+    for (path, auth) in [
+        ("/vouchers/999999", None),
+        ("/admin/vouchers/999999/orders", Some(admin.as_str())),
+        ("/admin/vouchers/999999/stats", Some(admin.as_str())),
+        ("/orders/123456789", Some(bearer.as_str())),
     ] {
-        expect(
-            &app,
-            Method::GET,
-            path,
-            Some(&admin),
-            None,
-            StatusCode::NOT_FOUND,
-            "not_found",
-        )
-        .await;
+        expect(&app, (Method::GET, path, auth, None), NOT_FOUND).await;
     }
-    expect(
-        &app,
-        Method::GET,
-        "/orders/123456789",
-        Some(&bearer),
-        None,
-        StatusCode::NOT_FOUND,
-        "not_found",
-    )
-    .await;
 
     assert_eq!(app.snapshot().await, before);
     assert_eq!(app.stats(later).await["stock"], 5);
@@ -149,16 +129,7 @@ async fn malformed_ids_tokens_and_headers_are_refused() {
         ];
         for (method, route, auth) in cases {
             let path = format!("/{route}/{id}");
-            expect(
-                &app,
-                method,
-                &path,
-                auth,
-                None,
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-            )
-            .await;
+            expect(&app, (method, &path, auth, None), BAD_REQUEST).await;
         }
     }
 
@@ -180,88 +151,39 @@ async fn malformed_ids_tokens_and_headers_are_refused() {
         Some(format!("Bearer {tampered}")),
         Some(format!("Bearer {ADMIN_TOKEN}")),
     ] {
-        expect(
-            &app,
-            Method::POST,
-            &path,
-            auth.as_deref(),
-            None,
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-        )
-        .await;
+        let call = (Method::POST, path.as_str(), auth.as_deref(), None);
+        expect(&app, call, UNAUTHORIZED).await;
     }
 
     // Admin routes take the admin token and nothing else.
+    let stats = format!("/admin/vouchers/{voucher}/stats");
+    let admin_routes = [
+        (Method::POST, "/admin/vouchers", Some("{}")),
+        (Method::POST, "/admin/tokens", Some(r#"{"user_ids":[1]}"#)),
+        (Method::GET, stats.as_str(), None),
+    ];
     for auth in [
         None,
         Some(bearer.clone()),
         Some("Bearer wrong".into()),
         Some(format!("bearer{ADMIN_TOKEN}")),
     ] {
-        expect(
-            &app,
-            Method::POST,
-            "/admin/vouchers",
-            auth.as_deref(),
-            Some("{}"),
-            StatusCode::FORBIDDEN,
-            "forbidden",
-        )
-        .await;
-        expect(
-            &app,
-            Method::POST,
-            "/admin/tokens",
-            auth.as_deref(),
-            Some(r#"{"user_ids":[1]}"#),
-            StatusCode::FORBIDDEN,
-            "forbidden",
-        )
-        .await;
-        let stats = format!("/admin/vouchers/{voucher}/stats");
-        expect(
-            &app,
-            Method::GET,
-            &stats,
-            auth.as_deref(),
-            None,
-            StatusCode::FORBIDDEN,
-            "forbidden",
-        )
-        .await;
+        for (method, path, body) in admin_routes.clone() {
+            expect(&app, (method, path, auth.as_deref(), body), FORBIDDEN).await;
+        }
     }
 
-    expect(
-        &app,
-        Method::GET,
-        "/no/such/route",
-        None,
-        None,
-        StatusCode::NOT_FOUND,
-        "not_found",
-    )
-    .await;
-    expect(
-        &app,
-        Method::DELETE,
-        &path,
-        Some(&bearer),
-        None,
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-    )
-    .await;
+    expect(&app, (Method::GET, "/no/such/route", None, None), NOT_FOUND).await;
+    let delete = (Method::DELETE, path.as_str(), Some(bearer.as_str()), None);
+    expect(&app, delete, METHOD_NOT_ALLOWED).await;
 
     assert_eq!(app.snapshot().await, before);
 }
 
 #[tokio::test]
 async fn malformed_bodies_are_refused() {
-    let app = spawn_app().await;
-    let voucher = app.open_voucher(5).await;
+    let (app, voucher, before) = app_with_a_voucher().await;
     let admin = format!("Bearer {ADMIN_TOKEN}");
-    let before = app.snapshot().await;
     let begin = Utc::now().to_rfc3339();
     let end = (Utc::now() + Duration::hours(1)).to_rfc3339();
     let voucher_with = |field: &str, value: Value| {
@@ -371,10 +293,8 @@ async fn health_readiness_and_metrics_answer() {
 
 #[tokio::test]
 async fn times_titles_and_headers_that_once_slipped_through_are_refused() {
-    let app = spawn_app().await;
-    let voucher = app.open_voucher(5).await;
+    let (app, voucher, before) = app_with_a_voucher().await;
     let admin = format!("Bearer {ADMIN_TOKEN}");
-    let before = app.snapshot().await;
     let voucher_with = |begin: &str, end: &str, title: &str| {
         json!({ "title": title, "stock": 5, "begin_time": begin, "end_time": end }).to_string()
     };
@@ -431,46 +351,34 @@ async fn times_titles_and_headers_that_once_slipped_through_are_refused() {
 
     // Two Authorization headers: which caller is this? Refused.
     let tokens = app.tokens([1, 2]).await;
-    let response = app
-        .client
-        .post(app.url(&format!("/seckill/{voucher}")))
-        .header("Authorization", format!("Bearer {}", tokens[&2]))
-        .header("Authorization", format!("Bearer {}", tokens[&1]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let purchase = || app.client.post(app.url(&format!("/seckill/{voucher}")));
+    let (status, body) = answer(
+        purchase()
+            .header("Authorization", format!("Bearer {}", tokens[&2]))
+            .header("Authorization", format!("Bearer {}", tokens[&1])),
+    )
+    .await;
     assert_eq!(
-        response.json::<Value>().await.unwrap()["error"],
-        "bad_request"
+        (status, body["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("bad_request"))
     );
 
     // A purchase takes no body: a large one is 413, any other 400.
     let token = format!("Bearer {}", tokens[&1]);
     let huge = "x".repeat(3 * 1024 * 1024);
-    let response = app
-        .client
-        .post(app.url(&format!("/seckill/{voucher}")))
-        .header("Authorization", &token)
-        .body(huge)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let (status, body) = answer(purchase().header("Authorization", &token).body(huge)).await;
     assert_eq!(
-        response.json::<Value>().await.unwrap()["error"],
-        "payload_too_large"
+        (status, body["error"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("payload_too_large"))
     );
-    let response = app
-        .client
-        .post(app.url(&format!("/seckill/{voucher}")))
-        .header("Authorization", &token)
-        .header("Content-Type", "text/plain")
-        .body("buy it")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let (status, _) = answer(
+        purchase()
+            .header("Authorization", &token)
+            .header("Content-Type", "text/plain")
+            .body("buy it"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(
         app.snapshot().await,
         after_create,
