@@ -1,8 +1,7 @@
 //! The `seckill` binary: `seckill serve` (the default) runs the service.
 
-/// mimalloc, not glibc's allocator: in a profile of the service under
-/// `loadtest speed`, glibc's `malloc`/`free` (with their consolidation of
-/// freed chunks) took 21% of its CPU samples, mimalloc's 7% (BENCHMARKS.md).
+/// mimalloc, not glibc's allocator: a third of the allocator's CPU under
+/// a flash crowd (BENCHMARKS.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

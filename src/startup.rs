@@ -278,8 +278,7 @@ async fn bind(addr: &str) -> Result<TcpListener, StartupError> {
 
 /// The endpoint `url` (a `REDIS_URL`) names.
 fn redis_endpoint(url: &str) -> Result<redis_locks::Endpoint, StartupError> {
-    RedisTarget::parse(url)
-        .map_err(StartupError::RedisTarget)?
+    RedisTarget::parse(url)?
         .endpoint()
         .map_err(StartupError::RedisUrl)
 }

@@ -138,11 +138,7 @@ pub struct Restock {
     security(("admin" = [])),
     responses(
         (status = 200, description = "The voucher after the restock; the sale reopens on every instance", body = VoucherBody),
-        BadRequest,
-        Forbidden,
-        NotFound,
-        TooLarge,
-        Unavailable,
+        BadRequest, Forbidden, NotFound, TooLarge, Unavailable,
     )
 )]
 pub async fn restock(
@@ -163,9 +159,7 @@ pub async fn restock(
     responses(
         (status = 200, description = "Redis's stock and buyers rebuilt from Postgres and the unwritten stream entries; the orders Postgres refused are listed", body = ReconcileBody),
         (status = 400, description = "bad_request: a malformed id, or a sync voucher", body = ErrorBody),
-        Forbidden,
-        NotFound,
-        TooLarge,
+        Forbidden, NotFound, TooLarge,
         (status = 503, description = "unavailable: Postgres or Redis cannot be reached, or a reconciliation started later took over (it reopens the sale; ask again for the result)", body = ErrorBody),
     )
 )]
@@ -248,9 +242,7 @@ pub struct Tokens {
     security(("admin" = [])),
     responses(
         (status = 200, description = "Signed user tokens", body = Tokens),
-        BadRequest,
-        Forbidden,
-        TooLarge,
+        BadRequest, Forbidden, TooLarge,
     )
 )]
 pub async fn mint_tokens(
@@ -309,11 +301,7 @@ pub struct Orders {
     security(("admin" = [])),
     responses(
         (status = 200, description = "The voucher's orders", body = Orders),
-        BadRequest,
-        Forbidden,
-        NotFound,
-        TooLarge,
-        Unavailable,
+        BadRequest, Forbidden, NotFound, TooLarge, Unavailable,
     )
 )]
 pub async fn voucher_orders(
@@ -364,11 +352,7 @@ pub struct StatsBody {
     security(("admin" = [])),
     responses(
         (status = 200, description = "The voucher's books", body = StatsBody),
-        BadRequest,
-        Forbidden,
-        NotFound,
-        TooLarge,
-        Unavailable,
+        BadRequest, Forbidden, NotFound, TooLarge, Unavailable,
     )
 )]
 pub async fn voucher_stats(

@@ -83,9 +83,7 @@ impl From<Voucher> for VoucherBody {
     responses(
         (status = 200, description = "The voucher", body = VoucherBody),
         (status = 400, description = "bad_request: a malformed id", body = ErrorBody),
-        NotFound,
-        TooLarge,
-        Unavailable,
+        NotFound, TooLarge, Unavailable,
     )
 )]
 pub async fn get_voucher(
@@ -201,11 +199,9 @@ impl From<Order> for OrderBody {
     security(("user" = []), ("admin" = [])),
     responses(
         (status = 200, description = "The order (a user sees only their own)", body = OrderBody),
-        BadRequest,
-        Unauthorized,
+        BadRequest, Unauthorized,
         (status = 404, description = "not_found: no such order, or another user's", body = ErrorBody),
-        TooLarge,
-        Unavailable,
+        TooLarge, Unavailable,
     )
 )]
 pub async fn get_order(

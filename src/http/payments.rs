@@ -38,8 +38,7 @@ const PAYMENT_ID_MAX_CHARS: usize = 64;
         Unauthorized,
         (status = 404, description = "not_found: no such order, or another user's", body = ErrorBody),
         (status = 409, description = "already_paid, order_expired, or order_pending (async, not stored yet; Retry-After is set)", body = ErrorBody),
-        TooLarge,
-        Unavailable,
+        TooLarge, Unavailable,
     )
 )]
 pub async fn cancel_order(
@@ -96,8 +95,7 @@ pub struct PaymentReceipt {
         (status = 403, description = "forbidden: no payment secret is configured", body = ErrorBody),
         (status = 404, description = "not_found: no such order", body = ErrorBody),
         (status = 409, description = "order_pending: an async order not stored yet (Retry-After is set); payment_conflict: this payment_id was recorded for another order or amount, also when both arrive at once", body = ErrorBody),
-        TooLarge,
-        Unavailable,
+        TooLarge, Unavailable,
     )
 )]
 pub async fn notify(

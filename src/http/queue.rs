@@ -90,8 +90,7 @@ fn queue_answer(status: StatusCode, state: QueueState) -> Response {
         (status = 400, description = "bad_request: a body, or a missing or wrong proof of work where the room asks for one", body = ErrorBody),
         Unauthorized,
         (status = 404, description = "not_found: no such voucher, or it has no waiting room", body = ErrorBody),
-        TooLarge,
-        Unavailable,
+        TooLarge, Unavailable,
     )
 )]
 pub async fn join(
@@ -120,8 +119,7 @@ pub async fn join(
         (status = 400, description = "bad_request: no X-Queue-Ticket, or not this user's for this voucher", body = ErrorBody),
         Unauthorized,
         (status = 404, description = "not_found: no such voucher, or it has no waiting room", body = ErrorBody),
-        TooLarge,
-        Unavailable,
+        TooLarge, Unavailable,
     )
 )]
 pub async fn poll(

@@ -107,8 +107,7 @@ pub struct SeckillSettings {
     /// The key that signs waiting-room tickets.
     pub ticket_key: TicketKey,
     /// Longest a purchase may take, whatever it waits for: a request meets
-    /// one dependency deadline at most, not one per step (a Redis without
-    /// a master once cost a purchase two deadlines in a row).
+    /// one dependency deadline at most, not one per step.
     pub request_deadline: Duration,
 }
 

@@ -53,21 +53,17 @@ pub struct BatchSale {
 /// The batch sale, in one statement (so one transaction).
 ///
 /// - `req`: the purchases, numbered in arrival order.
-/// - `fence`: each user's token (of their lock for this voucher) is stored
-///   if it is not smaller than the one stored for the user and voucher (in user order, so two batches lock fence rows alike);
-///   only those users may buy. A request without a token (an async sale's
-///   order) is not fenced.
+/// - `fence`: each user's token (of their lock for this voucher) is stored,
+///   in user order (so two batches lock fence rows alike), if it is not
+///   smaller than the one stored; only those users may buy. A request
+///   without a token (an async sale's order) is not fenced.
 /// - `held`: users who already hold a live (`unpaid` or `paid`) order for
 ///   this voucher; `used`: order ids that are taken. Both look each request
 ///   up in an index (`LATERAL`, with a `LIMIT` that keeps the planner from
-///   turning it into a join), whatever the planner believes of the table:
-///   a connection keeps the generic plan it chose on a new database, whose
-///   empty table a scan reads cheapest, and that plan would read every
-///   order (for `held`, every live order of the voucher) for each batch,
-///   more with every unit sold; a batch of the async writer took seconds.
+///   turning it into a join): a connection keeps the generic plan it chose
+///   on an empty table, which would scan every order for each batch.
 ///   A request whose own order id is stored for the same user and voucher
-///   (an async entry written twice, whatever its order became since) is
-///   `held` by it.
+///   (an async entry written twice) is `held` by it.
 /// - `maxed`: users who have `$6` (the voucher's `max_orders_per_user`)
 ///   orders of it already, whatever their status: counted in the index on
 ///   (user, voucher), at most `$6` rows read per user.
