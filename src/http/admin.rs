@@ -82,9 +82,7 @@ pub struct Created {
 }
 
 #[utoipa::path(
-    post,
-    path = "/admin/vouchers",
-    tag = "admin",
+    post, path = "/admin/vouchers", tag = "admin",
     request_body = CreateVoucher,
     security(("admin" = [])),
     responses(
@@ -130,10 +128,8 @@ pub struct Restock {
 }
 
 #[utoipa::path(
-    post,
-    path = "/admin/vouchers/{id}/stock",
-    tag = "admin",
-    params(("id" = i64, Path, minimum = 1, description = "The voucher id")),
+    post, path = "/admin/vouchers/{id}/stock", tag = "admin",
+    params(VoucherIdPath),
     request_body = Restock,
     security(("admin" = [])),
     responses(
@@ -151,9 +147,7 @@ pub async fn restock(
 }
 
 #[utoipa::path(
-    post,
-    path = "/admin/vouchers/{id}/reconcile",
-    tag = "admin",
+    post, path = "/admin/vouchers/{id}/reconcile", tag = "admin",
     params(("id" = i64, Path, minimum = 1, description = "The voucher id (an async sale)")),
     security(("admin" = [])),
     responses(
@@ -235,9 +229,7 @@ pub struct Tokens {
 }
 
 #[utoipa::path(
-    post,
-    path = "/admin/tokens",
-    tag = "admin",
+    post, path = "/admin/tokens", tag = "admin",
     request_body = MintTokens,
     security(("admin" = [])),
     responses(
@@ -294,10 +286,8 @@ pub struct Orders {
 }
 
 #[utoipa::path(
-    get,
-    path = "/admin/vouchers/{id}/orders",
-    tag = "admin",
-    params(("id" = i64, Path, minimum = 1, description = "The voucher id")),
+    get, path = "/admin/vouchers/{id}/orders", tag = "admin",
+    params(VoucherIdPath),
     security(("admin" = [])),
     responses(
         (status = 200, description = "The voucher's orders", body = Orders),
@@ -345,10 +335,8 @@ pub struct StatsBody {
 }
 
 #[utoipa::path(
-    get,
-    path = "/admin/vouchers/{id}/stats",
-    tag = "admin",
-    params(("id" = i64, Path, minimum = 1, description = "The voucher id")),
+    get, path = "/admin/vouchers/{id}/stats", tag = "admin",
+    params(VoucherIdPath),
     security(("admin" = [])),
     responses(
         (status = 200, description = "The voucher's books", body = StatsBody),

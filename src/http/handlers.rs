@@ -76,10 +76,8 @@ impl From<Voucher> for VoucherBody {
 }
 
 #[utoipa::path(
-    get,
-    path = "/vouchers/{id}",
-    tag = "sale",
-    params(("id" = i64, Path, minimum = 1, description = "The voucher id")),
+    get, path = "/vouchers/{id}", tag = "sale",
+    params(VoucherIdPath),
     responses(
         (status = 200, description = "The voucher", body = VoucherBody),
         (status = 400, description = "bad_request: a malformed id", body = ErrorBody),
@@ -110,9 +108,7 @@ pub struct Accepted {
 }
 
 #[utoipa::path(
-    post,
-    path = "/seckill/{voucher_id}",
-    tag = "sale",
+    post, path = "/seckill/{voucher_id}", tag = "sale",
     params(
         ("voucher_id" = i64, Path, minimum = 1, description = "The voucher to buy one unit of"),
         ("X-Queue-Ticket" = Option<String>, Header, description = "With a waiting room: the admitted ticket of this user and voucher"),
@@ -192,9 +188,7 @@ impl From<Order> for OrderBody {
 }
 
 #[utoipa::path(
-    get,
-    path = "/orders/{order_id}",
-    tag = "sale",
+    get, path = "/orders/{order_id}", tag = "sale",
     params(("order_id" = String, Path, pattern = "^[1-9][0-9]{0,18}$", description = "The order id, in decimal")),
     security(("user" = []), ("admin" = [])),
     responses(

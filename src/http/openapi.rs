@@ -123,6 +123,27 @@ plain_refusals! {
     Unavailable = 503, "unavailable";
 }
 
+/// The `{id}` of a voucher's routes, described once.
+impl utoipa::IntoParams for super::extract::VoucherIdPath {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+        use utoipa::openapi::schema::{KnownFormat, SchemaFormat, Type};
+        let id = utoipa::openapi::ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(1));
+        vec![ParameterBuilder::new()
+            .name("id")
+            .parameter_in(ParameterIn::Path)
+            .required(utoipa::openapi::Required::True)
+            .description(Some("The voucher id"))
+            .schema(Some(id))
+            .build()]
+    }
+}
+
 /// Every route may answer `429 rate_limited` (the client address's limit
 /// covers them all): said once here rather than on every handler.
 struct RateLimited;

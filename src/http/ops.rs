@@ -66,9 +66,7 @@ fn register_counters() {
 }
 
 #[utoipa::path(
-    get,
-    path = "/healthz",
-    tag = "ops",
+    get, path = "/healthz", tag = "ops",
     responses((status = 200, description = "The process runs"))
 )]
 pub async fn healthz() -> StatusCode {
@@ -76,9 +74,7 @@ pub async fn healthz() -> StatusCode {
 }
 
 #[utoipa::path(
-    get,
-    path = "/readyz",
-    tag = "ops",
+    get, path = "/readyz", tag = "ops",
     responses(
         (status = 200, description = "Postgres and Redis take writes (and a majority of lock nodes, with RedLock)"),
         (status = 503, description = "unavailable: a dependency cannot take writes now", body = super::error::ErrorBody),
@@ -90,9 +86,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<StatusCode, ApiErro
 }
 
 #[utoipa::path(
-    get,
-    path = "/metrics",
-    tag = "ops",
+    get, path = "/metrics", tag = "ops",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain; version=0.0.4", body = String))
 )]
 pub async fn metrics(State(state): State<AppState>) -> Response {

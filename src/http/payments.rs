@@ -27,9 +27,7 @@ const SIGNATURE_HEADER: &str = "x-signature";
 const PAYMENT_ID_MAX_CHARS: usize = 64;
 
 #[utoipa::path(
-    post,
-    path = "/orders/{order_id}/cancel",
-    tag = "orders",
+    post, path = "/orders/{order_id}/cancel", tag = "orders",
     params(("order_id" = String, Path, pattern = "^[1-9][0-9]{0,18}$", description = "The order id, in decimal")),
     security(("user" = []), ("admin" = [])),
     responses(
@@ -83,9 +81,7 @@ pub struct PaymentReceipt {
 }
 
 #[utoipa::path(
-    post,
-    path = "/payments/notify",
-    tag = "orders",
+    post, path = "/payments/notify", tag = "orders",
     request_body = PaymentNotice,
     params(("X-Signature" = String, Header, description = "sha256=<hex HMAC-SHA256 of the raw body under SECKILL_PAYMENT_SECRET>")),
     responses(

@@ -77,11 +77,9 @@ fn queue_answer(status: StatusCode, state: QueueState) -> Response {
 }
 
 #[utoipa::path(
-    post,
-    path = "/vouchers/{id}/queue",
-    tag = "sale",
+    post, path = "/vouchers/{id}/queue", tag = "sale",
     params(
-        ("id" = i64, Path, minimum = 1, description = "The voucher"),
+        VoucherIdPath,
         ("X-Queue-Proof" = Option<String>, Header, description = "Where the room asks for proof of work (waiting_room.proof_of_work_bits > 0): a nonce of at most 64 characters such that SHA-256 of \"seckill-queue:<voucher>:<user>:<nonce>\" starts with that many zero bits"),
     ),
     security(("user" = [])),
@@ -106,11 +104,9 @@ pub async fn join(
 }
 
 #[utoipa::path(
-    get,
-    path = "/vouchers/{id}/queue",
-    tag = "sale",
+    get, path = "/vouchers/{id}/queue", tag = "sale",
     params(
-        ("id" = i64, Path, minimum = 1, description = "The voucher"),
+        VoucherIdPath,
         ("X-Queue-Ticket" = String, Header, description = "The ticket the join (or the last poll) gave"),
     ),
     security(("user" = [])),

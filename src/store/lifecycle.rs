@@ -148,24 +148,16 @@ struct Recorded {
 }
 
 impl Store {
-    /// Cancels `order_id` if it is `unpaid` and in time at `now`; `None`
+    /// Cancels `id` if it is `unpaid` and in time at `now`; `None`
     /// when it was not (the caller reads why).
-    pub async fn cancel_order(
-        &self,
-        order_id: OrderId,
-        now: DateTime<Utc>,
-    ) -> Result<Option<Closed>> {
-        self.close_one(CANCEL, OrderStatus::Cancelled, order_id, now)
+    pub async fn cancel_order(&self, id: OrderId, now: DateTime<Utc>) -> Result<Option<Closed>> {
+        self.close_one(CANCEL, OrderStatus::Cancelled, id, now)
             .await
     }
 
-    /// Expires `order_id` if it is `unpaid` and past its deadline at `now`.
-    pub async fn expire_order(
-        &self,
-        order_id: OrderId,
-        now: DateTime<Utc>,
-    ) -> Result<Option<Closed>> {
-        self.close_one(EXPIRE_ONE, OrderStatus::Expired, order_id, now)
+    /// Expires `id` if it is `unpaid` and past its deadline at `now`.
+    pub async fn expire_order(&self, id: OrderId, now: DateTime<Utc>) -> Result<Option<Closed>> {
+        self.close_one(EXPIRE_ONE, OrderStatus::Expired, id, now)
             .await
     }
 
