@@ -33,40 +33,7 @@ pub async fn run(args: &LockArgs) -> Result<Value, String> {
     let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
     let locks = LockClient::new(client, prefix.clone());
 
-    // Uncontended: each task has a lock of its own.
-    eprintln!(
-        "lock: {} tasks taking and releasing their own locks for {} s",
-        args.tasks, args.seconds
-    );
-    let pairs = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs(args.seconds);
-    let workers: Vec<_> = (0..args.tasks)
-        .map(|t| {
-            let (locks, pairs) = (locks.clone(), pairs.clone());
-            tokio::spawn(async move {
-                let lock = locks.lock(&format!("bench:{t}"));
-                let owner = locks.owner(format_args!("task-{t}"));
-                while Instant::now() < deadline {
-                    match lock.try_acquire(&owner, Duration::from_secs(10)).await {
-                        Ok(Acquired::Yes(guard)) => {
-                            guard.unlock().await.map_err(|e| e.to_string())?;
-                            pairs.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(Acquired::HeldByOther { .. }) => {
-                            return Err("an uncontended lock was held".to_owned())
-                        }
-                        Err(e) => return Err(e.to_string()),
-                    }
-                }
-                Ok(())
-            })
-        })
-        .collect();
-    for worker in workers {
-        worker.await.map_err(|e| e.to_string())??;
-    }
-    let pairs_per_sec = pairs.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    let pairs_per_sec = uncontended(&locks, args).await?;
 
     let evalsha = ceilings::redis(
         &url,
@@ -76,42 +43,7 @@ pub async fn run(args: &LockArgs) -> Result<Value, String> {
     )
     .await;
 
-    // Wake-up: a waiter blocked on a held lock, the holder unlocks.
-    eprintln!("lock: {} wake-ups", args.wakeups);
-    let mut wake =
-        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
-    let lock = locks.lock("bench:wake");
-    for i in 0..args.wakeups {
-        let holder = locks.owner(format_args!("holder-{i}"));
-        let Acquired::Yes(guard) = lock
-            .try_acquire(&holder, Duration::from_secs(30))
-            .await
-            .map_err(|e| e.to_string())?
-        else {
-            return Err("the wake-up lock was held".into());
-        };
-        let (waiting, waiter) = (lock.clone(), locks.owner(format_args!("waiter-{i}")));
-        let task = tokio::spawn(async move {
-            let got = waiting
-                .acquire(&waiter, Duration::from_secs(30), Duration::from_secs(30))
-                .await;
-            (got, Instant::now())
-        });
-        // Let the waiter fail its attempts and go to sleep on the channel.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let released = Instant::now();
-        guard.unlock().await.map_err(|e| e.to_string())?;
-        let (got, woke) = task.await.map_err(|e| e.to_string())?;
-        let guard = got
-            .map_err(|e| e.to_string())?
-            .ok_or("the waiter timed out")?;
-        wake.saturating_record(
-            u64::try_from((woke - released).as_micros())
-                .unwrap_or(u64::MAX)
-                .max(1),
-        );
-        guard.unlock().await.map_err(|e| e.to_string())?;
-    }
+    let wake = wakeups(&locks, args.wakeups).await?;
     let _ = locks.shutdown(Duration::from_secs(5)).await;
     // Fencing-token keys outlive their locks on purpose; the benchmark's
     // need not.
@@ -157,6 +89,85 @@ pub async fn run(args: &LockArgs) -> Result<Value, String> {
             json!({ "pairs_vs_evalsha": ((pairs_per_sec / rate) * 100.0).round() / 100.0 });
     }
     Ok(out)
+}
+
+/// Uncontended: each of `args.tasks` tasks takes and releases a lock of
+/// its own for `args.seconds`; pairs per second over all of them.
+async fn uncontended(locks: &LockClient, args: &LockArgs) -> Result<f64, String> {
+    eprintln!(
+        "lock: {} tasks taking and releasing their own locks for {} s",
+        args.tasks, args.seconds
+    );
+    let pairs = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.seconds);
+    let workers: Vec<_> = (0..args.tasks)
+        .map(|t| {
+            let (locks, pairs) = (locks.clone(), pairs.clone());
+            tokio::spawn(async move {
+                let lock = locks.lock(&format!("bench:{t}"));
+                let owner = locks.owner(format_args!("task-{t}"));
+                while Instant::now() < deadline {
+                    match lock.try_acquire(&owner, Duration::from_secs(10)).await {
+                        Ok(Acquired::Yes(guard)) => {
+                            guard.unlock().await.map_err(|e| e.to_string())?;
+                            pairs.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(Acquired::HeldByOther { .. }) => {
+                            return Err("an uncontended lock was held".to_owned())
+                        }
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.map_err(|e| e.to_string())??;
+    }
+    Ok(pairs.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Wake-up: a waiter blocked on a held lock, the holder unlocks; the
+/// delay from the unlock to the waiter holding the lock, `wakeups` times.
+async fn wakeups(locks: &LockClient, wakeups: usize) -> Result<Histogram<u64>, String> {
+    eprintln!("lock: {} wake-ups", wakeups);
+    let mut wake =
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+    let lock = locks.lock("bench:wake");
+    for i in 0..wakeups {
+        let holder = locks.owner(format_args!("holder-{i}"));
+        let Acquired::Yes(guard) = lock
+            .try_acquire(&holder, Duration::from_secs(30))
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Err("the wake-up lock was held".into());
+        };
+        let (waiting, waiter) = (lock.clone(), locks.owner(format_args!("waiter-{i}")));
+        let task = tokio::spawn(async move {
+            let got = waiting
+                .acquire(&waiter, Duration::from_secs(30), Duration::from_secs(30))
+                .await;
+            (got, Instant::now())
+        });
+        // Let the waiter fail its attempts and go to sleep on the channel.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let released = Instant::now();
+        guard.unlock().await.map_err(|e| e.to_string())?;
+        let (got, woke) = task.await.map_err(|e| e.to_string())?;
+        let guard = got
+            .map_err(|e| e.to_string())?
+            .ok_or("the waiter timed out")?;
+        wake.saturating_record(
+            u64::try_from((woke - released).as_micros())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        );
+        guard.unlock().await.map_err(|e| e.to_string())?;
+    }
+    Ok(wake)
 }
 
 /// RedLock over five nodes of its own, all up and then with two of them

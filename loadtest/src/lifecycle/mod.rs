@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 use sqlx::{Connection, PgConnection};
 use tokio::task::JoinSet;
 
-use crate::api::{Admin, SaleMode, Stats};
+use crate::api::{Admin, NewSale, SaleMode, Stats};
 use crate::drive::{self, Tally};
 use crate::service::Target;
 use crate::table::Table;
@@ -34,6 +34,18 @@ use rebuys::rebuys;
 
 /// What every lifecycle voucher costs, in cents.
 const PRICE_CENTS: i64 = 1999;
+
+/// A two-hour sale of `stock` units at the lifecycle's price, each order
+/// paid within `pay_within_seconds`.
+fn priced_sale(mode: SaleMode, stock: i64, pay_within_seconds: i64) -> NewSale {
+    NewSale {
+        mode,
+        stock,
+        hours: 2,
+        price_cents: PRICE_CENTS,
+        pay_within_seconds,
+    }
+}
 
 /// Each part's users start at a multiple of this, so no two parts share one.
 const USERS_PER_PART: i64 = 10_000_000;

@@ -4,10 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::api::{Admin, NewSale, SaleMode};
+use crate::api::{Admin, SaleMode};
 use crate::service::Target;
 
-use super::{sampled, wait_stored, Caller, LifecycleArgs, Part, PRICE_CENTS};
+use super::{priced_sale, sampled, wait_stored, Caller, LifecycleArgs, Part};
 
 /// 'rebuy-{mode}': a one-unit sale, sold out; its buyer cancels through one
 /// instance while another user keeps trying through the other: how long
@@ -21,15 +21,7 @@ pub(super) async fn rebuys(
     let mut part = Part::new(format!("rebuy-{}", mode.name()));
     let admin = Admin::new(target);
     let caller = Caller::new(target, "", 16);
-    let voucher = admin
-        .create_sale(NewSale {
-            mode,
-            stock: 1,
-            hours: 2,
-            price_cents: PRICE_CENTS,
-            pay_within_seconds: 900,
-        })
-        .await?;
+    let voucher = admin.create_sale(priced_sale(mode, 1, 900)).await?;
     let count = i64::try_from(args.rebuys).unwrap_or(0) + 1;
     let tokens = admin.tokens(first_user, count).await?;
     let (code, body) = caller.buy(0, voucher, &tokens[0]).await;
