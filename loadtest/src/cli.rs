@@ -6,46 +6,47 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::service::Launch;
 use crate::{
-    abuse, asyncsale, failover, groupcommit, lab, lifecycle, speed, userlocks, waitingroom,
+    abuse, asyncsale, failover, groupcommit, lab, lifecycle, lockbench, speed, userlocks,
+    waitingroom,
 };
 
 #[derive(Parser)]
 #[command(about = "Load tests for seckill: no oversell, and how fast")]
 pub(crate) struct Cli {
     #[command(subcommand)]
-    pub(crate) scenario: Scenario,
+    pub scenario: Scenario,
     #[command(flatten)]
-    pub(crate) target: TargetArgs,
+    pub target: TargetArgs,
     /// Write the run's tables into the guide (docs/guide/src/measured/),
     /// replacing what an earlier run wrote there.
     #[arg(long, global = true)]
-    pub(crate) record: bool,
+    pub record: bool,
 }
 
 #[derive(Args)]
 pub(crate) struct TargetArgs {
     /// Test this running service instead of starting one.
     #[arg(long, global = true, requires = "admin_token")]
-    pub(crate) url: Option<String>,
+    pub url: Option<String>,
     /// The admin token of the service given by --url.
     #[arg(long, global = true, env = "SECKILL_ADMIN_TOKEN")]
-    pub(crate) admin_token: Option<String>,
+    pub admin_token: Option<String>,
     /// The seckill binary to start (default: built next to this driver).
     #[arg(long, global = true)]
-    pub(crate) seckill_bin: Option<PathBuf>,
+    pub seckill_bin: Option<PathBuf>,
     /// SECKILL_PG_POOL for the service this driver starts.
     #[arg(long, global = true)]
-    pub(crate) pg_pool: Option<u32>,
+    pub pg_pool: Option<u32>,
     /// Keep the database and the Redis keys of the service this driver starts.
     #[arg(long, global = true)]
-    pub(crate) keep_db: bool,
+    pub keep_db: bool,
     /// The database of the service given by --url, for pgbench and SQL
     /// checks (a service this driver starts is known already).
     #[arg(long, global = true)]
-    pub(crate) database_url: Option<String>,
+    pub database_url: Option<String>,
     /// Seconds of each pgbench run (one per client count).
     #[arg(long, global = true, default_value_t = 3)]
-    pub(crate) pgbench_seconds: u64,
+    pub pgbench_seconds: u64,
 }
 
 impl TargetArgs {
@@ -69,13 +70,13 @@ impl TargetArgs {
 pub(crate) struct CrowdArgs {
     /// Users of the flash crowd (three requests each).
     #[arg(long, default_value_t = 10_000)]
-    pub(crate) flash_users: i64,
+    pub flash_users: i64,
     /// Units on sale to the flash crowd.
     #[arg(long, default_value_t = 100)]
-    pub(crate) flash_stock: i64,
+    pub flash_stock: i64,
     /// Connections of the flash crowd.
     #[arg(long, default_value_t = 1_000)]
-    pub(crate) flash_connections: usize,
+    pub flash_connections: usize,
 }
 
 #[derive(Subcommand)]
@@ -94,7 +95,7 @@ pub(crate) enum Scenario {
     Tokens(TokensArgs),
     /// The lock library alone: lock+unlock pairs/s beside raw EVALSHA, and
     /// a waiter's wake-up delay after an unlock.
-    Lock(LockBenchArgs),
+    Lock(lockbench::LockArgs),
     /// Every lab strategy on one and two instances, with and without a
     /// stall past the lease: which anomalies appear (LAB.md).
     Lab(lab::LabArgs),
@@ -136,66 +137,46 @@ pub(crate) enum Scenario {
 }
 
 #[derive(Args, Clone)]
-pub(crate) struct LockBenchArgs {
-    #[arg(long, default_value_t = 10)]
-    pub(crate) seconds: u64,
-    /// Concurrent tasks, each with its own lock (and redis-benchmark clients).
-    #[arg(long, default_value_t = 50)]
-    pub(crate) tasks: usize,
-    /// Wake-up samples.
-    #[arg(long, default_value_t = 200)]
-    pub(crate) wakeups: usize,
-    /// Sequential RedLock lock+unlock rounds over five redis-server nodes
-    /// of its own, all up and then two frozen (0: skip).
-    #[arg(long, default_value_t = 2_000)]
-    pub(crate) redlock_rounds: usize,
-    /// Seconds of purchases through the service with its users' locks as
-    /// RedLocks over those nodes, all up and then two frozen (0: skip).
-    #[arg(long, default_value_t = 5)]
-    pub(crate) redlock_purchase_seconds: u64,
-}
-
-#[derive(Args, Clone)]
 pub(crate) struct TokensArgs {
     /// Users 1..=N get a token.
     #[arg(long, default_value_t = 10_000)]
-    pub(crate) users: i64,
+    pub users: i64,
     /// Where to write `[{"user_id": .., "token": ".."}, ...]`.
     #[arg(long, default_value = "tokens.json")]
-    pub(crate) out: PathBuf,
+    pub out: PathBuf,
 }
 
 #[derive(Args, Clone)]
 pub(crate) struct FlashArgs {
     #[arg(long, default_value_t = 10_000)]
-    pub(crate) users: i64,
+    pub users: i64,
     #[arg(long, default_value_t = 100)]
-    pub(crate) stock: i64,
+    pub stock: i64,
     /// Requests per user.
     #[arg(long, default_value_t = 3)]
-    pub(crate) per_user: usize,
+    pub per_user: usize,
     #[arg(long, default_value_t = 1_000)]
-    pub(crate) connections: usize,
+    pub connections: usize,
 }
 
 #[derive(Args, Clone)]
 pub(crate) struct HammerArgs {
     #[arg(long, default_value_t = 10_000)]
-    pub(crate) requests: usize,
+    pub requests: usize,
     #[arg(long, default_value_t = 200)]
-    pub(crate) connections: usize,
+    pub connections: usize,
 }
 
 #[derive(Args, Clone)]
 pub(crate) struct TimedArgs {
     /// Seconds of load (throughput: 20, soldout: 10 when not given).
     #[arg(long)]
-    pub(crate) seconds: Option<u64>,
+    pub seconds: Option<u64>,
     /// Distinct users with tokens.
     #[arg(long, default_value_t = 100_000)]
-    pub(crate) users: i64,
+    pub users: i64,
     #[arg(long, default_value_t = 200)]
-    pub(crate) connections: usize,
+    pub connections: usize,
 }
 
 #[cfg(test)]

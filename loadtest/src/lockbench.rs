@@ -13,21 +13,31 @@ use redis_locks::{Acquired, LockClient};
 use serde_json::{json, Value};
 
 use crate::ceilings;
+use crate::service::Launch;
 
+#[derive(clap::Args, Clone)]
 pub struct LockArgs {
+    #[arg(long, default_value_t = 10)]
     pub seconds: u64,
+    /// Concurrent tasks, each with its own lock (and redis-benchmark clients).
+    #[arg(long, default_value_t = 50)]
     pub tasks: usize,
+    /// Wake-up samples.
+    #[arg(long, default_value_t = 200)]
     pub wakeups: usize,
+    /// Sequential RedLock lock+unlock rounds over five redis-server nodes
+    /// of its own, all up and then two frozen (0: skip).
+    #[arg(long, default_value_t = 2_000)]
     pub redlock_rounds: usize,
-    /// Seconds of purchases through the service for each of the two
-    /// states of the RedLock nodes (0: skip).
+    /// Seconds of purchases through the service with its users' locks as
+    /// RedLocks over those nodes, all up and then two frozen (0: skip).
+    #[arg(long, default_value_t = 5)]
     pub redlock_purchase_seconds: u64,
-    /// How the service is started for that part.
-    pub launch: crate::service::Launch,
 }
 
-/// Runs the benchmark; returns the JSON line (and prints a table).
-pub async fn run(args: &LockArgs) -> Result<Value, String> {
+/// Runs the benchmark, the service it buys through started as `launch`;
+/// returns the JSON line (and prints a table).
+pub async fn run(args: &LockArgs, launch: &Launch) -> Result<Value, String> {
     let url = crate::service::redis_url();
     let prefix = format!("loadtest:{}:", uuid::Uuid::new_v4().simple());
     let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
@@ -80,7 +90,7 @@ pub async fn run(args: &LockArgs) -> Result<Value, String> {
         "invariants_ok": true,
     });
     if args.redlock_rounds > 0 || args.redlock_purchase_seconds > 0 {
-        out["redlock"] = redlock(args).await?;
+        out["redlock"] = redlock(args, launch).await?;
     }
     if let Ok(rate) = evalsha {
         out["evalsha_per_sec"] = json!((rate * 100.0).round() / 100.0);
@@ -174,7 +184,7 @@ async fn wakeups(locks: &LockClient, wakeups: usize) -> Result<Histogram<u64>, S
 /// frozen: the latency of one lock + unlock, sequential (`rounds` of
 /// them; goal: p50 within 3x), and of a purchase through the service that
 /// takes its users' locks there (goal: p50 within 1.5x).
-async fn redlock(args: &LockArgs) -> Result<Value, String> {
+async fn redlock(args: &LockArgs, launch: &Launch) -> Result<Value, String> {
     let rounds = args.redlock_rounds;
     use redis_locks::{MultiNodeLocks, Quorum};
     let nodes = (0..5)
@@ -257,7 +267,7 @@ async fn redlock(args: &LockArgs) -> Result<Value, String> {
     }
     if args.redlock_purchase_seconds > 0 {
         let urls: Vec<String> = nodes.iter().map(|n| n.url()).collect();
-        out["purchases"] = redlock_purchases(args, &nodes, &urls).await?;
+        out["purchases"] = redlock_purchases(args, launch, &nodes, &urls).await?;
     }
     Ok(out)
 }
@@ -268,6 +278,7 @@ async fn redlock(args: &LockArgs) -> Result<Value, String> {
 /// frozen. Each state on a voucher of its own.
 async fn redlock_purchases(
     args: &LockArgs,
+    launch: &Launch,
     nodes: &[testkit::OwnRedis],
     urls: &[String],
 ) -> Result<Value, String> {
@@ -276,7 +287,7 @@ async fn redlock_purchases(
     const USERS_PER_STATE: i64 = 60_000;
     let launch = crate::service::Launch {
         env: vec![("SECKILL_LOCK_REDIS_URLS".into(), urls.join(","))],
-        ..args.launch.clone()
+        ..launch.clone()
     };
     let target = crate::service::Target::start(launch).await?;
     let limit = Duration::from_secs(args.redlock_purchase_seconds);

@@ -37,7 +37,7 @@ use clap::Parser;
 use serde_json::{json, Value};
 
 use api::Admin;
-use cli::{Cli, LockBenchArgs, Scenario, TokensArgs};
+use cli::{Cli, Scenario, TokensArgs};
 pub(crate) use cli::{CrowdArgs, FlashArgs, HammerArgs, TargetArgs, TimedArgs};
 use crowds::{flash, hammer, soldout, throughput};
 use service::Target;
@@ -67,16 +67,8 @@ async fn main() -> ExitCode {
 }
 
 /// The lock library alone; its JSON line printed.
-async fn lock(target: &TargetArgs, args: &LockBenchArgs) -> Result<bool, String> {
-    let args = lockbench::LockArgs {
-        seconds: args.seconds,
-        tasks: args.tasks,
-        wakeups: args.wakeups,
-        redlock_rounds: args.redlock_rounds,
-        redlock_purchase_seconds: args.redlock_purchase_seconds,
-        launch: target.launch(1, Vec::new()),
-    };
-    let json = lockbench::run(&args).await?;
+async fn lock(target: &TargetArgs, args: &lockbench::LockArgs) -> Result<bool, String> {
+    let json = lockbench::run(args, &target.launch(1, Vec::new())).await?;
     println!("{json}");
     Ok(true)
 }

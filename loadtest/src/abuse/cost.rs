@@ -15,11 +15,11 @@ use crate::{round, TargetArgs};
 
 /// The service's CPU per request: refused by the limit, and `/healthz`.
 pub(super) struct RefusalCost {
-    pub(super) requests: usize,
+    pub requests: usize,
     /// Requests of the refused run (fewer while refusals are held).
     refused_requests: usize,
     /// Answered 429 of the refused run.
-    pub(super) refused: u64,
+    pub refused: u64,
     /// Service µs per refused request.
     refused_us: f64,
     /// Service µs per `/healthz`: the mean of a run before and one after.

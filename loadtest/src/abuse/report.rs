@@ -15,10 +15,10 @@ use crate::{report, round};
 /// One of the goals for one row.
 pub(super) struct Verdict {
     /// The row it judges.
-    pub(super) row: &'static str,
-    pub(super) goal: &'static str,
-    pub(super) measured: f64,
-    pub(super) target: &'static str,
+    pub row: &'static str,
+    pub goal: &'static str,
+    pub measured: f64,
+    pub target: &'static str,
     /// `None`: not measured in this run (no limit set, say).
     met: Option<bool>,
 }

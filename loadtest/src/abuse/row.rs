@@ -17,23 +17,23 @@ use crate::service::Target;
 
 /// One row: the honest crowd beside one attacker.
 pub(super) struct Row {
-    pub(super) attack: Attack,
+    pub attack: Attack,
     /// The honest crowd alone, run again after the attacks.
-    pub(super) again: bool,
-    pub(super) honest: Tally,
+    pub again: bool,
+    pub honest: Tally,
     /// The honest buyers' purchases (200) per second.
-    pub(super) rate: f64,
+    pub rate: f64,
     /// The floods' answers.
-    pub(super) attacker: Option<Tally>,
-    pub(super) slow: Option<Slow>,
-    pub(super) check: Check,
+    pub attacker: Option<Tally>,
+    pub slow: Option<Slow>,
+    pub check: Check,
     /// Answers other than 429 that the attacker's limit lets it have in
     /// the attack's time, over every instance; `None` with no limit.
-    pub(super) allowance: Option<f64>,
+    pub allowance: Option<f64>,
     /// Percent of one core each part used during the row: on one machine
     /// the attacker's driver competes with the service for the same cores,
     /// and this tells how much of an honest slowdown that explains.
-    pub(super) cpu: BTreeMap<&'static str, f64>,
+    pub cpu: BTreeMap<&'static str, f64>,
 }
 
 impl Row {
@@ -54,8 +54,8 @@ impl Row {
 /// one after them, so that the machine's drift during the run (or a cold
 /// start) is not billed to the attackers.
 pub(super) struct Alone {
-    pub(super) rate: f64,
-    pub(super) p99_ms: f64,
+    pub rate: f64,
+    pub p99_ms: f64,
 }
 
 impl Alone {

@@ -30,8 +30,8 @@ pub(super) struct SlowConn {
 
 /// The slow bodies of a row.
 pub(super) struct Slow {
-    pub(super) conns: Vec<SlowConn>,
-    pub(super) deadline: Duration,
+    pub conns: Vec<SlowConn>,
+    pub deadline: Duration,
 }
 
 impl Slow {

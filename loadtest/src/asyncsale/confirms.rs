@@ -10,7 +10,7 @@ use crate::service::Target;
 pub(super) struct Histogram {
     /// (upper bound, cumulative count), ascending; `+Inf` last.
     buckets: Vec<(f64, f64)>,
-    pub(super) count: f64,
+    pub count: f64,
 }
 
 impl Histogram {

@@ -34,15 +34,15 @@ fn count(n: usize) -> i64 {
 /// How the writers caught up with what was accepted.
 pub(crate) struct Drain {
     /// Orders stored when the wait ended.
-    pub(crate) stored: i64,
+    pub stored: i64,
     /// Accepted orders still unstored when the load ended.
-    pub(crate) backlog_at_end: i64,
+    pub backlog_at_end: i64,
     /// From the load's end until every accepted order was stored.
-    pub(crate) after_load: Duration,
+    pub after_load: Duration,
     /// From the load's start until every accepted order was stored.
-    pub(crate) until_stored: Duration,
+    pub until_stored: Duration,
     /// Accepted orders still unstored when the wait gave up.
-    pub(crate) lost: i64,
+    pub lost: i64,
 }
 
 /// Polls the voucher's stats until `accepted` orders are stored (or the

@@ -6,10 +6,10 @@ use crate::table::Table;
 
 /// One of the goals, measured in this run.
 pub(crate) struct Goal {
-    pub(crate) measure: &'static str,
-    pub(crate) measured: f64,
-    pub(crate) goal: &'static str,
-    pub(crate) met: bool,
+    pub measure: &'static str,
+    pub measured: f64,
+    pub goal: &'static str,
+    pub met: bool,
 }
 
 impl Goal {

@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 pub(super) struct Cluster {
     dir: PathBuf,
     /// haproxy's address as a URL without a database name.
-    pub(super) server: String,
+    pub server: String,
 }
 
 impl Cluster {

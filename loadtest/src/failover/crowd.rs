@@ -12,18 +12,18 @@ use sqlx::Connection;
 #[derive(Clone)]
 pub(super) struct Answer {
     /// 0: no HTTP answer (transport error).
-    pub(super) status: u16,
-    pub(super) order_id: Option<String>,
-    pub(super) error: String,
-    pub(super) sent: Instant,
-    pub(super) answered: Instant,
+    pub status: u16,
+    pub order_id: Option<String>,
+    pub error: String,
+    pub sent: Instant,
+    pub answered: Instant,
 }
 
 /// A steady crowd: `connections` buyers, each a new user at every
 /// purchase, until stopped. Every answer goes into one log that the run
 /// reads while the crowd goes on (resumption) and after (the books).
 pub(super) struct Crowd {
-    pub(super) stop: Arc<AtomicBool>,
+    pub stop: Arc<AtomicBool>,
     log: Arc<Mutex<Vec<Answer>>>,
     tasks: tokio::task::JoinSet<()>,
 }

@@ -17,11 +17,11 @@ use crate::service::Target;
 pub(super) struct Kill {
     /// From the kill to the first order committed (sync: answered 200;
     /// async: answered 202 and found stored) for a purchase sent after it.
-    pub(super) first_commit: Duration,
+    pub first_commit: Duration,
     /// From the kill until a synchronous standby streamed again.
-    pub(super) sync_standby_back: Option<Duration>,
-    pub(super) at: Instant,
-    pub(super) resumed: Instant,
+    pub sync_standby_back: Option<Duration>,
+    pub at: Instant,
+    pub resumed: Instant,
 }
 
 /// The sale through the kills, then its books. `(ok, summary)`.

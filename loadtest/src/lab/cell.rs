@@ -13,16 +13,16 @@ use crate::service::Target;
 /// One cell of the grid: a strategy on some instances under one stall.
 #[derive(Clone, Copy)]
 pub(super) struct Cell<'a> {
-    pub(super) admin: &'a Admin<'a>,
-    pub(super) bases: &'a [Arc<str>],
-    pub(super) tokens: &'a [Arc<str>],
-    pub(super) strategy: &'static str,
-    pub(super) stall: Stall,
+    pub admin: &'a Admin<'a>,
+    pub bases: &'a [Arc<str>],
+    pub tokens: &'a [Arc<str>],
+    pub strategy: &'static str,
+    pub stall: Stall,
     /// Which run of the cell this is.
-    pub(super) run: u32,
-    pub(super) args: &'a LabArgs,
+    pub run: u32,
+    pub args: &'a LabArgs,
     /// The progress display's name of the cell.
-    pub(super) label: &'a str,
+    pub label: &'a str,
 }
 
 impl Cell<'_> {

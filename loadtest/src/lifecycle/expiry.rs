@@ -9,27 +9,22 @@ use hdrhistogram::Histogram;
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
 
-use crate::api::{Admin, SaleMode};
+use crate::api::SaleMode;
 use crate::drive::{answers_where, drive, Plan, Tally};
-use crate::service::Target;
 
-use super::{books, paced, priced_sale, sampled, wait_for, Caller, LifecycleArgs, Part};
+use super::{books, paced, priced_sale, sampled, wait_for, Caller, Part, Stage};
 
 /// 'lateness': selling at full speed on both instances with a one-second
 /// payment window, so orders expire all through the sale (their users buy
 /// again): how late after `pay_by` each expiry was, from the rows.
-pub(super) async fn lateness(
-    target: &Target,
-    args: &LifecycleArgs,
-    first_user: i64,
-) -> Result<Part, String> {
+pub(super) async fn lateness(stage: &Stage<'_>) -> Result<Part, String> {
+    let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new("lateness");
-    let admin = Admin::new(target);
     let voucher = admin
         .create_sale(priced_sale(SaleMode::Sync, i64::from(i32::MAX), 1))
         .await?;
     let users = i64::try_from(args.seconds).unwrap_or(1) * 2_000;
-    let tokens = admin.shared_tokens(first_user, users).await?;
+    let tokens = admin.shared_tokens(stage.first_user, users).await?;
     let plan = target.purchases(voucher, &tokens, 1);
     let work = drive(
         &target.base,
@@ -40,7 +35,7 @@ pub(super) async fn lateness(
     let tally = sampled(&mut part, target, &[voucher], work).await;
     let load_end = Utc::now();
     let end = wait_for(
-        &admin,
+        admin,
         voucher,
         Duration::from_secs(30),
         "every order expired",
@@ -124,13 +119,9 @@ async fn lateness_ms(url: &str, voucher: i64, due_by: DateTime<Utc>) -> Result<L
 /// moved to one instant (as if every buyer had bought in the same second),
 /// expire while another voucher sells at full speed; its p99 beside a run
 /// of the same load just before.
-pub(super) async fn mass_expiry(
-    target: &Target,
-    args: &LifecycleArgs,
-    first_user: i64,
-) -> Result<Part, String> {
+pub(super) async fn mass_expiry(stage: &Stage<'_>) -> Result<Part, String> {
+    let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new("mass-expiry");
-    let admin = Admin::new(target);
     let caller = Caller::new(target, "", 16);
     let url = target
         .database_url
@@ -140,7 +131,7 @@ pub(super) async fn mass_expiry(
     let expiring = admin.create_sale(new_sale(args.expiring)).await?;
     let other = admin.create_sale(new_sale(i64::from(i32::MAX))).await?;
     eprintln!("mass-expiry: minting {} tokens", args.expiring);
-    let buyers = admin.shared_tokens(first_user, args.expiring).await?;
+    let buyers = admin.shared_tokens(stage.first_user, args.expiring).await?;
     let plan = target.purchases(expiring, &buyers, 1);
     let bought = target.send_each(plan, args.connections, "buy").await;
     if bought.count("200") != u64::try_from(args.expiring).unwrap_or(0) {
@@ -150,10 +141,10 @@ pub(super) async fn mass_expiry(
     // not hidden by fewer requests sent), alone and then beside the expiry.
     let crowd = i64::try_from(args.seconds).unwrap_or(1) * i64::from(args.beside_rate);
     let before = admin
-        .shared_tokens(first_user + args.expiring, crowd)
+        .shared_tokens(stage.first_user + args.expiring, crowd)
         .await?;
     let during = admin
-        .shared_tokens(first_user + args.expiring + crowd, crowd)
+        .shared_tokens(stage.first_user + args.expiring + crowd, crowd)
         .await?;
     let baseline = paced(&caller, other, &before, args.beside_rate).await;
     let mut conn = PgConnection::connect(url)

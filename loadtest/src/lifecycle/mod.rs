@@ -112,32 +112,46 @@ impl Part {
     }
 }
 
+/// What every part starts from: the service and its admin, the run's
+/// options, and the first of the part's own users.
+struct Stage<'a> {
+    target: &'a Target,
+    admin: Admin<'a>,
+    args: &'a LifecycleArgs,
+    first_user: i64,
+}
+
 /// Runs every part on a two-instance service started with a payment
 /// secret; prints each part and one JSON line. `Ok(false)`: a promise broke.
 pub async fn run(target: &Target, secret: &str, args: &LifecycleArgs) -> Result<bool, String> {
     let mut parts = Vec::new();
     let mut part_no = 0;
-    let mut users = || {
+    let mut stage = || {
         part_no += 1;
-        part_no * USERS_PER_PART + 1
+        Stage {
+            target,
+            admin: Admin::new(target),
+            args,
+            first_user: part_no * USERS_PER_PART + 1,
+        }
     };
     let wanted = |part: &str| args.part.is_empty() || args.part.iter().any(|p| p == part);
     for mode in [SaleMode::Sync, SaleMode::Async] {
         if wanted("races") {
-            parts.push(races(target, secret, mode, args, users()).await?);
+            parts.push(races(&stage(), secret, mode).await?);
             print_part(parts.last().expect("just pushed"));
         }
         if wanted("rebuy") {
-            parts.push(rebuys(target, mode, args, users()).await?);
+            parts.push(rebuys(&stage(), mode).await?);
             print_part(parts.last().expect("just pushed"));
         }
     }
     if wanted("lateness") {
-        parts.push(lateness(target, args, users()).await?);
+        parts.push(lateness(&stage()).await?);
         print_part(parts.last().expect("just pushed"));
     }
     if wanted("mass-expiry") {
-        parts.push(mass_expiry(target, args, users()).await?);
+        parts.push(mass_expiry(&stage()).await?);
         print_part(parts.last().expect("just pushed"));
     }
     let ok = parts.iter().all(|p| p.problems.is_empty());

@@ -20,6 +20,7 @@ use crate::service::Target;
 
 use super::{
     books, paced, priced_sale, sampled, wait_for, wait_stored, Answer, Caller, LifecycleArgs, Part,
+    Stage,
 };
 
 /// Payments aimed this far (or further) before their deadline, and this
@@ -223,22 +224,16 @@ fn judge_race(o: &RaceOutcome, last: &str, faults: &mut Faults, tally: &mut BTre
 /// 'races-{mode}': `args.races` orders, each paid, cancelled or left to
 /// expire, payments and cancels landing within +-150 ms of the deadline and
 /// delivered to both instances; then the returned units are bought again.
-pub(super) async fn races(
-    target: &Target,
-    secret: &str,
-    mode: SaleMode,
-    args: &LifecycleArgs,
-    first_user: i64,
-) -> Result<Part, String> {
+pub(super) async fn races(stage: &Stage<'_>, secret: &str, mode: SaleMode) -> Result<Part, String> {
+    let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new(format!("races-{}", mode.name()));
-    let admin = Admin::new(target);
     let caller = Caller::new(target, secret, 1_000);
     let voucher = admin
         .create_sale(priced_sale(mode, args.races, args.pay_within))
         .await?;
     eprintln!("{}: minting {} tokens", part.name, args.races);
-    let tokens = admin.shared_tokens(first_user, args.races).await?;
-    let work = race_all(&caller, &admin, voucher, &tokens, args);
+    let tokens = admin.shared_tokens(stage.first_user, args.races).await?;
+    let work = race_all(&caller, admin, voucher, &tokens, args);
     let (tally, stored, outcomes, closed, took) =
         sampled(&mut part, target, &[voucher], work).await?;
     part.fact("orders", stored.orders);
@@ -247,7 +242,7 @@ pub(super) async fn races(
         "deliveries_and_cancels_seconds",
         took.num_milliseconds() as f64 / 1000.0,
     );
-    judge_races(&mut part, &admin, voucher, &outcomes).await?;
+    judge_races(&mut part, admin, voucher, &outcomes).await?;
     part.fact(
         "final",
         json!({ "paid": closed.paid, "cancelled": closed.cancelled, "expired": closed.expired, "stock": closed.stock }),
@@ -265,10 +260,10 @@ pub(super) async fn races(
     buy_again(
         &mut part,
         target,
-        &admin,
+        admin,
         voucher,
         returned,
-        first_user + args.races,
+        stage.first_user + args.races,
         args,
     )
     .await?;

@@ -38,8 +38,8 @@ fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
 
 /// Commands clients sent per purchase.
 pub(super) struct Sent {
-    pub(super) per_purchase: f64,
-    pub(super) by_name: BTreeMap<String, f64>,
+    pub per_purchase: f64,
+    pub by_name: BTreeMap<String, f64>,
 }
 
 /// Sends one purchase per token while `MONITOR` watches Redis, and counts

@@ -4,28 +4,27 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 
-use super::WaitingRoomArgs;
+use super::{side_room, WaitingRoomArgs};
 use crate::api::Admin;
 use crate::cpu::Usage;
 use crate::service::Target;
 
 /// The service's CPU per poll and per `/healthz`.
 pub(super) struct PollCost {
-    pub(super) polls: usize,
-    pub(super) poll_us: f64,
+    pub polls: usize,
+    pub poll_us: f64,
     /// The mean of a run before the polls and one after: the machine's
     /// drift during the phase is not billed to the polls.
-    pub(super) healthz_us: f64,
-    pub(super) healthz_runs_us: [f64; 2],
-    pub(super) polls_per_second: f64,
-    pub(super) healthz_per_second: f64,
+    pub healthz_us: f64,
+    pub healthz_runs_us: [f64; 2],
+    pub polls_per_second: f64,
+    pub healthz_per_second: f64,
     /// Answers of the polls other than 200, by answer.
-    pub(super) refused: BTreeMap<String, u64>,
+    pub refused: BTreeMap<String, u64>,
 }
 
 impl PollCost {
@@ -50,16 +49,13 @@ pub(super) async fn poll_cost(
         .map_err(|e| e.to_string())?;
     // Admitting one a second from a second ago: the polls find their
     // users placed and waiting, as most of a crowd is.
-    let now = Utc::now();
-    let voucher = admin
-        .create_voucher_from(json!({
-            "title": "load test: a poll's cost",
-            "stock": 1,
-            "begin_time": now - chrono::Duration::seconds(1),
-            "end_time": now + chrono::Duration::hours(1),
-            "waiting_room": { "admit_per_second": 1 },
-        }))
-        .await?;
+    let voucher = side_room(
+        admin,
+        "load test: a poll's cost",
+        chrono::Duration::seconds(1),
+        json!({ "admit_per_second": 1 }),
+    )
+    .await?;
     let placed = tokens.len().min(2_000);
     let bases = &target.bases;
     let url = |i: usize| format!("{}/vouchers/{voucher}/queue", bases[i % bases.len()]);

@@ -11,8 +11,8 @@ use crate::table::Table;
 /// One line of the run's table: a figure, and its goal if it has one.
 pub(super) struct Line {
     measure: String,
-    pub(super) measured: String,
-    pub(super) goal: &'static str,
+    pub measured: String,
+    pub goal: &'static str,
     /// `None`: no goal, or not measured in this run.
     met: Option<bool>,
 }
@@ -102,24 +102,16 @@ impl Figures {
                     thousands(args.bots)
                 ),
             ),
-            Line::goal(
-                format!(
-                    "ρ(join time, place), pre-queue joiners ({})",
-                    thousands(self.early_ranked as i64)
-                ),
-                format!("{:.4}", self.rho_early),
+            rho_line(
+                "pre-queue",
+                self.early_ranked,
+                self.rho_early,
                 "|ρ| <= 0.05",
-                judged(self.rho_early, |r| r.abs() <= 0.05),
+                |r| r.abs() <= 0.05,
             ),
-            Line::goal(
-                format!(
-                    "ρ(join time, place), later joiners ({})",
-                    thousands(self.later_ranked as i64)
-                ),
-                format!("{:.4}", self.rho_later),
-                ">= 0.99",
-                judged(self.rho_later, |r| r >= 0.99),
-            ),
+            rho_line("later", self.later_ranked, self.rho_later, ">= 0.99", |r| {
+                r >= 0.99
+            }),
             Line::goal(
                 format!(
                     "places held per bot ({} bots, {} joins)",
@@ -227,6 +219,26 @@ impl Figures {
         ));
         lines
     }
+}
+
+/// How a crowd's places follow its join times: ρ over its `ranked`
+/// joiners, judged by `met`.
+fn rho_line(
+    crowd: &str,
+    ranked: usize,
+    rho: f64,
+    goal: &'static str,
+    met: fn(f64) -> bool,
+) -> Line {
+    Line::goal(
+        format!(
+            "ρ(join time, place), {crowd} joiners ({})",
+            thousands(ranked as i64)
+        ),
+        format!("{rho:.4}"),
+        goal,
+        judged(rho, met),
+    )
 }
 
 /// A poll's CPU beside `/healthz`'s.

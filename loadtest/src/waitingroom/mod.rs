@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use clap::Args;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::api::Admin;
 use crate::drive::Tally;
@@ -192,6 +192,26 @@ async fn open_sale(
             .to_std()
             .map_err(|_| "the voucher's start passed while it was created: raise --lead")?;
     Ok((voucher, start))
+}
+
+/// A one-unit voucher on sale since `since` ago, behind a room of its own
+/// (`room`: the room's settings).
+async fn side_room(
+    admin: &Admin<'_>,
+    title: &str,
+    since: chrono::Duration,
+    room: Value,
+) -> Result<i64, String> {
+    let now = Utc::now();
+    admin
+        .create_voucher_from(json!({
+            "title": title,
+            "stock": 1,
+            "begin_time": now - since,
+            "end_time": now + chrono::Duration::hours(1),
+            "waiting_room": room,
+        }))
+        .await
 }
 
 /// Every client's run, with a progress line each second; what each saw.

@@ -3,34 +3,33 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use serde_json::{json, Value};
 
 use super::lines::thousands;
-use super::WaitingRoomArgs;
+use super::{side_room, WaitingRoomArgs};
 use crate::api::Admin;
 use crate::table::Table;
 
 /// One difficulty of the proof-of-work table.
 pub(super) struct Proof {
-    pub(super) bits: u32,
-    pub(super) solved: u64,
-    pub(super) mean_hashes: f64,
-    pub(super) mean_ms: f64,
-    pub(super) max_ms: f64,
+    pub bits: u32,
+    pub solved: u64,
+    pub mean_hashes: f64,
+    pub mean_ms: f64,
+    pub max_ms: f64,
     /// What 2^bits hashes take at the rate this difficulty hashed: the
     /// mean a client can expect, steadier than a few solves' mean (the
     /// hashes a solve takes are geometric: their spread is their mean).
-    pub(super) expected_ms: f64,
+    pub expected_ms: f64,
 }
 
 /// What a client's join with proof was answered, in the room that asks
 /// for it.
 pub(super) struct ProofCheck {
-    pub(super) bits: u32,
-    pub(super) without: String,
-    pub(super) others: Option<String>,
-    pub(super) with: String,
+    pub bits: u32,
+    pub without: String,
+    pub others: Option<String>,
+    pub with: String,
 }
 
 impl ProofCheck {
@@ -53,19 +52,16 @@ pub(super) async fn proof_check(
     args: &WaitingRoomArgs,
 ) -> Result<ProofCheck, String> {
     let bits = args.proof_bits;
-    let now = Utc::now();
-    let voucher = admin
-        .create_voucher_from(json!({
-            "title": "load test: proof of work",
-            "stock": 1,
-            "begin_time": now - chrono::Duration::minutes(1),
-            "end_time": now + chrono::Duration::hours(1),
-            "waiting_room": {
-                "admit_per_second": args.admit_per_second,
-                "proof_of_work_bits": bits,
-            },
-        }))
-        .await?;
+    let voucher = side_room(
+        admin,
+        "load test: proof of work",
+        chrono::Duration::minutes(1),
+        json!({
+            "admit_per_second": args.admit_per_second,
+            "proof_of_work_bits": bits,
+        }),
+    )
+    .await?;
     let (own, other) =
         tokio::task::spawn_blocking(move || (solve(voucher, 1, bits).0, solve(voucher, 2, bits).0))
             .await

@@ -23,12 +23,12 @@ pub(super) enum Kind {
 
 /// One client's part in the run.
 pub(super) struct Client {
-    pub(super) user: i64,
-    pub(super) token: Arc<str>,
-    pub(super) kind: Kind,
-    pub(super) join_at: Instant,
+    pub user: i64,
+    pub token: Arc<str>,
+    pub kind: Kind,
+    pub join_at: Instant,
     /// Also tries to buy without an admission.
-    pub(super) probe: bool,
+    pub probe: bool,
 }
 
 /// How a client's run ended.
@@ -49,34 +49,34 @@ pub(super) enum End {
 
 /// What one client saw.
 pub(super) struct Seen {
-    pub(super) user: i64,
-    pub(super) kind: Kind,
+    pub user: i64,
+    pub kind: Kind,
     /// Seconds from the start to its first join's sending (negative before).
-    pub(super) joined: Option<f64>,
+    pub joined: Option<f64>,
     /// Its first join already had a place: it reached the room after the
     /// start.
-    pub(super) placed_at_join: bool,
+    pub placed_at_join: bool,
     /// Its first place.
-    pub(super) place: Option<i64>,
+    pub place: Option<i64>,
     /// Every place any answer gave it.
-    pub(super) places: BTreeSet<i64>,
+    pub places: BTreeSet<i64>,
     /// Joins it sent (a bot's repeats included).
-    pub(super) joins: u64,
-    pub(super) polls: u64,
-    pub(super) admitted: bool,
-    pub(super) end: End,
+    pub joins: u64,
+    pub polls: u64,
+    pub admitted: bool,
+    pub end: End,
 }
 
 /// An answer, as one client needs it.
 pub(super) struct Reply {
-    pub(super) status: u16,
-    pub(super) body: Value,
+    pub status: u16,
+    pub body: Value,
     retry_after: Option<u64>,
     /// Seconds from the start when it was sent, and when its answer came.
-    pub(super) sent: f64,
+    pub sent: f64,
     got: f64,
     micros: u64,
-    pub(super) error: Option<&'static str>,
+    pub error: Option<&'static str>,
 }
 
 impl Reply {
@@ -106,10 +106,10 @@ impl Reply {
 
 /// The queue body's fields this run reads.
 pub(super) struct Queue {
-    pub(super) ticket: String,
-    pub(super) status: String,
-    pub(super) place: Option<i64>,
-    pub(super) serving: i64,
+    pub ticket: String,
+    pub status: String,
+    pub place: Option<i64>,
+    pub serving: i64,
 }
 
 impl Queue {
@@ -125,35 +125,35 @@ impl Queue {
 
 /// What every client shares: the connections, the clock and the tallies.
 pub(super) struct Room {
-    pub(super) http: reqwest::Client,
+    pub http: reqwest::Client,
     /// Requests in flight at once.
     gate: Semaphore,
-    pub(super) bases: Vec<String>,
-    pub(super) voucher: i64,
-    pub(super) start: Instant,
-    pub(super) deadline: Instant,
-    pub(super) bot_repeats: usize,
+    pub bases: Vec<String>,
+    pub voucher: i64,
+    pub start: Instant,
+    pub deadline: Instant,
+    pub bot_repeats: usize,
     /// (seconds from the start, halfway between sending and answer;
     /// `serving`) of every answer that had a place.
-    pub(super) readings: Mutex<Vec<(f64, i64)>>,
+    pub readings: Mutex<Vec<(f64, i64)>>,
     /// Polls answered, by the second after the start they were sent in.
-    pub(super) polls_by_second: Mutex<Vec<u64>>,
+    pub polls_by_second: Mutex<Vec<u64>>,
     /// Queue answers by route and status.
-    pub(super) answers: Mutex<BTreeMap<String, u64>>,
+    pub answers: Mutex<BTreeMap<String, u64>>,
     /// Purchases, the probes' included.
-    pub(super) buys: Mutex<Tally>,
+    pub buys: Mutex<Tally>,
     /// The probes' purchases by answer.
-    pub(super) probes: Mutex<BTreeMap<String, u64>>,
+    pub probes: Mutex<BTreeMap<String, u64>>,
     /// Seconds from the start when an answer first said sold out.
-    pub(super) sold_out_at: Mutex<Option<f64>>,
+    pub sold_out_at: Mutex<Option<f64>>,
     /// The last admitted ticket seen, and its user: what a probe tries
     /// as someone else's.
-    pub(super) admitted_ticket: Mutex<Option<(i64, String)>>,
-    pub(super) joined: AtomicU64,
-    pub(super) polled: AtomicU64,
-    pub(super) bought: AtomicU64,
-    pub(super) serving: AtomicI64,
-    pub(super) progress: ProgressBar,
+    pub admitted_ticket: Mutex<Option<(i64, String)>>,
+    pub joined: AtomicU64,
+    pub polled: AtomicU64,
+    pub bought: AtomicU64,
+    pub serving: AtomicI64,
+    pub progress: ProgressBar,
 }
 
 impl Room {
