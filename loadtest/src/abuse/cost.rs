@@ -82,7 +82,7 @@ pub(super) async fn weigh_refusal(
 /// address far over it, `GET /vouchers/{id}`) beside `/healthz` (from
 /// addresses that take turns, none over its limit), measured around a
 /// `/healthz` run before and one after, whose mean it is weighed against.
-pub(super) async fn refusal_cost(
+async fn refusal_cost(
     service: &Target,
     args: &AbuseArgs,
     voucher: i64,

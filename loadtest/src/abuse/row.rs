@@ -176,7 +176,7 @@ fn flood_plan(attack: Attack, voucher: i64, people: &People<'_>) -> Option<Vec<R
 /// the row: the honest crowd's and the attacker's. An attacker's 5xx is
 /// reported, not judged (the run fails on an honest buyer's); it still
 /// excuses an order without a 200, as a lost answer does.
-pub(super) async fn judged(
+async fn judged(
     service: &Target,
     voucher: i64,
     honest: &Tally,

@@ -169,7 +169,7 @@ async fn slow_body(base: &str, from: &str, length: u64, watch: Duration) -> Slow
 }
 
 /// The status of an HTTP/1.1 answer's first bytes (`HTTP/1.1 408 ...`).
-pub(super) fn status_of(bytes: &[u8]) -> Option<u16> {
+fn status_of(bytes: &[u8]) -> Option<u16> {
     let line = std::str::from_utf8(bytes).ok()?.lines().next()?;
     let mut words = line.split(' ');
     words.next()?.starts_with("HTTP/").then_some(())?;

@@ -200,7 +200,7 @@ const NO_OUTAGE: Duration = Duration::from_secs(3);
 /// Waits for the first order committed for a purchase sent after the
 /// kill's outage began: sync, its 200; async, its 202 found stored (polled every 100 ms,
 /// so up to that much late). The instant it was seen.
-pub(super) async fn resumption(
+async fn resumption(
     crowd: &Crowd,
     mark: usize,
     at: Instant,

@@ -109,7 +109,7 @@ pub(super) async fn poll_cost(
 
 /// Sends `requests` with `connections` in flight; the service's CPU µs per
 /// request, the answers other than 2xx, and requests per second.
-pub(super) async fn weighed(
+async fn weighed(
     target: &Target,
     requests: impl Iterator<Item = reqwest::RequestBuilder>,
     n: usize,

@@ -27,7 +27,7 @@ impl Line {
         }
     }
 
-    pub(super) fn goal(
+    fn goal(
         measure: impl Into<String>,
         measured: impl Into<String>,
         goal: &'static str,
@@ -52,7 +52,7 @@ impl Line {
 }
 
 /// `met` of a figure that may not have been measured (NaN).
-pub(super) fn judged(figure: f64, met: impl Fn(f64) -> bool) -> Option<bool> {
+fn judged(figure: f64, met: impl Fn(f64) -> bool) -> Option<bool> {
     (!figure.is_nan()).then(|| met(figure))
 }
 

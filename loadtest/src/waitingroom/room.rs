@@ -323,7 +323,7 @@ impl Room {
             .or_default() += 1;
     }
 
-    pub(super) fn sold_out(&self, at: f64) {
+    fn sold_out(&self, at: f64) {
         let mut first = self.sold_out_at.lock().expect("no client panicked");
         if first.is_none_or(|t| at < t) {
             *first = Some(at);
@@ -331,7 +331,7 @@ impl Room {
     }
 
     /// Counts a queue answer, and keeps the serving counter it shows.
-    pub(super) fn saw(&self, route: &str, reply: &Reply) {
+    fn saw(&self, route: &str, reply: &Reply) {
         let queue = reply.ok().then(|| Queue::read(&reply.body)).flatten();
         let key = match &queue {
             Some(q) => format!("{route} {} {}", reply.status, q.status),

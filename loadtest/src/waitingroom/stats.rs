@@ -12,7 +12,7 @@ pub(super) fn spearman(pairs: &[(f64, f64)]) -> f64 {
 }
 
 /// 1-based ranks, ties sharing their mean rank.
-pub(super) fn ranks(xs: &[f64]) -> Vec<f64> {
+fn ranks(xs: &[f64]) -> Vec<f64> {
     let mut order: Vec<usize> = (0..xs.len()).collect();
     order.sort_by(|&a, &b| xs[a].total_cmp(&xs[b]));
     let mut ranks = vec![0.0; xs.len()];
