@@ -211,3 +211,7 @@ async fn run(
 fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}

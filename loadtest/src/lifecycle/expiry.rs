@@ -11,6 +11,7 @@ use sqlx::{Connection, PgConnection};
 
 use crate::api::SaleMode;
 use crate::drive::{answers_where, drive, Plan, Tally};
+use crate::{round, round3};
 
 use super::{books, paced, priced_sale, sampled, wait_for, Caller, Part, Stage};
 
@@ -171,14 +172,8 @@ pub(super) async fn mass_expiry(stage: &Stage<'_>) -> Result<Part, String> {
     let rate = args.expiring as f64 / rows_seconds.max(0.001);
     part.fact("expiring", args.expiring);
     part.fact("expired", end.expired);
-    part.fact(
-        "all_expired_after_deadline_s",
-        (rows_seconds * 1000.0).round() / 1000.0,
-    );
-    part.fact(
-        "seen_all_back_after_deadline_s",
-        (seconds * 1000.0).round() / 1000.0,
-    );
+    part.fact("all_expired_after_deadline_s", round3(rows_seconds));
+    part.fact("seen_all_back_after_deadline_s", round3(seconds));
     part.fact("expirations_per_sec", rate.round());
     let late = lateness_ms(url, expiring, Utc::now()).await?;
     part.fact("late_ms_p99", late.p99);
@@ -259,16 +254,7 @@ fn compare_p99(
     let during_expiry = window(beside);
     let p99_alone = baseline.ms(0.99);
     let p99_beside = during_expiry.value_at_quantile(0.99) as f64 / 1000.0;
-    part.fact(
-        "other_voucher_p99_ms_alone",
-        (p99_alone * 100.0).round() / 100.0,
-    );
-    part.fact(
-        "other_voucher_p99_ms_during_expiry",
-        (p99_beside * 100.0).round() / 100.0,
-    );
-    part.fact(
-        "other_voucher_p99_ratio",
-        ((p99_beside / p99_alone) * 100.0).round() / 100.0,
-    );
+    part.fact("other_voucher_p99_ms_alone", round(p99_alone));
+    part.fact("other_voucher_p99_ms_during_expiry", round(p99_beside));
+    part.fact("other_voucher_p99_ratio", round(p99_beside / p99_alone));
 }

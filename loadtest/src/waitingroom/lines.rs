@@ -6,6 +6,7 @@ use super::cost::PollCost;
 use super::figures::Figures;
 use super::WaitingRoomArgs;
 use crate::invariants::Check;
+use crate::round3;
 use crate::table::Table;
 
 /// One line of the run's table: a figure, and its goal if it has one.
@@ -280,10 +281,6 @@ pub(super) fn print_lines(lines: &[Line]) {
     }
     print!("{}", table.text());
     crate::table::record("waitingroom", "The room under its crowd", &table);
-}
-
-pub(super) fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 /// A figure for the JSON line: null when it was not measured.

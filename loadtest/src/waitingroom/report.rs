@@ -5,11 +5,12 @@ use serde_json::json;
 
 use super::cost::PollCost;
 use super::figures::Figures;
-use super::lines::{finite, print_lines, round3, Line};
+use super::lines::{finite, print_lines, Line};
 use super::proof::{print_proofs, Proof, ProofCheck};
 use super::WaitingRoomArgs;
 use crate::drive::Tally;
 use crate::invariants::Check;
+use crate::round3;
 
 /// Everything the run measured.
 pub(super) struct Outcome {
