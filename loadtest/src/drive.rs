@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
+use tokio::task::JoinHandle;
 
 #[derive(Clone)]
 pub struct Request {
@@ -106,6 +107,15 @@ pub struct Sample {
     pub ok: bool,
 }
 
+/// The answers among `statuses` whose key `pick` keeps, added up.
+pub fn answers_where(statuses: &BTreeMap<String, u64>, pick: impl Fn(&str) -> bool) -> u64 {
+    statuses
+        .iter()
+        .filter(|(k, _)| pick(k))
+        .map(|(_, n)| n)
+        .sum()
+}
+
 impl Tally {
     pub fn new() -> Self {
         Self {
@@ -162,17 +172,7 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
     };
     let exhausted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let requests = Arc::new(requests);
-    let progress = ProgressBar::new(total).with_prefix(label.to_owned());
-    let template = if deadline.is_some() {
-        "{prefix:>12} [{bar:40}] {pos}/{len} s  {msg}"
-    } else {
-        "{prefix:>12} [{bar:40}] {pos}/{len}  {per_sec}  eta {eta}"
-    };
-    progress.set_style(
-        ProgressStyle::with_template(template)
-            .expect("a valid template")
-            .progress_chars("=> "),
-    );
+    let progress = progress_bar(label, total, deadline.is_some());
 
     let next = Arc::new(AtomicUsize::new(0));
     let client = client(connections);
@@ -219,16 +219,7 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
             count(&tally, &mut mine);
         }));
     }
-    let ticker = deadline.map(|_| {
-        let (progress, next) = (progress.clone(), next.clone());
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-                progress.set_position(started.elapsed().as_secs());
-                progress.set_message(format!("{} requests", next.load(Ordering::Relaxed)));
-            }
-        })
-    });
+    let ticker = deadline.map(|_| tick(progress.clone(), next.clone(), started));
     for worker in workers {
         worker.await.expect("a load worker panicked");
     }
@@ -251,6 +242,34 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
         );
     }
     tally
+}
+
+/// The run's progress bar: seconds of a timed run, or requests sent.
+fn progress_bar(label: &str, total: u64, timed: bool) -> ProgressBar {
+    let progress = ProgressBar::new(total).with_prefix(label.to_owned());
+    let template = if timed {
+        "{prefix:>12} [{bar:40}] {pos}/{len} s  {msg}"
+    } else {
+        "{prefix:>12} [{bar:40}] {pos}/{len}  {per_sec}  eta {eta}"
+    };
+    progress.set_style(
+        ProgressStyle::with_template(template)
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    progress
+}
+
+/// A timed run's bar, moved on every quarter second: the seconds gone and
+/// the requests sent.
+fn tick(progress: ProgressBar, next: Arc<AtomicUsize>, started: Instant) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            progress.set_position(started.elapsed().as_secs());
+            progress.set_message(format!("{} requests", next.load(Ordering::Relaxed)));
+        }
+    })
 }
 
 /// One request's answer, as a tally counts it.

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::ops::RangeInclusive;
 
 use crate::api::{Admin, Stats};
-use crate::drive::Tally;
+use crate::drive::{answers_where, Tally};
 use crate::service::Target;
 
 /// 2022-01-01T00:00:00Z: second 0 of every order id.
@@ -110,12 +110,7 @@ pub fn judge(o: &Observed) -> Check {
             ));
         }
     }
-    let server_errors: u64 = o
-        .statuses
-        .iter()
-        .filter(|(k, _)| k.starts_with('5'))
-        .map(|(_, v)| v)
-        .sum();
+    let server_errors = answers_where(o.statuses, |k| k.starts_with('5'));
     if server_errors > 0 {
         problems.push(format!("{server_errors} answers were 5xx"));
     }

@@ -13,60 +13,37 @@ use redis_locks::{Acquired, LockClient};
 use serde_json::{json, Value};
 
 use crate::ceilings;
+use crate::service::Launch;
 
+#[derive(clap::Args, Clone)]
 pub struct LockArgs {
+    #[arg(long, default_value_t = 10)]
     pub seconds: u64,
+    /// Concurrent tasks, each with its own lock (and redis-benchmark clients).
+    #[arg(long, default_value_t = 50)]
     pub tasks: usize,
+    /// Wake-up samples.
+    #[arg(long, default_value_t = 200)]
     pub wakeups: usize,
+    /// Sequential RedLock lock+unlock rounds over five redis-server nodes
+    /// of its own, all up and then two frozen (0: skip).
+    #[arg(long, default_value_t = 2_000)]
     pub redlock_rounds: usize,
-    /// Seconds of purchases through the service for each of the two
-    /// states of the RedLock nodes (0: skip).
+    /// Seconds of purchases through the service with its users' locks as
+    /// RedLocks over those nodes, all up and then two frozen (0: skip).
+    #[arg(long, default_value_t = 5)]
     pub redlock_purchase_seconds: u64,
-    /// How the service is started for that part.
-    pub launch: crate::service::Launch,
 }
 
-/// Runs the benchmark; returns the JSON line (and prints a table).
-pub async fn run(args: &LockArgs) -> Result<Value, String> {
+/// Runs the benchmark, the service it buys through started as `launch`;
+/// returns the JSON line (and prints a table).
+pub async fn run(args: &LockArgs, launch: &Launch) -> Result<Value, String> {
     let url = crate::service::redis_url();
     let prefix = format!("loadtest:{}:", uuid::Uuid::new_v4().simple());
     let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
     let locks = LockClient::new(client, prefix.clone());
 
-    // Uncontended: each task has a lock of its own.
-    eprintln!(
-        "lock: {} tasks taking and releasing their own locks for {} s",
-        args.tasks, args.seconds
-    );
-    let pairs = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs(args.seconds);
-    let workers: Vec<_> = (0..args.tasks)
-        .map(|t| {
-            let (locks, pairs) = (locks.clone(), pairs.clone());
-            tokio::spawn(async move {
-                let lock = locks.lock(&format!("bench:{t}"));
-                let owner = locks.owner(format_args!("task-{t}"));
-                while Instant::now() < deadline {
-                    match lock.try_acquire(&owner, Duration::from_secs(10)).await {
-                        Ok(Acquired::Yes(guard)) => {
-                            guard.unlock().await.map_err(|e| e.to_string())?;
-                            pairs.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(Acquired::HeldByOther { .. }) => {
-                            return Err("an uncontended lock was held".to_owned())
-                        }
-                        Err(e) => return Err(e.to_string()),
-                    }
-                }
-                Ok(())
-            })
-        })
-        .collect();
-    for worker in workers {
-        worker.await.map_err(|e| e.to_string())??;
-    }
-    let pairs_per_sec = pairs.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    let pairs_per_sec = uncontended(&locks, args).await?;
 
     let evalsha = ceilings::redis(
         &url,
@@ -76,42 +53,7 @@ pub async fn run(args: &LockArgs) -> Result<Value, String> {
     )
     .await;
 
-    // Wake-up: a waiter blocked on a held lock, the holder unlocks.
-    eprintln!("lock: {} wake-ups", args.wakeups);
-    let mut wake =
-        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
-    let lock = locks.lock("bench:wake");
-    for i in 0..args.wakeups {
-        let holder = locks.owner(format_args!("holder-{i}"));
-        let Acquired::Yes(guard) = lock
-            .try_acquire(&holder, Duration::from_secs(30))
-            .await
-            .map_err(|e| e.to_string())?
-        else {
-            return Err("the wake-up lock was held".into());
-        };
-        let (waiting, waiter) = (lock.clone(), locks.owner(format_args!("waiter-{i}")));
-        let task = tokio::spawn(async move {
-            let got = waiting
-                .acquire(&waiter, Duration::from_secs(30), Duration::from_secs(30))
-                .await;
-            (got, Instant::now())
-        });
-        // Let the waiter fail its attempts and go to sleep on the channel.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let released = Instant::now();
-        guard.unlock().await.map_err(|e| e.to_string())?;
-        let (got, woke) = task.await.map_err(|e| e.to_string())?;
-        let guard = got
-            .map_err(|e| e.to_string())?
-            .ok_or("the waiter timed out")?;
-        wake.saturating_record(
-            u64::try_from((woke - released).as_micros())
-                .unwrap_or(u64::MAX)
-                .max(1),
-        );
-        guard.unlock().await.map_err(|e| e.to_string())?;
-    }
+    let wake = wakeups(&locks, args.wakeups).await?;
     let _ = locks.shutdown(Duration::from_secs(5)).await;
     // Fencing-token keys outlive their locks on purpose; the benchmark's
     // need not.
@@ -148,7 +90,7 @@ pub async fn run(args: &LockArgs) -> Result<Value, String> {
         "invariants_ok": true,
     });
     if args.redlock_rounds > 0 || args.redlock_purchase_seconds > 0 {
-        out["redlock"] = redlock(args).await?;
+        out["redlock"] = redlock(args, launch).await?;
     }
     if let Ok(rate) = evalsha {
         out["evalsha_per_sec"] = json!((rate * 100.0).round() / 100.0);
@@ -159,11 +101,90 @@ pub async fn run(args: &LockArgs) -> Result<Value, String> {
     Ok(out)
 }
 
+/// Uncontended: each of `args.tasks` tasks takes and releases a lock of
+/// its own for `args.seconds`; pairs per second over all of them.
+async fn uncontended(locks: &LockClient, args: &LockArgs) -> Result<f64, String> {
+    eprintln!(
+        "lock: {} tasks taking and releasing their own locks for {} s",
+        args.tasks, args.seconds
+    );
+    let pairs = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.seconds);
+    let workers: Vec<_> = (0..args.tasks)
+        .map(|t| {
+            let (locks, pairs) = (locks.clone(), pairs.clone());
+            tokio::spawn(async move {
+                let lock = locks.lock(&format!("bench:{t}"));
+                let owner = locks.owner(format_args!("task-{t}"));
+                while Instant::now() < deadline {
+                    match lock.try_acquire(&owner, Duration::from_secs(10)).await {
+                        Ok(Acquired::Yes(guard)) => {
+                            guard.unlock().await.map_err(|e| e.to_string())?;
+                            pairs.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(Acquired::HeldByOther { .. }) => {
+                            return Err("an uncontended lock was held".to_owned())
+                        }
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.map_err(|e| e.to_string())??;
+    }
+    Ok(pairs.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Wake-up: a waiter blocked on a held lock, the holder unlocks; the
+/// delay from the unlock to the waiter holding the lock, `wakeups` times.
+async fn wakeups(locks: &LockClient, wakeups: usize) -> Result<Histogram<u64>, String> {
+    eprintln!("lock: {} wake-ups", wakeups);
+    let mut wake =
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+    let lock = locks.lock("bench:wake");
+    for i in 0..wakeups {
+        let holder = locks.owner(format_args!("holder-{i}"));
+        let Acquired::Yes(guard) = lock
+            .try_acquire(&holder, Duration::from_secs(30))
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Err("the wake-up lock was held".into());
+        };
+        let (waiting, waiter) = (lock.clone(), locks.owner(format_args!("waiter-{i}")));
+        let task = tokio::spawn(async move {
+            let got = waiting
+                .acquire(&waiter, Duration::from_secs(30), Duration::from_secs(30))
+                .await;
+            (got, Instant::now())
+        });
+        // Let the waiter fail its attempts and go to sleep on the channel.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let released = Instant::now();
+        guard.unlock().await.map_err(|e| e.to_string())?;
+        let (got, woke) = task.await.map_err(|e| e.to_string())?;
+        let guard = got
+            .map_err(|e| e.to_string())?
+            .ok_or("the waiter timed out")?;
+        wake.saturating_record(
+            u64::try_from((woke - released).as_micros())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        );
+        guard.unlock().await.map_err(|e| e.to_string())?;
+    }
+    Ok(wake)
+}
+
 /// RedLock over five nodes of its own, all up and then with two of them
 /// frozen: the latency of one lock + unlock, sequential (`rounds` of
 /// them; goal: p50 within 3x), and of a purchase through the service that
 /// takes its users' locks there (goal: p50 within 1.5x).
-async fn redlock(args: &LockArgs) -> Result<Value, String> {
+async fn redlock(args: &LockArgs, launch: &Launch) -> Result<Value, String> {
     let rounds = args.redlock_rounds;
     use redis_locks::{MultiNodeLocks, Quorum};
     let nodes = (0..5)
@@ -246,7 +267,7 @@ async fn redlock(args: &LockArgs) -> Result<Value, String> {
     }
     if args.redlock_purchase_seconds > 0 {
         let urls: Vec<String> = nodes.iter().map(|n| n.url()).collect();
-        out["purchases"] = redlock_purchases(args, &nodes, &urls).await?;
+        out["purchases"] = redlock_purchases(args, launch, &nodes, &urls).await?;
     }
     Ok(out)
 }
@@ -257,6 +278,7 @@ async fn redlock(args: &LockArgs) -> Result<Value, String> {
 /// frozen. Each state on a voucher of its own.
 async fn redlock_purchases(
     args: &LockArgs,
+    launch: &Launch,
     nodes: &[testkit::OwnRedis],
     urls: &[String],
 ) -> Result<Value, String> {
@@ -265,7 +287,7 @@ async fn redlock_purchases(
     const USERS_PER_STATE: i64 = 60_000;
     let launch = crate::service::Launch {
         env: vec![("SECKILL_LOCK_REDIS_URLS".into(), urls.join(","))],
-        ..args.launch.clone()
+        ..launch.clone()
     };
     let target = crate::service::Target::start(launch).await?;
     let limit = Duration::from_secs(args.redlock_purchase_seconds);

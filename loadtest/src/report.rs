@@ -6,7 +6,10 @@
 //! `lab`: its table and a chart per anomaly.
 
 use std::fmt::Write as _;
+use std::ops::Range;
 
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::drive::Tally;
@@ -115,12 +118,7 @@ fn latency_over_time(tally: &Tally) -> String {
     let (end, points) = latency_buckets(tally);
     let top = points.iter().map(|p| p.2).fold(1.0, f64::max) * 1.1;
     svg(|root| {
-        let mut chart = ChartBuilder::on(root)
-            .caption("Latency over time", ("sans-serif", 18))
-            .margin(10)
-            .x_label_area_size(35)
-            .y_label_area_size(55)
-            .build_cartesian_2d(0f64..end.max(0.1), 0f64..top)?;
+        let mut chart = line_chart(root, "Latency over time", 55, 0f64..end.max(0.1), 0f64..top)?;
         chart
             .configure_mesh()
             .x_desc("seconds into the run")
@@ -148,12 +146,8 @@ fn percentiles(tally: &Tally) -> String {
         .collect();
     let top = points.iter().map(|p| p.1).fold(1.0, f64::max) * 1.1;
     svg(|root| {
-        let mut chart = ChartBuilder::on(root)
-            .caption("Latency by percentile", ("sans-serif", 18))
-            .margin(10)
-            .x_label_area_size(35)
-            .y_label_area_size(55)
-            .build_cartesian_2d(0f64..(qs.len() - 1) as f64, 0f64..top)?;
+        let x = 0f64..(qs.len() - 1) as f64;
+        let mut chart = line_chart(root, "Latency by percentile", 55, x, 0f64..top)?;
         chart
             .configure_mesh()
             .x_labels(qs.len())
@@ -187,15 +181,13 @@ fn orders_over_time(tally: &Tally, ceilings: &[Ceiling]) -> String {
         * 1.1;
     let colors = [GREEN, MAGENTA, CYAN, BLACK];
     svg(|root| {
-        let mut chart = ChartBuilder::on(root)
-            .caption(
-                "Committed orders per second, beside the ceilings",
-                ("sans-serif", 18),
-            )
-            .margin(10)
-            .x_label_area_size(35)
-            .y_label_area_size(65)
-            .build_cartesian_2d(0f64..f64::from(end.max(1)), 0f64..top)?;
+        let mut chart = line_chart(
+            root,
+            "Committed orders per second, beside the ceilings",
+            65,
+            0f64..f64::from(end.max(1)),
+            0f64..top,
+        )?;
         chart
             .configure_mesh()
             .x_desc("seconds into the run")
@@ -263,6 +255,26 @@ fn bar_chart(bars: &Bars) -> String {
 
 type Drawn = Result<(), Box<dyn std::error::Error>>;
 
+/// A chart of the report's lines: `caption` on top, `x` by `y`, with
+/// `y_labels` pixels for the y axis's labels.
+fn line_chart<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    caption: &str,
+    y_labels: u32,
+    x: Range<f64>,
+    y: Range<f64>,
+) -> Result<
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    DrawingAreaErrorKind<std::io::Error>,
+> {
+    ChartBuilder::on(root)
+        .caption(caption, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(y_labels)
+        .build_cartesian_2d(x, y)
+}
+
 fn svg(draw: impl FnOnce(&DrawingArea<SVGBackend, plotters::coord::Shift>) -> Drawn) -> String {
     svg_sized(WIDTH, HEIGHT, draw)
 }
@@ -284,6 +296,20 @@ fn svg_sized(
         }
     }
     out
+}
+
+/// Writes a report under `target/loadtest/` and says where.
+pub fn save(name: &str, page: &str) {
+    let dir = std::path::Path::new("target").join("loadtest");
+    let written = std::fs::create_dir_all(&dir).and_then(|()| {
+        let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+        let path = dir.join(format!("{name}-{stamp}.html"));
+        std::fs::write(&path, page).map(|()| path)
+    });
+    match written {
+        Ok(path) => eprintln!("report: {}", path.display()),
+        Err(error) => eprintln!("report not written: {error}"),
+    }
 }
 
 #[cfg(test)]

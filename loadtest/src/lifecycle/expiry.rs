@@ -9,33 +9,23 @@ use hdrhistogram::Histogram;
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
 
-use crate::api::{Admin, NewSale, SaleMode};
-use crate::drive::{drive, Plan, Tally};
-use crate::service::Target;
+use crate::api::SaleMode;
+use crate::drive::{answers_where, drive, Plan, Tally};
+use crate::{round, round3};
 
-use super::{books, paced, sampled, wait_for, Caller, LifecycleArgs, Part, PRICE_CENTS};
+use super::{books, paced, priced_sale, sampled, wait_for, Caller, Part, Stage};
 
 /// 'lateness': selling at full speed on both instances with a one-second
 /// payment window, so orders expire all through the sale (their users buy
 /// again): how late after `pay_by` each expiry was, from the rows.
-pub(super) async fn lateness(
-    target: &Target,
-    args: &LifecycleArgs,
-    first_user: i64,
-) -> Result<Part, String> {
+pub(super) async fn lateness(stage: &Stage<'_>) -> Result<Part, String> {
+    let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new("lateness");
-    let admin = Admin::new(target);
     let voucher = admin
-        .create_sale(NewSale {
-            mode: SaleMode::Sync,
-            stock: i64::from(i32::MAX),
-            hours: 2,
-            price_cents: PRICE_CENTS,
-            pay_within_seconds: 1,
-        })
+        .create_sale(priced_sale(SaleMode::Sync, i64::from(i32::MAX), 1))
         .await?;
     let users = i64::try_from(args.seconds).unwrap_or(1) * 2_000;
-    let tokens = admin.shared_tokens(first_user, users).await?;
+    let tokens = admin.shared_tokens(stage.first_user, users).await?;
     let plan = target.purchases(voucher, &tokens, 1);
     let work = drive(
         &target.base,
@@ -46,7 +36,7 @@ pub(super) async fn lateness(
     let tally = sampled(&mut part, target, &[voucher], work).await;
     let load_end = Utc::now();
     let end = wait_for(
-        &admin,
+        admin,
         voucher,
         Duration::from_secs(30),
         "every order expired",
@@ -84,12 +74,9 @@ fn report_sale(part: &mut Part, tally: &Tally) {
 
 /// A problem when any purchase of `tally` failed (5xx or transport).
 fn report_errors(part: &mut Part, tally: &Tally) {
-    let errors: u64 = tally
-        .statuses
-        .iter()
-        .filter(|(k, _)| k.starts_with('5') || k.starts_with("error"))
-        .map(|(_, n)| n)
-        .sum();
+    let errors = answers_where(&tally.statuses, |k| {
+        k.starts_with('5') || k.starts_with("error")
+    });
     if errors > 0 {
         part.problems
             .push(format!("{errors} purchases failed (5xx or transport)"));
@@ -133,29 +120,19 @@ async fn lateness_ms(url: &str, voucher: i64, due_by: DateTime<Utc>) -> Result<L
 /// moved to one instant (as if every buyer had bought in the same second),
 /// expire while another voucher sells at full speed; its p99 beside a run
 /// of the same load just before.
-pub(super) async fn mass_expiry(
-    target: &Target,
-    args: &LifecycleArgs,
-    first_user: i64,
-) -> Result<Part, String> {
+pub(super) async fn mass_expiry(stage: &Stage<'_>) -> Result<Part, String> {
+    let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new("mass-expiry");
-    let admin = Admin::new(target);
     let caller = Caller::new(target, "", 16);
     let url = target
         .database_url
         .as_deref()
         .ok_or("mass-expiry needs the service's database")?;
-    let new_sale = |stock| NewSale {
-        mode: SaleMode::Sync,
-        stock,
-        hours: 2,
-        price_cents: PRICE_CENTS,
-        pay_within_seconds: 86_400,
-    };
+    let new_sale = |stock| priced_sale(SaleMode::Sync, stock, 86_400);
     let expiring = admin.create_sale(new_sale(args.expiring)).await?;
     let other = admin.create_sale(new_sale(i64::from(i32::MAX))).await?;
     eprintln!("mass-expiry: minting {} tokens", args.expiring);
-    let buyers = admin.shared_tokens(first_user, args.expiring).await?;
+    let buyers = admin.shared_tokens(stage.first_user, args.expiring).await?;
     let plan = target.purchases(expiring, &buyers, 1);
     let bought = target.send_each(plan, args.connections, "buy").await;
     if bought.count("200") != u64::try_from(args.expiring).unwrap_or(0) {
@@ -165,25 +142,16 @@ pub(super) async fn mass_expiry(
     // not hidden by fewer requests sent), alone and then beside the expiry.
     let crowd = i64::try_from(args.seconds).unwrap_or(1) * i64::from(args.beside_rate);
     let before = admin
-        .shared_tokens(first_user + args.expiring, crowd)
+        .shared_tokens(stage.first_user + args.expiring, crowd)
         .await?;
     let during = admin
-        .shared_tokens(first_user + args.expiring + crowd, crowd)
+        .shared_tokens(stage.first_user + args.expiring + crowd, crowd)
         .await?;
     let baseline = paced(&caller, other, &before, args.beside_rate).await;
     let mut conn = PgConnection::connect(url)
         .await
         .map_err(|e| e.to_string())?;
-    let (due, moved): (DateTime<Utc>, i64) = sqlx::query_as(
-        "WITH due AS (SELECT now() + interval '1 second' AS at),
-              moved AS (UPDATE voucher_orders SET pay_by = (SELECT at FROM due)
-                        WHERE voucher_id = $1 AND status = 'unpaid' RETURNING 1)
-         SELECT (SELECT at FROM due), (SELECT count(*) FROM moved)",
-    )
-    .bind(expiring)
-    .fetch_one(&mut conn)
-    .await
-    .map_err(|e| format!("moving the deadlines: {e}"))?;
+    let (due, moved) = move_deadlines(&mut conn, expiring).await?;
     part.fact("deadlines_moved", moved);
     let due_at = Instant::now() + (due - Utc::now()).to_std().unwrap_or_default();
     let watch = async {
@@ -200,33 +168,76 @@ pub(super) async fn mass_expiry(
     let (beside, all_back) = sampled(&mut part, target, &[expiring, other], work).await;
     let end = admin.stats(expiring).await?;
     let seconds = all_back.saturating_duration_since(due_at).as_secs_f64();
-    let (first, last): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) = sqlx::query_as(
-        "SELECT min(closed_at), max(closed_at) FROM voucher_orders WHERE voucher_id = $1 AND status = 'expired'",
-    )
-    .bind(expiring)
-    .fetch_one(&mut conn)
-    .await
-    .map_err(|e| e.to_string())?;
-    let rows_seconds = match (first, last) {
-        (Some(_), Some(last)) => (last - due).num_milliseconds() as f64 / 1000.0,
-        _ => f64::NAN,
-    };
+    let rows_seconds = expired_after(&mut conn, expiring, due).await?;
     let rate = args.expiring as f64 / rows_seconds.max(0.001);
     part.fact("expiring", args.expiring);
     part.fact("expired", end.expired);
-    part.fact(
-        "all_expired_after_deadline_s",
-        (rows_seconds * 1000.0).round() / 1000.0,
-    );
-    part.fact(
-        "seen_all_back_after_deadline_s",
-        (seconds * 1000.0).round() / 1000.0,
-    );
+    part.fact("all_expired_after_deadline_s", round3(rows_seconds));
+    part.fact("seen_all_back_after_deadline_s", round3(seconds));
     part.fact("expirations_per_sec", rate.round());
     let late = lateness_ms(url, expiring, Utc::now()).await?;
     part.fact("late_ms_p99", late.p99);
-    // The concurrent voucher's p99 while the expiry ran, against the same
-    // load alone.
+    compare_p99(&mut part, &baseline, &beside, due_at, all_back);
+    part.fact("other_voucher_purchases_per_sec", args.beside_rate);
+    report_errors(&mut part, &baseline);
+    report_errors(&mut part, &beside);
+    if end.expired != args.expiring || end.stock != args.expiring || !end.conserved() {
+        part.problems
+            .push(format!("not every unit came back: {end:?}"));
+    }
+    if let Some(url) = &target.database_url {
+        part.problems.extend(books(url, expiring).await?);
+    }
+    Ok(part)
+}
+
+/// Moves every unpaid order's deadline of `voucher` to one second from
+/// now: that instant, and how many moved.
+async fn move_deadlines(
+    conn: &mut PgConnection,
+    voucher: i64,
+) -> Result<(DateTime<Utc>, i64), String> {
+    sqlx::query_as(
+        "WITH due AS (SELECT now() + interval '1 second' AS at),
+              moved AS (UPDATE voucher_orders SET pay_by = (SELECT at FROM due)
+                        WHERE voucher_id = $1 AND status = 'unpaid' RETURNING 1)
+         SELECT (SELECT at FROM due), (SELECT count(*) FROM moved)",
+    )
+    .bind(voucher)
+    .fetch_one(conn)
+    .await
+    .map_err(|e| format!("moving the deadlines: {e}"))
+}
+
+/// Seconds from `due` to the last expiry of `voucher`'s orders, from the
+/// rows (NaN when none expired).
+async fn expired_after(
+    conn: &mut PgConnection,
+    voucher: i64,
+    due: DateTime<Utc>,
+) -> Result<f64, String> {
+    let (first, last): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) = sqlx::query_as(
+        "SELECT min(closed_at), max(closed_at) FROM voucher_orders WHERE voucher_id = $1 AND status = 'expired'",
+    )
+    .bind(voucher)
+    .fetch_one(conn)
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(match (first, last) {
+        (Some(_), Some(last)) => (last - due).num_milliseconds() as f64 / 1000.0,
+        _ => f64::NAN,
+    })
+}
+
+/// The concurrent voucher's p99 while the expiry ran (from `due_at` to
+/// `all_back`), against the same load alone.
+fn compare_p99(
+    part: &mut Part,
+    baseline: &Tally,
+    beside: &Tally,
+    due_at: Instant,
+    all_back: Instant,
+) {
     let window = |t: &Tally| {
         let from = due_at.saturating_duration_since(t.origin).as_millis();
         let to = all_back.saturating_duration_since(t.origin).as_millis();
@@ -240,30 +251,10 @@ pub(super) async fn mass_expiry(
         }
         h
     };
-    let during_expiry = window(&beside);
+    let during_expiry = window(beside);
     let p99_alone = baseline.ms(0.99);
     let p99_beside = during_expiry.value_at_quantile(0.99) as f64 / 1000.0;
-    part.fact(
-        "other_voucher_p99_ms_alone",
-        (p99_alone * 100.0).round() / 100.0,
-    );
-    part.fact(
-        "other_voucher_p99_ms_during_expiry",
-        (p99_beside * 100.0).round() / 100.0,
-    );
-    part.fact(
-        "other_voucher_p99_ratio",
-        ((p99_beside / p99_alone) * 100.0).round() / 100.0,
-    );
-    part.fact("other_voucher_purchases_per_sec", args.beside_rate);
-    report_errors(&mut part, &baseline);
-    report_errors(&mut part, &beside);
-    if end.expired != args.expiring || end.stock != args.expiring || !end.conserved() {
-        part.problems
-            .push(format!("not every unit came back: {end:?}"));
-    }
-    if let Some(url) = &target.database_url {
-        part.problems.extend(books(url, expiring).await?);
-    }
-    Ok(part)
+    part.fact("other_voucher_p99_ms_alone", round(p99_alone));
+    part.fact("other_voucher_p99_ms_during_expiry", round(p99_beside));
+    part.fact("other_voucher_p99_ratio", round(p99_beside / p99_alone));
 }

@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 use sqlx::{Connection, PgConnection};
 use tokio::task::JoinSet;
 
-use crate::api::{Admin, SaleMode, Stats};
+use crate::api::{Admin, NewSale, SaleMode, Stats};
 use crate::drive::{self, Tally};
 use crate::service::Target;
 use crate::table::Table;
@@ -34,6 +34,18 @@ use rebuys::rebuys;
 
 /// What every lifecycle voucher costs, in cents.
 const PRICE_CENTS: i64 = 1999;
+
+/// A two-hour sale of `stock` units at the lifecycle's price, each order
+/// paid within `pay_within_seconds`.
+fn priced_sale(mode: SaleMode, stock: i64, pay_within_seconds: i64) -> NewSale {
+    NewSale {
+        mode,
+        stock,
+        hours: 2,
+        price_cents: PRICE_CENTS,
+        pay_within_seconds,
+    }
+}
 
 /// Each part's users start at a multiple of this, so no two parts share one.
 const USERS_PER_PART: i64 = 10_000_000;
@@ -100,32 +112,46 @@ impl Part {
     }
 }
 
+/// What every part starts from: the service and its admin, the run's
+/// options, and the first of the part's own users.
+struct Stage<'a> {
+    target: &'a Target,
+    admin: Admin<'a>,
+    args: &'a LifecycleArgs,
+    first_user: i64,
+}
+
 /// Runs every part on a two-instance service started with a payment
 /// secret; prints each part and one JSON line. `Ok(false)`: a promise broke.
 pub async fn run(target: &Target, secret: &str, args: &LifecycleArgs) -> Result<bool, String> {
     let mut parts = Vec::new();
     let mut part_no = 0;
-    let mut users = || {
+    let mut stage = || {
         part_no += 1;
-        part_no * USERS_PER_PART + 1
+        Stage {
+            target,
+            admin: Admin::new(target),
+            args,
+            first_user: part_no * USERS_PER_PART + 1,
+        }
     };
     let wanted = |part: &str| args.part.is_empty() || args.part.iter().any(|p| p == part);
     for mode in [SaleMode::Sync, SaleMode::Async] {
         if wanted("races") {
-            parts.push(races(target, secret, mode, args, users()).await?);
+            parts.push(races(&stage(), secret, mode).await?);
             print_part(parts.last().expect("just pushed"));
         }
         if wanted("rebuy") {
-            parts.push(rebuys(target, mode, args, users()).await?);
+            parts.push(rebuys(&stage(), mode).await?);
             print_part(parts.last().expect("just pushed"));
         }
     }
     if wanted("lateness") {
-        parts.push(lateness(target, args, users()).await?);
+        parts.push(lateness(&stage()).await?);
         print_part(parts.last().expect("just pushed"));
     }
     if wanted("mass-expiry") {
-        parts.push(mass_expiry(target, args, users()).await?);
+        parts.push(mass_expiry(&stage()).await?);
         print_part(parts.last().expect("just pushed"));
     }
     let ok = parts.iter().all(|p| p.problems.is_empty());

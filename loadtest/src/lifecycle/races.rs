@@ -14,12 +14,13 @@ use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::api::{Admin, NewSale, SaleMode};
-use crate::drive;
+use crate::api::{Admin, SaleMode, Stats};
+use crate::drive::{self, Tally};
 use crate::service::Target;
 
 use super::{
-    books, paced, sampled, wait_for, wait_stored, Answer, Caller, LifecycleArgs, Part, PRICE_CENTS,
+    books, paced, priced_sale, sampled, wait_for, wait_stored, Answer, Caller, LifecycleArgs, Part,
+    Stage,
 };
 
 /// Payments aimed this far (or further) before their deadline, and this
@@ -223,60 +224,16 @@ fn judge_race(o: &RaceOutcome, last: &str, faults: &mut Faults, tally: &mut BTre
 /// 'races-{mode}': `args.races` orders, each paid, cancelled or left to
 /// expire, payments and cancels landing within +-150 ms of the deadline and
 /// delivered to both instances; then the returned units are bought again.
-pub(super) async fn races(
-    target: &Target,
-    secret: &str,
-    mode: SaleMode,
-    args: &LifecycleArgs,
-    first_user: i64,
-) -> Result<Part, String> {
+pub(super) async fn races(stage: &Stage<'_>, secret: &str, mode: SaleMode) -> Result<Part, String> {
+    let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new(format!("races-{}", mode.name()));
-    let admin = Admin::new(target);
     let caller = Caller::new(target, secret, 1_000);
     let voucher = admin
-        .create_sale(NewSale {
-            mode,
-            stock: args.races,
-            hours: 2,
-            price_cents: PRICE_CENTS,
-            pay_within_seconds: args.pay_within,
-        })
+        .create_sale(priced_sale(mode, args.races, args.pay_within))
         .await?;
     eprintln!("{}: minting {} tokens", part.name, args.races);
-    let tokens = admin.shared_tokens(first_user, args.races).await?;
-    let work = async {
-        let tally = paced(&caller, voucher, &tokens, args.race_rate).await;
-        let stored =
-            wait_stored(&admin, voucher, Duration::from_secs(120), "orders stored").await?;
-        let orders = deadlines(&caller, &tally.order_ids).await?;
-        let started = Utc::now();
-        let mut set = JoinSet::new();
-        let mut rng = rand::rng();
-        let mut shuffled = orders;
-        shuffled.shuffle(&mut rng);
-        for (i, (order_id, pay_by)) in shuffled.into_iter().enumerate() {
-            let order = RaceOrder {
-                order_id,
-                pay_by,
-                role: Role::of(i),
-                offset_ms: rng.random_range(-RACE_SPREAD_MS..=RACE_SPREAD_MS),
-            };
-            set.spawn(play(caller.clone(), order, args.pay_within * 1000));
-        }
-        let mut outcomes = Vec::new();
-        while let Some(done) = set.join_next().await {
-            outcomes.push(done.map_err(|e| format!("a race task failed: {e}"))?);
-        }
-        let closed = wait_for(
-            &admin,
-            voucher,
-            Duration::from_secs(30),
-            "every order closed or paid",
-            |s| s.unpaid == 0 && s.pending == 0,
-        )
-        .await?;
-        Ok::<_, String>((tally, stored, outcomes, closed, Utc::now() - started))
-    };
+    let tokens = admin.shared_tokens(stage.first_user, args.races).await?;
+    let work = race_all(&caller, admin, voucher, &tokens, args);
     let (tally, stored, outcomes, closed, took) =
         sampled(&mut part, target, &[voucher], work).await?;
     part.fact("orders", stored.orders);
@@ -285,7 +242,84 @@ pub(super) async fn races(
         "deliveries_and_cancels_seconds",
         took.num_milliseconds() as f64 / 1000.0,
     );
+    judge_races(&mut part, admin, voucher, &outcomes).await?;
+    part.fact(
+        "final",
+        json!({ "paid": closed.paid, "cancelled": closed.cancelled, "expired": closed.expired, "stock": closed.stock }),
+    );
+    if closed.paid + closed.cancelled + closed.expired != args.races {
+        part.problems.push(format!(
+            "{} orders, but {} paid + {} cancelled + {} expired",
+            args.races, closed.paid, closed.cancelled, closed.expired
+        ));
+    }
+    if let Some(url) = &target.database_url {
+        part.problems.extend(books(url, voucher).await?);
+    }
+    let returned = closed.cancelled + closed.expired;
+    buy_again(
+        &mut part,
+        target,
+        admin,
+        voucher,
+        returned,
+        stage.first_user + args.races,
+        args,
+    )
+    .await?;
+    Ok(part)
+}
 
+/// The sale at `args.race_rate`, then every order played out around its
+/// deadline; until every order is closed or paid.
+async fn race_all(
+    caller: &Caller,
+    admin: &Admin<'_>,
+    voucher: i64,
+    tokens: &[Arc<str>],
+    args: &LifecycleArgs,
+) -> Result<(Tally, Stats, Vec<RaceOutcome>, Stats, chrono::Duration), String> {
+    let tally = paced(caller, voucher, tokens, args.race_rate).await;
+    let stored = wait_stored(admin, voucher, Duration::from_secs(120), "orders stored").await?;
+    let orders = deadlines(caller, &tally.order_ids).await?;
+    let started = Utc::now();
+    let mut set = JoinSet::new();
+    let mut rng = rand::rng();
+    let mut shuffled = orders;
+    shuffled.shuffle(&mut rng);
+    for (i, (order_id, pay_by)) in shuffled.into_iter().enumerate() {
+        let order = RaceOrder {
+            order_id,
+            pay_by,
+            role: Role::of(i),
+            offset_ms: rng.random_range(-RACE_SPREAD_MS..=RACE_SPREAD_MS),
+        };
+        set.spawn(play(caller.clone(), order, args.pay_within * 1000));
+    }
+    let mut outcomes = Vec::new();
+    while let Some(done) = set.join_next().await {
+        outcomes.push(done.map_err(|e| format!("a race task failed: {e}"))?);
+    }
+    let closed = wait_for(
+        admin,
+        voucher,
+        Duration::from_secs(30),
+        "every order closed or paid",
+        |s| s.unpaid == 0 && s.pending == 0,
+    )
+    .await?;
+    Ok((tally, stored, outcomes, closed, Utc::now() - started))
+}
+
+/// Each race judged against its order's final status; the payments'
+/// answer times and what came of the payments aimed well clear of the
+/// deadline.
+async fn judge_races(
+    part: &mut Part,
+    admin: &Admin<'_>,
+    voucher: i64,
+    outcomes: &[RaceOutcome],
+) -> Result<(), String> {
     let finals: HashMap<String, String> = admin
         .order_lines(voucher)
         .await?
@@ -295,7 +329,7 @@ pub(super) async fn races(
     let mut faults = Faults::default();
     let mut outcomes_by_role = BTreeMap::new();
     let (mut early, mut late) = ((0, 0), (0, 0));
-    for o in &outcomes {
+    for o in outcomes {
         let last = finals
             .get(&o.order.order_id)
             .map_or("missing", String::as_str);
@@ -335,28 +369,23 @@ pub(super) async fn races(
         "paid_100ms_late_refunded",
         format!("{} of {}", late.1, late.0),
     );
-    part.fact(
-        "final",
-        json!({ "paid": closed.paid, "cancelled": closed.cancelled, "expired": closed.expired, "stock": closed.stock }),
-    );
     part.problems.extend(faults.into_problems());
-    if closed.paid + closed.cancelled + closed.expired != args.races {
-        part.problems.push(format!(
-            "{} orders, but {} paid + {} cancelled + {} expired",
-            args.races, closed.paid, closed.cancelled, closed.expired
-        ));
-    }
-    if let Some(url) = &target.database_url {
-        part.problems.extend(books(url, voucher).await?);
-    }
+    Ok(())
+}
 
-    // Every returned unit is for sale again, once: fresh buyers through
-    // the second instance get exactly that many.
-    let returned = closed.cancelled + closed.expired;
+/// Every returned unit is for sale again, once: fresh buyers (from user
+/// `first_user`) through the second instance get exactly that many.
+async fn buy_again(
+    part: &mut Part,
+    target: &Target,
+    admin: &Admin<'_>,
+    voucher: i64,
+    returned: i64,
+    first_user: i64,
+    args: &LifecycleArgs,
+) -> Result<(), String> {
     let extra = (returned / 10).max(10);
-    let rebuyers = admin
-        .shared_tokens(first_user + args.races, returned + extra)
-        .await?;
+    let rebuyers = admin.shared_tokens(first_user, returned + extra).await?;
     let second: Arc<str> = target.bases[target.bases.len() - 1].as_str().into();
     let plan = rebuyers
         .iter()
@@ -373,7 +402,7 @@ pub(super) async fn races(
         ));
     }
     let end = wait_stored(
-        &admin,
+        admin,
         voucher,
         Duration::from_secs(60),
         "rebought orders stored",
@@ -382,7 +411,7 @@ pub(super) async fn races(
     if !end.conserved() || end.stock != 0 {
         part.problems.push(format!("after buying again: {end:?}"));
     }
-    Ok(part)
+    Ok(())
 }
 
 /// Each order's deadline, read as the admin (64 reads at a time).

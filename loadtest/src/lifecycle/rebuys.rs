@@ -4,34 +4,20 @@
 
 use std::time::{Duration, Instant};
 
-use crate::api::{Admin, NewSale, SaleMode};
-use crate::service::Target;
+use crate::api::SaleMode;
 
-use super::{sampled, wait_stored, Caller, LifecycleArgs, Part, PRICE_CENTS};
+use super::{priced_sale, sampled, wait_stored, Caller, Part, Stage};
 
 /// 'rebuy-{mode}': a one-unit sale, sold out; its buyer cancels through one
 /// instance while another user keeps trying through the other: how long
 /// until the returned unit is bought again there.
-pub(super) async fn rebuys(
-    target: &Target,
-    mode: SaleMode,
-    args: &LifecycleArgs,
-    first_user: i64,
-) -> Result<Part, String> {
+pub(super) async fn rebuys(stage: &Stage<'_>, mode: SaleMode) -> Result<Part, String> {
+    let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new(format!("rebuy-{}", mode.name()));
-    let admin = Admin::new(target);
     let caller = Caller::new(target, "", 16);
-    let voucher = admin
-        .create_sale(NewSale {
-            mode,
-            stock: 1,
-            hours: 2,
-            price_cents: PRICE_CENTS,
-            pay_within_seconds: 900,
-        })
-        .await?;
+    let voucher = admin.create_sale(priced_sale(mode, 1, 900)).await?;
     let count = i64::try_from(args.rebuys).unwrap_or(0) + 1;
-    let tokens = admin.tokens(first_user, count).await?;
+    let tokens = admin.tokens(stage.first_user, count).await?;
     let (code, body) = caller.buy(0, voucher, &tokens[0]).await;
     let mut holder = body["order_id"]
         .as_str()
@@ -85,7 +71,7 @@ pub(super) async fn rebuys(
             ms(latency.last())
         ));
     }
-    let end = wait_stored(&admin, voucher, Duration::from_secs(30), "stored").await?;
+    let end = wait_stored(admin, voucher, Duration::from_secs(30), "stored").await?;
     if !end.conserved()
         || end.orders != 1
         || end.cancelled != i64::try_from(args.rebuys).unwrap_or(0)

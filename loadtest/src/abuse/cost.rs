@@ -1,0 +1,165 @@
+//! What a refused request costs the service beside `/healthz`.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::report::{statuses, Verdict};
+use super::{healthz_address, AbuseArgs, REFUSED};
+use crate::api::{Admin, SaleMode};
+use crate::cpu::Usage;
+use crate::drive::Request;
+use crate::service::Target;
+use crate::table::Table;
+use crate::{round, TargetArgs};
+
+/// The service's CPU per request: refused by the limit, and `/healthz`.
+pub(super) struct RefusalCost {
+    pub requests: usize,
+    /// Requests of the refused run (fewer while refusals are held).
+    refused_requests: usize,
+    /// Answered 429 of the refused run.
+    pub refused: u64,
+    /// Service µs per refused request.
+    refused_us: f64,
+    /// Service µs per `/healthz`: the mean of a run before and one after.
+    healthz_us: f64,
+    healthz_runs_us: [f64; 2],
+}
+
+impl RefusalCost {
+    fn ratio(&self) -> f64 {
+        self.refused_us / self.healthz_us
+    }
+
+    pub(super) fn json(&self) -> Value {
+        json!({
+                "requests": self.requests,
+                "refused_requests": self.refused_requests,
+                "refused": self.refused,
+                "refused_service_us": round(self.refused_us),
+                "healthz_service_us": round(self.healthz_us),
+                "healthz_runs_service_us": self.healthz_runs_us.map(round),
+                "ratio": round(self.ratio()),
+                "goal": self.verdict().json(),
+        })
+    }
+
+    pub(super) fn verdict(&self) -> Verdict {
+        Verdict::new(
+            "-",
+            "service CPU per refused request / per /healthz",
+            self.ratio(),
+            "<= 1.5",
+            |m| m <= 1.5,
+        )
+    }
+}
+
+/// Weighs a refused request on an instance of its own, with `env` but
+/// for the delay of a refusal.
+pub(super) async fn weigh_refusal(
+    target: &TargetArgs,
+    args: &AbuseArgs,
+    mut env: Vec<(String, String)>,
+) -> Result<RefusalCost, String> {
+    // The refusal's own work, on an instance that sends it at once: a
+    // held refusal costs a timer more, and a phase of held refusals
+    // would measure mostly the waiting and the connections it takes.
+    env.retain(|(name, _)| name != "SECKILL_LIMIT_DELAY_MS");
+    env.push(("SECKILL_LIMIT_DELAY_MS".into(), "0".into()));
+    let service = Target::start(target.launch(1, env)).await?;
+    let result = async {
+        let voucher = Admin::new(&service).endless_voucher(SaleMode::Sync).await?;
+        refusal_cost(&service, args, voucher).await
+    }
+    .await;
+    service.stop().await;
+    result
+}
+
+/// The service's CPU per request refused by the limit per address (one
+/// address far over it, `GET /vouchers/{id}`) beside `/healthz` (from
+/// addresses that take turns, none over its limit), measured around a
+/// `/healthz` run before and one after, whose mean it is weighed against.
+async fn refusal_cost(
+    service: &Target,
+    args: &AbuseArgs,
+    voucher: i64,
+) -> Result<RefusalCost, String> {
+    let n = args.cpu_requests;
+    // Enough addresses that none goes over its limit below 100,000
+    // requests a second; a new address for every request would bill the
+    // limiter's new entries to /healthz.
+    let turns = match args.limit_per_address {
+        0 => 1,
+        limit => (100_000 / limit as usize + 1).max(256),
+    }
+    .min(n.max(1));
+    let addresses: Vec<Arc<str>> = (0..turns).map(|i| healthz_address(i).into()).collect();
+    let healthz_plan = || {
+        (0..n)
+            .map(|i| Request::get("/healthz").with_address(addresses[i % turns].clone()))
+            .collect::<Vec<_>>()
+    };
+    let (refused_n, refused_connections) = (n, args.connections);
+    let refused_plan =
+        vec![Request::get(&format!("/vouchers/{voucher}")).with_address(REFUSED.into()); refused_n];
+    let connections = args.connections;
+    let service_us = |before: &Usage, after: &Usage, requests: usize| {
+        after
+            .micros_per(before, requests as u64)
+            .get("service")
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let measure = |plan: Vec<Request>, connections: usize, label: &'static str| async move {
+        let requests = plan.len();
+        let before = Usage::now(service).await;
+        let tally = service.send_each(plan, connections, label).await;
+        let after = Usage::now(service).await;
+        (tally, service_us(&before, &after, requests))
+    };
+    let (first, first_us) = measure(healthz_plan(), connections, "cpu healthz").await;
+    let (refused, refused_us) = measure(refused_plan, refused_connections, "cpu refused").await;
+    let (last, last_us) = measure(healthz_plan(), connections, "cpu healthz").await;
+    for (what, tally) in [
+        ("healthz", &first),
+        ("healthz", &last),
+        ("refused", &refused),
+    ] {
+        eprintln!("cpu phase, {what}: {}", statuses(&tally.statuses));
+    }
+    Ok(RefusalCost {
+        requests: n,
+        refused_requests: refused_n,
+        refused: refused.count("429 rate_limited"),
+        refused_us,
+        healthz_us: (first_us + last_us) / 2.0,
+        healthz_runs_us: [first_us, last_us],
+    })
+}
+
+pub(super) fn print_cost(cost: &RefusalCost) {
+    let mut table = Table::new(["request", "requests", "answered 429", "service µs/request"]);
+    table.row([
+        "GET /healthz (mean of before and after)".to_owned(),
+        cost.requests.to_string(),
+        "-".to_owned(),
+        format!("{:.1}", cost.healthz_us),
+    ]);
+    table.row([
+        "GET /vouchers/{id}, one address over its limit".to_owned(),
+        cost.refused_requests.to_string(),
+        cost.refused.to_string(),
+        format!("{:.1}", cost.refused_us),
+    ]);
+    print!("\n{}", table.text());
+    println!(
+        "  refused / /healthz: {:.2}x (goal <= 1.5x; /healthz runs {:.1} and {:.1} µs; on an instance that sends refusals at once)",
+        cost.ratio(),
+        cost.healthz_runs_us[0],
+        cost.healthz_runs_us[1]
+    );
+    crate::table::record("abuse", "What a refused request costs the service", &table);
+}

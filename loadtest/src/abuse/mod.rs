@@ -1,0 +1,286 @@
+//! `loadtest abuse`: an honest crowd of buyers beside each attack the
+//! service's limits are for (floods of cheap reads, one token on many
+//! connections, a bot farm behind one address, bodies sent a byte a
+//! second), on instances of its own with those limits on; what each attack
+//! costs the honest buyers, what the attacker got, and what a refused
+//! request costs the service beside `/healthz`.
+
+mod cost;
+mod flood;
+mod report;
+mod row;
+mod slow;
+
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+
+use crate::api::Admin;
+use crate::service::Target;
+use crate::TargetArgs;
+use cost::weigh_refusal;
+use report::finish;
+use row::{run_row, Row};
+
+#[derive(Args, Clone)]
+pub struct AbuseArgs {
+    /// Seconds of each row: the honest crowd's run, the attacker's beside it.
+    #[arg(long, default_value_t = 5)]
+    pub seconds: u64,
+    /// Connections of the honest crowd.
+    #[arg(long, default_value_t = 200)]
+    pub connections: usize,
+    /// Honest buyers with tokens, each from an address of its own; each
+    /// buys once per row (every row sells a voucher of its own), and a row
+    /// that uses them all up ends early and says so.
+    #[arg(long, default_value_t = 100_000)]
+    pub users: i64,
+    /// Connections of each attacker of the floods (rows 2 to 5).
+    #[arg(long, default_value_t = 200)]
+    pub attack_connections: usize,
+    /// Users of the bot farm behind one address (each with a valid token).
+    #[arg(long, default_value_t = 10_000)]
+    pub bots: i64,
+    /// Connections that send a body one byte a second.
+    #[arg(long, default_value_t = 300)]
+    pub slow_connections: usize,
+    /// The Content-Length those bodies declare (the service's limit is
+    /// 2 MiB: at it, not over, so that the body is waited for).
+    #[arg(long, default_value_t = 2_097_152)]
+    pub slow_length: u64,
+    /// SECKILL_BODY_TIMEOUT_MS of the instances: the longest a body may
+    /// take to arrive, whole.
+    #[arg(long, default_value_t = 3_000)]
+    pub body_timeout_ms: u64,
+    /// SECKILL_LIMIT_DELAY_MS of the instances: how long a refusal is held
+    /// before it is sent (the service's default; 0 answers at once).
+    #[arg(long, default_value_t = 500)]
+    pub limit_delay_ms: u64,
+    /// SECKILL_LIMIT_PER_ADDRESS of the instances (requests per second of
+    /// one client address, burst of the same size; 0: no limit).
+    #[arg(long, default_value_t = 50)]
+    pub limit_per_address: u32,
+    /// SECKILL_LIMIT_PER_USER of the instances (purchase, order and queue
+    /// routes; 0: no limit).
+    #[arg(long, default_value_t = 5)]
+    pub limit_per_user: u32,
+    /// Instances of the service, sharing the database and Redis.
+    #[arg(long, default_value_t = 1)]
+    pub instances: usize,
+    /// The attacks to run, beside the honest crowd alone (always run: the
+    /// others are judged against it).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Attack::ALL)]
+    pub attacks: Vec<Attack>,
+    /// Requests of each kind in the phase that weighs a refused request
+    /// against `/healthz` in the service's CPU (0: no such phase).
+    #[arg(long, default_value_t = 20_000)]
+    pub cpu_requests: usize,
+}
+
+/// One row's attacker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Attack {
+    /// No attacker: the honest crowd alone, the baseline.
+    Nobody,
+    /// Anonymous `GET /vouchers/{id}` from one address.
+    VoucherFlood,
+    /// Anonymous `GET /readyz` from one address.
+    ReadyzFlood,
+    /// One user's token on every connection, `POST /seckill/{id}`.
+    OneToken,
+    /// Many valid users' purchases, all from one address.
+    BotFarm,
+    /// Bodies declared large and sent one byte a second.
+    SlowBodies,
+}
+
+impl Attack {
+    const ALL: [Attack; 6] = [
+        Self::Nobody,
+        Self::VoucherFlood,
+        Self::ReadyzFlood,
+        Self::OneToken,
+        Self::BotFarm,
+        Self::SlowBodies,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Nobody => "nobody (alone)",
+            Self::VoucherFlood => "GET /vouchers/{id} flood",
+            Self::ReadyzFlood => "GET /readyz flood",
+            Self::OneToken => "one token, POST /seckill",
+            Self::BotFarm => "bot farm, one address",
+            Self::SlowBodies => "slow bodies",
+        }
+    }
+
+    /// The prefix of the honest crowd's progress bar in this row.
+    fn label(self) -> &'static str {
+        match self {
+            Self::Nobody => "alone",
+            Self::VoucherFlood => "vs vouchers",
+            Self::ReadyzFlood => "vs readyz",
+            Self::OneToken => "vs one token",
+            Self::BotFarm => "vs bot farm",
+            Self::SlowBodies => "vs slow",
+        }
+    }
+}
+
+/// The address every flood claims (TEST-NET-3: a header value only, the
+/// driver connects to the instances' loopback address and nowhere else).
+const ATTACKER: &str = "203.0.113.7";
+/// The address whose requests the CPU phase has refused.
+const REFUSED: &str = "198.51.100.9";
+
+/// Honest buyer `i`'s address: one of its own (10.0.0.0/8), derived from
+/// its user id.
+fn honest_address(i: i64) -> String {
+    numbered([10, 0], 255, i as usize)
+}
+
+/// Slow connection `i`'s address: one each, so that the limit per address
+/// does not end them before the body deadline can.
+fn slow_address(i: usize) -> String {
+    numbered([172, 16], 15, i)
+}
+
+/// One of the addresses the CPU phase's `/healthz` requests take turns on.
+fn healthz_address(i: usize) -> String {
+    numbered([100, 64], 63, i)
+}
+
+/// The `i`th address of a block: its first octet, then its second from
+/// `block[1]` up (`i`'s bits above 16, masked by `spread`), then `i`'s low
+/// 16 bits.
+fn numbered(block: [usize; 2], spread: usize, i: usize) -> String {
+    format!(
+        "{}.{}.{}.{}",
+        block[0],
+        block[1] + ((i >> 16) & spread),
+        (i >> 8) & 255,
+        i & 255
+    )
+}
+
+/// Runs every row, then the CPU phase; `Ok(false)` when an invariant
+/// broke or an honest buyer was answered 5xx (503 above all).
+pub async fn run(target: &TargetArgs, args: &AbuseArgs) -> Result<bool, String> {
+    if target.url.is_some() {
+        return Err(
+            "abuse starts its own instances (it sets their limits, trusted proxy and body deadline); drop --url"
+                .into(),
+        );
+    }
+    let env = service_env(args);
+    let service = Target::start(target.launch(args.instances.max(1), env.clone())).await?;
+    let result = rows_of(&service, args).await;
+    service.stop().await;
+    let rows = result?;
+    let cost = if args.cpu_requests > 0 {
+        Some(weigh_refusal(target, args, env).await?)
+    } else {
+        None
+    };
+    Ok(finish(args, &rows, cost.as_ref()))
+}
+
+/// The instances' settings: the limits and body deadline under test.
+fn service_env(args: &AbuseArgs) -> Vec<(String, String)> {
+    let payment_secret = format!("load-payment-secret-{}", uuid::Uuid::new_v4().simple());
+    vec![
+        ("SECKILL_TRUSTED_PROXIES".into(), "127.0.0.1".into()),
+        (
+            "SECKILL_LIMIT_PER_ADDRESS".into(),
+            args.limit_per_address.to_string(),
+        ),
+        (
+            "SECKILL_LIMIT_PER_USER".into(),
+            args.limit_per_user.to_string(),
+        ),
+        (
+            "SECKILL_BODY_TIMEOUT_MS".into(),
+            args.body_timeout_ms.to_string(),
+        ),
+        (
+            "SECKILL_LIMIT_DELAY_MS".into(),
+            args.limit_delay_ms.to_string(),
+        ),
+        // A notification is read whole before its signature is checked:
+        // without a secret the route would refuse it before any body.
+        ("SECKILL_PAYMENT_SECRET".into(), payment_secret),
+    ]
+}
+
+async fn rows_of(service: &Target, args: &AbuseArgs) -> Result<Vec<Row>, String> {
+    let admin = Admin::new(service);
+    let users = args.users.max(1);
+    let bots = args.bots.max(1);
+    eprintln!(
+        "abuse: minting {} tokens (honest buyers, the attacker, its bots)",
+        users + 1 + bots
+    );
+    let tokens = admin.shared_tokens(1, users + 1 + bots).await?;
+    let (honest, rest) = tokens.split_at(usize::try_from(users).unwrap_or(0));
+    let (attacker, bots) = rest.split_at(1);
+    let addresses: Vec<Arc<str>> = (1..=users).map(|i| honest_address(i).into()).collect();
+    let mut attacks = vec![(Attack::Nobody, false)];
+    attacks.extend(
+        Attack::ALL
+            .into_iter()
+            .filter(|a| *a != Attack::Nobody && args.attacks.contains(a))
+            .map(|a| (a, false)),
+    );
+    if attacks.len() > 1 {
+        attacks.push((Attack::Nobody, true));
+    }
+    let people = People {
+        honest,
+        addresses: &addresses,
+        attacker: &attacker[0],
+        bots,
+    };
+    let mut rows = Vec::with_capacity(attacks.len());
+    for (attack, again) in attacks {
+        let row = run_row(service, &admin, args, &people, attack, again).await?;
+        eprintln!(
+            "{}: honest {:.0} purchases/s, p99 {:.2} ms; {}",
+            row.name(),
+            row.rate,
+            row.honest.ms(0.99),
+            if row.check.ok() {
+                "invariants ok"
+            } else {
+                "INVARIANT BROKEN"
+            }
+        );
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Who takes part in the rows: the honest buyers' tokens and addresses,
+/// the attacker's one token and its bots' tokens.
+struct People<'a> {
+    honest: &'a [Arc<str>],
+    addresses: &'a [Arc<str>],
+    attacker: &'a Arc<str>,
+    bots: &'a [Arc<str>],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_distinct_per_buyer_and_slow_connection() {
+        let honest: std::collections::HashSet<String> = (1..=70_000).map(honest_address).collect();
+        assert_eq!(honest.len(), 70_000);
+        assert_eq!(honest_address(1), "10.0.0.1");
+        assert_eq!(honest_address(65_537), "10.1.0.1");
+        let slow: std::collections::HashSet<String> = (0..1_000).map(slow_address).collect();
+        assert_eq!(slow.len(), 1_000);
+        assert!(slow.iter().all(|a| a.parse::<std::net::Ipv4Addr>().is_ok()));
+    }
+}

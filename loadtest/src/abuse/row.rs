@@ -1,0 +1,259 @@
+//! One row: a voucher of its own, the honest crowd with one attacker
+//! beside it, and what the row's answers mean for its invariants.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::flood::flood_until;
+use super::slow::{slow_bodies, slow_watch, Slow};
+use super::{AbuseArgs, Attack, People, ATTACKER};
+use crate::api::{Admin, SaleMode};
+use crate::cpu::Usage;
+use crate::drive::{answers_where, drive, Plan, Request, Tally};
+use crate::invariants::{check, Check};
+use crate::service::Target;
+
+/// One row: the honest crowd beside one attacker.
+pub(super) struct Row {
+    pub attack: Attack,
+    /// The honest crowd alone, run again after the attacks.
+    pub again: bool,
+    pub honest: Tally,
+    /// The honest buyers' purchases (200) per second.
+    pub rate: f64,
+    /// The floods' answers.
+    pub attacker: Option<Tally>,
+    pub slow: Option<Slow>,
+    pub check: Check,
+    /// Answers other than 429 that the attacker's limit lets it have in
+    /// the attack's time, over every instance; `None` with no limit.
+    pub allowance: Option<f64>,
+    /// Percent of one core each part used during the row: on one machine
+    /// the attacker's driver competes with the service for the same cores,
+    /// and this tells how much of an honest slowdown that explains.
+    pub cpu: BTreeMap<&'static str, f64>,
+}
+
+impl Row {
+    pub(super) fn honest_5xx(&self) -> u64 {
+        answers_where(&self.honest.statuses, |k| k.starts_with('5'))
+    }
+
+    pub(super) fn name(&self) -> &'static str {
+        if self.again {
+            "nobody (alone), again"
+        } else {
+            self.attack.name()
+        }
+    }
+}
+
+/// The honest crowd alone: the mean of its run before the attacks and the
+/// one after them, so that the machine's drift during the run (or a cold
+/// start) is not billed to the attackers.
+pub(super) struct Alone {
+    pub rate: f64,
+    pub p99_ms: f64,
+}
+
+impl Alone {
+    pub(super) fn of(rows: &[Row]) -> Self {
+        let alone: Vec<&Row> = rows.iter().filter(|r| r.attack == Attack::Nobody).collect();
+        let n = alone.len().max(1) as f64;
+        Self {
+            rate: alone.iter().map(|r| r.rate).sum::<f64>() / n,
+            p99_ms: alone.iter().map(|r| r.honest.ms(0.99)).sum::<f64>() / n,
+        }
+    }
+}
+
+/// One row: a voucher of its own, the honest crowd for `--seconds` with
+/// `attack` beside it, then the voucher's invariants.
+pub(super) async fn run_row(
+    service: &Target,
+    admin: &Admin<'_>,
+    args: &AbuseArgs,
+    people: &People<'_>,
+    attack: Attack,
+    again: bool,
+) -> Result<Row, String> {
+    let voucher = admin.endless_voucher(SaleMode::Sync).await?;
+    let honest_plan: Vec<Request> = service
+        .purchases(voucher, people.honest, 1)
+        .into_iter()
+        .zip(people.addresses)
+        .map(|(request, address)| request.with_address(address.clone()))
+        .collect();
+    let flood = flood_plan(attack, voucher, people);
+    let started = chrono::Utc::now().timestamp();
+    let cpu_before = Usage::now(service).await;
+    let wall = Instant::now();
+    let limit = Duration::from_secs(args.seconds);
+    let crowd = drive(
+        &service.base,
+        Plan::Once(limit, honest_plan),
+        args.connections,
+        attack.label(),
+    );
+    let (honest_tally, attacker, slow) = match (flood, attack) {
+        (Some(requests), _) => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let (ready, opened) = tokio::sync::oneshot::channel();
+            let flooding = tokio::spawn(flood_until(
+                service.bases.clone(),
+                requests,
+                args.attack_connections,
+                stop.clone(),
+                ready,
+            ));
+            // The attacker's connections are open before the crowd's
+            // clock starts, as the crowd's own are.
+            let _ = opened.await;
+            let honest = crowd.await;
+            stop.store(true, Ordering::Relaxed);
+            let attacker = flooding.await.map_err(|e| e.to_string())?;
+            (honest, Some(attacker), None)
+        }
+        (None, Attack::SlowBodies) => {
+            eprintln!(
+                "slow bodies: {} connections, {} bytes declared, one a second; watched up to {:.1} s",
+                args.slow_connections,
+                args.slow_length,
+                slow_watch(args).as_secs_f64()
+            );
+            let (honest, slow) = tokio::join!(crowd, slow_bodies(&service.bases, args));
+            (honest, None, Some(slow))
+        }
+        (None, _) => (crowd.await, None, None),
+    };
+    let cpu = busy(&cpu_before, &Usage::now(service).await, wall.elapsed());
+    let check = judged(service, voucher, &honest_tally, attacker.as_ref(), started).await?;
+    let rate = honest_tally.count("200") as f64 / honest_tally.elapsed.as_secs_f64().max(1e-9);
+    let allowance = attacker
+        .as_ref()
+        .and_then(|t| allowance(attack, args, t.elapsed));
+    Ok(Row {
+        attack,
+        again,
+        honest: honest_tally,
+        rate,
+        attacker,
+        slow,
+        check,
+        allowance,
+        cpu,
+    })
+}
+
+/// The attacker's requests in a row of `attack`, each claiming the
+/// attacker's one address; `None` when the attack is no flood.
+fn flood_plan(attack: Attack, voucher: i64, people: &People<'_>) -> Option<Vec<Request>> {
+    let attacker_address: Arc<str> = ATTACKER.into();
+    match attack {
+        Attack::Nobody | Attack::SlowBodies => None,
+        Attack::VoucherFlood => Some(vec![Request::get(&format!("/vouchers/{voucher}"))]),
+        Attack::ReadyzFlood => Some(vec![Request::get("/readyz")]),
+        Attack::OneToken => Some(vec![Request::purchase(voucher, people.attacker.clone())]),
+        Attack::BotFarm => Some(
+            people
+                .bots
+                .iter()
+                .map(|token| Request::purchase(voucher, token.clone()))
+                .collect(),
+        ),
+    }
+    .map(|requests| {
+        requests
+            .into_iter()
+            .map(|r| r.with_address(attacker_address.clone()))
+            .collect::<Vec<_>>()
+    })
+}
+
+/// The invariants of the row's voucher, over every purchase answered in
+/// the row: the honest crowd's and the attacker's. An attacker's 5xx is
+/// reported, not judged (the run fails on an honest buyer's); it still
+/// excuses an order without a 200, as a lost answer does.
+async fn judged(
+    service: &Target,
+    voucher: i64,
+    honest: &Tally,
+    attacker: Option<&Tally>,
+    started: i64,
+) -> Result<Check, String> {
+    let Some(attacker) = attacker else {
+        return check(service, voucher, honest, started, None, 0).await;
+    };
+    let mut all = Tally::new();
+    all.order_ids = honest
+        .order_ids
+        .iter()
+        .chain(&attacker.order_ids)
+        .cloned()
+        .collect();
+    all.statuses = honest.statuses.clone();
+    for (key, n) in &attacker.statuses {
+        let key = if key.starts_with('5') {
+            format!("error: the attacker's {key}")
+        } else {
+            key.clone()
+        };
+        *all.statuses.entry(key).or_default() += n;
+    }
+    check(service, voucher, &all, started, None, 0).await
+}
+
+/// Answers other than 429 that the attack's limit allows in `elapsed`:
+/// a full burst, then the rate, on each instance (each limits on its own
+/// when its limiter is in-process; a shared one allows less).
+pub(super) fn allowance(attack: Attack, args: &AbuseArgs, elapsed: Duration) -> Option<f64> {
+    let limits = [args.limit_per_address, args.limit_per_user];
+    let limit = match attack {
+        Attack::OneToken => limits.into_iter().filter(|l| *l > 0).min()?,
+        _ => Some(args.limit_per_address).filter(|l| *l > 0)?,
+    };
+    Some(f64::from(limit) * (elapsed.as_secs_f64() + 1.0) * args.instances.max(1) as f64)
+}
+
+/// Percent of one core each part used between two readings `wall` apart.
+fn busy(before: &Usage, after: &Usage, wall: Duration) -> BTreeMap<&'static str, f64> {
+    let wall_us = wall.as_secs_f64() * 1e6;
+    after
+        .micros_per(before, 1)
+        .into_iter()
+        .map(|(part, us)| (part, (us / wall_us * 1000.0).round() / 10.0))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_allowance_counts_a_burst_and_the_rate_on_each_instance() {
+        let mut args = AbuseArgs {
+            seconds: 2,
+            connections: 1,
+            users: 1,
+            attack_connections: 1,
+            bots: 1,
+            slow_connections: 1,
+            slow_length: 1,
+            body_timeout_ms: 1,
+            limit_delay_ms: 500,
+            limit_per_address: 50,
+            limit_per_user: 5,
+            instances: 2,
+            attacks: Attack::ALL.to_vec(),
+            cpu_requests: 0,
+        };
+        let two = Duration::from_secs(2);
+        assert_eq!(allowance(Attack::BotFarm, &args, two), Some(300.0));
+        assert_eq!(allowance(Attack::OneToken, &args, two), Some(30.0));
+        args.limit_per_address = 0;
+        assert_eq!(allowance(Attack::VoucherFlood, &args, two), None);
+        assert_eq!(allowance(Attack::OneToken, &args, two), Some(30.0));
+    }
+}

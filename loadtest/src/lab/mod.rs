@@ -1,0 +1,253 @@
+//! `loadtest lab`: every lab strategy on one and on two instances, with no
+//! stall and with a stall past the lease (before the sale, and before the
+//! release), judged on the lab's rows; one table, and its JSON.
+//!
+//! Without a stall a row is a crowd: each user sends its requests at once
+//! (spread over the instances) for scarce stock. With a stall a row is a
+//! set of pairs: a user's request A takes the guard and stalls for 1.7
+//! leases; its request B starts 1.2 leases later on the other instance (if
+//! there are two), retries while told "in progress", and stalls the same
+//! way. That interleaving is the one every lease-expiry story tells.
+//!
+//! With `--repeat N` each cell is run N times (a fresh voucher each time),
+//! and the grid shows each anomaly's spread over the runs (min-max).
+
+mod cell;
+mod grid;
+mod report;
+mod row;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::api::Admin;
+use crate::service::{self, Launch, Target};
+use crate::{lablife, TargetArgs};
+use cell::{crowd, pairs, Cell};
+use grid::{cells, grid, table, CellRuns};
+use row::Row;
+
+/// The strategies, in the order LAB.md tells them.
+pub const STRATEGIES: [&str; 11] = [
+    "naive",
+    "version",
+    "stock_gt_zero",
+    "process_mutex",
+    "setnx",
+    "setnx_owner",
+    "reentrant",
+    "fenced",
+    "redis_decr",
+    "redis_lua",
+    "redis_stream",
+];
+
+/// The designs whose stock lives in Redis: their rows are a crowd and a
+/// crowd in which every other request crashes between Redis and Postgres.
+fn redis_stock(strategy: &str) -> bool {
+    strategy.starts_with("redis_")
+}
+
+#[derive(clap::Args, Clone)]
+pub struct LabArgs {
+    /// Crowd rows: users, each sending --per-user requests at once.
+    #[arg(long, default_value_t = 300)]
+    pub users: i64,
+    #[arg(long, default_value_t = 2)]
+    pub per_user: usize,
+    /// Crowd rows: units for sale.
+    #[arg(long, default_value_t = 100)]
+    pub stock: i64,
+    #[arg(long, default_value_t = 200)]
+    pub connections: usize,
+    /// Stall rows: users, each sending one stalled pair.
+    #[arg(long, default_value_t = 50)]
+    pub pairs: i64,
+    /// Lease of the lab's locks (SECKILL_LAB_LEASE_MS of the instances).
+    #[arg(long, default_value_t = 500)]
+    pub lease_ms: u64,
+    /// Orders of each order-lifecycle design's row.
+    #[arg(long, default_value_t = 200)]
+    pub lifecycle_orders: i64,
+    /// Only this strategy (repeatable; all when not given).
+    #[arg(long)]
+    pub strategy: Vec<String>,
+    /// Runs of each cell (a fresh voucher each); the grid shows each
+    /// anomaly's min-max over them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeat: u32,
+}
+
+impl LabArgs {
+    /// The lease, at least 50 ms so that stalls and delays stay apart.
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms.max(50))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stall {
+    None,
+    Sale,
+    Release,
+    /// Every other request dies between the Redis step and Postgres.
+    Crash,
+}
+
+impl Stall {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Sale => "sale",
+            Self::Release => "release",
+            Self::Crash => "crash",
+        }
+    }
+}
+
+/// What LAB.md claims of a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    Holds,
+    Breaks,
+    /// The lab makes no claim (a stall where the strategy has no guard).
+    Nothing,
+}
+
+/// The claims, row by row; they are what the tests assert too.
+pub fn expect(strategy: &str, instances: usize, stall: Stall) -> Expect {
+    use Expect::{Breaks, Holds, Nothing};
+    match (strategy, instances, stall) {
+        ("redis_decr", _, _) | ("redis_lua", _, Stall::Crash) => Breaks,
+        ("redis_lua" | "redis_stream", _, _) => Holds,
+        ("naive" | "version" | "stock_gt_zero", _, Stall::None) => Breaks,
+        ("naive" | "version" | "stock_gt_zero", _, _) => Nothing,
+        ("process_mutex", 1, _) => Holds,
+        ("process_mutex", _, Stall::Release) => Nothing,
+        ("process_mutex", _, _) => Breaks,
+        (_, _, Stall::None) => Holds,
+        ("reentrant", _, Stall::Release) | ("fenced", _, _) => Holds,
+        _ => Breaks,
+    }
+}
+
+impl Expect {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Holds => "holds",
+            Self::Breaks => "breaks",
+            Self::Nothing => "-",
+        }
+    }
+}
+
+/// The lab starts its own two instances with the lab on: no deployment
+/// should serve it. `Ok(false)`: a design broke a guarantee it gives.
+pub async fn run(target: &TargetArgs, args: &LabArgs) -> Result<bool, String> {
+    if target.url.is_some() {
+        return Err(
+            "lab starts its own two instances of seckill-lab (SECKILL_LAB=1); drop --url".into(),
+        );
+    }
+    let lease = args.lease();
+    let launch = Launch {
+        lab: true,
+        ..target.launch(
+            2,
+            vec![
+                ("SECKILL_LAB".into(), "1".into()),
+                ("SECKILL_LAB_LEASE_MS".into(), lease.as_millis().to_string()),
+            ],
+        )
+    };
+    let target = Target::start(launch).await?;
+    let result = run_grid(&target, args).await;
+    let life = match (&result, &target.database_url) {
+        (Ok(_), Some(url)) => {
+            let prefix = format!("lablife:{}:", uuid::Uuid::new_v4().simple());
+            Some(lablife::run(url, &service::redis_url(), &prefix, args.lifecycle_orders).await)
+        }
+        _ => None,
+    };
+    target.stop().await;
+    let rows = result?;
+    let life = life.transpose()?.unwrap_or_default();
+    Ok(report::finish(args, &rows, &life))
+}
+
+/// Runs every row against `target` (started with the lab on, two
+/// instances); rows in the order printed.
+async fn run_grid(target: &Target, args: &LabArgs) -> Result<Vec<Row>, String> {
+    if target.bases.len() < 2 {
+        return Err("the lab needs two instances".into());
+    }
+    let strategies: Vec<&'static str> = STRATEGIES
+        .into_iter()
+        .filter(|s| args.strategy.is_empty() || args.strategy.iter().any(|a| a == s))
+        .collect();
+    if strategies.is_empty() {
+        return Err(format!(
+            "no such strategy in {:?}; the strategies are {STRATEGIES:?}",
+            args.strategy
+        ));
+    }
+    let admin = Admin::new(target);
+    let users = args.users.max(args.pairs);
+    eprintln!("lab: minting {users} tokens");
+    let tokens: Vec<Arc<str>> = admin.shared_tokens(1, users).await?;
+    let bases: Vec<Arc<str>> = target.bases.iter().map(|b| Arc::from(b.as_str())).collect();
+
+    let stalls = |strategy: &str| {
+        if redis_stock(strategy) {
+            vec![Stall::None, Stall::Crash]
+        } else {
+            vec![Stall::None, Stall::Sale, Stall::Release]
+        }
+    };
+    let repeat = args.repeat.max(1);
+    let total: usize = strategies
+        .iter()
+        .map(|s| 2 * stalls(s).len())
+        .sum::<usize>()
+        * repeat as usize;
+    let mut rows = Vec::with_capacity(total);
+    for strategy in strategies {
+        for instances in [1, 2] {
+            for stall in stalls(strategy) {
+                for run in 1..=repeat {
+                    let started = Instant::now();
+                    let mut label = format!("{strategy} x{instances} {}", stall.name());
+                    if repeat > 1 {
+                        label = format!("{label} {run}/{repeat}");
+                    }
+                    let cell = Cell {
+                        admin: &admin,
+                        bases: &bases[..instances],
+                        tokens: &tokens,
+                        strategy,
+                        stall,
+                        run,
+                        args,
+                        label: &label,
+                    };
+                    let row = match stall {
+                        Stall::None | Stall::Crash => crowd(target, &cell).await?,
+                        _ => pairs(&cell).await?,
+                    };
+                    eprintln!(
+                        "lab [{:>w$}/{total}] {label:<lw$} {:>5.1} s  {}",
+                        rows.len() + 1,
+                        started.elapsed().as_secs_f64(),
+                        row.verdict(),
+                        w = total.to_string().len().max(2),
+                        lw = if repeat > 1 { 34 } else { 28 },
+                    );
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
