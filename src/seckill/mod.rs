@@ -472,14 +472,11 @@ impl Seckill {
             .ok_or_else(|| {
                 SeckillError::Invalid(format!("add must be between 1 and {}", i32::MAX))
             })?;
-        let voucher = self
-            .inner
-            .store
-            .restock(voucher_id, units)
-            .await?
-            .ok_or(SeckillError::NotFound("voucher"))?;
-        self.inner.vouchers.windows.invalidate(&voucher_id).await;
-        self.inner.vouchers.stock_seen.invalidate(&voucher_id).await;
+        let restocked = self.inner.store.restock(voucher_id, units).await?;
+        let voucher = restocked.ok_or(SeckillError::NotFound("voucher"))?;
+        let cached = &self.inner.vouchers;
+        cached.windows.invalidate(&voucher_id).await;
+        cached.stock_seen.invalidate(&voucher_id).await;
         if voucher.sale_mode == SaleMode::Async {
             // Redis sells from its own stock: rebuilt from Postgres's (by
             // this reconciliation, or by a later one that took over).

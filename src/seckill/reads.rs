@@ -47,10 +47,8 @@ impl Seckill {
     pub async fn voucher(&self, voucher_id: VoucherId) -> Result<Voucher> {
         let mut voucher = Voucher::clone(&*self.sale_window(voucher_id).await?);
         let store = &self.inner.store;
-        let level = self
-            .inner
-            .vouchers
-            .stock_seen
+        let stock_seen = &self.inner.vouchers.stock_seen;
+        let level = stock_seen
             .try_get_with(voucher_id, async move {
                 match store.stock_level(voucher_id).await {
                     Ok(Some(level)) => Ok(level.stock),
@@ -104,12 +102,8 @@ impl Seckill {
                 .collect(),
         };
         let listed_count = i64::try_from(listed.len()).unwrap_or(i64::MAX);
-        let stats = self
-            .inner
-            .store
-            .stats(voucher_id, listed)
-            .await?
-            .ok_or(SeckillError::NotFound("voucher"))?;
+        let stats = self.inner.store.stats(voucher_id, listed).await?;
+        let stats = stats.ok_or(SeckillError::NotFound("voucher"))?;
         let pending = listed_count - stats.stored_listed;
         Ok(Stats {
             initial_stock: stats.initial_stock,

@@ -50,6 +50,18 @@ impl Db {
         work.within(self.timeout).await
     }
 
+    /// The one value `sql`, which takes no parameter, selects.
+    pub(super) async fn scalar<T>(&self, sql: &'static str) -> Result<T>
+    where
+        T: Send + Unpin + 'static,
+        (T,): for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+    {
+        self.run(|c, persistent| {
+            Box::pin(sqlx::query_scalar(sql).persistent(persistent).fetch_one(c))
+        })
+        .await
+    }
+
     /// The row `sql` finds for `id`, its one parameter, if any: `sql`
     /// selects by a key, so one row at most.
     pub(super) async fn row_by_id<T, I>(&self, sql: &'static str, id: I) -> Result<Option<T>>

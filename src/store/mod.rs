@@ -233,15 +233,7 @@ impl Store {
     /// of another database (or of this one before a reset) is ever read as
     /// this one's.
     pub async fn namespace(&self) -> Result<uuid::Uuid> {
-        self.db
-            .run(|c, persistent| {
-                Box::pin(
-                    sqlx::query_scalar("SELECT namespace FROM deployment")
-                        .persistent(persistent)
-                        .fetch_one(c),
-                )
-            })
-            .await
+        self.db.scalar("SELECT namespace FROM deployment").await
     }
 
     /// The sale's pool.
@@ -257,15 +249,7 @@ impl Store {
     /// Whether Postgres takes writes now: it answers and is not a standby
     /// (a failover may leave the URL on one).
     pub async fn check_writable(&self) -> Result<bool> {
-        self.db
-            .run(|c, persistent| {
-                Box::pin(
-                    sqlx::query_scalar("SELECT NOT pg_is_in_recovery()")
-                        .persistent(persistent)
-                        .fetch_one(c),
-                )
-            })
-            .await
+        self.db.scalar("SELECT NOT pg_is_in_recovery()").await
     }
 
     pub async fn create_voucher(&self, new: &NewVoucher) -> Result<VoucherId> {
