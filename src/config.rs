@@ -375,22 +375,37 @@ fn exposed(secret: Option<&SecretString>) -> Option<&str> {
         .filter(|s| !s.is_empty())
 }
 
+/// A setting's value that does not parse (clap shows its message).
+#[derive(Debug, thiserror::Error)]
+enum BadValue {
+    #[error("{0:?} is neither an IP address nor a network such as 10.0.0.0/8")]
+    NotANetwork(String),
+    #[error("{text:?} is not a whole number of milliseconds: {cause}")]
+    NotMillis {
+        text: String,
+        cause: std::num::ParseIntError,
+    },
+}
+
 /// A secret as given; empty counts as unset.
-fn secret(text: &str) -> Result<SecretString, String> {
+fn secret(text: &str) -> Result<SecretString, std::convert::Infallible> {
     Ok(SecretString::from(text.to_owned()))
 }
 
 /// A trusted proxy: an address (one host) or a network.
-fn proxy_net(text: &str) -> Result<IpNet, String> {
+fn proxy_net(text: &str) -> Result<IpNet, BadValue> {
     let text = text.trim();
     text.parse::<IpNet>()
         .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
-        .map_err(|_| format!("{text:?} is neither an IP address nor a network such as 10.0.0.0/8"))
+        .map_err(|_| BadValue::NotANetwork(text.to_owned()))
 }
 
 /// A duration given in whole milliseconds, as every `*_MS` setting is.
-fn millis(text: &str) -> Result<Duration, String> {
+fn millis(text: &str) -> Result<Duration, BadValue> {
     text.parse::<u64>()
         .map(Duration::from_millis)
-        .map_err(|e| format!("{text:?} is not a whole number of milliseconds: {e}"))
+        .map_err(|cause| BadValue::NotMillis {
+            text: text.to_owned(),
+            cause,
+        })
 }

@@ -50,7 +50,7 @@ id_type!(
 /// 2022-01-01T00:00:00Z in unix seconds: second 0 of every order id.
 pub const EPOCH_UNIX: i64 = 1_640_995_200;
 /// Bits of the per-day counter.
-pub const SEQUENCE_BITS: u32 = 32;
+const SEQUENCE_BITS: u32 = 32;
 /// A 64-bit order id. Clients see it as a decimal string: it exceeds 2^53.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct OrderId(i64);

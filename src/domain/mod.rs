@@ -12,7 +12,6 @@ mod states;
 
 pub use ids::{
     day_range, day_start, parse_positive, NotAnOrderId, OrderId, UserId, VoucherId, EPOCH_UNIX,
-    SEQUENCE_BITS,
 };
 pub use outcome::Outcome;
 pub use records::{NewVoucher, Order, OrderLine, StockLevel, Voucher};

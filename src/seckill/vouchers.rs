@@ -61,24 +61,32 @@ pub(super) struct Caches {
 impl Caches {
     pub(super) fn new(voucher_cache_ttl: Duration) -> Self {
         Self {
-            windows: moka::future::Cache::builder()
-                .max_capacity(10_000)
-                .time_to_live(voucher_cache_ttl)
-                .build(),
+            windows: kept_for(voucher_cache_ttl),
             async_vouchers: moka::sync::Cache::builder()
-                .max_capacity(10_000)
+                .max_capacity(VOUCHERS)
                 .time_to_idle(ASYNC_VOUCHER_IDLE)
                 .build(),
             missing: moka::sync::Cache::builder()
                 .max_capacity(100_000)
                 .time_to_live(MISSING_TTL)
                 .build(),
-            stock_seen: moka::future::Cache::builder()
-                .max_capacity(10_000)
-                .time_to_live(STOCK_REFRESH)
-                .build(),
+            stock_seen: kept_for(STOCK_REFRESH),
         }
     }
+}
+
+/// Most vouchers each cache holds.
+const VOUCHERS: u64 = 10_000;
+
+/// A cache of vouchers whose entries last `ttl` from when they were read.
+fn kept_for<V>(ttl: Duration) -> moka::future::Cache<VoucherId, V>
+where
+    V: Clone + Send + Sync + 'static,
+{
+    moka::future::Cache::builder()
+        .max_capacity(VOUCHERS)
+        .time_to_live(ttl)
+        .build()
 }
 
 impl Seckill {

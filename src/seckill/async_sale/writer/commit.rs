@@ -76,9 +76,13 @@ pub(super) enum CommitError {
     Redis(#[from] KvError),
 }
 
-/// A stream entry as read: an accepted order, or the stream id of an
-/// entry our script never writes (reported and deleted, not written).
-pub(super) type Parsed = Result<Entry, String>;
+/// A stream entry as read: an accepted order, or an entry our script never
+/// writes (reported and deleted, not written).
+pub(super) type Parsed = Result<Entry, Malformed>;
+
+/// The stream id of an entry whose fields are not an accepted order's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Malformed(String);
 
 /// An entry's fields, each in its range.
 pub(super) fn parse(id: &StreamId) -> Parsed {
@@ -95,7 +99,7 @@ pub(super) fn parse(id: &StreamId) -> Parsed {
             user_id,
             at_ms,
         }),
-        None => Err(id.id.clone()),
+        None => Err(Malformed(id.id.clone())),
     }
 }
 
@@ -131,7 +135,7 @@ pub(super) async fn commit(
     for entry in entries {
         match entry {
             Ok(entry) => valid.push(entry),
-            Err(stream_id) => {
+            Err(Malformed(stream_id)) => {
                 tracing::error!(%stream_id, "a malformed entry in an async sale's stream");
                 stream_ids.push(stream_id);
             }
@@ -313,6 +317,6 @@ mod tests {
                 .into_iter()
                 .collect(),
         };
-        assert_eq!(parse(&bad).err().as_deref(), Some("2-0"));
+        assert_eq!(parse(&bad).err(), Some(Malformed("2-0".into())));
     }
 }
