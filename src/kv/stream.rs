@@ -120,12 +120,11 @@ impl Kv {
         &self,
         stream: &str,
         group: &str,
-        ids: &[impl AsRef<str>],
+        ids: &[&str],
     ) -> Result<(), KvError> {
         if ids.is_empty() {
             return Ok(());
         }
-        let ids: Vec<&str> = ids.iter().map(AsRef::as_ref).collect();
         self.invoke::<i64>(ACK.key(stream).arg(group).arg(ids))
             .await
             .map(drop)

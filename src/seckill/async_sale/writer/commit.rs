@@ -131,13 +131,13 @@ pub(super) async fn commit(
     entries: Vec<Parsed>,
 ) -> Result<(), CommitError> {
     let mut valid = Vec::with_capacity(entries.len());
-    let mut stream_ids = Vec::with_capacity(entries.len());
+    let mut malformed = Vec::new();
     for entry in entries {
         match entry {
             Ok(entry) => valid.push(entry),
             Err(Malformed(stream_id)) => {
                 tracing::error!(%stream_id, "a malformed entry in an async sale's stream");
-                stream_ids.push(stream_id);
+                malformed.push(stream_id);
             }
         }
     }
@@ -145,7 +145,11 @@ pub(super) async fn commit(
     if !refused.is_empty() {
         report(sales, keys, &refused).await?;
     }
-    stream_ids.extend(valid.iter().map(|e| e.stream_id.clone()));
+    let stream_ids: Vec<&str> = valid
+        .iter()
+        .map(|e| e.stream_id.as_str())
+        .chain(malformed.iter().map(String::as_str))
+        .collect();
     sales
         .inner
         .redis
