@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{header_text, Caller, NoBody, OrderIdPath, User, VoucherIdPath};
-use super::openapi::{BadRequest, NotFound, TooLarge, Unauthorized, Unavailable};
+use super::openapi::{BadRequest, NotFound, OrderNotFound, TooLarge, Unauthorized, Unavailable};
 use super::queue::QUEUE_TICKET;
 use super::AppState;
 use crate::domain::{Order, OrderStatus, SaleMode, Voucher};
@@ -189,12 +189,12 @@ impl From<Order> for OrderBody {
 
 #[utoipa::path(
     get, path = "/orders/{order_id}", tag = "sale",
-    params(("order_id" = String, Path, pattern = "^[1-9][0-9]{0,18}$", description = "The order id, in decimal")),
+    params(OrderIdPath),
     security(("user" = []), ("admin" = [])),
     responses(
         (status = 200, description = "The order (a user sees only their own)", body = OrderBody),
         BadRequest, Unauthorized,
-        (status = 404, description = "not_found: no such order, or another user's", body = ErrorBody),
+        OrderNotFound,
         TooLarge, Unavailable,
     )
 )]

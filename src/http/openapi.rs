@@ -119,8 +119,26 @@ plain_refusals! {
     Unauthorized = 401, "unauthorized";
     Forbidden = 403, "forbidden";
     NotFound = 404, "not_found";
+    OrderNotFound = 404, "not_found: no such order, or another user's";
+    RoomNotFound = 404, "not_found: no such voucher, or it has no waiting room";
     TooLarge = 413, "payload_too_large";
     Unavailable = 503, "unavailable";
+}
+
+/// One path parameter, required, as the routes' extractors read it.
+fn path_param(
+    name: &str,
+    description: &str,
+    schema: utoipa::openapi::ObjectBuilder,
+) -> Vec<utoipa::openapi::path::Parameter> {
+    use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+    vec![ParameterBuilder::new()
+        .name(name)
+        .parameter_in(ParameterIn::Path)
+        .required(utoipa::openapi::Required::True)
+        .description(Some(description))
+        .schema(Some(schema))
+        .build()]
 }
 
 /// The `{id}` of a voucher's routes, described once.
@@ -128,19 +146,24 @@ impl utoipa::IntoParams for super::extract::VoucherIdPath {
     fn into_params(
         _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
     ) -> Vec<utoipa::openapi::path::Parameter> {
-        use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
         use utoipa::openapi::schema::{KnownFormat, SchemaFormat, Type};
         let id = utoipa::openapi::ObjectBuilder::new()
             .schema_type(Type::Integer)
             .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
             .minimum(Some(1));
-        vec![ParameterBuilder::new()
-            .name("id")
-            .parameter_in(ParameterIn::Path)
-            .required(utoipa::openapi::Required::True)
-            .description(Some("The voucher id"))
-            .schema(Some(id))
-            .build()]
+        path_param("id", "The voucher id", id)
+    }
+}
+
+/// The `{order_id}` of an order's routes: decimal, as order ids travel.
+impl utoipa::IntoParams for super::extract::OrderIdPath {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        let id = utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .pattern(Some("^[1-9][0-9]{0,18}$"));
+        path_param("order_id", "The order id, in decimal", id)
     }
 }
 

@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{from_object, Caller, NoBody, OrderIdPath};
 use super::handlers::OrderBody;
-use super::openapi::{TooLarge, Unauthorized, Unavailable};
+use super::openapi::{OrderNotFound, TooLarge, Unauthorized, Unavailable};
 use super::screen::MAX_BODY_BYTES;
 use super::AppState;
 use crate::domain::OrderId;
@@ -28,13 +28,13 @@ const PAYMENT_ID_MAX_CHARS: usize = 64;
 
 #[utoipa::path(
     post, path = "/orders/{order_id}/cancel", tag = "orders",
-    params(("order_id" = String, Path, pattern = "^[1-9][0-9]{0,18}$", description = "The order id, in decimal")),
+    params(OrderIdPath),
     security(("user" = []), ("admin" = [])),
     responses(
         (status = 200, description = "The order, now cancelled (or cancelled already); its unit went back on sale once", body = OrderBody),
         (status = 400, description = "bad_request: a malformed id, or a body", body = ErrorBody),
         Unauthorized,
-        (status = 404, description = "not_found: no such order, or another user's", body = ErrorBody),
+        OrderNotFound,
         (status = 409, description = "already_paid, order_expired, or order_pending (async, not stored yet; Retry-After is set)", body = ErrorBody),
         TooLarge, Unavailable,
     )

@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{header_text, NoBody, User, VoucherIdPath};
-use super::openapi::{TooLarge, Unauthorized, Unavailable};
+use super::openapi::{RoomNotFound, TooLarge, Unauthorized, Unavailable};
 use super::AppState;
 use crate::seckill::{QueueState, QueueStatus};
 
@@ -87,7 +87,7 @@ fn queue_answer(status: StatusCode, state: QueueState) -> Response {
         (status = 202, description = "In the room (joined now, or the user's place already); Retry-After says when to poll", body = QueueBody),
         (status = 400, description = "bad_request: a body, or a missing or wrong proof of work where the room asks for one", body = ErrorBody),
         Unauthorized,
-        (status = 404, description = "not_found: no such voucher, or it has no waiting room", body = ErrorBody),
+        RoomNotFound,
         TooLarge, Unavailable,
     )
 )]
@@ -114,7 +114,7 @@ pub async fn join(
         (status = 200, description = "Where the user stands; Retry-After says when to poll again", body = QueueBody),
         (status = 400, description = "bad_request: no X-Queue-Ticket, or not this user's for this voucher", body = ErrorBody),
         Unauthorized,
-        (status = 404, description = "not_found: no such voucher, or it has no waiting room", body = ErrorBody),
+        RoomNotFound,
         TooLarge, Unavailable,
     )
 )]
