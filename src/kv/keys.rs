@@ -29,34 +29,58 @@ pub struct Keys {
     prefix: String,
 }
 
-/// The keys of one voucher's async sale, all under its hash tag.
-pub struct AsyncSaleKeys {
-    /// Hash {stock, begin_ms, end_ms}; missing = paused.
-    pub sale: String,
-    /// Hash user id -> order id.
-    pub buyers: String,
-    /// Stream of accepted orders not yet written.
-    pub orders: String,
-    /// Hash order id -> why Postgres refused an accepted order.
-    pub unstored: String,
-    /// The token of the reconciliation under way, if one is.
-    pub reconciling: String,
-    /// Hash user id -> orders of the voucher Redis accepted for the user.
-    pub orders_per_user: String,
-    /// Set of the order ids whose units Redis's stock holds again.
-    pub returned: String,
+/// Declares the keys of one voucher's feature, all under the voucher's
+/// hash tag: a field `f` is the key `<prefix><kind>:{<voucher id>}:f`.
+macro_rules! voucher_keys {
+    ($(#[$doc:meta])* $name:ident = $kind:literal {
+        $($(#[$field_doc:meta])* $field:ident,)+
+    }) => {
+        $(#[$doc])*
+        pub struct $name {
+            $($(#[$field_doc])* pub $field: String,)+
+        }
+
+        impl $name {
+            fn new(prefix: &str, voucher_id: VoucherId) -> Self {
+                let base = format!("{prefix}{}:{{{voucher_id}}}", $kind);
+                Self { $($field: format!("{base}:{}", stringify!($field)),)+ }
+            }
+        }
+    };
 }
 
-/// The keys of one voucher's waiting room, all under its hash tag.
-pub struct RoomKeys {
-    /// Hash {serving, last_ms, late}.
-    pub state: String,
-    /// Sorted set user -> random draw: the pre-queue.
-    pub pre: String,
-    /// Hash user -> order of arrival after the start.
-    pub late: String,
-    /// Hash user -> when Redis's clock first saw them admitted (ms).
-    pub admitted: String,
+voucher_keys! {
+    /// The keys of one voucher's async sale.
+    AsyncSaleKeys = "async" {
+        /// Hash {stock, begin_ms, end_ms}; missing = paused.
+        sale,
+        /// Hash user id -> order id.
+        buyers,
+        /// Stream of accepted orders not yet written.
+        orders,
+        /// Hash order id -> why Postgres refused an accepted order.
+        unstored,
+        /// The token of the reconciliation under way, if one is.
+        reconciling,
+        /// Hash user id -> orders of the voucher Redis accepted for the user.
+        orders_per_user,
+        /// Set of the order ids whose units Redis's stock holds again.
+        returned,
+    }
+}
+
+voucher_keys! {
+    /// The keys of one voucher's waiting room.
+    RoomKeys = "room" {
+        /// Hash {serving, last_ms, late}.
+        state,
+        /// Sorted set user -> random draw: the pre-queue.
+        pre,
+        /// Hash user -> order of arrival after the start.
+        late,
+        /// Hash user -> when Redis's clock first saw them admitted (ms).
+        admitted,
+    }
 }
 
 impl Keys {
@@ -92,16 +116,7 @@ impl Keys {
     }
 
     pub fn async_sale(&self, voucher_id: VoucherId) -> AsyncSaleKeys {
-        let base = format!("{}async:{{{voucher_id}}}", self.prefix);
-        AsyncSaleKeys {
-            sale: format!("{base}:sale"),
-            buyers: format!("{base}:buyers"),
-            orders: format!("{base}:orders"),
-            unstored: format!("{base}:unstored"),
-            reconciling: format!("{base}:reconciling"),
-            orders_per_user: format!("{base}:orders_per_user"),
-            returned: format!("{base}:returned"),
-        }
+        AsyncSaleKeys::new(&self.prefix, voucher_id)
     }
 
     /// Hash order id -> lookup of the async orders drawn in one hour (and
@@ -111,13 +126,7 @@ impl Keys {
     }
 
     pub fn room(&self, voucher_id: VoucherId) -> RoomKeys {
-        let base = format!("{}room:{{{voucher_id}}}", self.prefix);
-        RoomKeys {
-            state: format!("{base}:state"),
-            pre: format!("{base}:pre"),
-            late: format!("{base}:late"),
-            admitted: format!("{base}:admitted"),
-        }
+        RoomKeys::new(&self.prefix, voucher_id)
     }
 }
 
@@ -145,6 +154,9 @@ mod tests {
             assert!(key.starts_with("p:ns:"), "{key}");
             assert!(key.contains("{42}"), "{key}");
         }
+        // The layout the API tests and the guide name.
+        assert_eq!(sale.orders_per_user, "p:ns:async:{42}:orders_per_user");
+        assert_eq!(room.admitted, "p:ns:room:{42}:admitted");
         assert_eq!(keys.sold_out(VoucherId::new(7)), "p:ns:seckill:soldout:7");
         assert_eq!(
             Keys::user_lock(VoucherId::new(7), UserId::new(9)),
