@@ -10,7 +10,7 @@ use seckill::domain::{OrderId, UserId, VoucherId};
 use seckill::store::{Sale, SaleRequest, Store};
 use tokio::task::JoinSet;
 
-use crate::helpers::{buy, client, spawn_app, spawn_app_with, TestApp};
+use crate::helpers::{buy, buy_across, client, spawn_app, spawn_app_with, TestApp};
 use crate::proxy::{spawn_app_behind_pg_proxy, spawn_app_behind_pg_proxy_timing_out};
 
 fn store(app: &TestApp) -> Store {
@@ -287,19 +287,11 @@ async fn one_order_per_transaction_still_holds_every_invariant() {
     let second = app.spawn_instance().await;
     let voucher = app.open_voucher(30).await;
     let tokens = app.tokens(1..=80).await;
-    let client = client();
-    let mut tasks = JoinSet::new();
-    for (i, token) in tokens.values().enumerate() {
-        let base = if i % 2 == 0 {
-            app.base.clone()
-        } else {
-            second.clone()
-        };
-        let (client, token) = (client.clone(), token.clone());
-        tasks.spawn(async move { buy(&client, &base, &token, voucher).await });
-    }
-    let answers = tasks.join_all().await;
-    let sold = answers.iter().filter(|a| a.1.starts_with("ok:")).count();
+    let answers = buy_across(&client(), &[&app.base, &second], &tokens, voucher).await;
+    let sold = answers
+        .iter()
+        .filter(|(_, a)| a.1.starts_with("ok:"))
+        .count();
     assert_eq!(sold, 30, "{answers:?}");
     assert_eq!(app.check_invariants(voucher).await, 30);
     let metrics = app.metrics().await;

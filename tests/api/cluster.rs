@@ -12,7 +12,7 @@ use redis_locks::{Acquired, Endpoint, LockClient, LockOptions};
 use reqwest::StatusCode;
 
 use crate::helpers::{
-    buy, loopback_hosts, send_purchase, spawn_app_on_redis, wait_until, OwnRedis,
+    buy, buy_across, loopback_hosts, send_purchase, spawn_app_on_redis, wait_until, OwnRedis,
 };
 
 /// A private Redis Cluster: `masters` masters, each with `replicas`
@@ -116,22 +116,10 @@ async fn a_crowd_on_two_instances_sells_through_a_three_master_cluster() {
     let second = app.spawn_instance().await;
     let stock = 100;
     let voucher = app.open_voucher(stock).await;
-    let tokens = Arc::new(app.tokens(1..=300).await);
-    let mut crowd = Vec::new();
-    for user in 1..=300_i64 {
-        let (client, tokens) = (app.client.clone(), tokens.clone());
-        let base = if user % 2 == 0 {
-            app.base.clone()
-        } else {
-            second.clone()
-        };
-        crowd.push(tokio::spawn(async move {
-            buy(&client, &base, &tokens[&user], voucher).await
-        }));
-    }
+    let tokens = app.tokens(1..=300).await;
+    let crowd = buy_across(&app.client, &[&app.base, &second], &tokens, voucher).await;
     let mut answers: HashMap<(StatusCode, String), usize> = HashMap::new();
-    for buyer in crowd {
-        let (status, code) = buyer.await.unwrap();
+    for (_, (status, code)) in crowd {
         let code = if status == StatusCode::OK {
             "ok".to_owned()
         } else {

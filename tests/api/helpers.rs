@@ -433,6 +433,32 @@ pub async fn buy(
     post_purchase(client, &format!("{base}/seckill/{voucher_id}"), token).await
 }
 
+/// A crowd: every `(user, token)` of `buyers` buys one unit of `voucher`
+/// at once, the buyers dealt in turn to the instances at `bases`. The
+/// answers (as [`buy`]'s), by user, in the buyers' order.
+pub async fn buy_across<'a>(
+    client: &reqwest::Client,
+    bases: &[&str],
+    buyers: impl IntoIterator<Item = (&'a i64, &'a String)>,
+    voucher_id: i64,
+) -> Vec<(i64, (StatusCode, String))> {
+    let mut crowd = tokio::task::JoinSet::new();
+    for (i, (&user, token)) in buyers.into_iter().enumerate() {
+        let (client, base, token) = (
+            client.clone(),
+            bases[i % bases.len()].to_owned(),
+            token.clone(),
+        );
+        crowd.spawn(async move { (i, user, buy(&client, &base, &token, voucher_id).await) });
+    }
+    let mut answers = crowd.join_all().await;
+    answers.sort_by_key(|(i, _, _)| *i);
+    answers
+        .into_iter()
+        .map(|(_, user, answer)| (user, answer))
+        .collect()
+}
+
 /// How one purchase was answered.
 pub struct Answer {
     pub status: StatusCode,

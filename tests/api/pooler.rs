@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use seckill::config::PgPooler;
-use tokio::task::JoinSet;
 
-use crate::helpers::{buy, client, free_port, pg_server, spawn_app_with};
+use crate::helpers::{buy_across, client, free_port, pg_server, spawn_app_with};
 
 /// A private pgbouncer in transaction mode in front of the tests' Postgres,
 /// on a free port; stopped when dropped.
@@ -124,20 +123,14 @@ async fn two_instances_sell_through_pgbouncer_in_transaction_mode() {
     let second = app.spawn_instance().await;
     let voucher = app.open_voucher(50).await;
     let tokens = app.tokens(1..=150).await;
+    // Every user twice at once, once on each instance.
     let client = client();
-    let mut tasks = JoinSet::new();
-    for round in 0..2 {
-        for (i, (user, token)) in tokens.iter().enumerate() {
-            let base = if (i + round) % 2 == 0 {
-                app.base.clone()
-            } else {
-                second.clone()
-            };
-            let (client, token, user) = (client.clone(), token.clone(), *user);
-            tasks.spawn(async move { (user, buy(&client, &base, &token, voucher).await) });
-        }
-    }
-    let answers = tasks.join_all().await;
+    let (there, back) = ([app.base.as_str(), &second], [second.as_str(), &app.base]);
+    let (once, twice) = tokio::join!(
+        buy_across(&client, &there, &tokens, voucher),
+        buy_across(&client, &back, &tokens, voucher),
+    );
+    let answers = [once, twice].concat();
     for (user, (status, code)) in &answers {
         assert!(
             code.starts_with("ok:")
