@@ -14,5 +14,5 @@ pub use ids::{
     day_range, day_start, parse_positive, NotAnOrderId, OrderId, UserId, VoucherId, EPOCH_UNIX,
 };
 pub use outcome::Outcome;
-pub use records::{NewVoucher, Order, OrderLine, StockLevel, Voucher};
+pub use records::{NewVoucher, Order, OrderLine, StockLevel, Voucher, VoucherTerms};
 pub use states::{OrderStatus, SaleMode, UnknownState};

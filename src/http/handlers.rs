@@ -57,19 +57,20 @@ pub struct VoucherBody {
 
 impl From<Voucher> for VoucherBody {
     fn from(v: Voucher) -> Self {
+        let terms = v.terms;
         Self {
             id: v.id.get(),
-            title: v.title,
-            stock: v.stock,
-            begin_time: v.begin_time,
-            end_time: v.end_time,
-            sale_mode: v.sale_mode,
-            price_cents: v.price_cents,
-            pay_within_seconds: v.pay_within_seconds,
-            max_orders_per_user: v.max_orders_per_user,
-            waiting_room: v.admit_per_second.map(|rate| WaitingRoom {
+            title: terms.title,
+            stock: v.level.stock,
+            begin_time: terms.begin_time,
+            end_time: terms.end_time,
+            sale_mode: terms.sale_mode,
+            price_cents: terms.price_cents,
+            pay_within_seconds: terms.pay_within_seconds,
+            max_orders_per_user: terms.max_orders_per_user,
+            waiting_room: terms.admit_per_second.map(|rate| WaitingRoom {
                 admit_per_second: i64::from(rate),
-                proof_of_work_bits: i64::from(v.queue_proof_bits),
+                proof_of_work_bits: i64::from(terms.queue_proof_bits),
             }),
         }
     }

@@ -231,7 +231,7 @@ async fn commit(inner: &Inner, voucher_id: VoucherId, batch: Vec<Pending>) -> Ve
             at,
         })
         .collect();
-    let max_orders = batch[0].voucher.max_orders_per_user;
+    let max_orders = batch[0].voucher.terms.max_orders_per_user;
     match sell_batch(&inner.deps.store, voucher_id, max_orders, &requests).await {
         Ok(sold) => settle(inner, voucher_id, batch, ids, sold).await,
         // Every rerun met another batch's order of one of its users: the
@@ -413,7 +413,12 @@ async fn publish(inner: &Inner, voucher: &Voucher, level: Option<StockLevel>, so
         inner
             .deps
             .flags
-            .publish(voucher.id, voucher.end_time, level, inner.deps.clock.now())
+            .publish(
+                voucher.id,
+                voucher.terms.end_time,
+                level,
+                inner.deps.clock.now(),
+            )
             .await;
     }
 }

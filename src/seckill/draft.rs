@@ -8,7 +8,7 @@ use std::ops::RangeInclusive;
 use chrono::{DateTime, Utc};
 
 use super::error::{Result, SeckillError};
-use crate::domain::{NewVoucher, SaleMode};
+use crate::domain::{NewVoucher, SaleMode, VoucherTerms};
 
 const TITLE_MAX_CHARS: usize = 200;
 /// Highest price: the largest integer a JSON number carries exactly.
@@ -100,9 +100,9 @@ impl VoucherDraft {
                 "end_time must be after begin_time (to the microsecond)".into(),
             ));
         }
-        Ok(NewVoucher {
+        let stock = stock_units(self.stock)?;
+        let terms = VoucherTerms {
             title: title.to_owned(),
-            stock: stock_units(self.stock)?,
             begin_time,
             end_time,
             sale_mode: self.sale_mode,
@@ -119,7 +119,8 @@ impl VoucherDraft {
             )?,
             admit_per_second,
             queue_proof_bits,
-        })
+        };
+        Ok(NewVoucher { terms, stock })
     }
 }
 

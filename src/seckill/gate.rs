@@ -133,7 +133,7 @@ impl Gates {
     /// answered if they spoke for every unit.
     pub(super) async fn admit(&self, voucher: &Voucher) -> Admission {
         let gate = self.gate(voucher.id);
-        let epoch = voucher.epoch();
+        let epoch = voucher.level.epoch();
         let give_up = tokio::time::Instant::now() + self.wait_limit;
         let mut waited = false;
         loop {
@@ -144,7 +144,7 @@ impl Gates {
             left_one.as_mut().enable();
             {
                 let mut state = gate.state();
-                state.saw(epoch, i64::from(voucher.stock));
+                state.saw(epoch, i64::from(voucher.level.stock));
                 match state.verdict(epoch, waited) {
                     Verdict::SoldOut => return Admission::SoldOut,
                     Verdict::Go => return Admission::Go(gate.enter(&mut state)),

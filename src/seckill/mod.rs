@@ -282,14 +282,14 @@ impl Seckill {
                 return Err(SeckillError::InProgress);
             };
             let voucher = self.selling(voucher_id).await?;
-            let roomed = voucher.admit_per_second.is_some();
+            let roomed = voucher.terms.admit_per_second.is_some();
             if roomed {
                 let now = self.inner.clock.now();
                 self.inner
                     .rooms
                     .check_admitted(voucher_id, user_id, ticket, now)?;
             }
-            let bought = match voucher.sale_mode {
+            let bought = match voucher.terms.sale_mode {
                 SaleMode::Sync => self
                     .try_purchase(user_id, voucher)
                     .await
@@ -348,10 +348,10 @@ impl Seckill {
 
     async fn try_purchase(&self, user_id: UserId, voucher: Arc<Voucher>) -> Result<OrderId> {
         let now = self.inner.clock.now();
-        if now < voucher.begin_time {
+        if now < voucher.terms.begin_time {
             return Err(SeckillError::NotStarted);
         }
-        if now >= voucher.end_time {
+        if now >= voucher.terms.end_time {
             return Err(SeckillError::Ended);
         }
         if self.inner.flags.is_sold_out(&voucher).await? {
@@ -390,7 +390,7 @@ impl Seckill {
         place: gate::Ticket,
     ) -> Result<OrderId> {
         let voucher_id = voucher.id;
-        let max_orders = voucher.max_orders_per_user;
+        let max_orders = voucher.terms.max_orders_per_user;
         let fence = guard.fence();
         match self
             .inner
@@ -418,7 +418,7 @@ impl Seckill {
 
     pub async fn create_voucher(&self, draft: VoucherDraft) -> Result<VoucherId> {
         let new = draft.parse()?;
-        let sale_mode = new.sale_mode;
+        let sale_mode = new.terms.sale_mode;
         let id = self.inner.store.create_voucher(&new).await?;
         // Someone may have asked for the next id before it existed.
         self.inner.vouchers.missing.invalidate(&id);
@@ -477,7 +477,7 @@ impl Seckill {
         let cached = &self.inner.vouchers;
         cached.windows.invalidate(&voucher_id).await;
         cached.stock_seen.invalidate(&voucher_id).await;
-        if voucher.sale_mode == SaleMode::Async {
+        if voucher.terms.sale_mode == SaleMode::Async {
             // Redis sells from its own stock: rebuilt from Postgres's (by
             // this reconciliation, or by a later one that took over).
             self.inner

@@ -58,7 +58,7 @@ impl Seckill {
             })
             .await
             .map_err(|error| error.answer())?;
-        voucher.stock = level;
+        voucher.level.stock = level;
         Ok(voucher)
     }
 
@@ -94,7 +94,7 @@ impl Seckill {
     pub async fn stats(&self, voucher_id: VoucherId) -> Result<Stats> {
         // The sale mode never changes: the cached voucher tells it.
         let voucher = self.sale_window(voucher_id).await?;
-        let listed: Vec<OrderId> = match voucher.sale_mode {
+        let listed: Vec<OrderId> = match voucher.terms.sale_mode {
             SaleMode::Sync => Vec::new(),
             SaleMode::Async => (self.inner.async_sales.accepted(voucher_id).await?)
                 .into_iter()
@@ -114,7 +114,7 @@ impl Seckill {
             paid: stats.paid,
             cancelled: stats.cancelled,
             expired: stats.expired,
-            max_orders_per_user: voucher.max_orders_per_user,
+            max_orders_per_user: voucher.terms.max_orders_per_user,
         })
     }
 

@@ -99,7 +99,7 @@ impl SoldOutFlags {
     /// Whether the voucher, in the state `voucher` describes, is flagged
     /// sold out.
     pub(super) async fn is_sold_out(&self, voucher: &Voucher) -> Result<bool, Arc<KvError>> {
-        let here = (voucher.id, voucher.epoch());
+        let here = (voucher.id, voucher.level.epoch());
         if let Some(sold_out) = self.seen.get(&here).await {
             return Ok(sold_out);
         }
@@ -114,7 +114,7 @@ impl SoldOutFlags {
                             .arg("sold_out"),
                     )
                     .await?;
-                Ok(sold_out == Some(1) && epoch == Some(voucher.epoch()))
+                Ok(sold_out == Some(1) && epoch == Some(voucher.level.epoch()))
             })
             .await
     }
@@ -122,7 +122,7 @@ impl SoldOutFlags {
     /// Whether this instance knows, without asking, that the voucher in
     /// this state is sold out.
     pub(super) async fn known_sold_out(&self, voucher: &Voucher) -> bool {
-        self.seen.get(&(voucher.id, voucher.epoch())).await == Some(true)
+        self.seen.get(&(voucher.id, voucher.level.epoch())).await == Some(true)
     }
 
     /// Remembers that this instance saw the voucher sold out at `epoch`

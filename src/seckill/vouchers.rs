@@ -122,7 +122,7 @@ impl Seckill {
             .await
             .map_err(|error| error.answer());
         match &found {
-            Ok(voucher) if voucher.sale_mode == SaleMode::Async => {
+            Ok(voucher) if voucher.terms.sale_mode == SaleMode::Async => {
                 self.inner
                     .vouchers
                     .async_vouchers

@@ -1,8 +1,9 @@
 //! How the domain's values are stored: ids as `BIGINT`, states as their
-//! words in `TEXT` columns, and the rows that make a [`Voucher`], an
-//! [`Order`] and a [`StockLevel`]. Each is decoded where it leaves
-//! Postgres, so that an unknown word or a non-positive order id is an
-//! error there rather than a silent fallback anywhere above.
+//! words in `TEXT` columns, and the rows that make a [`Voucher`] (its
+//! [`VoucherTerms`] and [`StockLevel`]) and an [`Order`]. Each is decoded
+//! where it leaves Postgres, so that an unknown word or a non-positive
+//! order id is an error there rather than a silent fallback anywhere
+//! above.
 
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
@@ -11,7 +12,7 @@ use sqlx::{Decode, Encode, FromRow, Postgres, Row, Type};
 
 use crate::domain::{
     NotAnOrderId, Order, OrderId, OrderLine, OrderStatus, SaleMode, StockLevel, UserId, Voucher,
-    VoucherId,
+    VoucherId, VoucherTerms,
 };
 
 /// An id stored as a `BIGINT` (`get`, and `$decode` back from the number).
@@ -91,11 +92,23 @@ macro_rules! from_row {
 }
 
 from_row! {
-    Voucher {
-        id, title, initial_stock, stock, begin_time, end_time, sale_mode, price_cents,
-        pay_within_seconds, returned, max_orders_per_user, admit_per_second, queue_proof_bits,
+    VoucherTerms {
+        title, begin_time, end_time, sale_mode, price_cents, pay_within_seconds,
+        max_orders_per_user, admit_per_second, queue_proof_bits,
     }
     Order { id, user_id, voucher_id, created_at, status, pay_by, paid_at }
     OrderLine { id, user_id, status }
     StockLevel { stock, initial_stock, returned }
+}
+
+/// A voucher's row: its id, its terms and its stock level, all in the
+/// columns named after their fields.
+impl FromRow<'_, PgRow> for Voucher {
+    fn from_row(row: &PgRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            terms: VoucherTerms::from_row(row)?,
+            level: StockLevel::from_row(row)?,
+        })
+    }
 }

@@ -254,7 +254,8 @@ impl Store {
 
     pub async fn create_voucher(&self, new: &NewVoucher) -> Result<VoucherId> {
         // One statement, so a voucher never exists without its sale.
-        let title = new.title.clone();
+        let terms = &new.terms;
+        let title = terms.title.clone();
         let id = self
             .db
             .run(move |c, persistent| {
@@ -270,14 +271,14 @@ impl Store {
                     )
                     .bind(title)
                     .bind(new.stock)
-                    .bind(new.begin_time)
-                    .bind(new.end_time)
-                    .bind(new.sale_mode)
-                    .bind(new.price_cents)
-                    .bind(new.pay_within_seconds)
-                    .bind(new.max_orders_per_user)
-                    .bind(new.admit_per_second)
-                    .bind(new.queue_proof_bits)
+                    .bind(terms.begin_time)
+                    .bind(terms.end_time)
+                    .bind(terms.sale_mode)
+                    .bind(terms.price_cents)
+                    .bind(terms.pay_within_seconds)
+                    .bind(terms.max_orders_per_user)
+                    .bind(terms.admit_per_second)
+                    .bind(terms.queue_proof_bits)
                     .persistent(persistent)
                     .fetch_one(c),
                 )

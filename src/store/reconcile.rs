@@ -17,7 +17,7 @@ pub struct SaleSnapshot {
     /// order id).
     pub buyers: Vec<(UserId, OrderId)>,
     /// Every closed (`cancelled` or `expired`) order of the voucher: their
-    /// units are in `voucher.stock` already.
+    /// units are in `voucher.level.stock` already.
     pub closed: Vec<OrderId>,
     /// Those of the asked order ids that are stored (for any voucher).
     pub stored: Vec<OrderId>,

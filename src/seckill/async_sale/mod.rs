@@ -163,8 +163,9 @@ impl AsyncSales {
     pub(super) async fn purchase(&self, voucher: &Voucher, user_id: UserId) -> Result<OrderId> {
         let inner = &self.inner;
         let order_id = inner.ids.next_id().await?;
+        let max_orders = voucher.terms.max_orders_per_user;
         let at_ms = match self
-            .accept(voucher.id, voucher.max_orders_per_user, user_id, order_id)
+            .accept(voucher.id, max_orders, user_id, order_id)
             .await?
         {
             Verdict::Accepted { at_ms } => at_ms,
@@ -172,9 +173,7 @@ impl AsyncSales {
             Verdict::Ended => return Err(SeckillError::Ended),
             Verdict::SoldOut => return Err(SeckillError::SoldOut),
             Verdict::Held(order_id) => return Err(SeckillError::AlreadyPurchased { order_id }),
-            Verdict::TooMany => {
-                return Err(SeckillError::TooManyOrders(voucher.max_orders_per_user))
-            }
+            Verdict::TooMany => return Err(SeckillError::TooManyOrders(max_orders)),
             Verdict::Paused => {
                 return Err(SeckillError::redis_unavailable(
                     "the sale is paused until Redis's side of it is reconciled",

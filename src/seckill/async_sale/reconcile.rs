@@ -128,7 +128,7 @@ impl AsyncSales {
             .voucher(voucher_id)
             .await?
             .ok_or(SeckillError::NotFound("voucher"))?;
-        if voucher.sale_mode != SaleMode::Async {
+        if voucher.terms.sale_mode != SaleMode::Async {
             return Err(SeckillError::Invalid(
                 "this voucher is sold synchronously: it has nothing in Redis to reconcile".into(),
             ));
@@ -215,7 +215,7 @@ impl AsyncSales {
                 pending += 1;
             }
         }
-        let stock = (i64::from(snapshot.voucher.stock) - pending).max(0);
+        let stock = (i64::from(snapshot.voucher.level.stock) - pending).max(0);
         self.raise_id_counter_past(&accepted).await?;
 
         // The buyers are rebuilt aside, and replace the live ones as the
@@ -234,8 +234,8 @@ impl AsyncSales {
         let voucher = &snapshot.voucher;
         // Never opens early, never sells late: the window to the millisecond
         // inside the microsecond one.
-        let begin_ms = (voucher.begin_time.timestamp_micros() + 999).div_euclid(1000);
-        let end_ms = voucher.end_time.timestamp_micros().div_euclid(1000);
+        let begin_ms = (voucher.terms.begin_time.timestamp_micros() + 999).div_euclid(1000);
+        let end_ms = voucher.terms.end_time.timestamp_micros().div_euclid(1000);
         let reopened: i64 = inner
             .redis
             .invoke(

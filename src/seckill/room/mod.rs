@@ -142,7 +142,7 @@ impl Rooms {
         async_sale: Option<String>,
     ) -> Result<QueueState> {
         let now_ms = now.timestamp_millis();
-        if now < voucher.begin_time {
+        if now < voucher.terms.begin_time {
             // In the pre-queue since the join: nobody has a place yet.
             let placing = Placing::waiting(-1, 0, now_ms, 0);
             return Ok(self.state(voucher, rate, ticket.user_id, placing));
@@ -190,7 +190,7 @@ impl Rooms {
         sold_out: bool,
         async_sale: Option<String>,
     ) -> Result<Placing> {
-        let life = (voucher.end_time - Utc::now())
+        let life = (voucher.terms.end_time - Utc::now())
             .to_std()
             .unwrap_or_default()
             .saturating_add(KEEP_AFTER_END);
@@ -210,7 +210,7 @@ impl Rooms {
         invocation
             .arg(user_id.map_or_else(String::new, |id| id.to_string()))
             .arg(draw)
-            .arg(voucher.begin_time.timestamp_millis())
+            .arg(voucher.terms.begin_time.timestamp_millis())
             .arg(rate)
             .arg(u8::from(sold_out))
             .arg(life.as_secs().max(1));
@@ -265,13 +265,13 @@ impl Rooms {
             // In the pre-queue: at the start, spread over two seconds so
             // that the whole room does not poll in the same millisecond.
             (QueueStatus::Waiting, None) => {
-                let until = (voucher.begin_time.timestamp_millis() - p.now_ms).max(0) / 1000;
+                let until = (voucher.terms.begin_time.timestamp_millis() - p.now_ms).max(0) / 1000;
                 u64::try_from(until).unwrap_or(0) + 1 + rand::random::<u64>() % 2
             }
         };
         let expires = match admitted_until_ms {
             Some(until) if status == QueueStatus::Admitted => until / 1000,
-            _ => voucher.end_time.timestamp(),
+            _ => voucher.terms.end_time.timestamp(),
         };
         let ticket = self.sign(&Ticket {
             voucher_id: voucher.id,
@@ -336,7 +336,7 @@ impl super::Seckill {
     ) -> Result<QueueState> {
         metrics::counter!(metric::QUEUE_REQUESTS, "kind" => metric::JOIN).increment(1);
         let (voucher, rate) = self.room_of(voucher_id).await?;
-        let bits = u32::try_from(voucher.queue_proof_bits).unwrap_or(0);
+        let bits = u32::try_from(voucher.terms.queue_proof_bits).unwrap_or(0);
         if bits > 0 && !proof.is_some_and(|nonce| proof_holds(voucher_id, user_id, nonce, bits)) {
             return Err(SeckillError::Invalid(format!(
                 "this room asks for proof of work: send X-Queue-Proof: <nonce>, where \
@@ -374,7 +374,7 @@ impl super::Seckill {
     /// A voucher with a room, and the room's pace.
     async fn room_of(&self, voucher_id: VoucherId) -> Result<(Arc<Voucher>, i32)> {
         let voucher = self.selling(voucher_id).await?;
-        match voucher.admit_per_second {
+        match voucher.terms.admit_per_second {
             Some(rate) => Ok((voucher, rate)),
             None => Err(SeckillError::NotFound("waiting room")),
         }
@@ -383,7 +383,7 @@ impl super::Seckill {
     /// Whether this instance knows a sync sale sold out, and an async
     /// sale's stock hash, which tells the room's script.
     async fn sale_state(&self, voucher: &Voucher) -> Result<(bool, Option<String>)> {
-        Ok(match voucher.sale_mode {
+        Ok(match voucher.terms.sale_mode {
             crate::domain::SaleMode::Sync => (self.inner.flags.is_sold_out(voucher).await?, None),
             crate::domain::SaleMode::Async => {
                 (false, Some(self.inner.async_sales.sale_key(voucher.id)))
