@@ -3,7 +3,7 @@
 //! latencies in an HDR histogram and a progress bar on the terminal.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -170,7 +170,7 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
         Plan::Timed(duration, requests) => (requests, Some(duration), duration.as_secs(), false),
         Plan::Once(duration, requests) => (requests, Some(duration), duration.as_secs(), true),
     };
-    let exhausted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let exhausted = Arc::new(AtomicBool::new(false));
     let requests = Arc::new(requests);
     let progress = progress_bar(label, total, deadline.is_some());
 
@@ -227,6 +227,17 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
         ticker.abort();
     }
     progress.finish_and_clear();
+    finished(tally, started, &exhausted, requests.len(), label)
+}
+
+/// The run's tally, its workers done: its time, and whether its plan ran out first.
+fn finished(
+    tally: Arc<Mutex<Tally>>,
+    started: Instant,
+    exhausted: &AtomicBool,
+    planned: usize,
+    label: &str,
+) -> Tally {
     let mut tally = Arc::try_unwrap(tally)
         .ok()
         .expect("all workers are done")
@@ -236,8 +247,7 @@ pub async fn drive(base: &str, plan: Plan, connections: usize, label: &str) -> T
     tally.exhausted = exhausted.load(Ordering::Relaxed);
     if tally.exhausted {
         eprintln!(
-            "{label}: every one of the {} requests was sent after {:.1} s, before the run's time was up: more users would have gone faster",
-            requests.len(),
+            "{label}: every one of the {planned} requests was sent after {:.1} s, before the run's time was up: more users would have gone faster",
             tally.elapsed.as_secs_f64()
         );
     }

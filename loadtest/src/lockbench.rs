@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use redis_locks::{Acquired, LockClient};
+use redis_locks::{Acquired, LockClient, MultiNodeLocks, Quorum};
 use serde_json::{json, Value};
 
 use crate::ceilings;
+use crate::drive::Tally;
 use crate::service::Launch;
 
 #[derive(clap::Args, Clone)]
@@ -186,7 +187,6 @@ async fn wakeups(locks: &LockClient, wakeups: usize) -> Result<Histogram<u64>, S
 /// takes its users' locks there (goal: p50 within 1.5x).
 async fn redlock(args: &LockArgs, launch: &Launch) -> Result<Value, String> {
     let rounds = args.redlock_rounds;
-    use redis_locks::{MultiNodeLocks, Quorum};
     let nodes = (0..5)
         .map(|_| testkit::OwnRedis::try_start_with(&[]))
         .collect::<Result<Vec<_>, _>>()?;
@@ -206,41 +206,12 @@ async fn redlock(args: &LockArgs, launch: &Launch) -> Result<Value, String> {
         }
     }
     let locks = MultiNodeLocks::new(clients, Quorum::Majority);
-    let node_timeout = Duration::from_millis(500);
-    let measure = |label: &'static str| {
-        let locks = locks.clone();
-        async move {
-            eprintln!("lock: RedLock, {rounds} lock+unlock, {label}");
-            let mut took =
-                Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
-            for i in 0..rounds {
-                let started = Instant::now();
-                let guard = locks
-                    .try_acquire(
-                        &format!("bench:{i}"),
-                        "bench",
-                        Duration::from_secs(10),
-                        node_timeout,
-                    )
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .ok_or("a free RedLock was refused")?;
-                guard.unlock().await;
-                took.saturating_record(
-                    u64::try_from(started.elapsed().as_micros())
-                        .unwrap_or(u64::MAX)
-                        .max(1),
-                );
-            }
-            Ok::<_, String>(took)
-        }
-    };
     let mut out = json!({ "rounds": rounds });
     if rounds > 0 {
-        let all_up = measure("all five nodes up").await?;
+        let all_up = lock_unlock_rounds(&locks, rounds, "all five nodes up").await?;
         nodes[3].freeze();
         nodes[4].freeze();
-        let two_frozen = measure("two of five nodes frozen").await;
+        let two_frozen = lock_unlock_rounds(&locks, rounds, "two of five nodes frozen").await;
         nodes[3].thaw();
         nodes[4].thaw();
         let two_frozen = two_frozen?;
@@ -270,6 +241,38 @@ async fn redlock(args: &LockArgs, launch: &Launch) -> Result<Value, String> {
         out["purchases"] = redlock_purchases(args, launch, &nodes, &urls).await?;
     }
     Ok(out)
+}
+
+/// `rounds` sequential RedLock lock + unlock pairs over `locks`; their latencies.
+async fn lock_unlock_rounds(
+    locks: &MultiNodeLocks,
+    rounds: usize,
+    label: &str,
+) -> Result<Histogram<u64>, String> {
+    eprintln!("lock: RedLock, {rounds} lock+unlock, {label}");
+    let node_timeout = Duration::from_millis(500);
+    let mut took =
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+    for i in 0..rounds {
+        let started = Instant::now();
+        let guard = locks
+            .try_acquire(
+                &format!("bench:{i}"),
+                "bench",
+                Duration::from_secs(10),
+                node_timeout,
+            )
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("a free RedLock was refused")?;
+        guard.unlock().await;
+        took.saturating_record(
+            u64::try_from(started.elapsed().as_micros())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        );
+    }
+    Ok(took)
 }
 
 /// Purchases through a service whose users' locks are RedLocks over
@@ -326,8 +329,13 @@ async fn redlock_purchases(
     };
     target.stop().await;
     let (all_up, two_frozen) = (all_up?, two_frozen?);
+    Ok(purchases_report(CONNECTIONS, &all_up, &two_frozen))
+}
+
+/// Prints the purchases' latencies in both states and their p50 ratio; their JSON.
+fn purchases_report(connections: usize, all_up: &Tally, two_frozen: &Tally) -> Value {
     let ratio = two_frozen.ms(0.5) / all_up.ms(0.5);
-    for (label, tally) in [("all up", &all_up), ("2 frozen", &two_frozen)] {
+    for (label, tally) in [("all up", all_up), ("2 frozen", two_frozen)] {
         println!(
             "{:<34} {:>9.2} ms p50, {:.2} ms p99, {:.0}/s, answers {:?}",
             format!("RedLock purchase, {label}"),
@@ -341,7 +349,7 @@ async fn redlock_purchases(
         "{:<34} {ratio:>9.2}x the p50 with all up (goal <= 1.5x)",
         "RedLock purchase, 2 frozen"
     );
-    let state = |t: &crate::drive::Tally| {
+    let state = |t: &Tally| {
         json!({
             "p50_ms": t.ms(0.5),
             "p99_ms": t.ms(0.99),
@@ -349,11 +357,11 @@ async fn redlock_purchases(
             "answers": t.statuses,
         })
     };
-    Ok(json!({
-        "connections": CONNECTIONS,
-        "all_up": state(&all_up),
-        "two_frozen": state(&two_frozen),
+    json!({
+        "connections": connections,
+        "all_up": state(all_up),
+        "two_frozen": state(two_frozen),
         "p50_ratio": (ratio * 100.0).round() / 100.0,
         "within_1_5x": ratio <= 1.5,
-    }))
+    })
 }

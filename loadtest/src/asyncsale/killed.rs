@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
-use super::drain::stored;
+use super::drain::{stored, Drain};
 use super::AsyncArgs;
 use crate::api::{Admin, SaleMode};
 use crate::invariants::check;
@@ -47,20 +47,7 @@ async fn killed_crowd(target: &Target, args: &AsyncArgs) -> Result<Report, Strin
     let started = chrono::Utc::now().timestamp();
     let clock = Instant::now();
     let crowd = target.send_each(plan, args.crowd.flash_connections, "async kill -9");
-    let kill = async {
-        tokio::time::sleep(KILL_AFTER).await;
-        // Mid-batch: once its writer holds entries it has not acknowledged.
-        let watching = Instant::now();
-        while watching.elapsed() < Duration::from_secs(3) {
-            match metric_sum(&target.bases[1], IN_FLIGHT_METRIC).await {
-                Ok(held) if held > 0.0 => break,
-                Ok(_) => {}
-                Err(_) => break,
-            }
-        }
-        (target.kill(1), clock.elapsed())
-    };
-    let (tally, (pid, killed_at)) = tokio::join!(crowd, kill);
+    let (tally, (pid, killed_at)) = tokio::join!(crowd, kill_mid_batch(target, clock));
     let pid = pid.ok_or("the second instance could not be killed")?;
     eprintln!("kill -9 of instance 2 (pid {pid}) after {killed_at:?}");
     if killed_at >= tally.elapsed {
@@ -77,19 +64,9 @@ async fn killed_crowd(target: &Target, args: &AsyncArgs) -> Result<Report, Strin
     let settled = settled(&admin, voucher, args.drain_timeout).await;
     let claimed = metric_sum(&target.bases[0], CLAIMED_METRIC).await? - claimed_before;
     let mut check = check(target, voucher, &tally, started, None, 0).await?;
-    if stored.lost > 0 {
-        check.problems.push(format!(
-            "{} orders answered 202 not stored {} s after the load",
-            stored.lost, args.drain_timeout
-        ));
-    }
-    match &settled {
-        Ok(report) if report["unstored"].as_array().is_some_and(Vec::is_empty) => {}
-        Ok(report) => check
-            .problems
-            .push(format!("reconciliation lists unstored orders: {report}")),
-        Err(e) => check.problems.push(e.clone()),
-    }
+    check
+        .problems
+        .extend(unstored(&stored, &settled, args.drain_timeout));
     eprintln!(
         "async kill -9: {} accepted, every 202 stored {:.2} s after the load ({} lost); \
          {} entries claimed by the survivor, the stream empty {:.2} s after the load",
@@ -119,6 +96,38 @@ async fn killed_crowd(target: &Target, args: &AsyncArgs) -> Result<Report, Strin
         check,
         ratios: None,
     })
+}
+
+/// Kills the second instance once its writer holds entries, `KILL_AFTER` in; its pid, and when.
+async fn kill_mid_batch(target: &Target, clock: Instant) -> (Option<u32>, Duration) {
+    tokio::time::sleep(KILL_AFTER).await;
+    // Mid-batch: once its writer holds entries it has not acknowledged.
+    let watching = Instant::now();
+    while watching.elapsed() < Duration::from_secs(3) {
+        match metric_sum(&target.bases[1], IN_FLIGHT_METRIC).await {
+            Ok(held) if held > 0.0 => break,
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    (target.kill(1), clock.elapsed())
+}
+
+/// The check's problems of storing: 202s unstored after the wait, or by reconciliation.
+fn unstored(stored: &Drain, settled: &Result<Value, String>, timeout_s: u64) -> Vec<String> {
+    let mut problems = Vec::new();
+    if stored.lost > 0 {
+        problems.push(format!(
+            "{} orders answered 202 not stored {timeout_s} s after the load",
+            stored.lost
+        ));
+    }
+    match settled {
+        Ok(report) if report["unstored"].as_array().is_some_and(Vec::is_empty) => {}
+        Ok(report) => problems.push(format!("reconciliation lists unstored orders: {report}")),
+        Err(e) => problems.push(e.clone()),
+    }
+    problems
 }
 
 /// Reconciles the voucher until no accepted order waits in its stream;

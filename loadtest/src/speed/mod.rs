@@ -157,6 +157,29 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
     print_sent_and_flash([&sync_sent, &async_sent], &flash);
     print_goals("speed", &goals);
 
+    Ok(reports(
+        args,
+        [&health_first, &health_last, &health_cost],
+        [
+            (sync, sync_check, sync_cost),
+            (accepted_run, async_check, async_cost),
+        ],
+        [&sync_sent, &async_sent],
+        flash,
+        &goals,
+    ))
+}
+
+/// The run's reports: sync's, with every cost and goal; async's; the flash median's.
+fn reports(
+    args: &SpeedArgs,
+    [health_first, health_last, health_cost]: [&Cost; 3],
+    purchases: [(Tally, Check, Cost); 2],
+    [sync_sent, async_sent]: [&Sent; 2],
+    flash: FlashRounds,
+    goals: &[Goal],
+) -> Vec<Report> {
+    let [(sync, sync_check, sync_cost), (accepted_run, async_check, async_cost)] = purchases;
     let costs = json!({
         "healthz": health_cost.json(),
         "healthz_runs": [health_first.json(), health_last.json()],
@@ -172,7 +195,7 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
         "flash_locks_taken": flash.locks,
         "goals": goals.iter().map(Goal::json).collect::<Vec<_>>(),
     });
-    Ok(vec![
+    vec![
         Report {
             scenario: "speed-sync",
             tally: sync,
@@ -188,7 +211,7 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
             extra: json!({ "connections": args.connections }),
         },
         flash.median,
-    ])
+    ]
 }
 
 /// A run of purchases of `mode` by distinct users, its invariants and

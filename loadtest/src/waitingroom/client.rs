@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::room::{Client, End, Kind, Queue, Room, Seen};
+use super::room::{Client, End, Kind, Queue, Reply, Room, Seen};
 
 /// One client from its join to its purchase (or the sell-out, or the cap),
 /// asking again when `Retry-After` says.
@@ -26,20 +26,7 @@ pub(super) async fn live(room: Arc<Room>, client: Client) -> Seen {
         tokio::time::sleep_until(next.into()).await;
         let base = room.base(client.user, sent);
         sent += 1;
-        let reply = match &ticket {
-            None => {
-                seen.joins += 1;
-                let reply = room.join(base, token).await;
-                if seen.joined.is_none() {
-                    seen.joined = Some(reply.sent);
-                }
-                reply
-            }
-            Some(ticket) => {
-                seen.polls += 1;
-                room.poll(base, token, ticket).await
-            }
-        };
+        let reply = ask(&room, &mut seen, base, token, ticket.as_deref()).await;
         let Some(queue) = reply.ok().then(|| Queue::read(&reply.body)).flatten() else {
             failures += 1;
             if failures >= 10 {
@@ -60,19 +47,9 @@ pub(super) async fn live(room: Arc<Room>, client: Client) -> Seen {
         }
         seen.placed(queue.place);
         ticket = Some(queue.ticket.clone());
-        match queue.status.as_str() {
-            "admitted" => {
-                seen.admitted = true;
-                *room.admitted_ticket.lock().expect("no client panicked") =
-                    Some((client.user, queue.ticket.clone()));
-                seen.end = buy(&room, client.user, token, &queue.ticket, &mut sent).await;
-                break;
-            }
-            "sold_out" => {
-                seen.end = End::SoldOut;
-                break;
-            }
-            _ => {}
+        if let Some(end) = ending(&room, &client, &mut seen, &queue, &mut sent).await {
+            seen.end = end;
+            break;
         }
         // Waiting: a purchase now must be refused, whatever it carries.
         let now_placed = queue.place.is_some();
@@ -96,6 +73,44 @@ pub(super) async fn live(room: Arc<Room>, client: Client) -> Seen {
     }
     room.progress.inc(1);
     seen
+}
+
+/// A join while the client has no ticket (its first one's time kept), else a poll with it.
+async fn ask(room: &Room, seen: &mut Seen, base: &str, token: &str, ticket: Option<&str>) -> Reply {
+    match ticket {
+        None => {
+            seen.joins += 1;
+            let reply = room.join(base, token).await;
+            if seen.joined.is_none() {
+                seen.joined = Some(reply.sent);
+            }
+            reply
+        }
+        Some(ticket) => {
+            seen.polls += 1;
+            room.poll(base, token, ticket).await
+        }
+    }
+}
+
+/// How an answer ends the client's run: admitted, its purchase; sold out; None while it waits.
+async fn ending(
+    room: &Room,
+    client: &Client,
+    seen: &mut Seen,
+    queue: &Queue,
+    sent: &mut u64,
+) -> Option<End> {
+    match queue.status.as_str() {
+        "admitted" => {
+            seen.admitted = true;
+            *room.admitted_ticket.lock().expect("no client panicked") =
+                Some((client.user, queue.ticket.clone()));
+            Some(buy(room, client.user, &client.token, &queue.ticket, sent).await)
+        }
+        "sold_out" => Some(End::SoldOut),
+        _ => None,
+    }
 }
 
 /// A waiting client's purchases that must be refused: with no ticket,
