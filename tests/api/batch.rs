@@ -10,7 +10,7 @@ use seckill::domain::{OrderId, UserId, VoucherId};
 use seckill::store::{Sale, SaleRequest, Store};
 use tokio::task::JoinSet;
 
-use crate::helpers::{buy, buy_across, client, spawn_app, spawn_app_with, TestApp};
+use crate::helpers::{buy, client, crowd, spawn_app, spawn_app_with, TestApp};
 use crate::proxy::{spawn_app_behind_pg_proxy, spawn_app_behind_pg_proxy_timing_out};
 
 fn store(app: &TestApp) -> Store {
@@ -148,17 +148,11 @@ async fn one_user_whose_leases_lapse_at_once_still_gets_one_order() {
     })
     .await;
     let voucher = app.open_voucher(10).await;
-    let token = app.token(9).await;
-    let client = client();
-    let mut tasks = JoinSet::new();
-    for _ in 0..60 {
-        let (client, base, token) = (client.clone(), app.base.clone(), token.clone());
-        tasks.spawn(async move { buy(&client, &base, &token, voucher).await });
-    }
-    let answers = tasks.join_all().await;
-    let orders: Vec<_> = answers.iter().filter(|a| a.1.starts_with("ok:")).collect();
+    let tokens = app.tokens([9]).await;
+    let answers = crowd(&[&app.base], &tokens, voucher, 60).await;
+    let orders: Vec<_> = answers.iter().filter(|a| a.2.starts_with("ok:")).collect();
     assert_eq!(orders.len(), 1, "{answers:?}");
-    for (status, code) in &answers {
+    for (_, status, code) in &answers {
         assert!(
             code.starts_with("ok:")
                 || ["already_purchased", "purchase_in_progress"].contains(&code.as_str()),
@@ -287,11 +281,8 @@ async fn one_order_per_transaction_still_holds_every_invariant() {
     let second = app.spawn_instance().await;
     let voucher = app.open_voucher(30).await;
     let tokens = app.tokens(1..=80).await;
-    let answers = buy_across(&client(), &[&app.base, &second], &tokens, voucher).await;
-    let sold = answers
-        .iter()
-        .filter(|(_, a)| a.1.starts_with("ok:"))
-        .count();
+    let answers = crowd(&[&app.base, &second], &tokens, voucher, 1).await;
+    let sold = answers.iter().filter(|a| a.2.starts_with("ok:")).count();
     assert_eq!(sold, 30, "{answers:?}");
     assert_eq!(app.check_invariants(voucher).await, 30);
     let metrics = app.metrics().await;

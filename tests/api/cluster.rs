@@ -12,7 +12,7 @@ use redis_locks::{Acquired, Endpoint, LockClient, LockOptions};
 use reqwest::StatusCode;
 
 use crate::helpers::{
-    buy, buy_across, loopback_hosts, send_purchase, spawn_app_on_redis, wait_until, OwnRedis,
+    buy, crowd, loopback_hosts, send_purchase, spawn_app_on_redis, wait_until, OwnRedis,
 };
 
 /// A private Redis Cluster: `masters` masters, each with `replicas`
@@ -117,9 +117,8 @@ async fn a_crowd_on_two_instances_sells_through_a_three_master_cluster() {
     let stock = 100;
     let voucher = app.open_voucher(stock).await;
     let tokens = app.tokens(1..=300).await;
-    let crowd = buy_across(&app.client, &[&app.base, &second], &tokens, voucher).await;
     let mut answers: HashMap<(StatusCode, String), usize> = HashMap::new();
-    for (_, (status, code)) in crowd {
+    for (_, status, code) in crowd(&[&app.base, &second], &tokens, voucher, 1).await {
         let code = if status == StatusCode::OK {
             "ok".to_owned()
         } else {

@@ -433,30 +433,29 @@ pub async fn buy(
     post_purchase(client, &format!("{base}/seckill/{voucher_id}"), token).await
 }
 
-/// A crowd: every `(user, token)` of `buyers` buys one unit of `voucher`
-/// at once, the buyers dealt in turn to the instances at `bases`. The
-/// answers (as [`buy`]'s), by user, in the buyers' order.
-pub async fn buy_across<'a>(
-    client: &reqwest::Client,
+/// A crowd at once: every user of `tokens` sends `per_user` purchases of
+/// `voucher_id`, the users dealt in turn to the instances at `bases`, and
+/// each user's next purchase to the next instance. The answers as
+/// (user, status, code), in the order they came.
+pub async fn crowd(
     bases: &[&str],
-    buyers: impl IntoIterator<Item = (&'a i64, &'a String)>,
+    tokens: &HashMap<i64, String>,
     voucher_id: i64,
-) -> Vec<(i64, (StatusCode, String))> {
-    let mut crowd = tokio::task::JoinSet::new();
-    for (i, (&user, token)) in buyers.into_iter().enumerate() {
-        let (client, base, token) = (
-            client.clone(),
-            bases[i % bases.len()].to_owned(),
-            token.clone(),
-        );
-        crowd.spawn(async move { (i, user, buy(&client, &base, &token, voucher_id).await) });
+    per_user: usize,
+) -> Vec<(i64, StatusCode, String)> {
+    let client = client();
+    let mut tasks = tokio::task::JoinSet::new();
+    for round in 0..per_user {
+        for (i, (&user, token)) in tokens.iter().enumerate() {
+            let base = bases[(i + round) % bases.len()].to_owned();
+            let (client, token) = (client.clone(), token.clone());
+            tasks.spawn(async move {
+                let (status, code) = buy(&client, &base, &token, voucher_id).await;
+                (user, status, code)
+            });
+        }
     }
-    let mut answers = crowd.join_all().await;
-    answers.sort_by_key(|(i, _, _)| *i);
-    answers
-        .into_iter()
-        .map(|(_, user, answer)| (user, answer))
-        .collect()
+    tasks.join_all().await
 }
 
 /// How one purchase was answered.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use seckill::config::PgPooler;
 
-use crate::helpers::{buy_across, client, free_port, pg_server, spawn_app_with};
+use crate::helpers::{crowd, free_port, pg_server, spawn_app_with};
 
 /// A private pgbouncer in transaction mode in front of the tests' Postgres,
 /// on a free port; stopped when dropped.
@@ -124,14 +124,8 @@ async fn two_instances_sell_through_pgbouncer_in_transaction_mode() {
     let voucher = app.open_voucher(50).await;
     let tokens = app.tokens(1..=150).await;
     // Every user twice at once, once on each instance.
-    let client = client();
-    let (there, back) = ([app.base.as_str(), &second], [second.as_str(), &app.base]);
-    let (once, twice) = tokio::join!(
-        buy_across(&client, &there, &tokens, voucher),
-        buy_across(&client, &back, &tokens, voucher),
-    );
-    let answers = [once, twice].concat();
-    for (user, (status, code)) in &answers {
+    let answers = crowd(&[&app.base, &second], &tokens, voucher, 2).await;
+    for (user, status, code) in &answers {
         assert!(
             code.starts_with("ok:")
                 || ["sold_out", "already_purchased", "purchase_in_progress"]

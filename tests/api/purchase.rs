@@ -1,44 +1,18 @@
 //! Purchases under concurrency: no oversell, one order per user, on one
 //! instance and on two.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::Utc;
 use reqwest::StatusCode;
 use seckill::domain::EPOCH_UNIX;
 use serde_json::Value;
-use tokio::task::JoinSet;
 
-use crate::helpers::{buy, client, spawn_app, spawn_app_with, ADMIN_TOKEN};
+use crate::helpers::{buy, crowd, spawn_app, spawn_app_with, ADMIN_TOKEN};
 use crate::proxy::spawn_app_behind_pg_proxy;
 
 const REFUSALS: [&str; 3] = ["sold_out", "already_purchased", "purchase_in_progress"];
-
-/// Sends `per_user` concurrent purchases for every user, spread over the
-/// given instances, and returns (user, status, code) for each.
-async fn crowd(
-    bases: &[String],
-    tokens: &HashMap<i64, String>,
-    voucher_id: i64,
-    per_user: usize,
-) -> Vec<(i64, StatusCode, String)> {
-    let client = client();
-    let mut tasks = JoinSet::new();
-    let mut n = 0;
-    for round in 0..per_user {
-        for (&user, token) in tokens {
-            let (client, token) = (client.clone(), token.clone());
-            let base = bases[(n + round) % bases.len()].clone();
-            n += 1;
-            tasks.spawn(async move {
-                let (status, code) = buy(&client, &base, &token, voucher_id).await;
-                (user, status, code)
-            });
-        }
-    }
-    tasks.join_all().await
-}
 
 /// Asserts the crowd's answers: `stock` orders for distinct users, and
 /// every other answer one of the contract's refusals.
@@ -76,7 +50,7 @@ async fn a_flash_crowd_buys_exactly_the_stock_once_per_user() {
     let voucher = app.open_voucher(50).await;
     let tokens = app.tokens(1..=200).await;
 
-    let results = crowd(std::slice::from_ref(&app.base), &tokens, voucher, 5).await;
+    let results = crowd(&[&app.base], &tokens, voucher, 5).await;
 
     let buyers = assert_sold_exactly(&results, 50);
     let stats = app.stats(voucher).await;
@@ -106,7 +80,7 @@ async fn one_user_sending_a_hundred_purchases_gets_one_order() {
     let voucher = app.open_voucher(10).await;
     let tokens = app.tokens([7]).await;
 
-    let results = crowd(std::slice::from_ref(&app.base), &tokens, voucher, 100).await;
+    let results = crowd(&[&app.base], &tokens, voucher, 100).await;
 
     assert_sold_exactly(&results, 1);
     assert_eq!(app.check_invariants(voucher).await, 1);
@@ -143,7 +117,7 @@ async fn two_instance_crowd(app: &crate::helpers::TestApp) -> i64 {
     let second = app.spawn_instance().await;
     let voucher = app.open_voucher(50).await;
     let tokens = app.tokens(1..=200).await;
-    let results = crowd(&[app.base.clone(), second], &tokens, voucher, 5).await;
+    let results = crowd(&[&app.base, &second], &tokens, voucher, 5).await;
     assert_sold_exactly(&results, 50);
     assert_eq!(app.check_invariants(voucher).await, 50);
     voucher

@@ -3,7 +3,7 @@
 
 use reqwest::StatusCode;
 
-use crate::helpers::{buy, spawn_app_with, OwnRedis};
+use crate::helpers::{buy, crowd, spawn_app_with, OwnRedis};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_guards_users_with_redlock_and_outlives_a_lock_node() {
@@ -17,17 +17,13 @@ async fn the_service_guards_users_with_redlock_and_outlives_a_lock_node() {
     let voucher = app.open_voucher(20).await;
     let tokens = app.tokens(1..=60).await;
 
-    let mut crowd = tokio::task::JoinSet::new();
-    for _ in 0..3 {
-        for token in tokens.values() {
-            let (client, base, token) = (app.client.clone(), app.base.clone(), token.clone());
-            crowd.spawn(async move { buy(&client, &base, &token, voucher).await });
-        }
-    }
-    let answers = crowd.join_all().await;
-    let sold = answers.iter().filter(|(s, _)| *s == StatusCode::OK).count();
+    let answers = crowd(&[&app.base], &tokens, voucher, 3).await;
+    let sold = answers
+        .iter()
+        .filter(|(_, s, _)| *s == StatusCode::OK)
+        .count();
     assert_eq!(sold, 20);
-    for (status, code) in &answers {
+    for (_, status, code) in &answers {
         assert!(
             *status == StatusCode::OK
                 || ["sold_out", "already_purchased", "purchase_in_progress"]
