@@ -1,4 +1,7 @@
 # The seckill binary in a small image. Used by docker-compose.yml.
+# scripts/container.sh (run by CI) lays out exactly the paths copied below
+# and builds the binary from them with --locked, so a path missing here
+# fails CI, not a user's `docker compose up`.
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
@@ -6,8 +9,10 @@ COPY src src
 COPY migrations migrations
 COPY lua lua
 COPY redis-locks redis-locks
-# A workspace member: cargo needs its manifest (and sources) to resolve.
+# Workspace members: cargo reads their manifests (and sources) to resolve
+# the workspace, though the service's binary uses neither.
 COPY loadtest loadtest
+COPY testkit testkit
 RUN cargo build --release --locked --bin seckill
 
 FROM debian:bookworm-slim
