@@ -209,6 +209,62 @@ pub struct Settings {
           default_value = "10000", value_name = "MS", value_parser = millis)]
     pub shutdown_timeout: Duration,
 
+    /// The shop's JWK Set: a file path, or an `http://`/`https://` URL
+    /// (fetched at start-up, every 10 minutes, and on an unknown `kid`, at
+    /// most once per 5 s). Its RS256, ES256 and EdDSA keys verify JWTs.
+    #[arg(long, env = "SECKILL_JWT_JWKS")]
+    pub jwt_jwks: Option<String>,
+
+    /// A shared HS256 key for the shop's JWTs (at least 32 bytes, no
+    /// placeholder).
+    #[arg(long, env = "SECKILL_JWT_HS256_SECRET", hide_env_values = true, value_parser = secret)]
+    pub jwt_hs256_secret: Option<SecretString>,
+
+    /// The exact `iss` a JWT must carry; required when a JWT key is set.
+    #[arg(long, env = "SECKILL_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// An `aud` a JWT must carry (its `aud`, a string or a list, must
+    /// contain it); required when a JWT key is set.
+    #[arg(long, env = "SECKILL_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+
+    /// Clock leeway for a JWT's `exp` and `nbf`, in seconds.
+    #[arg(long, env = "SECKILL_JWT_LEEWAY_SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub jwt_leeway_seconds: u64,
+
+    /// Where the order events are POSTed (`http://` or `https://`); unset,
+    /// they are only read from `GET /admin/events`.
+    #[arg(long, env = "SECKILL_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
+
+    /// Key of the webhooks' signatures (HMAC-SHA256); required with the URL.
+    #[arg(long, env = "SECKILL_WEBHOOK_SECRET", hide_env_values = true, value_parser = secret)]
+    pub webhook_secret: Option<SecretString>,
+
+    /// Most events in one webhook delivery.
+    #[arg(long, env = "SECKILL_WEBHOOK_BATCH", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub webhook_batch: u32,
+
+    /// How long the receiver has to answer a delivery, in milliseconds.
+    #[arg(long = "webhook-timeout-ms", env = "SECKILL_WEBHOOK_TIMEOUT_MS",
+          default_value = "5000", value_name = "MS", value_parser = millis)]
+    pub webhook_timeout: Duration,
+
+    /// How long an event's delivery is retried before it is failed, in
+    /// seconds (at least a day in production; tests shorten it).
+    #[arg(long, env = "SECKILL_WEBHOOK_RETRY_SECONDS", default_value_t = 86_400,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub webhook_retry_seconds: u64,
+
+    /// Acknowledged order events older than this many days are deleted
+    /// (without webhooks, every event that old).
+    #[arg(long, env = "SECKILL_EVENT_RETENTION_DAYS", default_value_t = 7,
+          value_parser = clap::value_parser!(u32).range(1..=3650))]
+    pub event_retention_days: u32,
+
     /// Fault injection for tests: pretend this host's clock is off by this
     /// many milliseconds (the sale window still follows Redis's clock).
     #[arg(
@@ -247,6 +303,8 @@ impl Settings {
             ("SECKILL_ADMIN_TOKEN", &self.admin_token),
             ("SECKILL_TOKEN_SECRET", &self.token_secret),
             ("SECKILL_PAYMENT_SECRET", &self.payment_secret),
+            ("SECKILL_JWT_HS256_SECRET", &self.jwt_hs256_secret),
+            ("SECKILL_WEBHOOK_SECRET", &self.webhook_secret),
         ] {
             if let Some(value) = value
                 .as_ref()
@@ -258,7 +316,77 @@ impl Settings {
                 })?;
             }
         }
+        self.check_jwt()?;
+        self.check_webhook()
+    }
+
+    /// A JWT key needs the issuer and the audience it is for: without
+    /// them, any token the key ever signed (for another service too) would
+    /// sign a buyer in.
+    fn check_jwt(&self) -> Result<(), SettingsError> {
+        if self.jwt_jwks().is_none() && self.jwt_hs256_secret().is_none() {
+            return Ok(());
+        }
+        for (variable, value) in [
+            ("SECKILL_JWT_ISSUER", &self.jwt_issuer),
+            ("SECKILL_JWT_AUDIENCE", &self.jwt_audience),
+        ] {
+            if value.as_deref().is_none_or(|v| v.trim().is_empty()) {
+                return Err(SettingsError::Missing {
+                    variable,
+                    because: "a JWT key is set (SECKILL_JWT_JWKS or SECKILL_JWT_HS256_SECRET)",
+                });
+            }
+        }
         Ok(())
+    }
+
+    fn check_webhook(&self) -> Result<(), SettingsError> {
+        let Some(url) = self.webhook_url() else {
+            return Ok(());
+        };
+        let parsed = reqwest::Url::parse(url).ok();
+        if !parsed
+            .as_ref()
+            .is_some_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+        {
+            return Err(SettingsError::NotHttp {
+                variable: "SECKILL_WEBHOOK_URL",
+            });
+        }
+        if self.webhook_secret().is_none() {
+            return Err(SettingsError::Missing {
+                variable: "SECKILL_WEBHOOK_SECRET",
+                because: "SECKILL_WEBHOOK_URL is set",
+            });
+        }
+        Ok(())
+    }
+
+    /// The JWK Set's path or URL, if one is set and not blank.
+    pub fn jwt_jwks(&self) -> Option<&str> {
+        self.jwt_jwks
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+    }
+
+    /// The shared HS256 key of the shop's JWTs, if one is set.
+    pub fn jwt_hs256_secret(&self) -> Option<&str> {
+        exposed(self.jwt_hs256_secret.as_ref())
+    }
+
+    /// The webhooks' URL, if one is set and not blank.
+    pub fn webhook_url(&self) -> Option<&str> {
+        self.webhook_url
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+    }
+
+    /// The webhooks' signing key, if one is set.
+    pub fn webhook_secret(&self) -> Option<&str> {
+        exposed(self.webhook_secret.as_ref())
     }
 
     /// The admin token, if one is set and not empty.
@@ -325,6 +453,13 @@ pub enum SettingsError {
         variable: &'static str,
         why: &'static str,
     },
+    #[error("{variable} must be set because {because}")]
+    Missing {
+        variable: &'static str,
+        because: &'static str,
+    },
+    #[error("{variable} must be an http:// or https:// URL with a host")]
+    NotHttp { variable: &'static str },
 }
 
 /// Fewest bytes of a secret: 256 bits of hex or base64 take more.

@@ -7,11 +7,13 @@
 //! - [`telemetry`]: JSON logs.
 //! - [`http`]: routes, extractors, the error-to-status mapping, metrics.
 //! - [`token`]: signed user tokens.
+//! - [`auth`]: who a bearer token signs in: a `v1` token or the shop's JWT.
 //! - [`seckill`]: the purchase flow and the admin operations.
 //! - `lab`: the naive designs beside the right one, to show each failure
 //!   with real rows (LAB.md); compiled only with the `lab` feature (the
 //!   `seckill-lab` binary), mounted with `SECKILL_LAB=1`.
 //! - [`cli`]: the binaries' command line.
+//! - [`events`]: order events out to the shop: the feed and the webhooks.
 //! - [`domain`]: the words every layer speaks (how a purchase ended).
 //! - [`store`]: Postgres, including the statement that sells one unit.
 //! - `redis_locks` (the `redis-locks` crate beside this one): reentrant,
@@ -32,9 +34,11 @@
 // The purchase path nests deep futures (gate, lock gathering, batch).
 #![recursion_limit = "256"]
 
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod domain;
+pub mod events;
 pub mod http;
 pub mod id;
 pub mod kv;

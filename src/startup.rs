@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use chrono::TimeDelta;
 use tokio::net::TcpListener;
 
+use crate::auth::{Authenticator, JwtSettings, Source};
 use crate::config::{PgPooler, Settings, SettingsError, Switch};
+use crate::events::{Events, WebhookSettings};
 use crate::http::serve::{serve, DrainOutcome, ServeSettings};
 use crate::http::{self, AdminToken, AppParts, AppState, Limits};
 use crate::kv::{Kv, RedisTarget};
@@ -36,6 +38,8 @@ pub enum StartupError {
          (cargo run --features lab --bin seckill-lab)"
     )]
     NoLab,
+    #[error("SECKILL_JWT_JWKS: {0}")]
+    Jwks(#[from] crate::auth::JwksError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: String,
@@ -86,6 +90,12 @@ impl Application {
         }
 
         let token_key = token_key(&settings);
+        let auth = authenticator(&settings, TokenSigner::new(&token_key), &store).await?;
+        let events = Events::new(
+            store.clone(),
+            webhook(&settings),
+            settings.event_retention_days,
+        );
         let seckill = Seckill::new(
             store,
             redis,
@@ -93,14 +103,14 @@ impl Application {
             clock,
             seckill_settings(&settings, prefix, &token_key),
         );
-        let tokens = TokenSigner::new(&token_key);
         let metrics_listener = match &settings.metrics_addr {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
         let state = AppState::new(AppParts {
             seckill,
-            tokens,
+            auth,
+            events,
             admin_token: settings.admin_token().map(AdminToken::new),
             payment_secret: settings.payment_secret().map(|s| Arc::from(s.as_bytes())),
             metrics,
@@ -119,6 +129,8 @@ impl Application {
         // taken) starts no expiry, relay or writers to compete with the one
         // that can.
         state.seckill.start_workers();
+        let events = state.events.clone();
+        state.seckill.spawn_background(|stop| events.tasks(stop));
         let serve = ServeSettings {
             header_timeout: settings.header_timeout,
             max_connections: settings.max_connections(open_file_limit()),
@@ -150,7 +162,7 @@ impl Application {
     }
 
     pub fn tokens(&self) -> &TokenSigner {
-        &self.state.tokens
+        self.state.auth.v1()
     }
 
     /// Serves until `shutdown` completes, then drains in-flight requests
@@ -311,6 +323,46 @@ fn token_key(settings: &Settings) -> Vec<u8> {
             rand::random::<[u8; 32]>().to_vec()
         }
     }
+}
+
+/// Who a bearer token signs in: `v1` tokens always, the shop's JWTs when a
+/// JWT key is configured (`check` made sure the issuer and audience are).
+async fn authenticator(
+    settings: &Settings,
+    v1: TokenSigner,
+    store: &Store,
+) -> Result<Authenticator, StartupError> {
+    let jwks = settings.jwt_jwks().map(Source::parse).transpose()?;
+    let hs256_secret = settings.jwt_hs256_secret().map(|s| s.as_bytes().to_vec());
+    if jwks.is_none() && hs256_secret.is_none() {
+        return Ok(Authenticator::v1_only(v1));
+    }
+    let jwt = JwtSettings {
+        issuer: settings.jwt_issuer.clone().unwrap_or_default(),
+        audience: settings.jwt_audience.clone().unwrap_or_default(),
+        leeway_seconds: settings.jwt_leeway_seconds,
+        hs256_secret,
+        jwks,
+    };
+    tracing::info!(issuer = %jwt.issuer, audience = %jwt.audience, "the shop's JWTs sign buyers in");
+    Ok(Authenticator::with_jwt(v1, jwt, store.clone()).await?)
+}
+
+/// Where the order events are pushed, if anywhere (`check` made sure the
+/// URL parses and the secret is set).
+fn webhook(settings: &Settings) -> Option<WebhookSettings> {
+    let url = reqwest::Url::parse(settings.webhook_url()?).ok()?;
+    tracing::info!(
+        host = url.host_str().unwrap_or(""),
+        "order events are delivered by webhook"
+    );
+    Some(WebhookSettings {
+        url,
+        secret: settings.webhook_secret()?.as_bytes().to_vec(),
+        batch: settings.webhook_batch,
+        timeout: settings.webhook_timeout,
+        retry_for: Duration::from_secs(settings.webhook_retry_seconds),
+    })
 }
 
 /// The sale's tuning, from the settings; its keys under `prefix`.

@@ -2,14 +2,16 @@
 //! users and orders ([`VoucherId`], [`UserId`], [`OrderId`]), a voucher
 //! and an order ([`Voucher`], [`Order`]), how a voucher sells and where an
 //! order stands ([`SaleMode`], [`OrderStatus`]), and how a purchase ended
-//! ([`Outcome`]). `store` maps rows to them, `http` maps them to paths,
+//! ([`Outcome`]), and the events of an order's changes ([`OrderEvent`]). `store` maps rows to them, `http` maps them to paths,
 //! statuses and JSON; this module depends on nothing of the crate.
 
+mod events;
 mod ids;
 mod outcome;
 mod records;
 mod states;
 
+pub use events::{EventId, EventType, NotAnEventId, OrderEvent, RefundDue};
 pub use ids::{
     day_range, day_start, parse_positive, NotAnOrderId, OrderId, UserId, VoucherId, EPOCH_UNIX,
 };

@@ -53,6 +53,10 @@ pub struct Order {
     /// `None` only while an async order is pending.
     pub pay_by: Option<DateTime<Utc>>,
     pub paid_at: Option<DateTime<Utc>>,
+    /// The shop's `sub` its user signed in under with a JWT; `None` for
+    /// users the service's own tokens name, and while an async order is
+    /// pending.
+    pub user_ref: Option<String>,
 }
 
 /// Stock, initial stock and units given back, read together in one row

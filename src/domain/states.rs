@@ -61,6 +61,15 @@ pub struct UnknownState {
     word: String,
 }
 
+impl UnknownState {
+    pub(super) fn new(kind: &'static str, word: &str) -> Self {
+        Self {
+            kind,
+            word: word.chars().take(40).collect(),
+        }
+    }
+}
+
 text_state! {
     /// How a voucher is sold, chosen when it is created.
     #[derive(Default)]

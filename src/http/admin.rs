@@ -264,7 +264,7 @@ pub async fn mint_tokens(
         .iter()
         .map(|&user_id| UserToken {
             user_id,
-            token: state.tokens.sign(user_id, expires),
+            token: state.auth.v1().sign(user_id, expires),
         })
         .collect();
     Ok(Json(Tokens { tokens }))

@@ -71,6 +71,18 @@ pub enum ApiError {
     Seckill(#[from] SeckillError),
 }
 
+impl From<crate::auth::AuthError> for ApiError {
+    fn from(error: crate::auth::AuthError) -> Self {
+        use crate::auth::AuthError as A;
+        match error {
+            A::Unauthorized(why) => Self::Unauthorized(why),
+            A::Unavailable { dependency, detail } => {
+                Self::Seckill(SeckillError::Unavailable { dependency, detail })
+            }
+        }
+    }
+}
+
 impl ApiError {
     fn status_and_code(&self) -> (StatusCode, ErrorCode) {
         use ErrorCode as C;

@@ -267,14 +267,15 @@ impl FromRequestParts<AppState> for User {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         if let Some(VerifiedUser(user_id)) = parts.extensions.get::<VerifiedUser>() {
-            return Ok(Self(UserId::new(*user_id)));
+            return Ok(Self(*user_id));
         }
         let token = bearer(&parts.headers).map_err(|why| ApiError::Unauthorized(why.into()))?;
         state
-            .tokens
+            .auth
             .verify(token, chrono::Utc::now().timestamp())
-            .map(|id| Self(UserId::new(id)))
-            .map_err(|e| ApiError::Unauthorized(e.to_string()))
+            .await
+            .map(Self)
+            .map_err(ApiError::from)
     }
 }
 

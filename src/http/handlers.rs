@@ -15,7 +15,8 @@ use super::extract::{header_text, Caller, NoBody, OrderIdPath, User, VoucherIdPa
 use super::openapi::{BadRequest, NotFound, OrderNotFound, TooLarge, Unauthorized, Unavailable};
 use super::queue::QUEUE_TICKET;
 use super::AppState;
-use crate::domain::{Order, OrderStatus, SaleMode, Voucher};
+use crate::domain::{OrderStatus, SaleMode, Voucher};
+use crate::events::body::OrderBody;
 use crate::seckill::Purchase;
 
 /// A voucher's waiting room.
@@ -152,40 +153,6 @@ pub async fn seckill(
                 .into_response(),
         },
     )
-}
-
-/// An order.
-#[derive(Serialize, ToSchema)]
-pub struct OrderBody {
-    #[schema(pattern = "^[1-9][0-9]{0,18}$")]
-    order_id: String,
-    user_id: i64,
-    voucher_id: i64,
-    #[schema(value_type = String, format = DateTime)]
-    created_at: DateTime<Utc>,
-    /// `pending` (async: accepted, not yet stored), `unpaid`, `paid`,
-    /// `cancelled` or `expired`.
-    status: OrderStatus,
-    /// The payment deadline; null while `pending`.
-    #[schema(value_type = Option<String>, format = DateTime)]
-    pay_by: Option<DateTime<Utc>>,
-    /// When it was paid; null until then.
-    #[schema(value_type = Option<String>, format = DateTime)]
-    paid_at: Option<DateTime<Utc>>,
-}
-
-impl From<Order> for OrderBody {
-    fn from(o: Order) -> Self {
-        Self {
-            order_id: o.id.to_string(),
-            user_id: o.user_id.get(),
-            voucher_id: o.voucher_id.get(),
-            created_at: o.created_at,
-            status: o.status,
-            pay_by: o.pay_by,
-            paid_at: o.paid_at,
-        }
-    }
 }
 
 #[utoipa::path(

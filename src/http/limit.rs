@@ -62,7 +62,7 @@ pub enum Limit {
 /// A user whose token the limiter verified already: the extractor takes it
 /// from here instead of checking the signature again.
 #[derive(Debug, Clone, Copy)]
-pub struct VerifiedUser(pub i64);
+pub struct VerifiedUser(pub crate::domain::UserId);
 
 impl Limits {
     /// `per_address` and `per_user` requests per second, each with a burst
@@ -335,14 +335,16 @@ pub async fn limit_user(
             .map(MatchedPath::as_str),
     );
     if class.per_user() && limits.limits_users() {
-        let user = bearer(request.headers()).ok().and_then(|token| {
-            state
-                .tokens
+        let user = match bearer(request.headers()) {
+            Ok(token) => state
+                .auth
                 .verify(token, chrono::Utc::now().timestamp())
-                .ok()
-        });
+                .await
+                .ok(),
+            Err(_) => None,
+        };
         if let Some(user_id) = user {
-            if let Err(refused) = limits.check_user(user_id) {
+            if let Err(refused) = limits.check_user(user_id.get()) {
                 count(class, refused.limit);
                 return too_many(limits, refused).await;
             }

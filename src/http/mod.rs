@@ -3,6 +3,7 @@
 
 mod admin;
 mod error;
+mod events;
 mod extract;
 mod handlers;
 #[cfg(feature = "lab")]
@@ -36,10 +37,11 @@ pub use extract::AdminToken;
 pub use limit::Limits;
 pub use payments::signature_header;
 
+use crate::auth::Authenticator;
+use crate::events::Events;
 #[cfg(feature = "lab")]
 use crate::lab::Lab;
 use crate::seckill::{Seckill, SeckillError};
-use crate::token::TokenSigner;
 
 /// What every handler can reach: one shared value, so that the copy axum
 /// hands each request is one reference count, not a clone of every part
@@ -64,7 +66,10 @@ impl std::ops::Deref for AppState {
 /// The parts of [`AppState`].
 pub struct AppParts {
     pub seckill: Seckill,
-    pub tokens: TokenSigner,
+    /// Verifies user tokens: the service's own, and the shop's JWTs.
+    pub auth: Authenticator,
+    /// The order events' feed and failed deliveries.
+    pub events: Events,
     /// `None`: no admin token configured, admin routes answer 403.
     pub admin_token: Option<AdminToken>,
     /// `None`: no payment secret configured, `/payments/notify` answers 403.
@@ -92,6 +97,9 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
         .route("/admin/vouchers/{id}/stock", post(admin::restock))
         .route("/admin/vouchers/{id}/reconcile", post(admin::reconcile))
         .route("/admin/tokens", post(admin::mint_tokens))
+        .route("/admin/events", get(events::feed))
+        .route("/admin/webhooks/failed", get(events::failed))
+        .route("/admin/webhooks/retry", post(events::retry))
         .route("/vouchers/{id}", get(handlers::get_voucher))
         .route("/vouchers/{id}/queue", post(queue::join).get(queue::poll))
         .route("/seckill/{id}", post(handlers::seckill))

@@ -17,7 +17,7 @@ use utoipa::{Modify, OpenApi};
 use utoipa_swagger_ui::Config;
 
 use super::error::ApiError;
-use super::{admin, handlers, ops, payments, queue};
+use super::{admin, events, handlers, ops, payments, queue};
 use crate::domain::{OrderStatus, SaleMode};
 
 #[derive(OpenApi)]
@@ -43,6 +43,9 @@ use crate::domain::{OrderStatus, SaleMode};
         payments::notify,
         admin::voucher_orders,
         admin::voucher_stats,
+        events::feed,
+        events::failed,
+        events::retry,
         ops::healthz,
         ops::readyz,
         ops::metrics,
@@ -77,8 +80,11 @@ impl Modify for Security {
             SecurityScheme::Http(
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
-                    .bearer_format("v1.<user_id>.<expires_unix>.<HMAC-SHA256>")
-                    .description(Some("A user token minted by POST /admin/tokens"))
+                    .bearer_format("v1.<user_id>.<expires_unix>.<HMAC-SHA256>, or a JWT")
+                    .description(Some(
+                        "A user token minted by POST /admin/tokens, or the shop's JWT \
+                         (SECKILL_JWT_JWKS or SECKILL_JWT_HS256_SECRET; its sub is the user)",
+                    ))
                     .build(),
             ),
         );

@@ -82,6 +82,12 @@ pub async fn healthz() -> StatusCode {
 )]
 pub async fn readyz(State(state): State<AppState>) -> Result<StatusCode, ApiError> {
     state.seckill.ready().await?;
+    if !state.auth.ready() {
+        return Err(ApiError::from(crate::auth::AuthError::Unavailable {
+            dependency: "the identity provider's JWK Set",
+            detail: "not loaded yet".into(),
+        }));
+    }
     Ok(StatusCode::OK)
 }
 

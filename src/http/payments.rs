@@ -13,12 +13,12 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{from_object, Caller, NoBody, OrderIdPath};
-use super::handlers::OrderBody;
 use super::openapi::{OrderNotFound, TooLarge, Unauthorized, Unavailable};
 use super::screen::MAX_BODY_BYTES;
 use super::AppState;
 use crate::domain::OrderId;
 use crate::domain::OrderStatus;
+use crate::events::body::OrderBody;
 use crate::seckill::Payment;
 
 /// The header that carries a notification's signature.

@@ -252,6 +252,21 @@ impl Seckill {
         self.inner.background.stop(limit).await
     }
 
+    /// Runs the tasks `make` builds (given the stop signal) among this
+    /// instance's background tasks: told to stop at shutdown, and waited
+    /// for.
+    pub fn spawn_background(
+        &self,
+        make: impl FnOnce(
+            &tokio_util::sync::CancellationToken,
+        ) -> Vec<futures_util::future::BoxFuture<'static, ()>>,
+    ) {
+        let background = &self.inner.background;
+        for task in make(&background.stop) {
+            background.tasks.spawn(task);
+        }
+    }
+
     /// Background tasks of this instance still running.
     pub fn workers_running(&self) -> usize {
         self.inner.background.tasks.len()

@@ -13,14 +13,17 @@ use std::time::Duration;
 
 mod columns;
 mod db;
+mod events;
 #[cfg(feature = "lab")]
 mod lab;
 mod lifecycle;
 mod reconcile;
 mod sale;
+mod users;
 
 use crate::domain::{NewVoucher, Order, OrderId, OrderLine, StockLevel, Voucher, VoucherId};
 use db::{Db, Within};
+pub use events::Backlog;
 #[cfg(feature = "lab")]
 pub use lab::{Decrement, LabSale, LabStats, LabStore};
 pub use lifecycle::{Closed, Payment, PaymentOutcome, StockReturn, CANCEL, EXPIRE_ONE};
@@ -349,8 +352,11 @@ impl Store {
     }
 
     pub async fn order(&self, order_id: OrderId) -> Result<Option<Order>> {
-        const SQL: &str = "SELECT id, user_id, voucher_id, created_at, status, pay_by, paid_at
-                           FROM voucher_orders WHERE id = $1";
+        const SQL: &str =
+            "SELECT o.id, o.user_id, o.voucher_id, o.created_at, o.status, o.pay_by, o.paid_at,
+                    u.subject AS user_ref
+             FROM voucher_orders o LEFT JOIN user_refs u ON u.user_id = o.user_id
+             WHERE o.id = $1";
         self.db.row_by_id(SQL, order_id).await
     }
 

@@ -648,3 +648,26 @@ pub fn loopback_hosts(ports: impl IntoIterator<Item = u16>) -> String {
 pub fn free_port() -> u16 {
     testkit::free_port().expect("a free loopback port")
 }
+
+/// The payment provider's signature of a notification body.
+pub fn signature(body: &str) -> String {
+    seckill::http::signature_header(PAYMENT_SECRET.as_bytes(), body.as_bytes())
+}
+
+/// Delivers a signed payment notification to `base`.
+pub async fn notify(
+    client: &reqwest::Client,
+    base: &str,
+    payment_id: &str,
+    order_id: &str,
+    amount: i64,
+) -> (StatusCode, Value) {
+    let body = json!({ "payment_id": payment_id, "order_id": order_id, "amount_cents": amount })
+        .to_string();
+    let notice = client
+        .post(format!("{base}/payments/notify"))
+        .header("content-type", "application/json")
+        .header("x-signature", signature(&body))
+        .body(body);
+    answer(notice).await
+}

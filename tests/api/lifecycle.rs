@@ -8,21 +8,27 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    answer, buy, create_voucher_at, drop_database, pg_server, poll_until, redis_url, send_purchase,
-    spawn_app, spawn_app_on_redis, spawn_app_with, start, start_stoppable, tokens_at, OwnRedis,
-    Process, TestApp, PAYMENT_SECRET,
+    answer, buy, create_voucher_at, drop_database, notify, pg_server, poll_until, redis_url,
+    send_purchase, signature, spawn_app, spawn_app_on_redis, spawn_app_with, start,
+    start_stoppable, tokens_at, OwnRedis, Process, TestApp,
 };
 
 impl TestApp {
     /// A voucher on sale now, with a price and a payment window.
-    async fn priced_voucher(&self, stock: i64, mode: &str, price: i64, pay_within: i64) -> i64 {
+    pub(crate) async fn priced_voucher(
+        &self,
+        stock: i64,
+        mode: &str,
+        price: i64,
+        pay_within: i64,
+    ) -> i64 {
         let priced =
             json!({ "sale_mode": mode, "price_cents": price, "pay_within_seconds": pay_within });
         self.open_voucher_with(stock, priced).await
     }
 
     /// Buys as `user` through `base`; the order id.
-    async fn buy_one(&self, base: &str, user: i64, voucher_id: i64) -> String {
+    pub(crate) async fn buy_one(&self, base: &str, user: i64, voucher_id: i64) -> String {
         let token = self.token(user).await;
         let (status, answer) = buy(&self.client, base, &token, voucher_id).await;
         if status == StatusCode::OK {
@@ -75,28 +81,6 @@ impl TestApp {
         let url = format!("{base}/orders/{order_id}/cancel");
         answer(self.client.post(url).bearer_auth(token)).await
     }
-}
-
-fn signature(body: &str) -> String {
-    seckill::http::signature_header(PAYMENT_SECRET.as_bytes(), body.as_bytes())
-}
-
-/// Delivers a signed payment notification to `base`.
-async fn notify(
-    client: &reqwest::Client,
-    base: &str,
-    payment_id: &str,
-    order_id: &str,
-    amount: i64,
-) -> (StatusCode, Value) {
-    let body = json!({ "payment_id": payment_id, "order_id": order_id, "amount_cents": amount })
-        .to_string();
-    let notice = client
-        .post(format!("{base}/payments/notify"))
-        .header("content-type", "application/json")
-        .header("x-signature", signature(&body))
-        .body(body);
-    answer(notice).await
 }
 
 /// `stock + pending + unpaid + paid = initial_stock` in the stats.

@@ -6,6 +6,7 @@ mod async_sale;
 mod batch;
 mod cluster;
 mod dashboard;
+mod events;
 mod failover;
 mod fencing;
 mod ha;

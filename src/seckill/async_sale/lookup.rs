@@ -51,6 +51,7 @@ impl PendingLookup {
             status: OrderStatus::Pending,
             pay_by: None,
             paid_at: None,
+            user_ref: None,
         }
     }
 }

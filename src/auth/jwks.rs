@@ -1,0 +1,293 @@
+//! The shop's JWK Set: read from a file or fetched from a URL, turned into
+//! keys that each verify one algorithm, and refreshed every 10 minutes or
+//! when a token names a key it does not hold, at most once per 5 s.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, KeyAlgorithm, PublicKeyUse};
+use jsonwebtoken::{Algorithm, DecodingKey};
+
+/// Fewest seconds between two fetches, however many tokens ask.
+pub const MIN_FETCH_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the set is fetched when nothing asks.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(600);
+/// The deadline of one fetch (connect, answer and body).
+const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest JWK Set read: a real one is a few KB.
+const MAX_BYTES: usize = 1 << 20;
+
+/// One verifying key and the one algorithm it verifies.
+#[derive(Clone)]
+pub struct Key {
+    pub kid: Option<String>,
+    pub algorithm: Algorithm,
+    pub decoding: DecodingKey,
+}
+
+/// Where the set comes from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    File(std::path::PathBuf),
+    Url(reqwest::Url),
+}
+
+impl Source {
+    /// `SECKILL_JWT_JWKS`: a URL when it starts with http:// or https://,
+    /// else a file path.
+    pub fn parse(text: &str) -> Result<Self, JwksError> {
+        if text.starts_with("http://") || text.starts_with("https://") {
+            reqwest::Url::parse(text)
+                .map(Self::Url)
+                .map_err(|e| JwksError::Read(format!("{text:?} is not a URL: {e}")))
+        } else {
+            Ok(Self::File(text.into()))
+        }
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum JwksError {
+    #[error("cannot read the JWK Set: {0}")]
+    Read(String),
+    #[error("the JWK Set is not valid: {0}")]
+    Invalid(String),
+    #[error("the JWK Set has no RS256, ES256 or EdDSA key for signatures")]
+    NoKeys,
+}
+
+/// The keys of the last good set, and when it was last fetched.
+pub struct Jwks {
+    source: Source,
+    client: reqwest::Client,
+    keys: RwLock<Option<Arc<Vec<Key>>>>,
+    generation: AtomicU64,
+    /// One fetch at a time; holds when the last one started.
+    fetch: tokio::sync::Mutex<Option<Instant>>,
+}
+
+/// What a fetch did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fetched {
+    /// A new set is in use; `removed`: a key of the old one is gone.
+    Loaded { removed: bool },
+    /// Too soon after the last fetch (or another fetch was running): the
+    /// set is as it was.
+    TooSoon,
+    /// The fetch failed; the last good set stays.
+    Failed,
+}
+
+impl Jwks {
+    pub fn new(source: Source) -> Self {
+        let client = reqwest::Client::builder()
+            .timeout(FETCH_TIMEOUT)
+            .connect_timeout(FETCH_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::limited(3))
+            .build()
+            .expect("a client with rustls and no other settings builds");
+        Self {
+            source,
+            client,
+            keys: RwLock::new(None),
+            generation: AtomicU64::new(0),
+            fetch: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    pub fn source(&self) -> &Source {
+        &self.source
+    }
+
+    /// The keys in use; `None` until a set was loaded.
+    pub fn keys(&self) -> Option<Arc<Vec<Key>>> {
+        self.keys.read().expect("never poisoned").clone()
+    }
+
+    /// Fetches the set unless one was fetched less than 5 s ago (or a
+    /// fetch is running: this one then waits for it and reports
+    /// `TooSoon`, the set being as fresh as it gets).
+    pub async fn refresh(&self) -> Fetched {
+        let mut last = match self.fetch.try_lock() {
+            Ok(last) => last,
+            Err(_) => {
+                drop(self.fetch.lock().await);
+                return Fetched::TooSoon;
+            }
+        };
+        if last.is_some_and(|at| at.elapsed() < MIN_FETCH_INTERVAL) {
+            return Fetched::TooSoon;
+        }
+        *last = Some(Instant::now());
+        match self.load().await {
+            Ok(removed) => Fetched::Loaded { removed },
+            Err(error) => {
+                tracing::warn!(%error, "JWK Set not refreshed; the last good one stays");
+                Fetched::Failed
+            }
+        }
+    }
+
+    /// Reads the set now, whenever it was read last, and uses it if it is
+    /// good; whether a key of the set before is gone.
+    pub async fn load(&self) -> Result<bool, JwksError> {
+        metrics::counter!("seckill_jwks_fetches_total").increment(1);
+        let keys = self
+            .read()
+            .await
+            .and_then(|body| parse(&body))
+            .inspect_err(|_| {
+                metrics::counter!("seckill_jwks_fetch_failures_total").increment(1);
+            })?;
+        let mut held = self.keys.write().expect("never poisoned");
+        let removed = held.as_ref().is_some_and(|old| {
+            old.iter().any(|o| {
+                !keys
+                    .iter()
+                    .any(|k| k.kid == o.kid && k.algorithm == o.algorithm)
+            })
+        });
+        if removed {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        tracing::info!(keys = keys.len(), "JWK Set loaded");
+        *held = Some(Arc::new(keys));
+        Ok(removed)
+    }
+
+    /// Grows each time a load drops a key: what was verified with an
+    /// older generation is verified again.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    async fn read(&self) -> Result<Vec<u8>, JwksError> {
+        match &self.source {
+            Source::File(path) => tokio::fs::read(path)
+                .await
+                .map_err(|e| JwksError::Read(format!("{}: {e}", path.display()))),
+            Source::Url(url) => {
+                let read = |e: reqwest::Error| JwksError::Read(e.without_url().to_string());
+                let mut response = self.client.get(url.clone()).send().await.map_err(read)?;
+                if !response.status().is_success() {
+                    return Err(JwksError::Read(format!(
+                        "the server answered {}",
+                        response.status()
+                    )));
+                }
+                let mut body = Vec::new();
+                while let Some(chunk) = response.chunk().await.map_err(read)? {
+                    body.extend_from_slice(&chunk);
+                    if body.len() > MAX_BYTES {
+                        return Err(JwksError::Read("the set is over 1 MiB".into()));
+                    }
+                }
+                Ok(body)
+            }
+        }
+    }
+}
+
+/// The signature keys of a JWK Set. A key that says it is for encryption,
+/// a symmetric key (a shared secret has no place in a published set), or
+/// one of a type or curve this service does not verify is left out.
+pub fn parse(body: &[u8]) -> Result<Vec<Key>, JwksError> {
+    #[derive(serde::Deserialize)]
+    struct Set {
+        keys: Vec<serde_json::Value>,
+    }
+    let set: Set = serde_json::from_slice(body).map_err(|e| JwksError::Invalid(e.to_string()))?;
+    // Key by key: one of a kind this library does not know (a new
+    // algorithm's name, an encryption key) leaves the others usable.
+    let keys: Vec<Key> = set
+        .keys
+        .into_iter()
+        .filter_map(|value| serde_json::from_value::<Jwk>(value).ok())
+        .filter_map(|jwk| key(&jwk))
+        .collect();
+    if keys.is_empty() {
+        return Err(JwksError::NoKeys);
+    }
+    Ok(keys)
+}
+
+fn key(jwk: &Jwk) -> Option<Key> {
+    if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
+        return None;
+    }
+    // The algorithm the key's type allows, and the one the set names for
+    // it (if it names one): they must agree.
+    let allowed = match &jwk.algorithm {
+        AlgorithmParameters::RSA(_) => Algorithm::RS256,
+        AlgorithmParameters::EllipticCurve(ec) if ec.curve == EllipticCurve::P256 => {
+            Algorithm::ES256
+        }
+        AlgorithmParameters::OctetKeyPair(okp) if okp.curve == EllipticCurve::Ed25519 => {
+            Algorithm::EdDSA
+        }
+        _ => return None,
+    };
+    let named = match jwk.common.key_algorithm {
+        None => None,
+        Some(KeyAlgorithm::RS256) => Some(Algorithm::RS256),
+        Some(KeyAlgorithm::ES256) => Some(Algorithm::ES256),
+        Some(KeyAlgorithm::EdDSA) => Some(Algorithm::EdDSA),
+        Some(_) => return None,
+    };
+    if named.is_some_and(|named| named != allowed) {
+        return None;
+    }
+    Some(Key {
+        kid: jwk.common.key_id.clone(),
+        algorithm: allowed,
+        decoding: DecodingKey::from_jwk(jwk).ok()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // An RSA public key (n, e) and an Ed25519 one, as JWKs.
+    const RSA_N: &str = "u1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gunVTLw7onLRnrq0_IzW7yWR7QkrmBL7jTKEn5u-qKhbwKfBstIs-bMY2Zkp18gnTxKLxoS2tFczGkPLPgizskuemMghRniWaoLcyehkd3qqGElvW_VDL5AaWTg0nLVkjRo9z-40RQzuVaE8AkAFmxZzow3x-VJYKdjykkJ0iT9wCS0DRTXu269V264Vf_3jvredZiKRkgwlL9xNAwxXFg0x_XFw005UWVRIkdgcKWTjpBP2dPwVZ4WWC-9aGVd-Gyn1o0CLelf4rEjGoXbAAEgAqeGUxrcIlbjXfbcmw";
+
+    #[test]
+    fn each_key_verifies_the_one_algorithm_of_its_type() {
+        let set = format!(
+            r#"{{"keys":[
+                {{"kty":"RSA","kid":"r","n":"{RSA_N}","e":"AQAB"}},
+                {{"kty":"RSA","kid":"r-named","alg":"RS256","use":"sig","n":"{RSA_N}","e":"AQAB"}},
+                {{"kty":"OKP","kid":"ed","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}}
+            ]}}"#
+        );
+        let keys = parse(set.as_bytes()).unwrap();
+        let of = |kid: &str| {
+            keys.iter()
+                .find(|k| k.kid.as_deref() == Some(kid))
+                .unwrap()
+                .algorithm
+        };
+        assert_eq!(of("r"), Algorithm::RS256);
+        assert_eq!(of("r-named"), Algorithm::RS256);
+        assert_eq!(of("ed"), Algorithm::EdDSA);
+    }
+
+    #[test]
+    fn encryption_symmetric_and_mismatched_keys_are_left_out() {
+        let set = format!(
+            r#"{{"keys":[
+                {{"kty":"RSA","kid":"enc","use":"enc","n":"{RSA_N}","e":"AQAB"}},
+                {{"kty":"RSA","kid":"says-es256","alg":"ES256","n":"{RSA_N}","e":"AQAB"}},
+                {{"kty":"RSA","kid":"says-hs256","alg":"HS256","n":"{RSA_N}","e":"AQAB"}},
+                {{"kty":"oct","kid":"shared","k":"c2VjcmV0"}}
+            ]}}"#
+        );
+        assert!(matches!(parse(set.as_bytes()), Err(JwksError::NoKeys)));
+        assert!(matches!(
+            parse(b"{\"keys\": 3}"),
+            Err(JwksError::Invalid(_))
+        ));
+        assert!(matches!(parse(b"not json"), Err(JwksError::Invalid(_))));
+    }
+}

@@ -1,0 +1,141 @@
+//! A JWT's `sub` as a user id: a positive decimal integer up to 2^53 - 1
+//! is the id itself; any other subject gets the id Postgres keeps for its
+//! (issuer, subject), cached here. Numeric subjects are recorded too, in
+//! batches off the request's path, so that orders can show them.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::AuthError;
+use crate::domain::{parse_positive, UserId};
+use crate::store::Store;
+
+/// The largest numeric subject taken as an id: JavaScript clients read
+/// ids as doubles, exact up to here.
+pub const MAX_NUMERIC_SUBJECT: i64 = (1 << 53) - 1;
+/// Most subjects kept in memory, per kind.
+const CAPACITY: u64 = 1_000_000;
+/// Most numeric subjects waiting to be recorded; past it they are
+/// dropped (only what orders show of them is lost) and recorded at their
+/// user's next sign-in.
+const BACKLOG: usize = 50_000;
+/// Most subjects recorded in one statement.
+const RECORD_BATCH: usize = 1_000;
+
+pub(super) struct Subjects {
+    store: Store,
+    issuer: String,
+    /// Non-numeric subjects and their ids (which never change).
+    mapped: moka::sync::Cache<String, UserId>,
+    /// Numeric ids whose subject is recorded (or on its way).
+    recorded: moka::sync::Cache<UserId, ()>,
+    to_record: mpsc::Sender<UserId>,
+}
+
+impl Subjects {
+    /// Starts the recorder of numeric subjects; it ends with this value.
+    pub(super) fn start(store: Store, issuer: String) -> Self {
+        let (to_record, queue) = mpsc::channel(BACKLOG);
+        let recorded = moka::sync::Cache::new(CAPACITY);
+        tokio::spawn(record(
+            store.clone(),
+            issuer.clone(),
+            queue,
+            recorded.clone(),
+        ));
+        Self {
+            store,
+            issuer,
+            mapped: moka::sync::Cache::new(CAPACITY),
+            recorded,
+            to_record,
+        }
+    }
+
+    /// The user `subject` (of the configured issuer) is.
+    pub(super) async fn user(&self, subject: &str) -> Result<UserId, AuthError> {
+        if let Some(id) = numeric(subject) {
+            let user = UserId::new(id);
+            if !self.recorded.contains_key(&user) && self.to_record.try_send(user).is_ok() {
+                self.recorded.insert(user, ());
+            }
+            return Ok(user);
+        }
+        if let Some(user) = self.mapped.get(subject) {
+            return Ok(user);
+        }
+        let user = self
+            .store
+            .user_for_subject(&self.issuer, subject)
+            .await
+            .map_err(|e| AuthError::Unavailable {
+                dependency: "Postgres",
+                detail: e.to_string(),
+            })?;
+        self.mapped.insert(subject.to_owned(), user);
+        Ok(user)
+    }
+}
+
+/// A subject that is its own user id.
+fn numeric(subject: &str) -> Option<i64> {
+    parse_positive(subject).filter(|id| *id <= MAX_NUMERIC_SUBJECT)
+}
+
+/// Writes queued numeric subjects in batches until the sender is dropped;
+/// a batch that fails is forgotten as recorded, to be queued again at its
+/// users' next sign-in.
+async fn record(
+    store: Store,
+    issuer: String,
+    mut queue: mpsc::Receiver<UserId>,
+    recorded: moka::sync::Cache<UserId, ()>,
+) {
+    let mut batch = Vec::with_capacity(RECORD_BATCH);
+    while queue.recv_many(&mut batch, RECORD_BATCH).await > 0 {
+        // A moment for more to arrive: one statement for a crowd's burst.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        while batch.len() < RECORD_BATCH {
+            match queue.try_recv() {
+                Ok(user) => batch.push(user),
+                Err(_) => break,
+            }
+        }
+        let rows = batch
+            .iter()
+            .map(|user| (*user, issuer.clone(), user.get().to_string()))
+            .collect();
+        if let Err(error) = store.record_subjects(rows).await {
+            tracing::warn!(%error, users = batch.len(), "cannot record the JWT subjects of numeric users yet");
+            for user in &batch {
+                recorded.invalidate(user);
+            }
+        }
+        batch.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_positive_integers_up_to_2_53_are_their_own_ids() {
+        assert_eq!(numeric("42"), Some(42));
+        assert_eq!(numeric("9007199254740991"), Some(MAX_NUMERIC_SUBJECT));
+        for other in [
+            "9007199254740992",
+            "0",
+            "-1",
+            "042",
+            "+42",
+            "42 ",
+            "4.2",
+            "auth0|5f7c8ec7c33c6c004bbafe82",
+            "",
+        ] {
+            assert_eq!(numeric(other), None, "{other:?}");
+        }
+    }
+}

@@ -1,0 +1,494 @@
+//! Order events: one per committed change, in the feed in commit order, and
+//! pushed to a webhook receiver (signed, retried, failed and retried again
+//! by hand, in order within each order).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode as AxumStatus};
+use axum::response::IntoResponse;
+use hmac::{Hmac, Mac};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use sha2::Sha256;
+
+use crate::helpers::{answer, notify, poll_until, spawn_app, spawn_app_with, TestApp, ADMIN_TOKEN};
+
+const WEBHOOK_SECRET: &str = "test-webhook-secret-3b9d7f1a5c2e8d4b6f0a";
+
+impl TestApp {
+    /// Every event of the feed, read a page of `page` at a time; fails the
+    /// test on a page that is not `200` or whose `next` is not its last id.
+    async fn all_events(&self, page: usize) -> Vec<Value> {
+        let mut events = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let path = match &after {
+                Some(id) => format!("/admin/events?limit={page}&after={id}"),
+                None => format!("/admin/events?limit={page}"),
+            };
+            let (status, body) = self.admin_get(&path).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            let got = body["events"].as_array().unwrap().clone();
+            let next = body["next"].as_str().unwrap().to_owned();
+            if let Some(last) = got.last() {
+                assert_eq!(last["id"].as_str(), Some(next.as_str()));
+            }
+            if got.is_empty() {
+                return events;
+            }
+            events.extend(got);
+            after = Some(next);
+        }
+    }
+
+    /// The events of one order, in the feed's order, as (type, sequence,
+    /// status).
+    async fn events_of(&self, order_id: &str) -> Vec<(String, i64, String)> {
+        self.all_events(100)
+            .await
+            .into_iter()
+            .filter(|e| e["order"]["order_id"] == order_id)
+            .map(|e| {
+                (
+                    e["type"].as_str().unwrap().to_owned(),
+                    e["sequence"].as_i64().unwrap(),
+                    e["order"]["status"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn kinds(list: &[(&str, i64, &str)]) -> Vec<(String, i64, String)> {
+    list.iter()
+        .map(|(t, s, st)| ((*t).to_owned(), *s, (*st).to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn every_change_of_an_order_is_one_event_in_the_feed_with_the_order_as_it_stood() {
+    let app = spawn_app().await;
+    let voucher = app.priced_voucher(10, "sync", 500, 900).await;
+    // Paid, then paid again under another payment id: refund due.
+    let paid = app.buy_one(&app.base, 1, voucher).await;
+    let (status, _) = notify(&app.client, &app.base, "pay-1", &paid, 500).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = notify(&app.client, &app.base, "pay-2", &paid, 500).await;
+    assert_eq!(
+        (status, body["refund"].as_bool()),
+        (StatusCode::OK, Some(true))
+    );
+    // The same notification again changes nothing: no second event.
+    notify(&app.client, &app.base, "pay-2", &paid, 500).await;
+    // Cancelled.
+    let cancelled = app.buy_one(&app.base, 2, voucher).await;
+    let token = app.token(2).await;
+    let (status, _) = answer(
+        app.client
+            .post(app.url(&format!("/orders/{cancelled}/cancel")))
+            .bearer_auth(&token),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+
+    assert_eq!(
+        app.events_of(&paid).await,
+        kinds(&[
+            ("order.created", 1, "unpaid"),
+            ("order.paid", 2, "paid"),
+            ("payment.refund_due", 3, "paid"),
+        ])
+    );
+    assert_eq!(
+        app.events_of(&cancelled).await,
+        kinds(&[
+            ("order.created", 1, "unpaid"),
+            ("order.cancelled", 2, "cancelled")
+        ])
+    );
+    let events = app.all_events(100).await;
+    let refund = events
+        .iter()
+        .find(|e| e["type"] == "payment.refund_due")
+        .unwrap();
+    assert_eq!(
+        refund["payment"],
+        json!({ "payment_id": "pay-2", "amount_cents": 500 })
+    );
+    assert!(events
+        .iter()
+        .filter(|e| e["type"] != "payment.refund_due")
+        .all(|e| e.get("payment").is_none()));
+    // The order as GET /orders/{id} shows it, at that change.
+    let (_, order) = app.admin_get(&format!("/orders/{paid}")).await;
+    let paid_event = events.iter().find(|e| e["type"] == "order.paid").unwrap();
+    assert_eq!(paid_event["order"], order);
+    let ids: Vec<&str> = events.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(ids, sorted, "ids unique and increasing in the feed");
+}
+
+#[tokio::test]
+async fn an_unpaid_order_past_its_deadline_expires_as_an_event_and_async_orders_when_stored() {
+    let app = spawn_app().await;
+    let expiring = app.priced_voucher(5, "sync", 0, 1).await;
+    let order = app.buy_one(&app.base, 1, expiring).await;
+    let async_voucher = app.open_async_voucher(5).await;
+    let token = app.token(7).await;
+    let (status, body) = answer(
+        app.client
+            .post(app.url(&format!("/seckill/{async_voucher}")))
+            .bearer_auth(&token),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let async_order = body["order_id"].as_str().unwrap().to_owned();
+    let read = || async {
+        (
+            app.events_of(&order).await,
+            app.events_of(&async_order).await,
+        )
+    };
+    let (expired, stored) = poll_until(
+        Duration::from_secs(15),
+        Duration::from_millis(200),
+        "the expiry and the async order's creation as events",
+        read,
+        |(e, s)| e.len() == 2 && s.len() == 1,
+    )
+    .await;
+    assert_eq!(
+        expired,
+        kinds(&[
+            ("order.created", 1, "unpaid"),
+            ("order.expired", 2, "expired")
+        ])
+    );
+    assert_eq!(stored, kinds(&[("order.created", 1, "unpaid")]));
+}
+
+#[tokio::test]
+async fn the_feed_reads_on_from_any_id_with_no_event_missed_or_repeated() {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(30).await;
+    let tokens = app.tokens(1..=30).await;
+    crate::helpers::crowd(&[&app.base], &tokens, voucher, 1).await;
+    let whole = app.all_events(1000).await;
+    assert_eq!(whole.len(), 30);
+    for page in [1, 7] {
+        assert_eq!(app.all_events(page).await, whole, "pages of {page}");
+    }
+    // Past the end: nothing, and `next` is the `after` given.
+    let last = whole.last().unwrap()["id"].as_str().unwrap();
+    let (status, body) = app.admin_get(&format!("/admin/events?after={last}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({ "events": [], "next": last }));
+    // Bad cursors and limits; users and strangers.
+    for bad in ["after=12", "after=zz", "limit=0", "limit=1001", "limit=x"] {
+        let (status, body) = app.admin_get(&format!("/admin/events?{bad}")).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("bad_request")),
+            "{bad}"
+        );
+    }
+    let (status, _) = app.get_as("/admin/events", &tokens[&1]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+/// What the receiver answers.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Acknowledge,
+    Fail,
+    Hang,
+    Redirect,
+}
+
+/// Batches received with a valid signature, each with whether it was
+/// acknowledged.
+type Batches = Arc<Mutex<Vec<(Vec<Value>, bool)>>>;
+
+#[derive(Clone)]
+struct Receiver {
+    mode: Arc<Mutex<Mode>>,
+    /// Every batch that came with a valid signature (and whether it was
+    /// acknowledged).
+    batches: Batches,
+    bad_signatures: Arc<Mutex<usize>>,
+}
+
+impl Receiver {
+    async fn start(mode: Mode) -> (Self, String) {
+        let receiver = Self {
+            mode: Arc::new(Mutex::new(mode)),
+            batches: Arc::default(),
+            bad_signatures: Arc::default(),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+        let router = axum::Router::new()
+            .route("/hooks", axum::routing::post(receive))
+            .with_state(receiver.clone());
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        (receiver, url)
+    }
+
+    fn set(&self, mode: Mode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    /// Events acknowledged, in the order they were received.
+    fn acknowledged(&self) -> Vec<Value> {
+        let batches = self.batches.lock().unwrap();
+        batches
+            .iter()
+            .filter(|(_, acked)| *acked)
+            .flat_map(|(events, _)| events.clone())
+            .collect()
+    }
+
+    fn attempts(&self) -> usize {
+        self.batches.lock().unwrap().len()
+    }
+}
+
+/// Checks the signature as a shop's receiver would: HMAC-SHA256 of
+/// "<t>.<body>", compared in constant time, `t` recent.
+fn signed(headers: &HeaderMap, body: &[u8]) -> bool {
+    let Some(header) = headers
+        .get("x-seckill-signature")
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let mut t = None;
+    let mut v1 = None;
+    for part in header.split(',') {
+        match part.split_once('=') {
+            Some(("t", value)) => t = value.parse::<i64>().ok(),
+            Some(("v1", value)) => v1 = hex::decode(value).ok(),
+            _ => {}
+        }
+    }
+    let (Some(t), Some(v1)) = (t, v1) else {
+        return false;
+    };
+    if (chrono::Utc::now().timestamp() - t).abs() > 300 {
+        return false;
+    }
+    let mut mac = Hmac::<Sha256>::new_from_slice(WEBHOOK_SECRET.as_bytes()).unwrap();
+    mac.update(format!("{t}.").as_bytes());
+    mac.update(body);
+    mac.verify_slice(&v1).is_ok()
+}
+
+async fn receive(
+    State(receiver): State<Receiver>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> axum::response::Response {
+    if !signed(&headers, &body)
+        || headers.get("content-type").map(|v| v.as_bytes()) != Some(b"application/json")
+    {
+        *receiver.bad_signatures.lock().unwrap() += 1;
+        return AxumStatus::BAD_REQUEST.into_response();
+    }
+    let events = serde_json::from_slice::<Value>(&body).unwrap()["events"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let mode = *receiver.mode.lock().unwrap();
+    receiver
+        .batches
+        .lock()
+        .unwrap()
+        .push((events, mode == Mode::Acknowledge));
+    match mode {
+        Mode::Acknowledge => AxumStatus::NO_CONTENT.into_response(),
+        Mode::Fail => AxumStatus::SERVICE_UNAVAILABLE.into_response(),
+        Mode::Redirect => {
+            (AxumStatus::TEMPORARY_REDIRECT, [("location", "/hooks")]).into_response()
+        }
+        Mode::Hang => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            AxumStatus::NO_CONTENT.into_response()
+        }
+    }
+}
+
+async fn app_with_webhook(url: &str, retry_seconds: u64) -> TestApp {
+    let url = url.to_owned();
+    spawn_app_with(move |mut s| {
+        s.webhook_url = Some(url);
+        s.webhook_secret = Some(WEBHOOK_SECRET.to_owned().into());
+        s.webhook_timeout = Duration::from_millis(500);
+        s.webhook_batch = 7;
+        s.webhook_retry_seconds = retry_seconds;
+        s
+    })
+    .await
+}
+
+/// Every acknowledged event of each order came after the earlier ones of
+/// that order were acknowledged: within an order, sequences 1, 2, ... in
+/// the order received, each once among the acknowledged.
+fn assert_in_order_per_order(acknowledged: &[Value]) {
+    let mut next: std::collections::HashMap<String, i64> = Default::default();
+    for event in acknowledged {
+        let order = event["order"]["order_id"].as_str().unwrap().to_owned();
+        let seen = next.entry(order.clone()).or_insert(1);
+        assert_eq!(
+            event["sequence"].as_i64(),
+            Some(*seen),
+            "order {order} out of order"
+        );
+        *seen += 1;
+    }
+}
+
+#[tokio::test]
+async fn webhooks_deliver_every_event_signed_and_retry_a_failing_receiver_in_order() {
+    let (receiver, url) = Receiver::start(Mode::Fail).await;
+    let app = app_with_webhook(&url, 86_400).await;
+    let voucher = app.priced_voucher(20, "sync", 0, 900).await;
+    let tokens = app.tokens(1..=20).await;
+    crate::helpers::crowd(&[&app.base], &tokens, voucher, 1).await;
+    // Failing: attempts come (the first retry within 2 s), nothing acked.
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        "two attempts",
+        || async { receiver.attempts() },
+        |n| *n >= 2,
+    )
+    .await;
+    assert!(receiver.acknowledged().is_empty());
+    // Pay every order while the receiver is down: a later event of each.
+    let (_, orders) = app
+        .admin_get(&format!("/admin/vouchers/{voucher}/orders"))
+        .await;
+    for (i, order) in orders["orders"].as_array().unwrap().iter().enumerate() {
+        let id = order["order_id"].as_str().unwrap();
+        let (status, _) = notify(&app.client, &app.base, &format!("p{i}"), id, 0).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    receiver.set(Mode::Acknowledge);
+    let acknowledged = poll_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        "all 40 events acknowledged",
+        || async { receiver.acknowledged() },
+        |a| a.len() >= 40,
+    )
+    .await;
+    assert_in_order_per_order(&acknowledged);
+    let mut ids: Vec<&str> = acknowledged
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 40, "each event acknowledged once");
+    assert!(receiver
+        .batches
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|(b, _)| (1..=7).contains(&b.len())));
+    assert_eq!(*receiver.bad_signatures.lock().unwrap(), 0);
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains("seckill_webhook_deliveries_total{outcome=\"acknowledged\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("seckill_webhook_deliveries_total{outcome=\"refused\"}"));
+}
+
+#[tokio::test]
+async fn a_hanging_or_redirecting_receiver_is_a_failure_and_failed_events_are_listed_and_retried() {
+    let (receiver, url) = Receiver::start(Mode::Hang).await;
+    // Failed once a batch's first attempt is a second old.
+    let app = app_with_webhook(&url, 1).await;
+    let voucher = app.open_voucher(3).await;
+    let tokens = app.tokens(1..=3).await;
+    crate::helpers::crowd(&[&app.base], &tokens, voucher, 1).await;
+    // The hang meets the 500 ms timeout; then redirects are not followed.
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        "an attempt",
+        || async { receiver.attempts() },
+        |n| *n >= 1,
+    )
+    .await;
+    receiver.set(Mode::Redirect);
+    let failed = poll_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        "the three events failed",
+        || async { app.admin_get("/admin/webhooks/failed").await.1 },
+        |body| body["events"].as_array().is_some_and(|e| e.len() == 3),
+    )
+    .await;
+    assert!(failed["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["type"] == "order.created"));
+    assert!(receiver.acknowledged().is_empty());
+    let attempts = receiver.attempts();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        receiver.attempts(),
+        attempts,
+        "failed events are not sent again by themselves"
+    );
+
+    receiver.set(Mode::Acknowledge);
+    let (status, body) = answer(
+        app.client
+            .post(app.url("/admin/webhooks/retry"))
+            .bearer_auth(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!((status, body), (StatusCode::OK, json!({ "retried": 3 })));
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        "the retried events acknowledged",
+        || async { receiver.acknowledged().len() },
+        |n| *n == 3,
+    )
+    .await;
+    let (_, failed) = app.admin_get("/admin/webhooks/failed").await;
+    assert_eq!(failed, json!({ "events": [] }));
+}
+
+#[tokio::test]
+async fn without_a_secret_or_with_a_url_that_is_not_http_the_service_refuses_to_start() {
+    let base = crate::helpers::settings("postgres://unused", "redis://unused", "x:");
+    let mut no_secret = base.clone();
+    no_secret.webhook_url = Some("http://127.0.0.1:9/hooks".into());
+    let error = seckill::startup::Application::build(no_secret)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        error.to_string().contains("SECKILL_WEBHOOK_SECRET"),
+        "{error}"
+    );
+    let mut not_http = base;
+    not_http.webhook_url = Some("ftp://example.test/hooks".into());
+    not_http.webhook_secret = Some(WEBHOOK_SECRET.to_owned().into());
+    let error = seckill::startup::Application::build(not_http)
+        .await
+        .err()
+        .unwrap();
+    assert!(error.to_string().contains("SECKILL_WEBHOOK_URL"), "{error}");
+}
