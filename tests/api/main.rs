@@ -13,6 +13,7 @@ mod ha;
 mod hardening;
 mod helpers;
 mod ids;
+mod jwt;
 #[cfg(feature = "lab")]
 mod lab;
 mod lifecycle;

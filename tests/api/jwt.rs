@@ -1,0 +1,521 @@
+//! Sign-in with the shop's JWTs: keys made here (RS256 by openssl, ES256
+//! and EdDSA by ring, an HS256 secret), a JWK Set from a file and one
+//! served over HTTP (rotated, failing, flooded with unknown `kid`s), and
+//! every refusal.
+
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use reqwest::StatusCode;
+use ring::rand::SystemRandom;
+use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
+use serde_json::{json, Value};
+
+use crate::helpers::{answer, buy, poll_until, spawn_app_with, TestApp};
+
+const ISSUER: &str = "https://id.shop.test/";
+const AUDIENCE: &str = "seckill";
+const HS256_SECRET: &str = "test-jwt-hs256-secret-5a9c1e7b3d0f2a8c6e4b";
+
+/// A key pair made for one test: how to sign with it, and its public JWK.
+struct TestKey {
+    kid: &'static str,
+    algorithm: Algorithm,
+    signing: EncodingKey,
+    jwk: Value,
+}
+
+fn b64(bytes: &[u8]) -> String {
+    URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// A 2048-bit RSA key pair from openssl.
+fn rsa_key(kid: &'static str) -> TestKey {
+    let dir = tempdir();
+    let pem = dir.join("key.pem");
+    let made = Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&pem)
+        .output()
+        .expect("openssl runs (scripts/deps.sh installs it)");
+    assert!(made.status.success(), "{made:?}");
+    let modulus = Command::new("openssl")
+        .args(["rsa", "-noout", "-modulus", "-in"])
+        .arg(&pem)
+        .output()
+        .unwrap();
+    let modulus = String::from_utf8(modulus.stdout).unwrap();
+    let n = hex::decode(modulus.trim().trim_start_matches("Modulus=")).unwrap();
+    let pem = std::fs::read(&pem).unwrap();
+    TestKey {
+        kid,
+        algorithm: Algorithm::RS256,
+        signing: EncodingKey::from_rsa_pem(&pem).unwrap(),
+        jwk: json!({ "kty": "RSA", "kid": kid, "use": "sig", "n": b64(&n), "e": "AQAB" }),
+    }
+}
+
+fn es256_key(kid: &'static str) -> TestKey {
+    let rng = SystemRandom::new();
+    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+    let pair =
+        EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap();
+    let point = pair.public_key().as_ref();
+    TestKey {
+        kid,
+        algorithm: Algorithm::ES256,
+        signing: EncodingKey::from_ec_der(pkcs8.as_ref()),
+        jwk: json!({ "kty": "EC", "kid": kid, "crv": "P-256", "alg": "ES256",
+                     "x": b64(&point[1..33]), "y": b64(&point[33..65]) }),
+    }
+}
+
+fn eddsa_key(kid: &'static str) -> TestKey {
+    let pkcs8 = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).unwrap();
+    let pair = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
+    TestKey {
+        kid,
+        algorithm: Algorithm::EdDSA,
+        signing: EncodingKey::from_ed_der(pkcs8.as_ref()),
+        jwk: json!({ "kty": "OKP", "kid": kid, "crv": "Ed25519", "x": b64(pair.public_key().as_ref()) }),
+    }
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("seckill-jwt-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn jwk_set(keys: &[&TestKey]) -> String {
+    json!({ "keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>() }).to_string()
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// Claims for `sub` as the shop issues them, valid for an hour.
+fn claims(sub: &str) -> Value {
+    json!({ "iss": ISSUER, "aud": [AUDIENCE, "other-api"], "sub": sub, "iat": now(), "exp": now() + 3600 })
+}
+
+impl TestKey {
+    fn sign(&self, claims: &Value) -> String {
+        let mut header = Header::new(self.algorithm);
+        header.kid = Some(self.kid.to_owned());
+        encode(&header, claims, &self.signing).unwrap()
+    }
+}
+
+fn hs256(claims: &Value) -> String {
+    encode(
+        &Header::new(Algorithm::HS256),
+        claims,
+        &EncodingKey::from_secret(HS256_SECRET.as_bytes()),
+    )
+    .unwrap()
+}
+
+/// An app that takes JWTs of the test issuer: the HS256 secret, and the
+/// JWK Set at `jwks` when given (a path or a URL).
+async fn jwt_app(jwks: Option<String>) -> TestApp {
+    spawn_app_with(move |mut s| {
+        s.jwt_hs256_secret = Some(HS256_SECRET.to_owned().into());
+        s.jwt_issuer = Some(ISSUER.into());
+        s.jwt_audience = Some(AUDIENCE.into());
+        s.jwt_jwks = jwks;
+        s
+    })
+    .await
+}
+
+/// `POST /seckill/{voucher}` with `token`: the status and the body.
+async fn purchase(app: &TestApp, voucher: i64, token: &str) -> (StatusCode, Value) {
+    answer(
+        app.client
+            .post(app.url(&format!("/seckill/{voucher}")))
+            .bearer_auth(token),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_jwt_signs_a_buyer_in_whose_sub_is_their_user_or_maps_to_a_stable_one() {
+    let app = jwt_app(None).await;
+    let voucher = app.open_voucher(10).await;
+
+    // A numeric sub is the user id; the order shows the sub it was bought under.
+    let (status, body) = purchase(&app, voucher, &hs256(&claims("42"))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let order = body["order_id"].as_str().unwrap().to_owned();
+    let shown = poll_until(
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        "the order's user_ref",
+        || async {
+            app.get_as(&format!("/orders/{order}"), &hs256(&claims("42")))
+                .await
+                .1
+        },
+        |o| o["user_ref"] == "42",
+    )
+    .await;
+    assert_eq!(shown["user_id"], 42);
+    // The same user by the service's own token: the same order.
+    let (status, body) = purchase(&app, voucher, &app.token(42).await).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("already_purchased"))
+    );
+    assert_eq!(body["order_id"].as_str(), Some(order.as_str()));
+
+    // Other subs get ids of their own, above every numeric one, the same on
+    // another instance.
+    let other = app.spawn_instance().await;
+    let mut ids = Vec::new();
+    for sub in [
+        "auth0|5f7c8ec7c33c6c004bbafe82",
+        "0b6c3b4e-6f9a-4c1d-9a51-1f0e2d3c4b5a",
+        "042",
+    ] {
+        let token = hs256(&claims(sub));
+        let (status, body) = purchase(&app, voucher, &token).await;
+        assert_eq!(status, StatusCode::OK, "{sub}: {body}");
+        let order = body["order_id"].as_str().unwrap();
+        let (status, there) = answer(
+            app.client
+                .get(format!("{other}/orders/{order}"))
+                .bearer_auth(&token),
+        )
+        .await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "the other instance knows {sub} as the same user"
+        );
+        assert_eq!(there["user_ref"], sub);
+        let id = there["user_id"].as_i64().unwrap();
+        assert!(id > (1 << 53) - 1, "{sub} mapped to {id}");
+        ids.push(id);
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "three subs, three users: {ids:?}");
+    // A v1 token's order shows no sub.
+    let (_, body) = purchase(&app, voucher, &app.token(7).await).await;
+    let (_, order) = app
+        .admin_get(&format!("/orders/{}", body["order_id"].as_str().unwrap()))
+        .await;
+    assert_eq!(order["user_ref"], Value::Null);
+}
+
+#[tokio::test]
+async fn every_key_type_verifies_and_every_bad_token_is_401_saying_why_and_nothing_of_the_keys() {
+    let (rsa, ec, ed) = (rsa_key("r1"), es256_key("e1"), eddsa_key("d1"));
+    let dir = tempdir();
+    let path = dir.join("jwks.json");
+    std::fs::write(&path, jwk_set(&[&rsa, &ec, &ed])).unwrap();
+    let app = jwt_app(Some(path.display().to_string())).await;
+    let voucher = app.open_voucher(100).await;
+
+    for (user, key) in [(1, &rsa), (2, &ec), (3, &ed)] {
+        let (status, body) = purchase(&app, voucher, &key.sign(&claims(&user.to_string()))).await;
+        assert_eq!(status, StatusCode::OK, "{:?}: {body}", key.algorithm);
+    }
+    // Within the 30 s leeway.
+    let late = json!({ "iss": ISSUER, "aud": AUDIENCE, "sub": "4", "exp": now() - 10 });
+    assert_eq!(
+        purchase(&app, voucher, &rsa.sign(&late)).await.0,
+        StatusCode::OK
+    );
+
+    let with = |changes: Value| {
+        let mut c = claims("5");
+        c.as_object_mut()
+            .unwrap()
+            .extend(changes.as_object().unwrap().clone());
+        c
+    };
+    let mut without_exp = claims("5");
+    without_exp.as_object_mut().unwrap().remove("exp");
+    let valid = rsa.sign(&claims("5"));
+    let (head, rest) = valid.split_once('.').unwrap();
+    let (body, signature) = rest.split_once('.').unwrap();
+    let forged_claims = b64(with(json!({ "sub": "6" })).to_string().as_bytes());
+    let none_header = b64(br#"{"alg":"none","typ":"JWT"}"#);
+    // HS256 "signed" with the RSA key's public modulus as the secret: the
+    // classic confusion of algorithms.
+    let confused = encode(
+        &Header::new(Algorithm::HS256),
+        &claims("5"),
+        &EncodingKey::from_secret(rsa.jwk["n"].as_str().unwrap().as_bytes()),
+    )
+    .unwrap();
+    let mut es_header_on_rsa = Header::new(Algorithm::ES256);
+    es_header_on_rsa.kid = Some("r1".into());
+    let ec_claiming_rsa = encode(&es_header_on_rsa, &claims("5"), &ec.signing).unwrap();
+    let mut unknown = Header::new(Algorithm::RS256);
+    unknown.kid = Some("nobody".into());
+    let unknown_kid = encode(&unknown, &claims("5"), &rsa.signing).unwrap();
+    let no_kid = encode(&Header::new(Algorithm::RS256), &claims("5"), &rsa.signing).unwrap();
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "expired",
+            rsa.sign(&with(json!({ "exp": now() - 100 }))),
+            "expired",
+        ),
+        (
+            "not yet valid",
+            rsa.sign(&with(json!({ "nbf": now() + 100 }))),
+            "not valid yet",
+        ),
+        (
+            "another audience",
+            rsa.sign(&with(json!({ "aud": "other-api" }))),
+            "audience",
+        ),
+        (
+            "no audience",
+            rsa.sign(&with(json!({ "aud": null }))),
+            "aud",
+        ),
+        (
+            "another issuer",
+            rsa.sign(&with(json!({ "iss": "https://evil.test/" }))),
+            "issuer",
+        ),
+        ("no exp", rsa.sign(&without_exp), "exp"),
+        ("no sub", rsa.sign(&with(json!({ "sub": null }))), "sub"),
+        (
+            "a sub too long",
+            rsa.sign(&with(json!({ "sub": "x".repeat(256) }))),
+            "sub",
+        ),
+        (
+            "edited claims",
+            format!("{head}.{forged_claims}.{signature}"),
+            "signature",
+        ),
+        ("alg none", format!("{none_header}.{body}."), "token"),
+        ("HS256 with the public key", confused, "signature"),
+        ("ES256 naming an RSA key", ec_claiming_rsa, "algorithm"),
+        ("an unknown kid", unknown_kid, "no key with kid"),
+        ("no kid among three keys", no_kid, "kid"),
+        ("not a token", "eyJ.eyJ.x".into(), "malformed"),
+    ];
+    let secret_parts = [rsa.jwk["n"].as_str().unwrap(), HS256_SECRET];
+    for (case, token, why) in cases {
+        let (status, body) = purchase(&app, voucher, &token).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{case}: {body}");
+        assert_eq!(body["error"], "unauthorized", "{case}");
+        let message = body["message"].as_str().unwrap();
+        assert!(
+            message.contains(why),
+            "{case}: {message:?} does not say {why:?}"
+        );
+        assert!(
+            secret_parts.iter().all(|s| !message.contains(&s[..20])),
+            "{case} leaks a key: {message}"
+        );
+    }
+    let (_, stats) = app
+        .admin_get(&format!("/admin/vouchers/{voucher}/stats"))
+        .await;
+    assert_eq!(
+        stats["orders"], 4,
+        "no refused token bought anything: {stats}"
+    );
+}
+
+/// A JWK Set served over HTTP: what it serves (or `None`: a 500), and
+/// how many times it was fetched.
+#[derive(Clone, Default)]
+struct JwksServer {
+    set: Arc<Mutex<Option<String>>>,
+    fetches: Arc<Mutex<usize>>,
+}
+
+impl JwksServer {
+    async fn start() -> (Self, String) {
+        let server = Self::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "http://{}/.well-known/jwks.json",
+            listener.local_addr().unwrap()
+        );
+        let state = server.clone();
+        let router = axum::Router::new().route(
+            "/.well-known/jwks.json",
+            axum::routing::get(move || {
+                let state = state.clone();
+                async move {
+                    *state.fetches.lock().unwrap() += 1;
+                    match state.set.lock().unwrap().clone() {
+                        Some(set) => (axum::http::StatusCode::OK, set),
+                        None => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, String::new()),
+                    }
+                }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        (server, url)
+    }
+
+    fn serve(&self, set: Option<String>) {
+        *self.set.lock().unwrap() = set;
+    }
+
+    fn fetches(&self) -> usize {
+        *self.fetches.lock().unwrap()
+    }
+}
+
+#[tokio::test]
+async fn a_jwk_set_by_url_gates_readiness_rotates_and_is_fetched_at_most_once_per_5_s() {
+    let (a, b) = (es256_key("a"), es256_key("b"));
+    let (server, url) = JwksServer::start().await;
+    let app = jwt_app(Some(url)).await;
+    let voucher = app.open_voucher(100).await;
+    // The identity provider fails: not ready, JWT buyers 503, v1 buyers fine.
+    poll_until(
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        "a first fetch",
+        || async { server.fetches() },
+        |n| *n >= 1,
+    )
+    .await;
+    let (status, _) = answer(app.client.get(app.url("/readyz"))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, body) = purchase(&app, voucher, &a.sign(&claims("1"))).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable")),
+        "{body}"
+    );
+    assert!(buy(&app.client, &app.base, &app.token(2).await, voucher)
+        .await
+        .1
+        .starts_with("ok"));
+
+    server.serve(Some(jwk_set(&[&a])));
+    app.wait_ready().await;
+    assert_eq!(
+        purchase(&app, voucher, &a.sign(&claims("1"))).await.0,
+        StatusCode::OK
+    );
+
+    // A flood of made-up kids: every one 401, the set fetched at most once
+    // more (the 5 s bound).
+    let before = server.fetches();
+    let mut flood = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(format!("made-up-{i}"));
+        let token = encode(&header, &claims("3"), &a.signing).unwrap();
+        let (client, url) = (app.client.clone(), app.url(&format!("/seckill/{voucher}")));
+        flood.spawn(async move {
+            client
+                .post(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        });
+    }
+    while let Some(status) = flood.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::UNAUTHORIZED);
+    }
+    assert!(
+        server.fetches() - before <= 1,
+        "{} fetches for one flood",
+        server.fetches() - before
+    );
+
+    // Rotation without a restart: b appears, then a is withdrawn.
+    server.serve(Some(jwk_set(&[&a, &b])));
+    let started = std::time::Instant::now();
+    let before = server.fetches();
+    poll_until(
+        Duration::from_secs(15),
+        Duration::from_millis(500),
+        "a token of the new key accepted",
+        || async { purchase(&app, voucher, &b.sign(&claims("4"))).await.0 },
+        |s| *s == StatusCode::OK,
+    )
+    .await;
+    let fetched = server.fetches() - before;
+    let bound = 1 + started.elapsed().as_secs() as usize / 5;
+    assert!(
+        fetched <= bound,
+        "{fetched} fetches in {:?}",
+        started.elapsed()
+    );
+    let a_token = a.sign(&claims("5"));
+    assert_eq!(purchase(&app, voucher, &a_token).await.0, StatusCode::OK);
+    server.serve(Some(jwk_set(&[&b])));
+    // An unknown kid makes the next fetch (once 5 s have passed): a's
+    // token, verified before, is verified again and refused.
+    let mut header = Header::new(Algorithm::ES256);
+    header.kid = Some("c".into());
+    let unknown = encode(&header, &claims("6"), &b.signing).unwrap();
+    poll_until(
+        Duration::from_secs(15),
+        Duration::from_millis(500),
+        "the withdrawn key's token refused",
+        || async {
+            purchase(&app, voucher, &unknown).await;
+            app.get_as("/orders/1", &a_token).await.0
+        },
+        |s| *s == StatusCode::UNAUTHORIZED,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_jwt_key_without_its_issuer_and_audience_or_a_weak_secret_stops_the_start() {
+    let base = crate::helpers::settings("postgres://unused", "redis://unused", "x:");
+    let mut no_issuer = base.clone();
+    no_issuer.jwt_hs256_secret = Some(HS256_SECRET.to_owned().into());
+    no_issuer.jwt_audience = Some(AUDIENCE.into());
+    let error = seckill::startup::Application::build(no_issuer)
+        .await
+        .err()
+        .unwrap();
+    assert!(error.to_string().contains("SECKILL_JWT_ISSUER"), "{error}");
+    let mut no_audience = base.clone();
+    no_audience.jwt_jwks = Some("/nowhere/jwks.json".into());
+    no_audience.jwt_issuer = Some(ISSUER.into());
+    let error = seckill::startup::Application::build(no_audience)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        error.to_string().contains("SECKILL_JWT_AUDIENCE"),
+        "{error}"
+    );
+    let mut weak = base;
+    weak.jwt_hs256_secret = Some("short".to_owned().into());
+    weak.jwt_issuer = Some(ISSUER.into());
+    weak.jwt_audience = Some(AUDIENCE.into());
+    let error = seckill::startup::Application::build(weak)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        error.to_string().contains("SECKILL_JWT_HS256_SECRET"),
+        "{error}"
+    );
+}
