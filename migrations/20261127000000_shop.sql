@@ -32,9 +32,10 @@ ALTER TABLE voucher_orders ADD COLUMN events INTEGER NOT NULL DEFAULT 1;
 -- reader could pass an id whose transaction commits after it.
 --
 -- The order body is kept as it stood at the change (the columns of GET
--- /orders/{id}); delivery state is for the webhooks.
+-- /orders/{id}). One index, the feed's own key: the sale pays for one
+-- more row and one index entry per order, no more.
 CREATE TABLE order_events (
-    id               BIGSERIAL   PRIMARY KEY,
+    id               BIGSERIAL   NOT NULL,
     tx               xid8        NOT NULL DEFAULT pg_current_xact_id(),
     type             TEXT        NOT NULL CHECK (type IN ('order.created', 'order.paid',
                          'order.cancelled', 'order.expired', 'payment.refund_due')),
@@ -49,27 +50,42 @@ CREATE TABLE order_events (
     paid_at          TIMESTAMPTZ,
     payment_id       TEXT,
     amount_cents     BIGINT,
-    -- Delivery: due at next_attempt_at (also a claim's lease: a sender that
-    -- dies leaves it to come due again); acknowledged at delivered_at;
-    -- given up at failed_at, after retries for the configured time.
-    next_attempt_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
-    first_attempt_at TIMESTAMPTZ,
-    attempts         INTEGER     NOT NULL DEFAULT 0,
-    last_error       TEXT,
-    delivered_at     TIMESTAMPTZ,
-    failed_at        TIMESTAMPTZ
+    PRIMARY KEY (tx, id)
 );
--- The feed, by its cursor.
-CREATE INDEX order_events_feed ON order_events (tx, id);
--- What is left to deliver, oldest first (small: an event leaves it when
--- acknowledged).
-CREATE INDEX order_events_undelivered ON order_events (id)
-    WHERE delivered_at IS NULL;
-CREATE INDEX order_events_undelivered_order ON order_events (order_id, sequence)
-    WHERE delivered_at IS NULL;
-CREATE INDEX order_events_failed ON order_events (id) WHERE failed_at IS NOT NULL;
--- Retention: acknowledged events by age.
-CREATE INDEX order_events_created ON order_events (created_at);
+
+-- The webhooks read the same feed, from a cursor: everything up to it was
+-- acknowledged. One row; the instance holding its lease is the one that
+-- sends (another takes over when the lease runs out: a sender killed
+-- mid-delivery leaves its batch to be sent again). After a failed
+-- delivery, nobody sends before next_attempt_at; failures and
+-- first_failure_at say how long the head of the feed has been failing.
+CREATE TABLE webhook_cursor (
+    singleton        BOOLEAN     PRIMARY KEY DEFAULT true CHECK (singleton),
+    after_tx         xid8        NOT NULL DEFAULT '0',
+    after_id         BIGINT      NOT NULL DEFAULT 0,
+    holder           UUID,
+    lease_until      TIMESTAMPTZ NOT NULL DEFAULT 'epoch',
+    next_attempt_at  TIMESTAMPTZ NOT NULL DEFAULT 'epoch',
+    failures         INTEGER     NOT NULL DEFAULT 0,
+    first_failure_at TIMESTAMPTZ,
+    last_error       TEXT
+);
+INSERT INTO webhook_cursor DEFAULT VALUES;
+
+-- Events whose delivery failed after its retry period (the cursor moved
+-- past them), and the later events of their orders, held back so that an
+-- order's events are never delivered out of order. `retry`: put back by
+-- POST /admin/webhooks/retry, sent before the feed, oldest first.
+CREATE TABLE webhook_failed (
+    tx         xid8        NOT NULL,
+    id         BIGINT      NOT NULL,
+    order_id   BIGINT      NOT NULL,
+    failed_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    retry      BOOLEAN     NOT NULL DEFAULT false,
+    last_error TEXT,
+    PRIMARY KEY (tx, id)
+);
+CREATE INDEX webhook_failed_order ON webhook_failed (order_id);
 
 -- order.created: one statement-level trigger per INSERT, so a batch of
 -- orders costs one more INSERT ... SELECT, not one call per row.

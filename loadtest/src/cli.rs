@@ -6,8 +6,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::service::Launch;
 use crate::{
-    abuse, asyncsale, failover, groupcommit, lab, lifecycle, lockbench, speed, userlocks,
-    waitingroom,
+    abuse, asyncsale, failover, groupcommit, jwt, lab, lifecycle, lockbench, speed, userlocks,
+    waitingroom, webhooks,
 };
 
 #[derive(Parser)]
@@ -134,6 +134,16 @@ pub(crate) enum Scenario {
     /// crowd sending each user's purchases at once over both instances,
     /// and a flash crowd; what the lock buys and costs, with the spread.
     Userlocks(userlocks::UserLocksArgs),
+    /// The order events pushed to a receiver of the driver's own, which
+    /// checks every signature: the sale with webhooks off against on
+    /// (orders/s, every order.created received, the delivery lag), the
+    /// receiver down mid-sale (the rate, the backlog's drain), and an
+    /// instance killed mid-delivery (every event delivered, in order).
+    Webhooks(webhooks::WebhooksArgs),
+    /// What signing in with the shop's JWT costs the server beside the
+    /// service's own token: CPU per purchase by process with fresh RS256
+    /// and ES256 JWTs, and with RS256 JWTs verified already.
+    Jwt(jwt::JwtArgs),
 }
 
 #[derive(Args, Clone)]

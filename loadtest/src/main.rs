@@ -18,6 +18,7 @@ mod drive;
 mod failover;
 mod groupcommit;
 mod invariants;
+mod jwt;
 mod lab;
 mod lablife;
 mod lifecycle;
@@ -30,6 +31,7 @@ mod summary;
 mod table;
 mod userlocks;
 mod waitingroom;
+mod webhooks;
 
 use std::process::ExitCode;
 
@@ -60,6 +62,8 @@ async fn main() -> ExitCode {
         Scenario::Abuse(args) => abuse::run(target, args).await,
         Scenario::Waitingroom(args) => waitingroom::run(target, args).await,
         Scenario::Failover(args) => failover::run(target, args).await,
+        Scenario::Webhooks(args) => webhooks::run(target, args).await,
+        Scenario::Jwt(args) => jwt::run(target, args).await,
         Scenario::Tokens(args) => write_tokens(target, args).await.map(|()| true),
         _ => on_one_service(&cli).await,
     };
@@ -180,7 +184,9 @@ async fn run(
         | Scenario::Abuse(_)
         | Scenario::Waitingroom(_)
         | Scenario::Userlocks(_)
-        | Scenario::Failover(_) => {
+        | Scenario::Failover(_)
+        | Scenario::Webhooks(_)
+        | Scenario::Jwt(_) => {
             unreachable!("handled before a target starts")
         }
         Scenario::All => vec![

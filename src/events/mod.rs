@@ -24,6 +24,17 @@ const RETENTION_EVERY: Duration = Duration::from_secs(60);
 /// How often the backlog's gauges are read.
 const BACKLOG_EVERY: Duration = Duration::from_secs(2);
 
+/// Webhook deliveries, by `outcome` (`acknowledged`, `refused`).
+pub const DELIVERIES: &str = "seckill_webhook_deliveries_total";
+/// Events the receiver acknowledged.
+pub const DELIVERED: &str = "seckill_webhook_events_delivered_total";
+/// Batches that held an event failed after its retry period.
+pub const FAILED_BATCHES: &str = "seckill_webhook_failed_batches_total";
+/// Seconds since the oldest event not yet acknowledged (nor failed) was written.
+pub const LAG: &str = "seckill_webhook_lag_seconds";
+/// Events whose delivery failed, not yet retried.
+pub const FAILED_EVENTS: &str = "seckill_webhook_failed_events";
+
 /// The events of an instance.
 #[derive(Clone)]
 pub struct Events {
@@ -68,6 +79,14 @@ impl Events {
         &self,
         stop: &CancellationToken,
     ) -> Vec<futures_util::future::BoxFuture<'static, ()>> {
+        // Every series on the page from start-up (at 0 without webhooks).
+        for outcome in ["acknowledged", "refused"] {
+            metrics::counter!(DELIVERIES, "outcome" => outcome).increment(0);
+        }
+        metrics::counter!(DELIVERED).increment(0);
+        metrics::counter!(FAILED_BATCHES).increment(0);
+        metrics::gauge!(LAG).set(0.0);
+        metrics::gauge!(FAILED_EVENTS).set(0.0);
         let mut tasks: Vec<futures_util::future::BoxFuture<'static, ()>> = vec![Box::pin(retain(
             self.store.clone(),
             self.retention_days,
@@ -123,8 +142,8 @@ async fn retain(store: Store, days: u32, acknowledged_only: bool, stop: Cancella
 async fn gauges(store: Store, stop: CancellationToken) {
     loop {
         if let Ok(backlog) = store.event_backlog().await {
-            metrics::gauge!("seckill_webhook_lag_seconds").set(backlog.lag_seconds);
-            metrics::gauge!("seckill_webhook_failed_events").set(backlog.failed as f64);
+            metrics::gauge!(LAG).set(backlog.lag_seconds);
+            metrics::gauge!(FAILED_EVENTS).set(backlog.failed as f64);
         }
         tokio::select! {
             () = stop.cancelled() => return,

@@ -1,8 +1,10 @@
-//! Delivering the order events to the shop's webhook: batches claimed from
-//! the outbox, signed as Stripe signs (`t=<unix>,v1=<hex HMAC-SHA256 of
-//! "<t>.<body>">`), POSTed without following redirects, acknowledged by a
-//! `2xx` within the timeout, retried with exponential backoff and jitter,
-//! failed after the retry period.
+//! Delivering the order events to the shop's webhook: batches read from
+//! the feed after the webhooks' cursor, signed as Stripe signs
+//! (`t=<unix>,v1=<hex HMAC-SHA256 of "<t>.<body>">`), POSTed without
+//! following redirects, acknowledged by a `2xx` within the timeout (the
+//! cursor then moves past them), retried with exponential backoff and
+//! jitter, failed after the retry period (held back, with every later
+//! event of their orders, until an admin puts them back).
 
 use std::time::Duration;
 
@@ -12,7 +14,8 @@ use sha2::Sha256;
 use tokio_util::sync::CancellationToken;
 
 use super::body::EventsBody;
-use crate::store::Store;
+use crate::domain::{EventId, OrderId};
+use crate::store::{Store, StoreError};
 
 /// The header that carries the signature.
 pub const SIGNATURE_HEADER: &str = "X-Seckill-Signature";
@@ -22,8 +25,8 @@ const FIRST_BACKOFF: Duration = Duration::from_secs(2);
 const MAX_BACKOFF: Duration = Duration::from_secs(600);
 /// How often an idle sender looks for new events.
 const IDLE_POLL: Duration = Duration::from_millis(100);
-/// How long a claim outlives the delivery's timeout: a sender killed
-/// mid-delivery leaves its batch to another within that.
+/// How long the sender's lease outlives the delivery's timeout: a sender
+/// killed mid-delivery leaves its batch to another instance within that.
 const LEASE_MARGIN: Duration = Duration::from_secs(10);
 
 /// Where and how events are delivered.
@@ -74,8 +77,8 @@ impl Delivery {
     }
 }
 
-/// Delivers until `stop`: one batch at a time per instance; the other
-/// instances take other batches.
+/// Delivers until `stop`. One instance at a time sends (the holder of the
+/// cursor's lease); the others wait to take over when its lease runs out.
 pub async fn deliver(store: Store, settings: WebhookSettings, stop: CancellationToken) {
     let client = reqwest::Client::builder()
         .timeout(settings.timeout)
@@ -83,59 +86,114 @@ pub async fn deliver(store: Store, settings: WebhookSettings, stop: Cancellation
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("a client with rustls and no other settings builds");
-    let lease = settings.timeout + LEASE_MARGIN;
-    let mut failures = 0u32;
+    let me = uuid::Uuid::new_v4();
     loop {
-        let wait = match store.claim_events(i64::from(settings.batch), lease).await {
-            Err(error) => {
-                tracing::warn!(%error, "cannot claim order events to deliver");
+        // A bug in one step must not end deliveries for good: it is
+        // logged, and the next step starts from the cursor again.
+        let step = std::panic::AssertUnwindSafe(deliver_once(&store, &settings, &client, me));
+        let wait = match futures_util::FutureExt::catch_unwind(step).await {
+            Ok(Ok(wait)) => wait,
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "webhooks: Postgres cannot be reached; trying again");
                 Duration::from_secs(1)
             }
-            Ok(events) if events.is_empty() => IDLE_POLL,
-            Ok(events) => {
-                let rows: Vec<i64> = events.iter().map(|e| e.id.row).collect();
-                let count = rows.len() as u64;
-                let delivery = post(&client, &settings, EventsBody::of(events)).await;
-                metrics::counter!("seckill_webhook_deliveries_total", "outcome" => delivery.outcome())
-                    .increment(1);
-                match delivery {
-                    Delivery::Acknowledged => {
-                        failures = 0;
-                        metrics::counter!("seckill_webhook_events_delivered_total")
-                            .increment(count);
-                        if let Err(error) = store.acknowledge_events(rows).await {
-                            // Delivered again when the claim runs out: at
-                            // least once.
-                            tracing::warn!(%error, "a delivered batch could not be marked; it will be sent again");
-                        }
-                        Duration::ZERO
-                    }
-                    Delivery::Refused(why) => {
-                        failures = failures.saturating_add(1);
-                        let wait = backoff(failures);
-                        tracing::warn!(reason = %why, retry_in_ms = wait.as_millis() as u64, "webhook delivery failed");
-                        match store
-                            .delivery_failed(rows, why, wait, settings.retry_for)
-                            .await
-                        {
-                            Ok(0) => {}
-                            Ok(failed) => {
-                                metrics::counter!("seckill_webhook_failed_batches_total")
-                                    .increment(1);
-                                tracing::error!(events = failed, "webhook events failed after their retry period; see GET /admin/webhooks/failed");
-                            }
-                            Err(error) => {
-                                tracing::warn!(%error, "cannot record a failed delivery; its claim will run out")
-                            }
-                        }
-                        wait
-                    }
-                }
+            Err(_) => {
+                tracing::error!("webhooks: a delivery step panicked; trying again");
+                Duration::from_secs(1)
             }
         };
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// One step: take the lease, send the next batch (held-back events put back
+/// for a retry first, then the feed), and record what came of it. How long
+/// to wait before the next step.
+async fn deliver_once(
+    store: &Store,
+    settings: &WebhookSettings,
+    client: &reqwest::Client,
+    me: uuid::Uuid,
+) -> Result<Duration, StoreError> {
+    let lease = settings.timeout + LEASE_MARGIN;
+    let Some(cursor) = store.take_webhook_lease(me, lease).await? else {
+        // Another instance sends; this one takes over if it dies.
+        return Ok(Duration::from_secs(1));
+    };
+    let until_due = (cursor.next_attempt_at - chrono::Utc::now())
+        .to_std()
+        .unwrap_or(Duration::ZERO);
+    if !until_due.is_zero() {
+        // Backing off after a failure; the lease is renewed meanwhile.
+        return Ok(until_due.min(Duration::from_secs(1)));
+    }
+    let batch = i64::from(settings.batch);
+    let retries = store.webhook_retries(batch).await?;
+    let (send, upto, held) = if retries.is_empty() {
+        let feed = store.webhook_feed(cursor.after, batch).await?;
+        let Some(last) = feed.last() else {
+            return Ok(IDLE_POLL);
+        };
+        let upto = Some(last.event.id);
+        let (held, send): (Vec<_>, Vec<_>) = feed.into_iter().partition(|e| e.held);
+        let held = held
+            .iter()
+            .map(|e| (e.event.id, e.event.order.id))
+            .collect();
+        (
+            send.into_iter().map(|e| e.event).collect::<Vec<_>>(),
+            upto,
+            held,
+        )
+    } else {
+        (retries, None, Vec::new())
+    };
+    let retried: Vec<EventId> = if upto.is_none() {
+        send.iter().map(|e| e.id).collect()
+    } else {
+        Vec::new()
+    };
+    if send.is_empty() {
+        store.webhook_advance(me, upto, held, retried).await?;
+        return Ok(Duration::ZERO);
+    }
+    let sent: Vec<(EventId, OrderId)> = send.iter().map(|e| (e.id, e.order.id)).collect();
+    let delivery = post(client, settings, EventsBody::of(send)).await;
+    metrics::counter!(super::DELIVERIES, "outcome" => delivery.outcome()).increment(1);
+    match delivery {
+        Delivery::Acknowledged => {
+            metrics::counter!(super::DELIVERED).increment(sent.len() as u64);
+            // A lease lost meanwhile: the next holder sends the batch again
+            // (at least once).
+            store.webhook_advance(me, upto, held, retried).await?;
+            Ok(Duration::ZERO)
+        }
+        Delivery::Refused(why) => {
+            let wait = backoff(
+                u32::try_from(cursor.failures)
+                    .unwrap_or(0)
+                    .saturating_add(1),
+            );
+            tracing::warn!(reason = %why, retry_in_ms = wait.as_millis() as u64, "webhook delivery failed");
+            let Some((_, first)) = store.webhook_failed_attempt(me, wait, why.clone()).await?
+            else {
+                return Ok(Duration::ZERO);
+            };
+            let given_up = chrono::Utc::now() - first
+                >= chrono::TimeDelta::from_std(settings.retry_for)
+                    .unwrap_or(chrono::TimeDelta::MAX);
+            if given_up {
+                let mut failed = sent;
+                failed.extend(held);
+                metrics::counter!(super::FAILED_BATCHES).increment(1);
+                tracing::error!(events = failed.len(), "webhook events failed after their retry period; see GET /admin/webhooks/failed");
+                store.webhook_give_up(me, upto, failed, why).await?;
+                return Ok(Duration::ZERO);
+            }
+            Ok(wait.min(Duration::from_secs(1)))
         }
     }
 }

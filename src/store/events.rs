@@ -1,14 +1,18 @@
 //! Order events (the `order_events` outbox that the migration's triggers
 //! fill in each change's transaction): the feed in commit order, and the
-//! webhooks' claims, acknowledgements, retries and failures.
+//! webhooks' cursor in it (its lease, acknowledgements and failures), the
+//! events held back after a failure, and their retry.
 
 use std::time::Duration;
 
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, Row};
 
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
 use super::{Result, Store};
-use crate::domain::{EventId, EventType, Order, OrderEvent, RefundDue};
+use crate::domain::{EventId, EventType, Order, OrderEvent, OrderId, RefundDue};
 
 /// The columns of an event (`e`) and its user's subject (`u`).
 macro_rules! event_columns {
@@ -32,36 +36,47 @@ const FEED: &str = concat!(
      LIMIT $3"
 );
 
-/// Claims up to `$1` events to deliver for `$2` ms: due, not failed, and
-/// each the earliest undelivered event of its order, so that no later
-/// event of an order goes out before an earlier one is acknowledged.
-/// Claimed rows are skipped by the other instances (`SKIP LOCKED` while
-/// the claim commits, then `next_attempt_at` in the future: a sender that
-/// dies leaves them to come due again when the claim runs out).
-const CLAIM: &str = concat!(
-    "WITH due AS (
-        SELECT e.id FROM order_events e
-        WHERE e.delivered_at IS NULL AND e.failed_at IS NULL AND e.next_attempt_at <= now()
-          AND NOT EXISTS (
-            SELECT 1 FROM order_events p
-            WHERE p.order_id = e.order_id AND p.sequence < e.sequence AND p.delivered_at IS NULL
-          )
-        ORDER BY e.id
-        LIMIT $1
-        FOR UPDATE SKIP LOCKED
-     ), claimed AS (
-        UPDATE order_events e
-        SET next_attempt_at = now() + make_interval(secs => $2::double precision / 1000),
-            first_attempt_at = coalesce(e.first_attempt_at, now()),
-            attempts = e.attempts + 1
-        FROM due WHERE e.id = due.id
-        RETURNING e.*
-     )
-     SELECT ",
+/// The feed as the webhooks read it: each event with whether its order has
+/// an event held back (failed, or waiting for its retry), which it must
+/// not overtake.
+const WEBHOOK_FEED: &str = concat!(
+    "SELECT ",
     event_columns!(),
-    " FROM claimed e LEFT JOIN user_refs u ON u.user_id = e.user_id
-     ORDER BY e.id"
+    ", EXISTS (SELECT 1 FROM webhook_failed f WHERE f.order_id = e.order_id) AS held
+     FROM order_events e LEFT JOIN user_refs u ON u.user_id = e.user_id
+     WHERE (e.tx, e.id) > ($1::text::xid8, $2)
+       AND e.tx < pg_snapshot_xmin(pg_current_snapshot())
+     ORDER BY e.tx, e.id
+     LIMIT $3"
 );
+
+/// Moves the cursor forward to `($2, $3)` for holder `$1` (never back),
+/// holds back the events `$4` (tx), `$5` (id), `$6` (order) behind their
+/// orders' earlier held events (waiting for a retry if all of those do),
+/// forgets the retried events `$7`, `$8` that were delivered, and clears
+/// the failures. The cursor moves only while `$1` holds the lease.
+const ADVANCE: &str = "
+WITH cursor AS (
+    UPDATE webhook_cursor
+    SET after_tx = greatest(after_tx, $2::text::xid8),
+        after_id = CASE WHEN (after_tx, after_id) < ($2::text::xid8, $3) THEN $3 ELSE after_id END,
+        failures = 0, first_failure_at = NULL, next_attempt_at = now(), last_error = NULL
+    WHERE holder = $1
+    RETURNING 1
+), held AS (
+    INSERT INTO webhook_failed (tx, id, order_id, retry, last_error)
+    SELECT b.tx::text::xid8, b.id, b.order_id, bool_and(f.retry), 'an earlier event of its order is held back'
+    FROM unnest($4::bigint[], $5::bigint[], $6::bigint[]) AS b(tx, id, order_id)
+    JOIN webhook_failed f ON f.order_id = b.order_id
+    WHERE EXISTS (SELECT 1 FROM cursor)
+    GROUP BY b.tx, b.id, b.order_id
+    ON CONFLICT DO NOTHING
+), done AS (
+    DELETE FROM webhook_failed f
+    USING unnest($7::bigint[], $8::bigint[]) AS d(tx, id)
+    WHERE f.tx = d.tx::text::xid8 AND f.id = d.id AND EXISTS (SELECT 1 FROM cursor)
+)
+SELECT count(*) FROM cursor";
 
 impl FromRow<'_, PgRow> for OrderEvent {
     fn from_row(row: &PgRow) -> sqlx::Result<Self> {
@@ -99,13 +114,55 @@ impl FromRow<'_, PgRow> for OrderEvent {
     }
 }
 
+/// The webhooks' place in the feed, as the lease's holder read it.
+#[derive(Debug, Clone, Copy)]
+pub struct WebhookCursor {
+    /// Everything up to here was acknowledged (or held back).
+    pub after: EventId,
+    /// Failed attempts in a row at the head of the feed.
+    pub failures: i32,
+    pub first_failure_at: Option<DateTime<Utc>>,
+    pub next_attempt_at: DateTime<Utc>,
+}
+
+impl FromRow<'_, PgRow> for WebhookCursor {
+    fn from_row(row: &PgRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            after: EventId {
+                tx: row.try_get("after_tx")?,
+                row: row.try_get("after_id")?,
+            },
+            failures: row.try_get("failures")?,
+            first_failure_at: row.try_get("first_failure_at")?,
+            next_attempt_at: row.try_get("next_attempt_at")?,
+        })
+    }
+}
+
+/// An event as the webhooks read the feed: `held` when an earlier event
+/// of its order is held back.
+pub struct FeedEvent {
+    pub event: OrderEvent,
+    pub held: bool,
+}
+
 /// The webhooks' backlog, for the metrics.
 #[derive(Debug, Clone, Copy, Default, FromRow)]
 pub struct Backlog {
-    /// Seconds since the oldest event not yet acknowledged (nor failed)
-    /// was written; 0 when there is none.
+    /// Seconds since the oldest event past the cursor was written; 0 when
+    /// there is none.
     pub lag_seconds: f64,
+    /// Events held back after a failure, not put back for a retry.
     pub failed: i64,
+}
+
+/// Event ids and their orders, as arrays for a statement.
+fn columns(events: &[(EventId, OrderId)]) -> (Vec<i64>, Vec<i64>, Vec<OrderId>) {
+    (
+        events.iter().map(|(e, _)| e.tx).collect(),
+        events.iter().map(|(e, _)| e.row).collect(),
+        events.iter().map(|(_, o)| *o).collect(),
+    )
 }
 
 impl Store {
@@ -131,15 +188,79 @@ impl Store {
             .await
     }
 
-    /// Claims up to `limit` events to deliver, for `lease`.
-    pub async fn claim_events(&self, limit: i64, lease: Duration) -> Result<Vec<OrderEvent>> {
+    /// Takes (or keeps) the webhooks' lease for `holder`, for `lease`; the
+    /// cursor, or `None` while another holder's lease runs.
+    pub async fn take_webhook_lease(
+        &self,
+        holder: Uuid,
+        lease: Duration,
+    ) -> Result<Option<WebhookCursor>> {
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         self.db
             .run(move |c, persistent| {
                 Box::pin(
-                    sqlx::query_as(CLAIM)
+                    sqlx::query_as(
+                        "UPDATE webhook_cursor
+                         SET holder = $1,
+                             lease_until = now() + make_interval(secs => $2::double precision / 1000)
+                         WHERE holder = $1 OR holder IS NULL OR lease_until < now()
+                         RETURNING after_tx::text::bigint AS after_tx, after_id, failures,
+                                   first_failure_at, next_attempt_at",
+                    )
+                    .bind(holder)
+                    .bind(lease_ms)
+                    .persistent(persistent)
+                    .fetch_optional(c),
+                )
+            })
+            .await
+    }
+
+    /// Up to `limit` events of the feed after `after`, for the webhooks.
+    pub async fn webhook_feed(&self, after: EventId, limit: i64) -> Result<Vec<FeedEvent>> {
+        let rows: Vec<(OrderEvent, bool)> = self
+            .db
+            .run(move |c, persistent| {
+                Box::pin(async move {
+                    let rows = sqlx::query(WEBHOOK_FEED)
+                        .bind(after.tx.to_string())
+                        .bind(after.row)
                         .bind(limit)
-                        .bind(lease_ms)
+                        .persistent(persistent)
+                        .fetch_all(c)
+                        .await?;
+                    rows.iter()
+                        .map(|row| Ok((OrderEvent::from_row(row)?, row.try_get("held")?)))
+                        .collect::<sqlx::Result<Vec<_>>>()
+                })
+            })
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(event, held)| FeedEvent { event, held })
+            .collect())
+    }
+
+    /// Up to `limit` held-back events put back for a retry, oldest first.
+    pub async fn webhook_retries(&self, limit: i64) -> Result<Vec<OrderEvent>> {
+        const SQL: &str = concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM webhook_failed f
+             JOIN order_events e ON e.tx = f.tx AND e.id = f.id
+             LEFT JOIN user_refs u ON u.user_id = e.user_id
+             WHERE f.retry
+             ORDER BY f.tx, f.id LIMIT $1"
+        );
+        self.events_by_limit(SQL, limit).await
+    }
+
+    async fn events_by_limit(&self, sql: &'static str, limit: i64) -> Result<Vec<OrderEvent>> {
+        self.db
+            .run(move |c, persistent| {
+                Box::pin(
+                    sqlx::query_as(sql)
+                        .bind(limit)
                         .persistent(persistent)
                         .fetch_all(c),
                 )
@@ -147,65 +268,109 @@ impl Store {
             .await
     }
 
-    /// Marks events acknowledged by the receiver.
-    pub async fn acknowledge_events(&self, rows: Vec<i64>) -> Result<()> {
+    /// After an acknowledged delivery (or a batch with nothing to send):
+    /// the cursor moved to `upto` (none for a batch of retries), `held`
+    /// held back behind their orders, `retried` forgotten, failures
+    /// cleared. `false` when `holder` had lost the lease: nothing changed,
+    /// and the next holder sends the batch again.
+    pub async fn webhook_advance(
+        &self,
+        holder: Uuid,
+        upto: Option<EventId>,
+        held: Vec<(EventId, OrderId)>,
+        retried: Vec<EventId>,
+    ) -> Result<bool> {
+        let upto = upto.unwrap_or_default();
+        let (held_tx, held_id, held_order) = columns(&held);
+        let retried_tx: Vec<i64> = retried.iter().map(|e| e.tx).collect();
+        let retried_id: Vec<i64> = retried.iter().map(|e| e.row).collect();
         self.db
             .run(move |c, persistent| {
                 Box::pin(async move {
-                    sqlx::query(
-                        "UPDATE order_events
-                         SET delivered_at = now(), next_attempt_at = now(), last_error = NULL
-                         WHERE id = ANY($1)",
+                    sqlx::query_scalar(ADVANCE)
+                        .bind(holder)
+                        .bind(upto.tx.to_string())
+                        .bind(upto.row)
+                        .bind(held_tx)
+                        .bind(held_id)
+                        .bind(held_order)
+                        .bind(retried_tx)
+                        .bind(retried_id)
+                        .persistent(persistent)
+                        .fetch_one(c)
+                        .await
+                        .map(|n: i64| n > 0)
+                })
+            })
+            .await
+    }
+
+    /// Records a failed delivery: nobody sends for `retry_in`; the
+    /// failures in a row and when the first of them was.
+    pub async fn webhook_failed_attempt(
+        &self,
+        holder: Uuid,
+        retry_in: Duration,
+        error: String,
+    ) -> Result<Option<(i32, DateTime<Utc>)>> {
+        let retry_ms = i64::try_from(retry_in.as_millis()).unwrap_or(i64::MAX);
+        self.db
+            .run(move |c, persistent| {
+                Box::pin(
+                    sqlx::query_as(
+                        "UPDATE webhook_cursor
+                         SET failures = failures + 1,
+                             first_failure_at = coalesce(first_failure_at, now()),
+                             next_attempt_at = now() + make_interval(secs => $2::double precision / 1000),
+                             last_error = left($3, 300)
+                         WHERE holder = $1
+                         RETURNING failures, first_failure_at",
                     )
-                    .bind(rows)
+                    .bind(holder)
+                    .bind(retry_ms)
+                    .bind(error)
+                    .persistent(persistent)
+                    .fetch_optional(c),
+                )
+            })
+            .await
+    }
+
+    /// Gives up on `events` after their retry period: they are failed
+    /// (listed, and sent again only after a retry), the cursor moves past
+    /// `upto` (a batch of the feed), and the next batch is tried at once.
+    pub async fn webhook_give_up(
+        &self,
+        holder: Uuid,
+        upto: Option<EventId>,
+        events: Vec<(EventId, OrderId)>,
+        error: String,
+    ) -> Result<bool> {
+        let (tx, id, order) = columns(&events);
+        let failed = self
+            .db
+            .run(move |c, persistent| {
+                Box::pin(async move {
+                    sqlx::query(
+                        "INSERT INTO webhook_failed (tx, id, order_id, retry, last_error)
+                         SELECT b.tx::text::xid8, b.id, b.order_id, false, left($4, 300)
+                         FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS b(tx, id, order_id)
+                         ON CONFLICT (tx, id) DO UPDATE
+                         SET retry = false, failed_at = now(), last_error = EXCLUDED.last_error",
+                    )
+                    .bind(tx)
+                    .bind(id)
+                    .bind(order)
+                    .bind(error)
                     .persistent(persistent)
                     .execute(c)
                     .await
                     .map(drop)
                 })
             })
-            .await
-    }
-
-    /// Records a failed delivery of `rows`: each is tried again after
-    /// `retry_in`, or failed if its first attempt is older than
-    /// `give_up_after`. How many were failed now.
-    pub async fn delivery_failed(
-        &self,
-        rows: Vec<i64>,
-        error: String,
-        retry_in: Duration,
-        give_up_after: Duration,
-    ) -> Result<u64> {
-        let retry_ms = i64::try_from(retry_in.as_millis()).unwrap_or(i64::MAX);
-        let give_up_ms = i64::try_from(give_up_after.as_millis()).unwrap_or(i64::MAX);
-        self.db
-            .run(move |c, persistent| {
-                Box::pin(async move {
-                    sqlx::query_scalar(
-                        "WITH marked AS (
-                            UPDATE order_events
-                            SET last_error = left($2, 300),
-                                next_attempt_at = now() + make_interval(secs => $3::double precision / 1000),
-                                failed_at = CASE
-                                    WHEN first_attempt_at
-                                         + make_interval(secs => $4::double precision / 1000) <= now()
-                                    THEN now() END
-                            WHERE id = ANY($1) AND delivered_at IS NULL
-                            RETURNING failed_at
-                         )
-                         SELECT count(*) FILTER (WHERE failed_at IS NOT NULL) FROM marked",
-                    )
-                    .bind(rows)
-                    .bind(error)
-                    .bind(retry_ms)
-                    .bind(give_up_ms)
-                    .persistent(persistent)
-                    .fetch_one(c)
-                    .await
-                    .map(|n: i64| u64::try_from(n).unwrap_or(0))
-                })
-            })
+            .await;
+        failed?;
+        self.webhook_advance(holder, upto, Vec::new(), Vec::new())
             .await
     }
 
@@ -214,45 +379,34 @@ impl Store {
         const SQL: &str = concat!(
             "SELECT ",
             event_columns!(),
-            " FROM order_events e LEFT JOIN user_refs u ON u.user_id = e.user_id
-             WHERE e.failed_at IS NOT NULL
-             ORDER BY e.id LIMIT $1"
+            " FROM webhook_failed f
+             JOIN order_events e ON e.tx = f.tx AND e.id = f.id
+             LEFT JOIN user_refs u ON u.user_id = e.user_id
+             WHERE NOT f.retry
+             ORDER BY f.tx, f.id LIMIT $1"
         );
-        self.db
-            .run(move |c, persistent| {
-                Box::pin(
-                    sqlx::query_as(SQL)
-                        .bind(limit)
-                        .persistent(persistent)
-                        .fetch_all(c),
-                )
-            })
-            .await
+        self.events_by_limit(SQL, limit).await
     }
 
-    /// Puts every failed event back to be delivered now, with a new
-    /// retry period; how many.
+    /// Puts every failed event back to be delivered, before the feed and
+    /// oldest first; how many.
     pub async fn retry_failed_events(&self) -> Result<u64> {
         self.db
             .run(move |c, persistent| {
                 Box::pin(async move {
-                    sqlx::query(
-                        "UPDATE order_events
-                         SET failed_at = NULL, first_attempt_at = NULL, attempts = 0,
-                             next_attempt_at = now()
-                         WHERE failed_at IS NOT NULL",
-                    )
-                    .persistent(persistent)
-                    .execute(c)
-                    .await
-                    .map(|done| done.rows_affected())
+                    sqlx::query("UPDATE webhook_failed SET retry = true WHERE NOT retry")
+                        .persistent(persistent)
+                        .execute(c)
+                        .await
+                        .map(|done| done.rows_affected())
                 })
             })
             .await
     }
 
-    /// Deletes up to `limit` events older than `days`: acknowledged ones,
-    /// or any when `acknowledged_only` is false (nothing delivers them).
+    /// Deletes up to `limit` of the oldest events, of those older than
+    /// `days`: acknowledged ones (up to the webhooks' cursor, not held
+    /// back), or any when `acknowledged_only` is false (no webhooks).
     /// How many.
     pub async fn delete_old_events(
         &self,
@@ -264,12 +418,15 @@ impl Store {
             .run(move |c, _| {
                 Box::pin(async move {
                     sqlx::query(
-                        "DELETE FROM order_events WHERE id IN (
-                            SELECT id FROM order_events
-                            WHERE created_at < now() - make_interval(days => $1)
-                              AND (delivered_at IS NOT NULL OR NOT $2)
-                            ORDER BY created_at LIMIT $3
-                            FOR UPDATE SKIP LOCKED)",
+                        "DELETE FROM order_events d USING (
+                            SELECT e.tx, e.id FROM order_events e, webhook_cursor w
+                            WHERE (NOT $2 OR (e.tx, e.id) <= (w.after_tx, w.after_id))
+                              AND NOT EXISTS (SELECT 1 FROM webhook_failed f
+                                              WHERE f.tx = e.tx AND f.id = e.id)
+                            ORDER BY e.tx, e.id LIMIT $3
+                         ) oldest
+                         WHERE d.tx = oldest.tx AND d.id = oldest.id
+                           AND d.created_at < now() - make_interval(days => $1)",
                     )
                     .bind(days)
                     .bind(acknowledged_only)
@@ -289,10 +446,12 @@ impl Store {
             .run(move |c, persistent| {
                 Box::pin(
                     sqlx::query_as(
-                        "SELECT coalesce(extract(epoch FROM now() - min(created_at))
-                                         FILTER (WHERE failed_at IS NULL), 0)::float8 AS lag_seconds,
-                                count(*) FILTER (WHERE failed_at IS NOT NULL) AS failed
-                         FROM order_events WHERE delivered_at IS NULL",
+                        "SELECT coalesce((
+                                    SELECT extract(epoch FROM now() - e.created_at)::float8
+                                    FROM order_events e, webhook_cursor w
+                                    WHERE (e.tx, e.id) > (w.after_tx, w.after_id)
+                                    ORDER BY e.tx, e.id LIMIT 1), 0) AS lag_seconds,
+                                (SELECT count(*) FROM webhook_failed WHERE NOT retry) AS failed",
                     )
                     .persistent(persistent)
                     .fetch_one(c),

@@ -316,7 +316,8 @@ async fn shutdown_stops_every_background_worker_within_its_timeout() {
     let client = client();
     // A sync sale and an async one: each gets a writer of its own (the
     // sync one a locker too, the async one an acceptor), beside the expiry
-    // sweep, the relay of returns and the async supervisor.
+    // sweep, the relay of returns, the async supervisor and the deletion
+    // of old order events.
     let now = chrono::Utc::now();
     let voucher = |mode: &str| {
         json!({
@@ -338,7 +339,7 @@ async fn shutdown_stops_every_background_worker_within_its_timeout() {
     .await;
     assert_eq!(accepted.status, StatusCode::ACCEPTED, "{}", accepted.body);
     let started = std::time::Instant::now();
-    while seckill.workers_running() < 7 {
+    while seckill.workers_running() < 8 {
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "the workers did not start: {}",

@@ -492,3 +492,64 @@ async fn without_a_secret_or_with_a_url_that_is_not_http_the_service_refuses_to_
         .unwrap();
     assert!(error.to_string().contains("SECKILL_WEBHOOK_URL"), "{error}");
 }
+
+#[tokio::test]
+async fn the_guides_example_receiver_verifies_real_deliveries_and_refuses_a_forged_one() {
+    use std::io::{BufRead, BufReader};
+    let port = testkit::free_port().unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/webhook_receiver.py");
+    let mut receiver = std::process::Command::new("python3")
+        .arg(script)
+        .arg(port.to_string())
+        .env("SECKILL_WEBHOOK_SECRET", WEBHOOK_SECRET)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs the example receiver");
+    let url = format!("http://127.0.0.1:{port}/hooks");
+    let client = reqwest::Client::new();
+    // Up, and a delivery signed with another secret is refused.
+    let forged = poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        "the example receiver listening",
+        || async {
+            let body = r#"{"events":[]}"#;
+            let header = seckill::events::signature(
+                b"not-the-secret",
+                chrono::Utc::now().timestamp(),
+                body.as_bytes(),
+            );
+            client
+                .post(&url)
+                .header("x-seckill-signature", header)
+                .body(body)
+                .send()
+                .await
+                .map(|r| r.status())
+                .ok()
+        },
+        Option::is_some,
+    )
+    .await;
+    assert_eq!(forged, Some(StatusCode::BAD_REQUEST));
+
+    let app = app_with_webhook(&url, 86_400).await;
+    let voucher = app.open_voucher(5).await;
+    let order = app.buy_one(&app.base, 1, voucher).await;
+    let stdout = receiver.stdout.take().unwrap();
+    let (lines, printed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let line = tokio::task::spawn_blocking(move || printed.recv_timeout(Duration::from_secs(15)))
+        .await
+        .unwrap();
+    receiver.kill().unwrap();
+    receiver.wait().unwrap();
+    let line = line.expect("the example receiver printed an event");
+    let event: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(event["type"], "order.created");
+    assert_eq!(event["order"]["order_id"], order.as_str());
+}

@@ -447,6 +447,23 @@ async fn sale_through(disruption: &'static str) -> Report {
             .unwrap();
     let stored_ids: HashSet<String> = stored.iter().map(|(id, _)| id.to_string()).collect();
     let stored_users: HashSet<i64> = stored.iter().map(|&(_, user)| user).collect();
+    // The outbox through the failover: one order.created per stored
+    // order, and none for an order that is not stored (the event is
+    // written in the order's own transaction).
+    let mut created: Vec<i64> = sqlx::query_scalar(
+        "SELECT order_id FROM order_events WHERE type = 'order.created' AND voucher_id = $1",
+    )
+    .bind(voucher)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    created.sort_unstable();
+    let mut stored_order_ids: Vec<i64> = stored.iter().map(|&(id, _)| id).collect();
+    stored_order_ids.sort_unstable();
+    assert_eq!(
+        created, stored_order_ids,
+        "`{disruption}`: the order.created events are not the stored orders, each once"
+    );
 
     assert_answered_only(
         &purchases,

@@ -11,7 +11,7 @@ use crate::helpers::spawn_app;
 
 /// Every (method, path) the router serves for clients, as the contract has
 /// them.
-const OPERATIONS: [(&str, &str); 16] = [
+const OPERATIONS: [(&str, &str); 19] = [
     ("post", "/admin/vouchers"),
     ("get", "/vouchers/{id}"),
     ("post", "/vouchers/{id}/queue"),
@@ -28,6 +28,9 @@ const OPERATIONS: [(&str, &str); 16] = [
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
+    ("get", "/admin/events"),
+    ("get", "/admin/webhooks/failed"),
+    ("post", "/admin/webhooks/retry"),
 ];
 
 #[tokio::test]

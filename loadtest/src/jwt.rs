@@ -1,0 +1,264 @@
+//! `loadtest jwt`: what signing in with the shop's JWT costs the server,
+//! beside the service's own `v1` token, in one run on one instance whose
+//! JWK Set (a file) holds an RSA key (made by openssl) and a P-256 key
+//! (made by ring). Each row is a crowd of distinct users buying once from
+//! a voucher that cannot sell out; CPU µs per purchase by process:
+//! - `v1`, then fresh RS256 and ES256 JWTs (every buyer's first: no cache
+//!   helps), the goal at most 1.3x `v1`'s server CPU;
+//! - on a second voucher, `v1` again, then the same RS256 tokens (verified
+//!   already: the cache answers), the goal at most `v1`'s.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use clap::Args;
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use ring::rand::SystemRandom;
+use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
+use serde_json::json;
+
+use crate::api::{Admin, SaleMode};
+use crate::cpu::Usage;
+use crate::service::Target;
+use crate::table::Table;
+use crate::{round, TargetArgs};
+
+const ISSUER: &str = "https://id.load.test/";
+const AUDIENCE: &str = "seckill";
+
+#[derive(Args, Clone)]
+pub struct JwtArgs {
+    /// Buyers of each row (each buys once).
+    #[arg(long, default_value_t = 10_000)]
+    pub users: i64,
+    /// Connections of each crowd.
+    #[arg(long, default_value_t = 200)]
+    pub connections: usize,
+}
+
+/// A key the driver signs with, and its public JWK.
+struct Signer {
+    kid: &'static str,
+    algorithm: Algorithm,
+    key: EncodingKey,
+    jwk: serde_json::Value,
+}
+
+fn b64(bytes: &[u8]) -> String {
+    URL_SAFE_NO_PAD.encode(bytes)
+}
+
+fn rsa(dir: &std::path::Path) -> Result<Signer, String> {
+    let pem = dir.join("rsa.pem");
+    let run = |args: &[&str]| {
+        Command::new("openssl")
+            .args(args)
+            .arg(&pem)
+            .output()
+            .map_err(|e| format!("openssl: {e}"))
+            .and_then(|o| {
+                if o.status.success() {
+                    Ok(o.stdout)
+                } else {
+                    Err(format!("openssl: {}", String::from_utf8_lossy(&o.stderr)))
+                }
+            })
+    };
+    run(&[
+        "genpkey",
+        "-algorithm",
+        "RSA",
+        "-pkeyopt",
+        "rsa_keygen_bits:2048",
+        "-out",
+    ])?;
+    let modulus =
+        String::from_utf8_lossy(&run(&["rsa", "-noout", "-modulus", "-in"])?).into_owned();
+    let n =
+        hex::decode(modulus.trim().trim_start_matches("Modulus=")).map_err(|e| e.to_string())?;
+    let pem = std::fs::read(&pem).map_err(|e| e.to_string())?;
+    Ok(Signer {
+        kid: "rsa",
+        algorithm: Algorithm::RS256,
+        key: EncodingKey::from_rsa_pem(&pem).map_err(|e| e.to_string())?,
+        jwk: json!({ "kty": "RSA", "kid": "rsa", "use": "sig", "n": b64(&n), "e": "AQAB" }),
+    })
+}
+
+fn p256() -> Result<Signer, String> {
+    let rng = SystemRandom::new();
+    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
+        .map_err(|e| e.to_string())?;
+    let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+        .map_err(|e| e.to_string())?;
+    let point = pair.public_key().as_ref();
+    Ok(Signer {
+        kid: "p256",
+        algorithm: Algorithm::ES256,
+        key: EncodingKey::from_ec_der(pkcs8.as_ref()),
+        jwk: json!({ "kty": "EC", "kid": "p256", "crv": "P-256",
+                     "x": b64(&point[1..33]), "y": b64(&point[33..65]) }),
+    })
+}
+
+/// Tokens for users `first..first + count`, signed on every core.
+async fn sign_all(signer: Arc<Signer>, first: i64, count: i64) -> Result<Vec<Arc<str>>, String> {
+    let exp = chrono::Utc::now().timestamp() + 3600;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as i64;
+    let per = (count + cores - 1) / cores;
+    let mut parts = Vec::new();
+    for part in 0..cores {
+        let signer = signer.clone();
+        let users = (first + part * per)..(first + ((part + 1) * per).min(count));
+        parts.push(tokio::task::spawn_blocking(move || {
+            users
+                .map(|user| {
+                    let mut header = Header::new(signer.algorithm);
+                    header.kid = Some(signer.kid.to_owned());
+                    let claims = json!({ "iss": ISSUER, "aud": AUDIENCE, "sub": user.to_string(), "exp": exp });
+                    encode(&header, &claims, &signer.key)
+                        .map(Arc::from)
+                        .map_err(|e| e.to_string())
+                })
+                .collect::<Result<Vec<Arc<str>>, String>>()
+        }));
+    }
+    let mut tokens = Vec::new();
+    for part in parts {
+        tokens.extend(part.await.map_err(|e| e.to_string())??);
+    }
+    Ok(tokens)
+}
+
+/// One crowd's cost: CPU µs per purchase by process, and the purchases.
+struct Row {
+    name: &'static str,
+    micros: BTreeMap<&'static str, f64>,
+    bought: u64,
+    others: u64,
+}
+
+impl Row {
+    fn server(&self) -> f64 {
+        ["service", "redis", "postgres"]
+            .iter()
+            .map(|p| self.micros.get(p).copied().unwrap_or(0.0))
+            .sum()
+    }
+}
+
+async fn crowd(
+    service: &Target,
+    voucher: i64,
+    tokens: &[Arc<str>],
+    connections: usize,
+    name: &'static str,
+) -> Row {
+    eprintln!("jwt: {name}");
+    let before = Usage::now(service).await;
+    let tally = service
+        .buy_once(voucher, tokens, Duration::from_secs(600), connections, name)
+        .await;
+    let bought = tally.count("200");
+    let after = Usage::now(service).await;
+    Row {
+        name,
+        micros: after.micros_per(&before, bought.max(1)),
+        bought,
+        others: tally.requests - bought,
+    }
+}
+
+pub async fn run(target: &TargetArgs, args: &JwtArgs) -> Result<bool, String> {
+    if target.url.is_some() {
+        return Err("jwt starts its own instance (with a JWK Set of its own); drop --url".into());
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "seckill-jwt-load-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let (rs, es) = (Arc::new(rsa(&dir)?), Arc::new(p256()?));
+    let jwks = dir.join("jwks.json");
+    std::fs::write(&jwks, json!({ "keys": [rs.jwk, es.jwk] }).to_string())
+        .map_err(|e| e.to_string())?;
+    let env = vec![
+        ("SECKILL_JWT_JWKS".to_owned(), jwks.display().to_string()),
+        ("SECKILL_JWT_ISSUER".to_owned(), ISSUER.to_owned()),
+        ("SECKILL_JWT_AUDIENCE".to_owned(), AUDIENCE.to_owned()),
+    ];
+    let n = args.users;
+    eprintln!("jwt: signing {n} RS256 and {n} ES256 tokens");
+    let rs_tokens = sign_all(rs, n + 1, n).await?;
+    let es_tokens = sign_all(es, 2 * n + 1, n).await?;
+    let service = Target::start(target.launch(1, env)).await?;
+    let rows = async {
+        let admin = Admin::new(&service);
+        let v1_tokens = admin.shared_tokens(1, n).await?;
+        let first = admin.endless_voucher(SaleMode::Sync).await?;
+        let second = admin.endless_voucher(SaleMode::Sync).await?;
+        let c = args.connections;
+        Ok::<_, String>(vec![
+            crowd(&service, first, &v1_tokens, c, "v1").await,
+            crowd(&service, first, &rs_tokens, c, "RS256, fresh").await,
+            crowd(&service, first, &es_tokens, c, "ES256, fresh").await,
+            crowd(&service, second, &v1_tokens, c, "v1, second voucher").await,
+            crowd(&service, second, &rs_tokens, c, "RS256, verified already").await,
+        ])
+    }
+    .await;
+    service.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let rows = rows?;
+    let mut table = Table::new([
+        "tokens",
+        "bought",
+        "other answers",
+        "service µs",
+        "redis µs",
+        "postgres µs",
+        "server µs",
+        "÷ v1",
+    ]);
+    for (i, row) in rows.iter().enumerate() {
+        let v1 = if i < 3 { &rows[0] } else { &rows[3] };
+        let part = |p: &str| format!("{:.1}", row.micros.get(p).copied().unwrap_or(0.0));
+        table.row([
+            row.name.to_owned(),
+            row.bought.to_string(),
+            row.others.to_string(),
+            part("service"),
+            part("redis"),
+            part("postgres"),
+            format!("{:.1}", row.server()),
+            format!("{:.2}", row.server() / v1.server().max(1e-9)),
+        ]);
+    }
+    println!("{}", table.text());
+    let ratio = |a: usize, b: usize| round(rows[a].server() / rows[b].server().max(1e-9));
+    let everyone_bought = rows.iter().all(|r| r.bought == n as u64);
+    let goals = json!({
+        "rs256_fresh_over_v1": { "value": ratio(1, 0), "goal": 1.3 },
+        "es256_fresh_over_v1": { "value": ratio(2, 0), "goal": 1.3 },
+        "rs256_verified_over_v1": { "value": ratio(4, 3), "goal": 1.0 },
+    });
+    println!(
+        "{}",
+        json!({
+            "scenario": "jwt",
+            "users": n,
+            "connections": args.connections,
+            "ok": everyone_bought,
+            "goals": goals,
+            "rows": rows.iter().map(|r| json!({
+                "tokens": r.name, "bought": r.bought, "server_micros": round(r.server()),
+                "micros": r.micros.iter().map(|(k, v)| (k.to_string(), round(*v))).collect::<BTreeMap<_, _>>(),
+            })).collect::<Vec<_>>(),
+        })
+    );
+    Ok(everyone_bought)
+}
