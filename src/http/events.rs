@@ -23,7 +23,7 @@ pub struct FeedQuery {
     #[param(pattern = "^[0-9a-f]{32}$")]
     after: Option<String>,
     /// Most events to return: 1 to 1000 (default 100).
-    #[param(minimum = 1, maximum = 1000)]
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 1000)]
     limit: Option<String>,
 }
 
