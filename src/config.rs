@@ -365,10 +365,7 @@ impl Settings {
 
     /// The JWK Set's path or URL, if one is set and not blank.
     pub fn jwt_jwks(&self) -> Option<&str> {
-        self.jwt_jwks
-            .as_deref()
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
+        non_blank(self.jwt_jwks.as_deref())
     }
 
     /// The shared HS256 key of the shop's JWTs, if one is set.
@@ -378,10 +375,7 @@ impl Settings {
 
     /// The webhooks' URL, if one is set and not blank.
     pub fn webhook_url(&self) -> Option<&str> {
-        self.webhook_url
-            .as_deref()
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
+        non_blank(self.webhook_url.as_deref())
     }
 
     /// The webhooks' signing key, if one is set.
@@ -508,6 +502,11 @@ fn exposed(secret: Option<&SecretString>) -> Option<&str> {
     secret
         .map(ExposeSecret::expose_secret)
         .filter(|s| !s.is_empty())
+}
+
+/// A setting's text without its surrounding blanks, if any is left.
+fn non_blank(text: Option<&str>) -> Option<&str> {
+    text.map(str::trim).filter(|s| !s.is_empty())
 }
 
 /// A setting's value that does not parse (clap shows its message).

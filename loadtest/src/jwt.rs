@@ -9,7 +9,6 @@
 //!   already: the cache answers), the goal at most `v1`'s.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,34 +52,7 @@ fn b64(bytes: &[u8]) -> String {
 }
 
 fn rsa(dir: &std::path::Path) -> Result<Signer, String> {
-    let pem = dir.join("rsa.pem");
-    let run = |args: &[&str]| {
-        Command::new("openssl")
-            .args(args)
-            .arg(&pem)
-            .output()
-            .map_err(|e| format!("openssl: {e}"))
-            .and_then(|o| {
-                if o.status.success() {
-                    Ok(o.stdout)
-                } else {
-                    Err(format!("openssl: {}", String::from_utf8_lossy(&o.stderr)))
-                }
-            })
-    };
-    run(&[
-        "genpkey",
-        "-algorithm",
-        "RSA",
-        "-pkeyopt",
-        "rsa_keygen_bits:2048",
-        "-out",
-    ])?;
-    let modulus =
-        String::from_utf8_lossy(&run(&["rsa", "-noout", "-modulus", "-in"])?).into_owned();
-    let n =
-        hex::decode(modulus.trim().trim_start_matches("Modulus=")).map_err(|e| e.to_string())?;
-    let pem = std::fs::read(&pem).map_err(|e| e.to_string())?;
+    let (pem, n) = testkit::rsa_key(dir)?;
     Ok(Signer {
         kid: "rsa",
         algorithm: Algorithm::RS256,

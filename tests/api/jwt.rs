@@ -3,7 +3,6 @@
 //! served over HTTP (rotated, failing, flooded with unknown `kid`s), and
 //! every refusal.
 
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,29 +34,7 @@ fn b64(bytes: &[u8]) -> String {
 
 /// A 2048-bit RSA key pair from openssl.
 fn rsa_key(kid: &'static str) -> TestKey {
-    let dir = tempdir();
-    let pem = dir.join("key.pem");
-    let made = Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-        ])
-        .arg(&pem)
-        .output()
-        .expect("openssl runs (scripts/deps.sh installs it)");
-    assert!(made.status.success(), "{made:?}");
-    let modulus = Command::new("openssl")
-        .args(["rsa", "-noout", "-modulus", "-in"])
-        .arg(&pem)
-        .output()
-        .unwrap();
-    let modulus = String::from_utf8(modulus.stdout).unwrap();
-    let n = hex::decode(modulus.trim().trim_start_matches("Modulus=")).unwrap();
-    let pem = std::fs::read(&pem).unwrap();
+    let (pem, n) = testkit::rsa_key(&tempdir()).expect("openssl makes an RSA key");
     TestKey {
         kid,
         algorithm: Algorithm::RS256,

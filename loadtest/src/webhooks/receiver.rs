@@ -11,9 +11,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use hdrhistogram::Histogram;
-use hmac::{Hmac, Mac};
 use serde_json::Value;
-use sha2::Sha256;
 
 /// What the receiver answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,28 +105,12 @@ impl Receiver {
     }
 
     fn verified(&self, headers: &HeaderMap, body: &[u8]) -> bool {
-        let Some(header) = headers
+        headers
             .get("x-seckill-signature")
             .and_then(|v| v.to_str().ok())
-        else {
-            return false;
-        };
-        let mut t = None;
-        let mut v1 = None;
-        for part in header.split(',') {
-            match part.split_once('=') {
-                Some(("t", value)) => t = value.parse::<i64>().ok(),
-                Some(("v1", value)) => v1 = hex::decode(value).ok(),
-                _ => {}
-            }
-        }
-        let (Some(t), Some(v1)) = (t, v1) else {
-            return false;
-        };
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length");
-        mac.update(format!("{t}.").as_bytes());
-        mac.update(body);
-        (chrono::Utc::now().timestamp() - t).abs() <= 300 && mac.verify_slice(&v1).is_ok()
+            .is_some_and(|header| {
+                testkit::webhook_signed(&self.secret, header, body, chrono::Utc::now().timestamp())
+            })
     }
 }
 
