@@ -131,7 +131,12 @@ async fn deliver_once(
         return Ok(until_due.min(Duration::from_secs(1)));
     }
     let batch = i64::from(settings.batch);
-    let retries = store.webhook_retries(batch).await?;
+    // The lease said whether any: the usual step reads no retries.
+    let retries = if cursor.retries {
+        store.webhook_retries(batch).await?
+    } else {
+        Vec::new()
+    };
     let (send, upto, held) = if retries.is_empty() {
         let feed = store.webhook_feed(cursor.after, batch).await?;
         let Some(last) = feed.last() else {

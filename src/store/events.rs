@@ -123,6 +123,8 @@ pub struct WebhookCursor {
     pub failures: i32,
     pub first_failure_at: Option<DateTime<Utc>>,
     pub next_attempt_at: DateTime<Utc>,
+    /// Held-back events wait for their retry: they go before the feed.
+    pub retries: bool,
 }
 
 impl FromRow<'_, PgRow> for WebhookCursor {
@@ -135,6 +137,7 @@ impl FromRow<'_, PgRow> for WebhookCursor {
             failures: row.try_get("failures")?,
             first_failure_at: row.try_get("first_failure_at")?,
             next_attempt_at: row.try_get("next_attempt_at")?,
+            retries: row.try_get("retries")?,
         })
     }
 }
@@ -205,7 +208,8 @@ impl Store {
                              lease_until = now() + make_interval(secs => $2::double precision / 1000)
                          WHERE holder = $1 OR holder IS NULL OR lease_until < now()
                          RETURNING after_tx::text::bigint AS after_tx, after_id, failures,
-                                   first_failure_at, next_attempt_at",
+                                   first_failure_at, next_attempt_at,
+                                   EXISTS (SELECT 1 FROM webhook_failed WHERE retry) AS retries",
                     )
                     .bind(holder)
                     .bind(lease_ms)
