@@ -328,10 +328,10 @@ impl Settings {
             return Ok(());
         }
         for (variable, value) in [
-            ("SECKILL_JWT_ISSUER", &self.jwt_issuer),
-            ("SECKILL_JWT_AUDIENCE", &self.jwt_audience),
+            ("SECKILL_JWT_ISSUER", self.jwt_issuer()),
+            ("SECKILL_JWT_AUDIENCE", self.jwt_audience()),
         ] {
-            if value.as_deref().is_none_or(|v| v.trim().is_empty()) {
+            if value.is_none() {
                 return Err(SettingsError::Missing {
                     variable,
                     because: "a JWT key is set (SECKILL_JWT_JWKS or SECKILL_JWT_HS256_SECRET)",
@@ -366,6 +366,16 @@ impl Settings {
     /// The JWK Set's path or URL, if one is set and not blank.
     pub fn jwt_jwks(&self) -> Option<&str> {
         non_blank(self.jwt_jwks.as_deref())
+    }
+
+    /// The `iss` a JWT must carry, if one is set and not blank.
+    pub fn jwt_issuer(&self) -> Option<&str> {
+        non_blank(self.jwt_issuer.as_deref())
+    }
+
+    /// The `aud` a JWT must carry, if one is set and not blank.
+    pub fn jwt_audience(&self) -> Option<&str> {
+        non_blank(self.jwt_audience.as_deref())
     }
 
     /// The shared HS256 key of the shop's JWTs, if one is set.

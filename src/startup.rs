@@ -338,8 +338,8 @@ async fn authenticator(
         return Ok(Authenticator::v1_only(v1));
     }
     let jwt = JwtSettings {
-        issuer: settings.jwt_issuer.clone().unwrap_or_default(),
-        audience: settings.jwt_audience.clone().unwrap_or_default(),
+        issuer: settings.jwt_issuer().unwrap_or_default().to_owned(),
+        audience: settings.jwt_audience().unwrap_or_default().to_owned(),
         leeway_seconds: settings.jwt_leeway_seconds,
         hs256_secret,
         jwks,

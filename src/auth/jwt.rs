@@ -31,7 +31,6 @@ pub enum JwtError {
 
 /// The settings of JWT sign-in, and its keys.
 pub struct JwtVerifier {
-    pub issuer: String,
     hs256: Option<DecodingKey>,
     jwks: Option<Arc<Jwks>>,
     /// One validation per algorithm, made once: each pins its algorithm.
@@ -49,7 +48,7 @@ pub const MAX_SUBJECT_BYTES: usize = 255;
 
 impl JwtVerifier {
     pub fn new(
-        issuer: String,
+        issuer: &str,
         audience: &str,
         leeway_seconds: u64,
         hs256: Option<&[u8]>,
@@ -67,14 +66,13 @@ impl JwtVerifier {
             v.leeway = leeway_seconds;
             v.validate_exp = true;
             v.validate_nbf = true;
-            v.set_issuer(&[&issuer]);
+            v.set_issuer(&[issuer]);
             v.set_audience(&[audience]);
             v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
             (algorithm, v)
         })
         .collect();
         Self {
-            issuer,
             hs256: hs256.map(DecodingKey::from_secret),
             jwks,
             validations,

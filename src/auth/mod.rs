@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-pub use jwks::{Fetched, Jwks, JwksError, Source, MIN_FETCH_INTERVAL, REFRESH_EVERY};
-pub use jwt::{JwtError, JwtVerifier, Verified};
+use jwks::{Fetched, Jwks, MIN_FETCH_INTERVAL, REFRESH_EVERY};
+pub use jwks::{JwksError, Source};
+use jwt::{JwtError, JwtVerifier};
 use subjects::Subjects;
 
 use crate::domain::UserId;
@@ -106,7 +107,7 @@ impl Authenticator {
             tokio::spawn(refresh_forever(Arc::downgrade(jwks)));
         }
         let verifier = JwtVerifier::new(
-            settings.issuer.clone(),
+            &settings.issuer,
             &settings.audience,
             settings.leeway_seconds,
             settings.hs256_secret.as_deref(),

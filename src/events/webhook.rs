@@ -138,7 +138,7 @@ async fn deliver_once(
         Vec::new()
     };
     let (send, upto, held) = if retries.is_empty() {
-        let feed = store.webhook_feed(cursor.after, batch).await?;
+        let feed = store.feed(cursor.after, batch).await?;
         let Some(last) = feed.last() else {
             return Ok(IDLE_POLL);
         };

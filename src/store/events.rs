@@ -23,23 +23,13 @@ macro_rules! event_columns {
     };
 }
 
-/// The feed: events past the cursor `($1, $2)` whose transaction is older
-/// than every one still running, so that none can commit behind the
-/// cursor later (see the migration's note on `tx`).
+/// The feed, for its readers and the webhooks alike: events past the
+/// cursor `($1, $2)` whose transaction is older than every one still
+/// running, so that none can commit behind the cursor later (see the
+/// migration's note on `tx`); each with whether its order has an event
+/// held back by the webhooks (failed, or waiting for its retry), which
+/// they must not overtake.
 const FEED: &str = concat!(
-    "SELECT ",
-    event_columns!(),
-    " FROM order_events e LEFT JOIN user_refs u ON u.user_id = e.user_id
-     WHERE (e.tx, e.id) > ($1::text::xid8, $2)
-       AND e.tx < pg_snapshot_xmin(pg_current_snapshot())
-     ORDER BY e.tx, e.id
-     LIMIT $3"
-);
-
-/// The feed as the webhooks read it: each event with whether its order has
-/// an event held back (failed, or waiting for its retry), which it must
-/// not overtake.
-const WEBHOOK_FEED: &str = concat!(
     "SELECT ",
     event_columns!(),
     ", EXISTS (SELECT 1 FROM webhook_failed f WHERE f.order_id = e.order_id) AS held
@@ -176,19 +166,8 @@ impl Store {
         after: Option<EventId>,
         limit: i64,
     ) -> Result<Vec<OrderEvent>> {
-        let after = after.unwrap_or_default();
-        self.db
-            .run(move |c, persistent| {
-                Box::pin(
-                    sqlx::query_as(FEED)
-                        .bind(after.tx.to_string())
-                        .bind(after.row)
-                        .bind(limit)
-                        .persistent(persistent)
-                        .fetch_all(c),
-                )
-            })
-            .await
+        let feed = self.feed(after.unwrap_or_default(), limit).await?;
+        Ok(feed.into_iter().map(|e| e.event).collect())
     }
 
     /// Takes (or keeps) the webhooks' lease for `holder`, for `lease`; the
@@ -220,13 +199,14 @@ impl Store {
             .await
     }
 
-    /// Up to `limit` events of the feed after `after`, for the webhooks.
-    pub async fn webhook_feed(&self, after: EventId, limit: i64) -> Result<Vec<FeedEvent>> {
+    /// Up to `limit` events of the feed after `after`, each with whether
+    /// the webhooks hold its order back.
+    pub async fn feed(&self, after: EventId, limit: i64) -> Result<Vec<FeedEvent>> {
         let rows: Vec<(OrderEvent, bool)> = self
             .db
             .run(move |c, persistent| {
                 Box::pin(async move {
-                    let rows = sqlx::query(WEBHOOK_FEED)
+                    let rows = sqlx::query(FEED)
                         .bind(after.tx.to_string())
                         .bind(after.row)
                         .bind(limit)
