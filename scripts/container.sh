@@ -7,7 +7,9 @@
 #      resolve (`cargo metadata --locked`) and build the seckill binary
 #      (`cargo build --locked --bin seckill`, sharing this checkout's target
 #      folder so that only the workspace's own crates compile again);
-#   3. docker-compose.yml validates against the Compose Specification's
+#   3. that binary, built without features as the image builds it, holds
+#      none of the lab and refuses SECKILL_LAB=1;
+#   4. docker-compose.yml validates against the Compose Specification's
 #      schema, names only files that exist, and pins every image
 #      (scripts/compose_check.py).
 # What it does not check: that the base images pull, that apt-get inside
@@ -47,9 +49,26 @@ done
 cd "$layout"
 cargo metadata --locked --format-version 1 >/dev/null
 echo "container: the copied paths resolve (cargo metadata --locked)" >&2
-CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" cargo build --quiet --locked --bin seckill
+target="${CARGO_TARGET_DIR:-$root/target}"
+CARGO_TARGET_DIR="$target" cargo build --quiet --locked --bin seckill
 echo "container: the copied paths build the seckill binary (cargo build --locked)" >&2
 cd "$root"
+
+# The image builds with the Dockerfile's command, in release; the same
+# features give a debug binary with the same code, so this checks that one
+# (a release build of every dependency would cost CI minutes, not coverage).
+binary="$target/debug/seckill"
+if grep -q "lab_vouchers" "$binary"; then
+    echo "container: FAIL the image's seckill binary contains the lab" >&2
+    exit 1
+fi
+nolab="$(SECKILL_LAB=1 SECKILL_ADDR=127.0.0.1:0 SECKILL_ADMIN_TOKEN=ci \
+    timeout 20 "$binary" serve 2>&1 || true)"
+if ! grep -q "this binary has no lab" <<<"$nolab"; then
+    echo "container: FAIL the image's seckill binary did not refuse SECKILL_LAB=1: $nolab" >&2
+    exit 1
+fi
+echo "container: the image's binary has no lab and refuses SECKILL_LAB=1" >&2
 
 if ! python3 -c 'import jsonschema, yaml' 2>/dev/null; then
     echo "container: installing jsonschema and PyYAML" >&2
