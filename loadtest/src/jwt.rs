@@ -4,7 +4,8 @@
 //! (made by ring). Each row is a crowd of distinct users buying once from
 //! a voucher that cannot sell out; CPU µs per purchase by process:
 //! - `v1`, then fresh RS256 and ES256 JWTs (every buyer's first: no cache
-//!   helps), the goal at most 1.3x `v1`'s server CPU;
+//!   helps), the goal for RS256 at most 1.3x `v1`'s server CPU (ES256 is
+//!   measured beside it, with no goal set);
 //! - on a second voucher, `v1` again, then the same RS256 tokens (verified
 //!   already: the cache answers), the goal at most `v1`'s.
 
@@ -215,7 +216,6 @@ pub async fn run(target: &TargetArgs, args: &JwtArgs) -> Result<bool, String> {
     let everyone_bought = rows.iter().all(|r| r.bought == n as u64);
     let goals = json!({
         "rs256_fresh_over_v1": { "value": ratio(1, 0), "goal": 1.3 },
-        "es256_fresh_over_v1": { "value": ratio(2, 0), "goal": 1.3 },
         "rs256_verified_over_v1": { "value": ratio(4, 3), "goal": 1.0 },
     });
     println!(
@@ -226,6 +226,7 @@ pub async fn run(target: &TargetArgs, args: &JwtArgs) -> Result<bool, String> {
             "connections": args.connections,
             "ok": everyone_bought,
             "goals": goals,
+            "es256_fresh_over_v1": ratio(2, 0),
             "rows": rows.iter().map(|r| json!({
                 "tokens": r.name, "bought": r.bought, "server_micros": round(r.server()),
                 "micros": r.micros.iter().map(|(k, v)| (k.to_string(), round(*v))).collect::<BTreeMap<_, _>>(),

@@ -66,12 +66,29 @@ fn kinds(list: &[(&str, i64, &str)]) -> Vec<(String, i64, String)> {
         .collect()
 }
 
-#[tokio::test]
-async fn every_change_of_an_order_is_one_event_in_the_feed_with_the_order_as_it_stood() {
+/// Buys as `user` in the voucher's mode; the order id once it is stored
+/// (at once in sync, when the writer has stored it in async).
+async fn stored_order(app: &TestApp, mode: &str, user: i64, voucher: i64) -> String {
+    if mode == "sync" {
+        return app.buy_one(&app.base, user, voucher).await;
+    }
+    let token = app.token(user).await;
+    let (status, body) = app.buy_async(&token, voucher).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let order = body["order_id"].as_str().unwrap().to_owned();
+    app.wait_status(&order, "unpaid", Duration::from_secs(15))
+        .await;
+    order
+}
+
+/// Every kind of event in one sale of `mode`: created, paid, a second
+/// payment's refund due, cancelled and expired, each order's events in
+/// sequence with the order as it stood at that change.
+async fn every_change_is_one_event(mode: &str) {
     let app = spawn_app().await;
-    let voucher = app.priced_voucher(10, "sync", 500, 900).await;
+    let voucher = app.priced_voucher(10, mode, 500, 900).await;
     // Paid, then paid again under another payment id: refund due.
-    let paid = app.buy_one(&app.base, 1, voucher).await;
+    let paid = stored_order(&app, mode, 1, voucher).await;
     let (status, _) = notify(&app.client, &app.base, "pay-1", &paid, 500).await;
     assert_eq!(status, StatusCode::OK);
     let (status, body) = notify(&app.client, &app.base, "pay-2", &paid, 500).await;
@@ -82,15 +99,15 @@ async fn every_change_of_an_order_is_one_event_in_the_feed_with_the_order_as_it_
     // The same notification again changes nothing: no second event.
     notify(&app.client, &app.base, "pay-2", &paid, 500).await;
     // Cancelled.
-    let cancelled = app.buy_one(&app.base, 2, voucher).await;
+    let cancelled = stored_order(&app, mode, 2, voucher).await;
     let token = app.token(2).await;
-    let (status, _) = answer(
-        app.client
-            .post(app.url(&format!("/orders/{cancelled}/cancel")))
-            .bearer_auth(&token),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
+    let (status, body) = app.cancel(&app.base, &cancelled, &token).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Expired: unpaid past a one-second deadline.
+    let expiring = app.priced_voucher(5, mode, 0, 1).await;
+    let expired = stored_order(&app, mode, 3, expiring).await;
+    app.wait_status(&expired, "expired", Duration::from_secs(15))
+        .await;
 
     assert_eq!(
         app.events_of(&paid).await,
@@ -105,6 +122,13 @@ async fn every_change_of_an_order_is_one_event_in_the_feed_with_the_order_as_it_
         kinds(&[
             ("order.created", 1, "unpaid"),
             ("order.cancelled", 2, "cancelled")
+        ])
+    );
+    assert_eq!(
+        app.events_of(&expired).await,
+        kinds(&[
+            ("order.created", 1, "unpaid"),
+            ("order.expired", 2, "expired")
         ])
     );
     let events = app.all_events(100).await;
@@ -132,42 +156,13 @@ async fn every_change_of_an_order_is_one_event_in_the_feed_with_the_order_as_it_
 }
 
 #[tokio::test]
-async fn an_unpaid_order_past_its_deadline_expires_as_an_event_and_async_orders_when_stored() {
-    let app = spawn_app().await;
-    let expiring = app.priced_voucher(5, "sync", 0, 1).await;
-    let order = app.buy_one(&app.base, 1, expiring).await;
-    let async_voucher = app.open_async_voucher(5).await;
-    let token = app.token(7).await;
-    let (status, body) = answer(
-        app.client
-            .post(app.url(&format!("/seckill/{async_voucher}")))
-            .bearer_auth(&token),
-    )
-    .await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    let async_order = body["order_id"].as_str().unwrap().to_owned();
-    let read = || async {
-        (
-            app.events_of(&order).await,
-            app.events_of(&async_order).await,
-        )
-    };
-    let (expired, stored) = poll_until(
-        Duration::from_secs(15),
-        Duration::from_millis(200),
-        "the expiry and the async order's creation as events",
-        read,
-        |(e, s)| e.len() == 2 && s.len() == 1,
-    )
-    .await;
-    assert_eq!(
-        expired,
-        kinds(&[
-            ("order.created", 1, "unpaid"),
-            ("order.expired", 2, "expired")
-        ])
-    );
-    assert_eq!(stored, kinds(&[("order.created", 1, "unpaid")]));
+async fn every_change_of_a_sync_order_is_one_event_with_the_order_as_it_stood() {
+    every_change_is_one_event("sync").await;
+}
+
+#[tokio::test]
+async fn every_change_of_an_async_order_is_one_event_once_the_order_is_stored() {
+    every_change_is_one_event("async").await;
 }
 
 #[tokio::test]

@@ -48,7 +48,7 @@ impl TestApp {
     }
 
     /// An async purchase as the token's user: the status and the body.
-    async fn buy_async(&self, token: &str, voucher_id: i64) -> (StatusCode, Value) {
+    pub(crate) async fn buy_async(&self, token: &str, voucher_id: i64) -> (StatusCode, Value) {
         let url = self.url(&format!("/seckill/{voucher_id}"));
         let answer = send_purchase(&self.client, &url, token).await;
         (answer.status, answer.body)
@@ -61,7 +61,12 @@ impl TestApp {
     }
 
     /// Waits (bounded) until the order is in `status`.
-    async fn wait_status(&self, order_id: &str, status: &str, within: Duration) -> Value {
+    pub(crate) async fn wait_status(
+        &self,
+        order_id: &str,
+        status: &str,
+        within: Duration,
+    ) -> Value {
         let started = std::time::Instant::now();
         loop {
             let order = self.order_as_admin(order_id).await;
@@ -77,7 +82,12 @@ impl TestApp {
         }
     }
 
-    async fn cancel(&self, base: &str, order_id: &str, token: &str) -> (StatusCode, Value) {
+    pub(crate) async fn cancel(
+        &self,
+        base: &str,
+        order_id: &str,
+        token: &str,
+    ) -> (StatusCode, Value) {
         let url = format!("{base}/orders/{order_id}/cancel");
         answer(self.client.post(url).bearer_auth(token)).await
     }
