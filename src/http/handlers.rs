@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::cache::{cacheable, Tagged};
 use super::error::{ApiError, ErrorBody};
 use super::extract::{header_text, Caller, NoBody, OrderIdPath, User, VoucherIdPath};
 use super::openapi::{BadRequest, NotFound, OrderNotFound, TooLarge, Unauthorized, Unavailable};
@@ -79,9 +80,13 @@ impl From<Voucher> for VoucherBody {
 
 #[utoipa::path(
     get, path = "/vouchers/{id}", tag = "sale",
-    params(VoucherIdPath),
+    params(
+        VoucherIdPath,
+        ("If-None-Match" = Option<String>, Header, description = "An ETag of an earlier answer: 304 if it is still current"),
+    ),
     responses(
-        (status = 200, description = "The voucher", body = VoucherBody),
+        (status = 200, description = "The voucher; cacheable for a second (`Cache-Control`, `ETag`)", body = VoucherBody),
+        (status = 304, description = "Not modified: the `If-None-Match` tag is current"),
         (status = 400, description = "bad_request: a malformed id", body = ErrorBody),
         NotFound, TooLarge, Unavailable,
     )
@@ -89,8 +94,44 @@ impl From<Voucher> for VoucherBody {
 pub async fn get_voucher(
     State(state): State<AppState>,
     VoucherIdPath(id): VoucherIdPath,
-) -> Result<Json<VoucherBody>, ApiError> {
-    Ok(Json(state.seckill.voucher(id).await?.into()))
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let body = VoucherBody::from(state.seckill.voucher(id).await?);
+    Ok(cacheable(&headers, &body, Tagged::<()>::Whole))
+}
+
+/// The vouchers whose sale has not ended, and the server's clock.
+#[derive(Serialize, ToSchema)]
+pub struct VoucherList {
+    /// The server's time when it answered: a page counts down to a sale's
+    /// start on this clock, not on the browser's.
+    #[schema(value_type = String, format = DateTime)]
+    server_time: DateTime<Utc>,
+    /// On sale first, then coming, each by its start; at most 200.
+    vouchers: Vec<VoucherBody>,
+}
+
+#[utoipa::path(
+    get, path = "/vouchers", tag = "sale",
+    params(
+        ("If-None-Match" = Option<String>, Header, description = "An ETag of an earlier answer: 304 if its vouchers are still current"),
+    ),
+    responses(
+        (status = 200, description = "The vouchers on sale and coming, at most a second stale; cacheable for a second (`Cache-Control`, a weak `ETag` of the vouchers)", body = VoucherList),
+        (status = 304, description = "Not modified: the `If-None-Match` tag is current"),
+        TooLarge, Unavailable,
+    )
+)]
+pub async fn list_vouchers(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let listed = state.seckill.vouchers_on_offer().await?;
+    let body = VoucherList {
+        server_time: Utc::now(),
+        vouchers: listed.iter().cloned().map(VoucherBody::from).collect(),
+    };
+    Ok(cacheable(&headers, &body, Tagged::Part(&body.vouchers)))
 }
 
 /// A committed order's id, as a decimal string (it exceeds 2^53).

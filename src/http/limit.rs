@@ -235,7 +235,7 @@ impl RouteClass {
             Self::Orders
         } else if route.ends_with("/queue") {
             Self::Queue
-        } else if route.starts_with("/vouchers/") {
+        } else if route == "/vouchers" || route.starts_with("/vouchers/") {
             Self::Reads
         } else if route.starts_with("/admin/") {
             Self::Admin

@@ -2,6 +2,7 @@
 //! module that knows axum; it calls the `seckill` service and nothing below.
 
 mod admin;
+mod cache;
 mod error;
 mod events;
 mod extract;
@@ -100,6 +101,7 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
         .route("/admin/events", get(events::feed))
         .route("/admin/webhooks/failed", get(events::failed))
         .route("/admin/webhooks/retry", post(events::retry))
+        .route("/vouchers", get(handlers::list_vouchers))
         .route("/vouchers/{id}", get(handlers::get_voucher))
         .route("/vouchers/{id}/queue", post(queue::join).get(queue::poll))
         .route("/seckill/{id}", post(handlers::seckill))

@@ -31,6 +31,7 @@ use crate::domain::{OrderStatus, SaleMode};
     ),
     paths(
         admin::create_voucher,
+        handlers::list_vouchers,
         handlers::get_voucher,
         queue::join,
         queue::poll,

@@ -73,6 +73,10 @@ pub use crate::store::Payment;
 
 /// How old the stock `GET /vouchers/{id}` shows may be, at most.
 pub const STOCK_REFRESH: Duration = Duration::from_millis(100);
+/// How old the list of vouchers on offer (`GET /vouchers`) may be, at most.
+pub const LIST_REFRESH: Duration = Duration::from_millis(500);
+/// Most vouchers that list holds: the first to start of those not ended.
+pub const LISTED_VOUCHERS: i64 = 200;
 /// Readiness is probed at most this often; callers in between share it.
 pub const READY_EVERY: Duration = Duration::from_millis(500);
 /// The payment window when none is given: 15 minutes.

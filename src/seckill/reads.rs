@@ -2,10 +2,11 @@
 //! it (from memory), orders, a voucher's books, whether it is ready, and
 //! its connection counts.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::vouchers::LoadError;
-use super::{Result, Seckill, SeckillError, READY_EVERY};
+use super::{Result, Seckill, SeckillError, LISTED_VOUCHERS, READY_EVERY};
 use crate::domain::OrderId;
 use crate::domain::VoucherId;
 use crate::domain::{Order, OrderLine, SaleMode, Voucher};
@@ -60,6 +61,24 @@ impl Seckill {
             .map_err(|error| error.answer())?;
         voucher.level.stock = level;
         Ok(voucher)
+    }
+
+    /// The vouchers whose sale has not ended, on sale first, then coming,
+    /// each by its start (at most [`LISTED_VOUCHERS`]), with their stock:
+    /// as listed at most [`LIST_REFRESH`](super::LIST_REFRESH) ago, one query per refresh however
+    /// many read it.
+    pub async fn vouchers_on_offer(&self) -> Result<Arc<[Voucher]>> {
+        let store = &self.inner.store;
+        let now = self.inner.clock.now();
+        self.inner
+            .vouchers
+            .on_offer
+            .try_get_with((), async move {
+                let listed = store.vouchers_not_ended(now, LISTED_VOUCHERS).await?;
+                Ok::<_, LoadError>(listed.into())
+            })
+            .await
+            .map_err(|error| error.answer())
     }
 
     /// An order: stored, or accepted by an async sale and not written

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Result, Seckill, SeckillError, STOCK_REFRESH};
+use super::{Result, Seckill, SeckillError, LIST_REFRESH, STOCK_REFRESH};
 use crate::domain::{SaleMode, Voucher, VoucherId};
 use crate::store::StoreError;
 
@@ -56,6 +56,9 @@ pub(super) struct Caches {
     /// Each voucher's remaining stock as last read, for `GET /vouchers`:
     /// a crowd of readers costs one query per voucher and refresh.
     pub(super) stock_seen: moka::future::Cache<VoucherId, i32>,
+    /// The vouchers on offer (`GET /vouchers`), as last listed: a crowd of
+    /// readers costs one query per refresh.
+    pub(super) on_offer: moka::future::Cache<(), Arc<[Voucher]>>,
 }
 
 impl Caches {
@@ -71,6 +74,10 @@ impl Caches {
                 .time_to_live(MISSING_TTL)
                 .build(),
             stock_seen: kept_for(STOCK_REFRESH),
+            on_offer: moka::future::Cache::builder()
+                .max_capacity(1)
+                .time_to_live(LIST_REFRESH)
+                .build(),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! a duplicate order, or something else (a bug, logged and answered as an
 //! opaque 500).
 
+use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 use std::str::FromStr;
@@ -297,6 +298,28 @@ impl Store {
             " FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id WHERE v.id = $1"
         );
         self.db.row_by_id(SQL, id).await
+    }
+
+    /// The vouchers whose sale has not ended at `now`, on sale first, then
+    /// coming, each by its start; at most `limit`.
+    pub async fn vouchers_not_ended(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<Voucher>> {
+        const SQL: &str = concat!(
+            "SELECT ",
+            voucher_columns!(),
+            " FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id",
+            " WHERE s.end_time > $1 ORDER BY s.begin_time, v.id LIMIT $2"
+        );
+        self.db
+            .run(|c, persistent| {
+                Box::pin(
+                    sqlx::query_as(SQL)
+                        .bind(now)
+                        .bind(limit)
+                        .persistent(persistent)
+                        .fetch_all(c),
+                )
+            })
+            .await
     }
 
     pub async fn stock_level(&self, voucher_id: VoucherId) -> Result<Option<StockLevel>> {

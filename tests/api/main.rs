@@ -4,6 +4,7 @@
 mod abuse;
 mod async_sale;
 mod batch;
+mod cache;
 mod cluster;
 mod dashboard;
 mod events;

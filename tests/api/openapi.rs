@@ -11,8 +11,9 @@ use crate::helpers::spawn_app;
 
 /// Every (method, path) the router serves for clients, as the contract has
 /// them.
-const OPERATIONS: [(&str, &str); 19] = [
+const OPERATIONS: [(&str, &str); 20] = [
     ("post", "/admin/vouchers"),
+    ("get", "/vouchers"),
     ("get", "/vouchers/{id}"),
     ("post", "/vouchers/{id}/queue"),
     ("get", "/vouchers/{id}/queue"),

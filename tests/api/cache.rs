@@ -1,0 +1,140 @@
+//! Cacheable reads: `GET /vouchers/{id}` and `GET /vouchers` tell a cache in
+//! front how long it may keep them, tag what they say, and answer `304` to
+//! a client whose tag is current.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use reqwest::header::{CACHE_CONTROL, ETAG, IF_NONE_MATCH};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::helpers::{spawn_app, TestApp};
+
+/// `GET path`, with `If-None-Match: tag` when given: the status, the
+/// `Cache-Control` and `ETag` headers, and the body's text.
+async fn read(
+    app: &TestApp,
+    path: &str,
+    tag: Option<&str>,
+) -> (StatusCode, String, String, String) {
+    let mut request = app.client.get(app.url(path));
+    if let Some(tag) = tag {
+        request = request.header(IF_NONE_MATCH, tag);
+    }
+    let response = request.send().await.expect("GET");
+    let header = |name| {
+        response
+            .headers()
+            .get(name)
+            .map(|v: &reqwest::header::HeaderValue| v.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    let (cache, etag) = (header(CACHE_CONTROL), header(ETAG));
+    let status = response.status();
+    (status, cache, etag, response.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_voucher_read_is_public_for_a_second_tagged_and_answered_304_while_unchanged() {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(5).await;
+    let path = format!("/vouchers/{voucher}");
+    let (status, cache, etag, body) = read(&app, &path, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(cache.contains("public"), "{cache}");
+    assert!(cache.contains("max-age=1"), "{cache}");
+    assert!(cache.contains("stale-while-revalidate"), "{cache}");
+    assert!(
+        etag.starts_with('"') && etag.ends_with('"'),
+        "a strong tag: {etag}"
+    );
+
+    let (status, cache, again, body) = read(&app, &path, Some(&etag)).await;
+    assert_eq!(status, StatusCode::NOT_MODIFIED);
+    assert_eq!((again.as_str(), body.as_str()), (etag.as_str(), ""));
+    assert!(cache.contains("max-age=1"), "{cache}");
+    // A list of tags, and the weak form of ours, match too.
+    let listed = format!("\"0\", W/{etag}");
+    assert_eq!(
+        read(&app, &path, Some(&listed)).await.0,
+        StatusCode::NOT_MODIFIED
+    );
+    assert_eq!(read(&app, &path, Some("\"0\"")).await.0, StatusCode::OK);
+
+    // A purchase changes the stock: once the read shows it, the old tag is
+    // answered in full with a new one.
+    app.buy_one(&app.base, 1, voucher).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, _, changed, body) = read(&app, &path, Some(&etag)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_ne!(changed, etag);
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["stock"], 4);
+
+    // An unknown voucher is not cached.
+    let (status, cache, etag, _) = read(&app, "/vouchers/999999", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!((cache.as_str(), etag.as_str()), ("", ""));
+}
+
+#[tokio::test]
+async fn the_list_holds_the_vouchers_on_sale_and_coming_with_the_servers_time() {
+    let app = spawn_app().await;
+    let now = Utc::now();
+    let on_sale = app.open_voucher(3).await;
+    let coming = app
+        .create_voucher_from(json!({
+            "title": "coming", "stock": 7,
+            "begin_time": now + chrono::Duration::hours(1),
+            "end_time": now + chrono::Duration::hours(2),
+        }))
+        .await;
+    let ended = app
+        .create_voucher_from(json!({
+            "title": "ended", "stock": 7,
+            "begin_time": now - chrono::Duration::hours(2),
+            "end_time": now - chrono::Duration::hours(1),
+        }))
+        .await;
+    let (status, cache, etag, body) = read(&app, "/vouchers", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        cache.contains("public") && cache.contains("max-age=1"),
+        "{cache}"
+    );
+    assert!(
+        etag.starts_with("W/\""),
+        "a weak tag (the time changes): {etag}"
+    );
+    let body: Value = serde_json::from_str(&body).unwrap();
+    let server_time: DateTime<Utc> = body["server_time"].as_str().unwrap().parse().unwrap();
+    assert!(
+        (Utc::now() - server_time).num_seconds().abs() <= 2,
+        "{server_time}"
+    );
+    let vouchers = body["vouchers"].as_array().unwrap();
+    let ids: Vec<i64> = vouchers.iter().map(|v| v["id"].as_i64().unwrap()).collect();
+    assert_eq!(
+        ids,
+        vec![on_sale, coming],
+        "on sale first, then coming; not the ended {ended}"
+    );
+    let (_, one) = app.get_as(&format!("/vouchers/{coming}"), "").await;
+    assert_eq!(vouchers[1], one, "each as GET /vouchers/{{id}} shows it");
+
+    // The same vouchers a moment later: the same tag, answered 304.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (status, _, again, body) = read(&app, "/vouchers", Some(&etag)).await;
+    assert_eq!(
+        (status, again.as_str(), body.as_str()),
+        (StatusCode::NOT_MODIFIED, etag.as_str(), "")
+    );
+    // A sale changes the list within a second, and its tag.
+    app.buy_one(&app.base, 1, on_sale).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (status, _, changed, body) = read(&app, "/vouchers", Some(&etag)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_ne!(changed, etag);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["vouchers"][0]["stock"], 2);
+}
