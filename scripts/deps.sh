@@ -101,6 +101,8 @@ if [ "${SECKILL_TEST_TOOLS:-0}" = 1 ]; then
     command -v etcd >/dev/null || apt_install etcd-server
     [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || apt_install haproxy
     command -v chromium >/dev/null || apt_install chromium
+    # The shipped front (deploy/nginx.conf) is tested with the real nginx.
+    [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || apt_install nginx
     command -v prometheus >/dev/null || apt_install prometheus
     # The JWT tests make their RSA keys with openssl.
     command -v openssl >/dev/null || apt_install openssl

@@ -10,6 +10,7 @@ mod dashboard;
 mod events;
 mod failover;
 mod fencing;
+mod front;
 mod ha;
 mod hardening;
 mod helpers;

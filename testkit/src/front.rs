@@ -1,0 +1,114 @@
+//! The shipped front (`deploy/nginx.conf`: nginx with a one-second
+//! micro-cache for the public reads) run as a process of its own on a free
+//! loopback port, in front of instances given by address.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// An nginx running the shipped configuration; stopped when dropped.
+pub struct Front {
+    child: Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Front {
+    /// Starts nginx with `deploy/nginx.conf`, its marked lines set for this
+    /// machine: one worker, its files under a folder of its own, the
+    /// instances at `upstreams`, listening on a free loopback port.
+    pub fn start(upstreams: &[SocketAddr]) -> Result<Self, String> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let shipped = std::fs::read_to_string(root.join("deploy/nginx.conf"))
+            .map_err(|e| format!("reading deploy/nginx.conf: {e}"))?;
+        let port = crate::free_port().map_err(|e| e.to_string())?;
+        let servers: String = upstreams.iter().map(|a| format!("server {a};\n")).collect();
+        let mut config = String::new();
+        for line in shipped.lines() {
+            let set = line.trim_start();
+            let line = if set.starts_with("server 127.0.0.1:8080;") {
+                servers.clone()
+            } else if set.starts_with("listen ") {
+                format!("listen 127.0.0.1:{port};")
+            } else {
+                line.to_owned()
+            };
+            config.push_str(&line);
+            config.push('\n');
+        }
+        if !config.contains(&format!("listen 127.0.0.1:{port};")) || !config.contains(&servers) {
+            return Err(
+                "deploy/nginx.conf has no `listen` or `server 127.0.0.1:8080;` line to set".into(),
+            );
+        }
+        let dir = std::env::temp_dir().join(format!("seckill-front-{port}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        // nginx's workers run as nobody: they must reach the cache folder.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777));
+        }
+        let conf = dir.join("nginx.conf");
+        std::fs::write(&conf, config).map_err(|e| e.to_string())?;
+        let nginx = ["/usr/sbin/nginx", "nginx"]
+            .into_iter()
+            .find(|p| Path::new(p).exists() || which(p))
+            .ok_or("nginx is not installed (scripts/deps.sh installs it)")?;
+        let child = Command::new(nginx)
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(&conf)
+            .args(["-g", "daemon off;"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("starting nginx: {e}"))?;
+        let mut front = Self { child, dir, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = front.child.try_wait() {
+                return Err(format!("nginx exited: {status}"));
+            }
+            if Instant::now() > deadline {
+                return Err("nginx did not listen within 10 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(front)
+    }
+
+    /// The front's base URL.
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+fn which(name: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        // SIGTERM: nginx's master stops its workers and exits.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
