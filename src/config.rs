@@ -97,6 +97,15 @@ pub struct Settings {
           default_value = "500", value_name = "MS", value_parser = millis)]
     pub limit_delay: Duration,
 
+    /// The queueing delay at which the instance is saturated and sheds
+    /// requests, least critical first (admin, then anonymous reads and
+    /// probes, then orders and payments at three times it, the sale's
+    /// purchases at six times it), in milliseconds; each refusal is held as
+    /// a rate-limited one is. 0 turns shedding off.
+    #[arg(long = "shed-delay-ms", env = "SECKILL_SHED_DELAY_MS",
+          default_value = "2", value_name = "MS", value_parser = millis)]
+    pub shed_delay: Duration,
+
     /// Where `/metrics` is served instead of the public address (the
     /// public one then answers 404 for it). Unset: on the public address.
     #[arg(long, env = "SECKILL_METRICS_ADDR")]

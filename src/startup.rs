@@ -14,6 +14,7 @@ use crate::auth::{Authenticator, JwtSettings, Source};
 use crate::config::{PgPooler, Settings, SettingsError, Switch};
 use crate::events::{Events, WebhookSettings};
 use crate::http::serve::{serve, DrainOutcome, ServeSettings};
+use crate::http::shed::Shedder;
 use crate::http::{self, AdminToken, AppParts, AppState, Limits};
 use crate::kv::{Kv, RedisTarget};
 #[cfg(feature = "lab")]
@@ -120,6 +121,7 @@ impl Application {
                 settings.trusted_proxies.clone(),
             )
             .delaying_refusals(settings.limit_delay),
+            shedder: Shedder::new(settings.shed_delay, settings.limit_delay),
             public_metrics: metrics_listener.is_none(),
             #[cfg(feature = "lab")]
             lab,

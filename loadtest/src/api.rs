@@ -144,8 +144,13 @@ impl<'a> Admin<'a> {
             let response = request.send().await.map_err(|e| format!("{path}: {e}"))?;
             // With the service's limits on (`loadtest abuse`), the admin's
             // calls share the driver's address with the connections it
-            // opens before a run: a refusal says when to come back.
-            if response.status() != reqwest::StatusCode::TOO_MANY_REQUESTS || refused == 30 {
+            // opens before a run, and a saturated instance sheds the
+            // admin's calls first: a refusal says when to come back.
+            let again = [
+                reqwest::StatusCode::TOO_MANY_REQUESTS,
+                reqwest::StatusCode::SERVICE_UNAVAILABLE,
+            ];
+            if !again.contains(&response.status()) || refused == 30 {
                 break response;
             }
             refused += 1;

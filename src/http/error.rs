@@ -67,6 +67,10 @@ pub enum ApiError {
     /// Over a rate limit; the client may retry after this many seconds.
     #[error("too many requests from this client; retry after the time in Retry-After")]
     RateLimited(u64),
+    /// Shed: the instance is saturated and refuses this request's class
+    /// for now (see `shed`).
+    #[error("the instance is saturated and sheds requests like this one; retry shortly")]
+    Overloaded,
     #[error(transparent)]
     Seckill(#[from] SeckillError),
 }
@@ -99,6 +103,7 @@ impl ApiError {
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, C::MethodNotAllowed),
             Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, C::PayloadTooLarge),
             Self::RateLimited(_) => (StatusCode::TOO_MANY_REQUESTS, C::RateLimited),
+            Self::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, C::Unavailable),
             Self::Seckill(S::NotStarted) => (StatusCode::CONFLICT, C::NotStarted),
             Self::Seckill(S::Ended) => (StatusCode::CONFLICT, C::Ended),
             Self::Seckill(S::SoldOut) => (StatusCode::CONFLICT, C::SoldOut),

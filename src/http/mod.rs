@@ -16,6 +16,7 @@ mod payments;
 mod queue;
 mod screen;
 pub mod serve;
+pub mod shed;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -78,6 +79,8 @@ pub struct AppParts {
     pub metrics: PrometheusHandle,
     /// The rate limits per client address and per user.
     pub limits: Limits,
+    /// Refuses the least critical requests first when saturated.
+    pub shedder: shed::Shedder,
     /// `/metrics` is served on the public address (no
     /// `SECKILL_METRICS_ADDR`).
     pub public_metrics: bool,
@@ -151,8 +154,9 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
         .on_response(DefaultOnResponse::new().level(Level::DEBUG));
 
     // Innermost first. The user's limit refuses before a route does any
-    // work; the address's, outermost, before anything at all (its
-    // refusals are counted in seckill_rate_limited_total only).
+    // work; the shedder, when the instance is saturated, before anything
+    // but the address's limit, outermost, which refuses before anything at
+    // all (its refusals are counted in seckill_rate_limited_total only).
     api.layer(middleware::from_fn(screen::screen))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -171,6 +175,7 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
                     screen::body_deadline,
                 )),
         )
+        .layer(middleware::from_fn_with_state(state.clone(), shed::shed))
         .layer(middleware::from_fn_with_state(state, limit::limit_address))
 }
 

@@ -54,6 +54,7 @@ fn register_counters() {
         metrics::counter!(m::ASYNC_UNSTORED, "reason" => reason).absolute(0);
     }
     super::limit::register_metrics();
+    super::shed::register_metrics();
     for kind in m::QUEUE_REQUEST_KINDS {
         metrics::counter!(m::QUEUE_REQUESTS, "kind" => kind).absolute(0);
     }

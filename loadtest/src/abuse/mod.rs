@@ -71,6 +71,13 @@ pub struct AbuseArgs {
     /// others are judged against it).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Attack::ALL)]
     pub attacks: Vec<Attack>,
+    /// Addresses of the botnets (and accounts of the botnet of accounts).
+    #[arg(long, default_value_t = 5_000)]
+    pub botnet_addresses: usize,
+    /// SECKILL_SHED_DELAY_MS of the instances: the queueing delay at which
+    /// they shed the least critical requests (0: never).
+    #[arg(long, default_value_t = 2)]
+    pub shed_delay_ms: u64,
     /// Requests of each kind in the phase that weighs a refused request
     /// against `/healthz` in the service's CPU (0: no such phase).
     #[arg(long, default_value_t = 20_000)]
@@ -92,16 +99,25 @@ pub enum Attack {
     BotFarm,
     /// Bodies declared large and sent one byte a second.
     SlowBodies,
+    /// A botnet's anonymous `GET /vouchers/{id}`, every request from
+    /// another of `--botnet-addresses` addresses.
+    BotnetReads,
+    /// A botnet of accounts: `--botnet-addresses` users, each with a token
+    /// and an address of its own, buying another voucher over and over
+    /// (one order each, then `already_purchased`).
+    BotnetAccounts,
 }
 
 impl Attack {
-    const ALL: [Attack; 6] = [
+    const ALL: [Attack; 8] = [
         Self::Nobody,
         Self::VoucherFlood,
         Self::ReadyzFlood,
         Self::OneToken,
         Self::BotFarm,
         Self::SlowBodies,
+        Self::BotnetReads,
+        Self::BotnetAccounts,
     ];
 
     fn name(self) -> &'static str {
@@ -112,6 +128,8 @@ impl Attack {
             Self::OneToken => "one token, POST /seckill",
             Self::BotFarm => "bot farm, one address",
             Self::SlowBodies => "slow bodies",
+            Self::BotnetReads => "botnet reads, rotating addresses",
+            Self::BotnetAccounts => "botnet of accounts buying",
         }
     }
 
@@ -124,6 +142,8 @@ impl Attack {
             Self::OneToken => "vs one token",
             Self::BotFarm => "vs bot farm",
             Self::SlowBodies => "vs slow",
+            Self::BotnetReads => "vs botnet reads",
+            Self::BotnetAccounts => "vs botnet accounts",
         }
     }
 }
@@ -138,6 +158,11 @@ const REFUSED: &str = "198.51.100.9";
 /// its user id.
 fn honest_address(i: i64) -> String {
     numbered([10, 0], 255, i as usize)
+}
+
+/// Botnet member `i`'s address (100.64.0.0/10 shared address space).
+fn botnet_address(i: usize) -> String {
+    numbered([100, 64], 63, i)
 }
 
 /// Slow connection `i`'s address: one each, so that the limit per address
@@ -207,6 +232,10 @@ fn service_env(args: &AbuseArgs) -> Vec<(String, String)> {
             "SECKILL_LIMIT_DELAY_MS".into(),
             args.limit_delay_ms.to_string(),
         ),
+        (
+            "SECKILL_SHED_DELAY_MS".into(),
+            args.shed_delay_ms.to_string(),
+        ),
         // A notification is read whole before its signature is checked:
         // without a secret the route would refuse it before any body.
         ("SECKILL_PAYMENT_SECRET".into(), payment_secret),
@@ -221,9 +250,11 @@ async fn rows_of(service: &Target, args: &AbuseArgs) -> Result<Vec<Row>, String>
         "abuse: minting {} tokens (honest buyers, the attacker, its bots)",
         users + 1 + bots
     );
-    let tokens = admin.shared_tokens(1, users + 1 + bots).await?;
+    let botnet = args.botnet_addresses.max(1) as i64;
+    let tokens = admin.shared_tokens(1, users + 1 + bots + botnet).await?;
     let (honest, rest) = tokens.split_at(usize::try_from(users).unwrap_or(0));
-    let (attacker, bots) = rest.split_at(1);
+    let (attacker, rest) = rest.split_at(1);
+    let (bots, accounts) = rest.split_at(usize::try_from(bots).unwrap_or(0));
     let addresses: Vec<Arc<str>> = (1..=users).map(|i| honest_address(i).into()).collect();
     let mut attacks = vec![(Attack::Nobody, false)];
     attacks.extend(
@@ -240,15 +271,21 @@ async fn rows_of(service: &Target, args: &AbuseArgs) -> Result<Vec<Row>, String>
         addresses: &addresses,
         attacker: &attacker[0],
         bots,
+        accounts,
+        botnet: (0..args.botnet_addresses.max(1))
+            .map(|i| botnet_address(i).into())
+            .collect(),
     };
     let mut rows = Vec::with_capacity(attacks.len());
     for (attack, again) in attacks {
         let row = run_row(service, &admin, args, &people, attack, again).await?;
         eprintln!(
-            "{}: honest {:.0} purchases/s, p99 {:.2} ms; {}",
+            "{}: honest {:.0} purchases/s, p99 {:.2} ms; queueing delay mean {:.1} ms, highest {:.1} ms; {}",
             row.name(),
             row.rate,
             row.honest.ms(0.99),
+            row.delay_ms.0,
+            row.delay_ms.1,
             if row.check.ok() {
                 "invariants ok"
             } else {
@@ -267,6 +304,10 @@ struct People<'a> {
     addresses: &'a [Arc<str>],
     attacker: &'a Arc<str>,
     bots: &'a [Arc<str>],
+    /// The botnet of accounts' tokens, one per botnet address.
+    accounts: &'a [Arc<str>],
+    /// The botnets' addresses.
+    botnet: Vec<Arc<str>>,
 }
 
 #[cfg(test)]

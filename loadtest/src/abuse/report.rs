@@ -331,6 +331,7 @@ fn row_json(row: &Row, alone: &Alone) -> Value {
         })),
         "slow": row.slow.as_ref().map(Slow::json),
         "cpu_percent_of_a_core": row.cpu,
+        "queueing_delay_ms": { "mean": round(row.delay_ms.0), "highest": round(row.delay_ms.1) },
         "orders": row.check.orders,
         "invariants_ok": row.check.ok(),
         "problems": row.check.problems,

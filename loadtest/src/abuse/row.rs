@@ -34,6 +34,10 @@ pub(super) struct Row {
     /// the attacker's driver competes with the service for the same cores,
     /// and this tells how much of an honest slowdown that explains.
     pub cpu: BTreeMap<&'static str, f64>,
+    /// The queueing delay the first instance's shedder saw during the row
+    /// (`seckill_shed_delay_seconds`, read every 250 ms), in ms: mean and
+    /// highest.
+    pub delay_ms: (f64, f64),
 }
 
 impl Row {
@@ -86,11 +90,17 @@ pub(super) async fn run_row(
         .zip(people.addresses)
         .map(|(request, address)| request.with_address(address.clone()))
         .collect();
-    let flood = flood_plan(attack, voucher, people);
+    let other = match attack {
+        Attack::BotnetAccounts => Some(admin.endless_voucher(SaleMode::Sync).await?),
+        _ => None,
+    };
+    let flood = flood_plan(attack, voucher, other.unwrap_or(voucher), people);
     let started = chrono::Utc::now().timestamp();
     let cpu_before = Usage::now(service).await;
     let wall = Instant::now();
     let limit = Duration::from_secs(args.seconds);
+    let watching = Arc::new(AtomicBool::new(false));
+    let watcher = tokio::spawn(watch_delay(service.base.clone(), watching.clone()));
     let crowd = drive(
         &service.base,
         Plan::Once(limit, honest_plan),
@@ -129,7 +139,26 @@ pub(super) async fn run_row(
         (None, _) => (crowd.await, None, None),
     };
     let cpu = busy(&cpu_before, &Usage::now(service).await, wall.elapsed());
-    let check = judged(service, voucher, &honest_tally, attacker.as_ref(), started).await?;
+    watching.store(true, Ordering::Relaxed);
+    let delays = watcher.await.unwrap_or_default();
+    let delay_ms = (
+        delays.iter().sum::<f64>() / delays.len().max(1) as f64,
+        delays.iter().copied().fold(0.0, f64::max),
+    );
+    let check = match (other, &attacker) {
+        // The accounts bought another voucher: each voucher is judged on
+        // the answers of those who bought it.
+        (Some(other), Some(accounts)) => {
+            let honest = judged(service, voucher, &honest_tally, None, started).await?;
+            let theirs = judged(service, other, accounts, None, started).await?;
+            if honest.ok() {
+                theirs
+            } else {
+                honest
+            }
+        }
+        _ => judged(service, voucher, &honest_tally, attacker.as_ref(), started).await?,
+    };
     let rate = honest_tally.count("200") as f64 / honest_tally.elapsed.as_secs_f64().max(1e-9);
     let allowance = attacker
         .as_ref()
@@ -144,15 +173,69 @@ pub(super) async fn run_row(
         check,
         allowance,
         cpu,
+        delay_ms,
     })
 }
 
+/// Reads the instance's `seckill_shed_delay_seconds` every 250 ms until
+/// `stop`; the readings in ms.
+async fn watch_delay(base: String, stop: Arc<AtomicBool>) -> Vec<f64> {
+    let client = reqwest::Client::new();
+    let mut readings = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let page = match client.get(format!("{base}/metrics")).send().await {
+            Ok(response) => response.text().await.unwrap_or_default(),
+            Err(_) => continue,
+        };
+        let delay = page
+            .lines()
+            .find(|l| l.starts_with("seckill_shed_delay_seconds "))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+        if let Some(seconds) = delay {
+            readings.push(seconds * 1e3);
+        }
+    }
+    readings
+}
+
 /// The attacker's requests in a row of `attack`, each claiming the
-/// attacker's one address; `None` when the attack is no flood.
-fn flood_plan(attack: Attack, voucher: i64, people: &People<'_>) -> Option<Vec<Request>> {
+/// attacker's one address, or a botnet's requests, each from an address of
+/// its own (the accounts buy `other`); `None` when the attack is no flood.
+fn flood_plan(
+    attack: Attack,
+    voucher: i64,
+    other: i64,
+    people: &People<'_>,
+) -> Option<Vec<Request>> {
+    match attack {
+        Attack::BotnetReads => {
+            let read = Request::get(&format!("/vouchers/{voucher}"));
+            return Some(
+                people
+                    .botnet
+                    .iter()
+                    .map(|address| read.clone().with_address(address.clone()))
+                    .collect(),
+            );
+        }
+        Attack::BotnetAccounts => {
+            return Some(
+                people
+                    .accounts
+                    .iter()
+                    .zip(&people.botnet)
+                    .map(|(token, address)| {
+                        Request::purchase(other, token.clone()).with_address(address.clone())
+                    })
+                    .collect(),
+            )
+        }
+        _ => {}
+    }
     let attacker_address: Arc<str> = ATTACKER.into();
     match attack {
-        Attack::Nobody | Attack::SlowBodies => None,
+        Attack::Nobody | Attack::SlowBodies | Attack::BotnetReads | Attack::BotnetAccounts => None,
         Attack::VoucherFlood => Some(vec![Request::get(&format!("/vouchers/{voucher}"))]),
         Attack::ReadyzFlood => Some(vec![Request::get("/readyz")]),
         Attack::OneToken => Some(vec![Request::purchase(voucher, people.attacker.clone())]),
@@ -211,6 +294,8 @@ async fn judged(
 pub(super) fn allowance(attack: Attack, args: &AbuseArgs, elapsed: Duration) -> Option<f64> {
     let limits = [args.limit_per_address, args.limit_per_user];
     let limit = match attack {
+        // Every request from another address: no one limit to compare.
+        Attack::BotnetReads | Attack::BotnetAccounts => return None,
         Attack::OneToken => limits.into_iter().filter(|l| *l > 0).min()?,
         _ => Some(args.limit_per_address).filter(|l| *l > 0)?,
     };
@@ -247,6 +332,8 @@ mod tests {
             limit_per_user: 5,
             instances: 2,
             attacks: Attack::ALL.to_vec(),
+            botnet_addresses: 1,
+            shed_delay_ms: 2,
             cpu_requests: 0,
         };
         let two = Duration::from_secs(2);

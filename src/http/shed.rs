@@ -1,0 +1,431 @@
+//! Load shedding by criticality: when the instance is saturated, the least
+//! critical requests are refused first (`503 unavailable`, `Retry-After`),
+//! before any body is read or any Redis or Postgres work is done.
+//!
+//! Saturation is the queueing delay a request meets inside the instance:
+//! a probe, a byte written to a socket every 10 ms, is read by a task woken
+//! as a connection is, and the time from the write to the read is how long
+//! ready work waits for a core (CoDel's signal: time spent queued, not how
+//! many are queued, which says nothing about requests that wait on
+//! Postgres). While that
+//! delay, smoothed, is over the target, the share refused of the least
+//! critical class that still gets in rises; a class is touched only once
+//! every class below it is refused whole, and the more critical ones need a
+//! larger delay (orders three times the target, the sale's purchases six
+//! times). Under the
+//! target the shares fall again, the most critical first. As the rate
+//! limits do, a refusal is held for the refusals' delay before it is sent,
+//! so that a client on a keep-alive connection that asks again at once
+//! sends a few requests a second, not as many as can be refused.
+//!
+//! (tower's `LoadShed` over a `ConcurrencyLimit` refuses by how many are
+//! in flight, whatever they are: a sale's purchases wait on Postgres with
+//! the cores idle, and a flood of reads from memory saturates the cores
+//! with few in flight. Google SRE's criticality classes and a delay
+//! target are what this needs.)
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::limit::RouteClass;
+use super::{ApiError, AppState};
+
+/// How requests rank when the instance must refuse some, least critical
+/// last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Criticality {
+    /// The sale's own requests: purchases, the waiting room's joins and
+    /// polls.
+    Sale,
+    /// What follows a sale and must not be lost: orders, payments (the
+    /// provider's notifications) and cancels.
+    Orders,
+    /// Anonymous reads and probes: answered from memory, and cacheable.
+    Reads,
+    /// The admin's routes: one operator, who can retry.
+    Admin,
+}
+
+impl Criticality {
+    /// Most critical first.
+    pub const ALL: [Self; 4] = [Self::Sale, Self::Orders, Self::Reads, Self::Admin];
+
+    /// A request's class by its path (before routing); `None` for what is
+    /// never shed: `/healthz` (a process that answers is alive) and
+    /// `/metrics` (the operator's eyes during an attack).
+    pub fn of(path: &str) -> Option<Self> {
+        Some(match RouteClass::of(Some(path)) {
+            RouteClass::Purchase | RouteClass::Queue => Self::Sale,
+            RouteClass::Orders | RouteClass::Payments => Self::Orders,
+            RouteClass::Admin => Self::Admin,
+            RouteClass::Reads | RouteClass::Unmatched => Self::Reads,
+            RouteClass::Ops if path == "/healthz" || path == "/metrics" => return None,
+            RouteClass::Ops => Self::Reads,
+        })
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Sale => "sale",
+            Self::Orders => "orders",
+            Self::Reads => "reads",
+            Self::Admin => "admin",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// How many times the target the delay must be before this class is
+    /// refused at all.
+    fn patience(self) -> u32 {
+        match self {
+            Self::Sale => 6,
+            Self::Orders => 3,
+            Self::Reads | Self::Admin => 1,
+        }
+    }
+}
+
+/// Shares are counted in thousandths.
+const WHOLE: u32 = 1_000;
+/// How often the delay is probed and the shares adjusted.
+const PROBE_EVERY: Duration = Duration::from_millis(10);
+/// How much a share rises per probe over the target, and falls per probe
+/// under half of it: quick to shed, slow to let in again.
+const RISE: u32 = 100;
+const FALL: u32 = 2;
+
+/// The shedder of one instance.
+#[derive(Clone)]
+pub struct Shedder {
+    inner: Arc<Shares>,
+}
+
+struct Shares {
+    /// The share of each class refused now, in thousandths.
+    refused: [AtomicU32; 4],
+    /// The smoothed queueing delay, in microseconds.
+    delay_us: AtomicU64,
+    /// Requests seen, to spread refusals evenly over a class.
+    seen: AtomicU64,
+    /// `None`: shedding off.
+    target: Option<Duration>,
+    /// How long a refusal is held before it is sent.
+    hold: Duration,
+}
+
+impl Shedder {
+    /// Sheds when the queueing delay exceeds `target` (zero: never); each
+    /// refusal held `hold`. Must run inside a tokio runtime: the probe
+    /// runs beside it as long as the shedder lives.
+    pub fn new(target: Duration, hold: Duration) -> Self {
+        let inner = Arc::new(Shares {
+            refused: Default::default(),
+            delay_us: AtomicU64::new(0),
+            seen: AtomicU64::new(0),
+            target: (!target.is_zero()).then_some(target),
+            hold,
+        });
+        if inner.target.is_some() {
+            tokio::spawn(probe(Arc::downgrade(&inner)));
+        }
+        Self { inner }
+    }
+
+    /// Whether a request of `class` gets in now.
+    pub fn admits(&self, class: Criticality) -> bool {
+        let share = self.inner.refused[class.index()].load(Ordering::Relaxed);
+        if share == 0 {
+            return true;
+        }
+        if share >= WHOLE {
+            return false;
+        }
+        // Every request's turn, spread by a multiplicative hash: `share` of
+        // each thousand consecutive ones are refused.
+        let n = self.inner.seen.fetch_add(1, Ordering::Relaxed);
+        let spread = (n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % u64::from(WHOLE);
+        spread >= u64::from(share)
+    }
+
+    /// The share of `class` refused now, from 0 to 1.
+    pub fn refused_share(&self, class: Criticality) -> f64 {
+        f64::from(self.inner.refused[class.index()].load(Ordering::Relaxed)) / f64::from(WHOLE)
+    }
+
+    /// The smoothed queueing delay.
+    pub fn delay(&self) -> Duration {
+        Duration::from_micros(self.inner.delay_us.load(Ordering::Relaxed))
+    }
+}
+
+impl Shares {
+    /// One probe's delay: smooths it in and moves the shares.
+    fn observe(&self, delay: Duration, target: Duration) {
+        let sample = delay.as_micros() as u64;
+        let old = self.delay_us.load(Ordering::Relaxed);
+        let smoothed = (old * 7 + sample) / 8;
+        self.delay_us.store(smoothed, Ordering::Relaxed);
+        let target_us = target.as_micros() as u64;
+        if smoothed > target_us {
+            // The least critical class not yet refused whole, if the delay
+            // is over its patience.
+            for class in Criticality::ALL.into_iter().rev() {
+                let share = &self.refused[class.index()];
+                let now = share.load(Ordering::Relaxed);
+                if now >= WHOLE {
+                    continue;
+                }
+                if smoothed > target_us * u64::from(class.patience()) {
+                    share.store((now + RISE).min(WHOLE), Ordering::Relaxed);
+                }
+                break;
+            }
+        } else if smoothed < target_us / 2 {
+            // The most critical class still refused in part.
+            for class in Criticality::ALL {
+                let share = &self.refused[class.index()];
+                let now = share.load(Ordering::Relaxed);
+                if now > 0 {
+                    share.store(now.saturating_sub(FALL), Ordering::Relaxed);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Probes the queueing delay until the shedder is dropped, as a request
+/// meets it: a thread of its own writes a byte to a socket every
+/// [`PROBE_EVERY`], and a task on the runtime reads it. The task is woken
+/// by the I/O driver like a connection whose request arrived, and waits
+/// behind every task ready before it (and for a core, when the machine has
+/// none to spare): the time from the write to the read is that wait.
+/// (A timer or a yield would not do: tokio polls its timers and yielded
+/// tasks every few dozen tasks, however long the queue behind them.)
+async fn probe(shares: Weak<Shares>) {
+    let (theirs, ours) = match std::os::unix::net::UnixStream::pair() {
+        Ok(pair) => pair,
+        Err(error) => {
+            tracing::warn!(%error, "no socket pair for the shedder's probe: shedding is off");
+            return;
+        }
+    };
+    let ours = match ours
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::UnixStream::from_std(ours))
+    {
+        Ok(ours) => ours,
+        Err(error) => {
+            tracing::warn!(%error, "the shedder's probe socket: shedding is off");
+            return;
+        }
+    };
+    let origin = Instant::now();
+    let sent_at = Arc::new(AtomicU64::new(0));
+    let writer_sent_at = sent_at.clone();
+    let writer = std::thread::Builder::new()
+        .name("shed-probe".into())
+        .spawn(move || write_probes(theirs, origin, &writer_sent_at));
+    if let Err(error) = writer {
+        tracing::warn!(%error, "no thread for the shedder's probe: shedding is off");
+        return;
+    }
+    let mut byte = [0u8; 64];
+    loop {
+        // The writer ends (and this read sees the end) once the shedder is
+        // dropped and its next write fails.
+        if ours.readable().await.is_err() {
+            return;
+        }
+        let read_at = origin.elapsed();
+        match ours.try_read(&mut byte) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return,
+        }
+        // Taken, so that the writer sends the next one only now: a probe
+        // read late is measured from its own write, not a later one's.
+        let sent = Duration::from_nanos(sent_at.swap(0, Ordering::AcqRel));
+        let Some(shares) = shares.upgrade() else {
+            return;
+        };
+        if let Some(target) = shares.target {
+            shares.observe(read_at.saturating_sub(sent), target);
+        }
+        publish(&shares);
+    }
+}
+
+/// The probe's writer: a byte every [`PROBE_EVERY`] once the last one was
+/// read, its time stored first (never 0: 0 means read). Ends when the
+/// reading side is gone.
+fn write_probes(mut socket: std::os::unix::net::UnixStream, origin: Instant, sent_at: &AtomicU64) {
+    use std::io::Write;
+    loop {
+        std::thread::sleep(PROBE_EVERY);
+        if sent_at.load(Ordering::Acquire) != 0 {
+            continue;
+        }
+        let now = origin.elapsed().as_nanos() as u64;
+        sent_at.store(now.max(1), Ordering::Release);
+        if socket.write_all(&[1]).is_err() {
+            return;
+        }
+    }
+}
+
+/// The per-class counters and gauges, registered once at 0.
+struct Meters {
+    admitted: [metrics::Counter; 4],
+    shed: [metrics::Counter; 4],
+    refused_share: [metrics::Gauge; 4],
+    delay: metrics::Gauge,
+}
+
+fn meters() -> &'static Meters {
+    static METERS: OnceLock<Meters> = OnceLock::new();
+    METERS.get_or_init(|| {
+        let counter = |name: &'static str, class: Criticality| {
+            let counter = metrics::counter!(name, "class" => class.label());
+            counter.absolute(0);
+            counter
+        };
+        Meters {
+            admitted: Criticality::ALL.map(|c| counter("seckill_shed_admitted_total", c)),
+            shed: Criticality::ALL.map(|c| counter("seckill_shed_refused_total", c)),
+            refused_share: Criticality::ALL
+                .map(|c| metrics::gauge!("seckill_shed_refused_share", "class" => c.label())),
+            delay: metrics::gauge!("seckill_shed_delay_seconds"),
+        }
+    })
+}
+
+/// Registers the shedding metrics (at 0) with the metrics recorder.
+pub fn register_metrics() {
+    meters();
+}
+
+fn publish(shares: &Shares) {
+    let meters = meters();
+    for class in Criticality::ALL {
+        let share = shares.refused[class.index()].load(Ordering::Relaxed);
+        meters.refused_share[class.index()].set(f64::from(share) / f64::from(WHOLE));
+    }
+    meters
+        .delay
+        .set(shares.delay_us.load(Ordering::Relaxed) as f64 / 1e6);
+}
+
+/// The shedder as a layer, just inside the address's limit: a refused
+/// request costs no request id, no span, no route lookup, no body.
+pub async fn shed(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let shedder = &state.shedder;
+    if shedder.inner.target.is_none() {
+        return next.run(request).await;
+    }
+    let Some(class) = Criticality::of(request.uri().path()) else {
+        return next.run(request).await;
+    };
+    let meters = meters();
+    if shedder.admits(class) {
+        meters.admitted[class.index()].increment(1);
+        return next.run(request).await;
+    }
+    meters.shed[class.index()].increment(1);
+    if !shedder.inner.hold.is_zero() {
+        tokio::time::sleep(shedder.inner.hold).await;
+    }
+    ApiError::Overloaded.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shares(target: Duration) -> Shares {
+        Shares {
+            refused: Default::default(),
+            delay_us: AtomicU64::new(0),
+            seen: AtomicU64::new(0),
+            target: Some(target),
+            hold: Duration::ZERO,
+        }
+    }
+
+    fn refused(s: &Shares) -> [u32; 4] {
+        Criticality::ALL.map(|c| s.refused[c.index()].load(Ordering::Relaxed))
+    }
+
+    #[test]
+    fn classes_follow_the_routes_and_probes_of_life_are_never_shed() {
+        assert_eq!(Criticality::of("/seckill/1"), Some(Criticality::Sale));
+        assert_eq!(
+            Criticality::of("/vouchers/1/queue"),
+            Some(Criticality::Sale)
+        );
+        assert_eq!(
+            Criticality::of("/payments/notify"),
+            Some(Criticality::Orders)
+        );
+        assert_eq!(
+            Criticality::of("/orders/7/cancel"),
+            Some(Criticality::Orders)
+        );
+        assert_eq!(Criticality::of("/vouchers/1"), Some(Criticality::Reads));
+        assert_eq!(Criticality::of("/vouchers"), Some(Criticality::Reads));
+        assert_eq!(Criticality::of("/readyz"), Some(Criticality::Reads));
+        assert_eq!(Criticality::of("/admin/vouchers"), Some(Criticality::Admin));
+        assert_eq!(Criticality::of("/healthz"), None);
+        assert_eq!(Criticality::of("/metrics"), None);
+    }
+
+    #[test]
+    fn over_the_target_the_least_critical_go_first_and_the_sale_last() {
+        let target = Duration::from_millis(10);
+        let s = shares(target);
+        // Twice the target: admin, then reads are refused whole; orders
+        // are not, short of three times it.
+        for _ in 0..200 {
+            s.observe(Duration::from_millis(25), target);
+        }
+        assert_eq!(refused(&s), [0, 0, WHOLE, WHOLE]);
+        // Four times: orders too; the sale's purchases not, short of six.
+        for _ in 0..200 {
+            s.observe(Duration::from_millis(40), target);
+        }
+        assert_eq!(refused(&s), [0, WHOLE, WHOLE, WHOLE]);
+        for _ in 0..200 {
+            s.observe(Duration::from_millis(70), target);
+        }
+        assert_eq!(refused(&s), [WHOLE, WHOLE, WHOLE, WHOLE]);
+        // Under half the target: let in again, the most critical first.
+        for _ in 0..1_000 {
+            s.observe(Duration::ZERO, target);
+        }
+        let back = refused(&s);
+        assert_eq!(back[0], 0);
+        assert!(back[3] > 0, "admin is let in last: {back:?}");
+    }
+
+    #[test]
+    fn a_class_refused_in_part_is_refused_that_share_of_its_requests() {
+        let shedder = Shedder {
+            inner: Arc::new(shares(Duration::from_millis(10))),
+        };
+        shedder.inner.refused[Criticality::Reads.index()].store(300, Ordering::Relaxed);
+        let admitted = (0..10_000)
+            .filter(|_| shedder.admits(Criticality::Reads))
+            .count();
+        assert!((6_800..=7_200).contains(&admitted), "{admitted}");
+        assert!((0..100).all(|_| shedder.admits(Criticality::Sale)));
+    }
+}
