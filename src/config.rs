@@ -98,10 +98,10 @@ pub struct Settings {
     pub limit_delay: Duration,
 
     /// The queueing delay at which the instance is saturated and sheds
-    /// requests, least critical first (admin, then anonymous reads and
-    /// probes, then orders and payments at three times it, the sale's
-    /// purchases at six times it), in milliseconds; each refusal is held as
-    /// a rate-limited one is. 0 turns shedding off.
+    /// requests, least critical first (anonymous reads and probes; then,
+    /// at four times it, admin and then orders and payments; the sale's
+    /// purchases at eight times it), in milliseconds; each refusal is held
+    /// as a rate-limited one is. 0 turns shedding off.
     #[arg(long = "shed-delay-ms", env = "SECKILL_SHED_DELAY_MS",
           default_value = "2", value_name = "MS", value_parser = millis)]
     pub shed_delay: Duration,

@@ -11,8 +11,8 @@
 //! delay, smoothed, is over the target, the share refused of the least
 //! critical class that still gets in rises; a class is touched only once
 //! every class below it is refused whole, and the more critical ones need a
-//! larger delay (orders three times the target, the sale's purchases six
-//! times). Under the
+//! larger delay (admin and orders four times the target, the sale's
+//! purchases eight times). Under the
 //! target the shares fall again, the most critical first. As the rate
 //! limits do, a refusal is held for the refusals' delay before it is sent,
 //! so that a client on a keep-alive connection that asks again at once
@@ -45,15 +45,17 @@ pub enum Criticality {
     /// What follows a sale and must not be lost: orders, payments (the
     /// provider's notifications) and cancels.
     Orders,
-    /// Anonymous reads and probes: answered from memory, and cacheable.
-    Reads,
-    /// The admin's routes: one operator, who can retry.
+    /// The admin's routes: one operator, who must keep the sale in hand
+    /// (restock, stats, the events) while it is attacked.
     Admin,
+    /// Anonymous reads and probes: answered from memory, and cacheable by
+    /// a front (`deploy/nginx.conf`).
+    Reads,
 }
 
 impl Criticality {
     /// Most critical first.
-    pub const ALL: [Self; 4] = [Self::Sale, Self::Orders, Self::Reads, Self::Admin];
+    pub const ALL: [Self; 4] = [Self::Sale, Self::Orders, Self::Admin, Self::Reads];
 
     /// A request's class by its path (before routing); `None` for what is
     /// never shed: `/healthz` (a process that answers is alive) and
@@ -86,9 +88,9 @@ impl Criticality {
     /// refused at all.
     fn patience(self) -> u32 {
         match self {
-            Self::Sale => 6,
-            Self::Orders => 3,
-            Self::Reads | Self::Admin => 1,
+            Self::Sale => 8,
+            Self::Orders | Self::Admin => 4,
+            Self::Reads => 1,
         }
     }
 }
@@ -100,7 +102,7 @@ const PROBE_EVERY: Duration = Duration::from_millis(10);
 /// How much a share rises per probe over the target, and falls per probe
 /// under half of it: quick to shed, slow to let in again.
 const RISE: u32 = 100;
-const FALL: u32 = 2;
+const FALL: u32 = 10;
 
 /// The shedder of one instance.
 #[derive(Clone)]
@@ -392,28 +394,29 @@ mod tests {
     fn over_the_target_the_least_critical_go_first_and_the_sale_last() {
         let target = Duration::from_millis(10);
         let s = shares(target);
-        // Twice the target: admin, then reads are refused whole; orders
-        // are not, short of three times it.
+        // Twice the target: reads are refused whole; admin and orders are
+        // not, short of four times it.
         for _ in 0..200 {
             s.observe(Duration::from_millis(25), target);
         }
-        assert_eq!(refused(&s), [0, 0, WHOLE, WHOLE]);
-        // Four times: orders too; the sale's purchases not, short of six.
+        assert_eq!(refused(&s), [0, 0, 0, WHOLE]);
+        // Five times: admin, then orders too; the sale's purchases not,
+        // short of eight.
         for _ in 0..200 {
-            s.observe(Duration::from_millis(40), target);
+            s.observe(Duration::from_millis(50), target);
         }
         assert_eq!(refused(&s), [0, WHOLE, WHOLE, WHOLE]);
         for _ in 0..200 {
-            s.observe(Duration::from_millis(70), target);
+            s.observe(Duration::from_millis(90), target);
         }
         assert_eq!(refused(&s), [WHOLE, WHOLE, WHOLE, WHOLE]);
         // Under half the target: let in again, the most critical first.
-        for _ in 0..1_000 {
+        for _ in 0..250 {
             s.observe(Duration::ZERO, target);
         }
         let back = refused(&s);
         assert_eq!(back[0], 0);
-        assert!(back[3] > 0, "admin is let in last: {back:?}");
+        assert!(back[3] > 0, "reads are let in last: {back:?}");
     }
 
     #[test]

@@ -213,10 +213,11 @@ impl Seckill {
     }
 
     /// Tells the sale that units came back: this instance forgets the
-    /// vouchers it cached, the sold-out flags open at each voucher's new
+    /// closed orders' holders and the vouchers it cached, the sold-out flags open at each voucher's new
     /// epoch, and the relay of async returns is woken.
     async fn units_returned(&self, closed: &[Closed]) {
         let inner = &self.inner;
+        inner.holders.closed(closed);
         let now = inner.clock.now();
         let mut seen = HashSet::new();
         // Every row of a voucher carries its stock after the statement's

@@ -33,6 +33,7 @@ mod clock;
 mod draft;
 mod error;
 mod gate;
+mod holders;
 mod inflight;
 mod lifecycle;
 pub mod metric;
@@ -64,6 +65,7 @@ use crate::store::Store;
 use async_sale::AsyncSales;
 use batch::{Batcher, Outcome as Batched};
 use gate::{Admission, Gates};
+use holders::Holders;
 use inflight::InFlight;
 use soldout::SoldOutFlags;
 use vouchers::Caches;
@@ -146,6 +148,9 @@ struct Inner {
     readiness: tokio::sync::Mutex<Option<(Instant, Result<()>)>>,
     /// Purchases under way here, by user and voucher.
     in_flight: InFlight,
+    /// The live orders known here, by voucher and user: a buyer who holds
+    /// one is refused before any other check.
+    holders: Arc<Holders>,
     /// The vouchers' waiting rooms.
     rooms: Rooms,
     flags: Arc<SoldOutFlags>,
@@ -222,6 +227,7 @@ impl Seckill {
                 vouchers: Caches::new(settings.voucher_cache_ttl),
                 readiness: tokio::sync::Mutex::new(None),
                 in_flight: InFlight::default(),
+                holders: Arc::new(Holders::new()),
                 rooms,
                 settings,
                 purchases: AtomicU64::new(0),
@@ -246,6 +252,11 @@ impl Seckill {
                 .supervise(background.stop.clone()),
         );
         self.start_lifecycle(background);
+        background.tasks.spawn(holders::follow(
+            self.inner.store.clone(),
+            self.inner.holders.clone(),
+            background.stop.clone(),
+        ));
     }
 
     /// Stops every background worker and waits for them, at most `limit`:
@@ -294,6 +305,13 @@ impl Seckill {
         voucher_id: VoucherId,
         ticket: Option<&str>,
     ) -> Result<Purchase> {
+        let holders = &self.inner.holders;
+        if let Some(order_id) = holders.holder(voucher_id, user_id) {
+            self.outcome_counters()[Outcome::AlreadyPurchased.index()].increment(1);
+            return Err(SeckillError::AlreadyPurchased {
+                order_id: Some(order_id),
+            });
+        }
         let purchase = async {
             // Held until this purchase ends: the user's duplicates are
             // refused here, before any Redis or Postgres work.
@@ -345,6 +363,12 @@ impl Seckill {
             Ok(Purchase::Pending(_)) => Outcome::Accepted,
             Err(error) => error.outcome(),
         };
+        // A stored order only: an async sale's pending order is learned
+        // from the order events once stored (one that is never stored,
+        // after Redis lost it, must not keep its buyer out).
+        if let Ok(Purchase::Stored(order_id)) = &result {
+            holders.hold(voucher_id, user_id, *order_id);
+        }
         self.outcome_counters()[outcome.index()].increment(1);
         result
     }
@@ -419,7 +443,12 @@ impl Seckill {
         {
             Batched::Sold(order_id) => Ok(order_id),
             Batched::SoldOut => Err(SeckillError::SoldOut),
-            Batched::Held(order_id) => Err(SeckillError::AlreadyPurchased { order_id }),
+            Batched::Held(order_id) => {
+                if let Some(order_id) = order_id {
+                    self.inner.holders.hold(voucher_id, user_id, order_id);
+                }
+                Err(SeckillError::AlreadyPurchased { order_id })
+            }
             Batched::TooMany => Err(SeckillError::TooManyOrders(max_orders)),
             Batched::Fenced => {
                 // Our lock's lease ran out and a newer holder has written:

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{Result, Store};
-use crate::domain::{EventId, EventType, Order, OrderEvent, OrderId, RefundDue};
+use crate::domain::{EventId, EventType, Order, OrderEvent, OrderId, RefundDue, UserId, VoucherId};
 
 /// The columns of an event (`e`) and its user's subject (`u`).
 macro_rules! event_columns {
@@ -158,6 +158,32 @@ fn columns(events: &[(EventId, OrderId)]) -> (Vec<i64>, Vec<i64>, Vec<OrderId>) 
     )
 }
 
+/// A change of who holds a live order, as the feed tells it: an order
+/// made (`closed` false), or cancelled or expired (`closed` true).
+#[derive(Debug, Clone, Copy)]
+pub struct HolderChange {
+    pub at: EventId,
+    pub order_id: OrderId,
+    pub user_id: UserId,
+    pub voucher_id: VoucherId,
+    pub closed: bool,
+}
+
+impl FromRow<'_, PgRow> for HolderChange {
+    fn from_row(row: &PgRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            at: EventId {
+                tx: row.try_get("tx")?,
+                row: row.try_get("id")?,
+            },
+            order_id: row.try_get("order_id")?,
+            user_id: row.try_get("user_id")?,
+            voucher_id: row.try_get("voucher_id")?,
+            closed: row.try_get("closed")?,
+        })
+    }
+}
+
 impl Store {
     /// Up to `limit` events after `after` (from the oldest kept when
     /// `None`), in commit order.
@@ -168,6 +194,44 @@ impl Store {
     ) -> Result<Vec<OrderEvent>> {
         let feed = self.feed(after.unwrap_or_default(), limit).await?;
         Ok(feed.into_iter().map(|e| e.event).collect())
+    }
+
+    /// The feed's place now: every event after it is of a transaction
+    /// still running or yet to begin (the feed's horizon, so that none
+    /// that commits later is behind it).
+    pub async fn feed_now(&self) -> Result<EventId> {
+        const SQL: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint";
+        let horizon: i64 = self.db.scalar(SQL).await?;
+        Ok(EventId {
+            tx: horizon - 1,
+            row: i64::MAX,
+        })
+    }
+
+    /// Up to `limit` orders made, cancelled or expired after `after`, in
+    /// commit order (the feed's horizon, without the orders' bodies).
+    pub async fn holder_changes(&self, after: EventId, limit: i64) -> Result<Vec<HolderChange>> {
+        const SQL: &str = "
+            SELECT e.tx::text::bigint AS tx, e.id, e.order_id, e.user_id, e.voucher_id,
+                   e.type <> 'order.created' AS closed
+            FROM order_events e
+            WHERE (e.tx, e.id) > ($1::text::xid8, $2)
+              AND e.tx < pg_snapshot_xmin(pg_current_snapshot())
+              AND e.type IN ('order.created', 'order.cancelled', 'order.expired')
+            ORDER BY e.tx, e.id
+            LIMIT $3";
+        self.db
+            .run(|c, persistent| {
+                Box::pin(
+                    sqlx::query_as(SQL)
+                        .bind(after.tx.to_string())
+                        .bind(after.row)
+                        .bind(limit)
+                        .persistent(persistent)
+                        .fetch_all(c),
+                )
+            })
+            .await
     }
 
     /// Takes (or keeps) the webhooks' lease for `holder`, for `lease`; the

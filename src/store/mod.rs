@@ -24,7 +24,7 @@ mod users;
 
 use crate::domain::{NewVoucher, Order, OrderId, OrderLine, StockLevel, Voucher, VoucherId};
 use db::{Db, Within};
-pub use events::Backlog;
+pub use events::{Backlog, HolderChange};
 #[cfg(feature = "lab")]
 pub use lab::{Decrement, LabSale, LabStats, LabStore};
 pub use lifecycle::{Closed, Payment, PaymentOutcome, StockReturn, CANCEL, EXPIRE_ONE};

@@ -339,7 +339,7 @@ async fn shutdown_stops_every_background_worker_within_its_timeout() {
     .await;
     assert_eq!(accepted.status, StatusCode::ACCEPTED, "{}", accepted.body);
     let started = std::time::Instant::now();
-    while seckill.workers_running() < 8 {
+    while seckill.workers_running() < 9 {
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "the workers did not start: {}",

@@ -14,6 +14,7 @@ mod front;
 mod ha;
 mod hardening;
 mod helpers;
+mod holders;
 mod ids;
 mod jwt;
 #[cfg(feature = "lab")]
@@ -28,5 +29,6 @@ mod purchase;
 mod redlock;
 mod room;
 mod sentinel;
+mod shed;
 mod streams;
 mod validation;

@@ -1,0 +1,158 @@
+//! Who holds a live order, in memory on every instance: a purchase by a
+//! user who holds one for the voucher is answered `already_purchased`
+//! before the in-flight check, the gate, the user's lock or any Redis or
+//! Postgres work (a botnet of accounts that bought once and asks again
+//! costs a lookup per request).
+//!
+//! Filled by this instance's own purchases as they are answered, and by
+//! every instance's through the order events (`order_events`, read every
+//! 250 ms from the feed's place at start-up); an order cancelled or
+//! expired is forgotten here at once, and on every other instance at its
+//! next read. Not knowing is safe: a user missing here takes the purchase's
+//! usual path, which finds the order. Knowing wrongly is bounded: an order
+//! closed on another instance is still held here for at most one read.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::{OrderId, UserId, VoucherId};
+use crate::store::{Closed, HolderChange, Store};
+
+/// How often the order events are read.
+const FOLLOW_EVERY: Duration = Duration::from_millis(250);
+/// Most changes read at once (more are read at once after them).
+const PAGE: i64 = 5_000;
+/// Most holders kept; past it the least used are forgotten (and take the
+/// usual path again).
+const CAPACITY: u64 = 2_000_000;
+/// How long a holder is kept: a live order of long ago takes the usual
+/// path again (and is kept again from there).
+const KEPT: Duration = Duration::from_secs(3_600);
+
+/// The live orders this instance knows of, by voucher and user.
+pub(super) struct Holders {
+    live: moka::sync::Cache<(VoucherId, UserId), OrderId>,
+}
+
+impl Holders {
+    pub(super) fn new() -> Self {
+        Self {
+            live: moka::sync::Cache::builder()
+                .max_capacity(CAPACITY)
+                .time_to_live(KEPT)
+                .build(),
+        }
+    }
+
+    /// The live order `user` holds for `voucher_id`, if known here.
+    pub(super) fn holder(&self, voucher_id: VoucherId, user: UserId) -> Option<OrderId> {
+        self.live.get(&(voucher_id, user))
+    }
+
+    /// `order_id` of `user` for `voucher_id` is live.
+    pub(super) fn hold(&self, voucher_id: VoucherId, user: UserId, order_id: OrderId) {
+        self.live.insert((voucher_id, user), order_id);
+    }
+
+    /// `order_id` is closed (cancelled or expired): forgotten, unless the
+    /// user holds a newer one.
+    fn let_go(&self, voucher_id: VoucherId, user: UserId, order_id: OrderId) {
+        if self.live.get(&(voucher_id, user)) == Some(order_id) {
+            self.live.invalidate(&(voucher_id, user));
+        }
+    }
+
+    /// Orders this instance closed.
+    pub(super) fn closed(&self, closed: &[Closed]) {
+        for order in closed {
+            self.let_go(order.voucher_id, order.user_id, order.order_id);
+        }
+    }
+
+    fn apply(&self, change: &HolderChange) {
+        if change.closed {
+            self.let_go(change.voucher_id, change.user_id, change.order_id);
+        } else {
+            self.hold(change.voucher_id, change.user_id, change.order_id);
+        }
+    }
+}
+
+/// Reads every instance's order changes into `holders` until `stop`.
+pub(super) async fn follow(store: Store, holders: Arc<Holders>, stop: CancellationToken) {
+    let mut after = None;
+    let mut failing = false;
+    loop {
+        let read = match after {
+            None => store.feed_now().await.map(|now| after = Some(now)),
+            Some(from) => read_changes(&store, &holders, from)
+                .await
+                .map(|to| after = Some(to)),
+        };
+        match read {
+            Ok(()) => failing = false,
+            Err(error) if !failing => {
+                failing = true;
+                tracing::warn!(%error, "reading the order events for the holders failed; retrying");
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(FOLLOW_EVERY) => {}
+        }
+    }
+}
+
+/// Applies every change after `from`; where the feed was read to.
+async fn read_changes(
+    store: &Store,
+    holders: &Holders,
+    mut from: crate::domain::EventId,
+) -> crate::store::Result<crate::domain::EventId> {
+    loop {
+        let changes = store.holder_changes(from, PAGE).await?;
+        for change in &changes {
+            holders.apply(change);
+        }
+        match changes.last() {
+            Some(last) => from = last.at,
+            None => return Ok(from),
+        }
+        if (changes.len() as i64) < PAGE {
+            return Ok(from);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(voucher: i64, user: i64, order: i64) -> (VoucherId, UserId, OrderId) {
+        (
+            VoucherId::new(voucher),
+            UserId::new(user),
+            OrderId::from_stored(order).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_closed_order_is_forgotten_but_not_a_newer_one_of_the_same_user() {
+        let holders = Holders::new();
+        let (v, u, first) = ids(1, 7, 100);
+        let (_, _, second) = ids(1, 7, 101);
+        holders.hold(v, u, first);
+        assert_eq!(holders.holder(v, u), Some(first));
+        // The user cancelled the first and bought again here before the
+        // first's cancel was read from the feed.
+        holders.hold(v, u, second);
+        holders.let_go(v, u, first);
+        assert_eq!(holders.holder(v, u), Some(second));
+        holders.let_go(v, u, second);
+        assert_eq!(holders.holder(v, u), None);
+        assert_eq!(holders.holder(VoucherId::new(2), u), None);
+    }
+}
