@@ -18,7 +18,7 @@ use super::queue::QUEUE_TICKET;
 use super::AppState;
 use crate::domain::{OrderStatus, SaleMode, Voucher};
 use crate::events::body::OrderBody;
-use crate::seckill::Purchase;
+use crate::seckill::{Purchase, SeckillError};
 
 /// A voucher's waiting room.
 #[derive(Deserialize, Serialize, ToSchema)]
@@ -178,22 +178,28 @@ pub async fn seckill(
     NoBody: NoBody,
 ) -> Result<Response, ApiError> {
     let ticket = header_text(&headers, QUEUE_TICKET);
-    Ok(
-        match state.seckill.purchase(user_id, voucher_id, ticket).await? {
-            Purchase::Stored(order_id) => Json(Purchased {
+    let bought = state.seckill.purchase(user_id, voucher_id, ticket).await;
+    if let Err(SeckillError::AlreadyPurchased { .. }) = &bought {
+        // A buyer who asks again for what it holds is told at once, unless
+        // the instance is shedding: then, as any refusal, after the
+        // refusals' delay (a bot asking again on every connection is
+        // slowed; the answer costs a timer, not a core).
+        state.shedder.hold_while_pressed().await;
+    }
+    Ok(match bought? {
+        Purchase::Stored(order_id) => Json(Purchased {
+            order_id: order_id.to_string(),
+        })
+        .into_response(),
+        Purchase::Pending(order_id) => (
+            StatusCode::ACCEPTED,
+            Json(Accepted {
                 order_id: order_id.to_string(),
-            })
+                status: OrderStatus::Pending,
+            }),
+        )
             .into_response(),
-            Purchase::Pending(order_id) => (
-                StatusCode::ACCEPTED,
-                Json(Accepted {
-                    order_id: order_id.to_string(),
-                    status: OrderStatus::Pending,
-                }),
-            )
-                .into_response(),
-        },
-    )
+    })
 }
 
 #[utoipa::path(

@@ -157,6 +157,20 @@ impl Shedder {
         spread >= u64::from(share)
     }
 
+    /// Waits the refusals' delay if any class is being shed now: a refusal
+    /// the service answers cheaply (a buyer asking again for what it
+    /// holds) is then held as a shed request is.
+    pub async fn hold_while_pressed(&self) {
+        let pressed = self
+            .inner
+            .refused
+            .iter()
+            .any(|share| share.load(Ordering::Relaxed) > 0);
+        if pressed && !self.inner.hold.is_zero() {
+            tokio::time::sleep(self.inner.hold).await;
+        }
+    }
+
     /// The share of `class` refused now, from 0 to 1.
     pub fn refused_share(&self, class: Criticality) -> f64 {
         f64::from(self.inner.refused[class.index()].load(Ordering::Relaxed)) / f64::from(WHOLE)

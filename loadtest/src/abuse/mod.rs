@@ -106,10 +106,15 @@ pub enum Attack {
     /// and an address of its own, buying another voucher over and over
     /// (one order each, then `already_purchased`).
     BotnetAccounts,
+    /// No attacker, the honest crowd through the shipped front
+    /// (`deploy/nginx.conf`): the baseline of the next row.
+    FrontAlone,
+    /// The botnet's reads and the honest crowd, both through the front.
+    FrontBotnetReads,
 }
 
 impl Attack {
-    const ALL: [Attack; 8] = [
+    const ALL: [Attack; 10] = [
         Self::Nobody,
         Self::VoucherFlood,
         Self::ReadyzFlood,
@@ -118,7 +123,14 @@ impl Attack {
         Self::SlowBodies,
         Self::BotnetReads,
         Self::BotnetAccounts,
+        Self::FrontAlone,
+        Self::FrontBotnetReads,
     ];
+
+    /// Whether the row's requests go through the shipped front.
+    fn through_front(self) -> bool {
+        matches!(self, Self::FrontAlone | Self::FrontBotnetReads)
+    }
 
     fn name(self) -> &'static str {
         match self {
@@ -130,6 +142,8 @@ impl Attack {
             Self::SlowBodies => "slow bodies",
             Self::BotnetReads => "botnet reads, rotating addresses",
             Self::BotnetAccounts => "botnet of accounts buying",
+            Self::FrontAlone => "nobody, through the front",
+            Self::FrontBotnetReads => "botnet reads, through the front",
         }
     }
 
@@ -144,6 +158,8 @@ impl Attack {
             Self::SlowBodies => "vs slow",
             Self::BotnetReads => "vs botnet reads",
             Self::BotnetAccounts => "vs botnet accounts",
+            Self::FrontAlone => "front, alone",
+            Self::FrontBotnetReads => "front vs botnet reads",
         }
     }
 }
@@ -276,9 +292,29 @@ async fn rows_of(service: &Target, args: &AbuseArgs) -> Result<Vec<Row>, String>
             .map(|i| botnet_address(i).into())
             .collect(),
     };
-    let mut rows = Vec::with_capacity(attacks.len());
+    let front = if attacks.iter().any(|(a, _)| a.through_front()) {
+        let instances: Vec<std::net::SocketAddr> = service
+            .bases
+            .iter()
+            .filter_map(|b| b.trim_start_matches("http://").parse().ok())
+            .collect();
+        Some(testkit::Front::start(&instances)?)
+    } else {
+        None
+    };
+    let mut rows: Vec<Row> = Vec::with_capacity(attacks.len());
     for (attack, again) in attacks {
-        let row = run_row(service, &admin, args, &people, attack, again).await?;
+        let via = front
+            .as_ref()
+            .filter(|_| attack.through_front())
+            .map(testkit::Front::base);
+        let mut row = run_row(service, &admin, args, &people, attack, again, via).await?;
+        if attack == Attack::FrontBotnetReads {
+            row.baseline = rows
+                .iter()
+                .find(|r| r.attack == Attack::FrontAlone)
+                .map(|r| (r.rate, r.honest.ms(0.99)));
+        }
         eprintln!(
             "{}: honest {:.0} purchases/s, p99 {:.2} ms; queueing delay mean {:.1} ms, highest {:.1} ms; {}",
             row.name(),

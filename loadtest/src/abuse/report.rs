@@ -57,7 +57,7 @@ pub(super) fn finish(args: &AbuseArgs, rows: &[Row], cost: Option<&RefusalCost>)
     let goals: Vec<Verdict> = rows
         .iter()
         .flat_map(|row| goals(row, alone))
-        .chain(cost.map(RefusalCost::verdict))
+        .chain(cost.map(RefusalCost::verdicts).into_iter().flatten())
         .collect();
     print_rows(rows, alone);
     print_goals(&goals);
@@ -138,20 +138,36 @@ fn save(rows: &[Row], alone: &Alone) {
 fn goals(row: &Row, alone: &Alone) -> Vec<Verdict> {
     let attack = row.name();
     let mut goals = Vec::new();
-    if row.attack != Attack::Nobody {
+    if !matches!(row.attack, Attack::Nobody | Attack::FrontAlone) {
+        // The botnets' issue asks more of the buyers' rate: 0.8 straight
+        // at the instance, 0.9 behind the front.
+        let (least, text) = match row.attack {
+            Attack::BotnetReads | Attack::BotnetAccounts => (0.8, ">= 0.8"),
+            Attack::FrontBotnetReads => (0.9, ">= 0.9"),
+            _ => (0.6, ">= 0.6"),
+        };
         goals.push(Verdict::new(
             attack,
             "honest purchases/s, of alone",
-            row.rate / alone.rate,
-            ">= 0.6",
-            |m| m >= 0.6,
+            row.rate / alone.rate_for(row),
+            text,
+            move |m| m >= least,
         ));
         goals.push(Verdict::new(
             attack,
             "honest p99, of alone",
-            row.honest.ms(0.99) / alone.p99_ms,
+            row.honest.ms(0.99) / alone.p99_for(row),
             "< 2",
             |m| m < 2.0,
+        ));
+    }
+    if let Some(reads) = row.origin_reads {
+        goals.push(Verdict::new(
+            attack,
+            "reads reaching the instance, per voucher and second",
+            reads,
+            "<= 5",
+            |m| m <= 5.0,
         ));
     }
     goals.push(Verdict::new(
@@ -161,7 +177,7 @@ fn goals(row: &Row, alone: &Alone) -> Vec<Verdict> {
         "0",
         |m| m == 0.0,
     ));
-    if let Some(attacker) = &row.attacker {
+    if let Some(attacker) = row.attacker.as_ref().filter(|_| row.allowance.is_some()) {
         let refused = answers_where(&attacker.statuses, |k| k.starts_with("429"));
         let other = attacker.requests - refused;
         goals.push(Verdict::new(
@@ -225,9 +241,9 @@ fn rows_table(rows: &[Row], alone: &Alone) -> Table {
         table.row([
             row.name().to_owned(),
             format!("{:.0}", row.rate),
-            format!("{:.2}", row.rate / alone.rate),
+            format!("{:.2}", row.rate / alone.rate_for(row)),
             format!("{:.2}", row.honest.ms(0.99)),
-            format!("{:.2}", row.honest.ms(0.99) / alone.p99_ms),
+            format!("{:.2}", row.honest.ms(0.99) / alone.p99_for(row)),
             statuses(&row.honest.statuses),
             attacker_rate,
             attacker_answers,
@@ -314,14 +330,15 @@ fn row_json(row: &Row, alone: &Alone) -> Value {
         "honest": {
             "requests": row.honest.requests,
             "purchases_per_sec": round(row.rate),
-            "of_alone": round(row.rate / alone.rate),
+            "of_alone": round(row.rate / alone.rate_for(row)),
             "p50_ms": round(row.honest.ms(0.5)),
             "p99_ms": round(row.honest.ms(0.99)),
-            "p99_of_alone": round(row.honest.ms(0.99) / alone.p99_ms),
+            "p99_of_alone": round(row.honest.ms(0.99) / alone.p99_for(row)),
             "status": row.honest.statuses,
             "users_ran_out": row.honest.exhausted,
             "seconds": round(row.honest.elapsed.as_secs_f64()),
         },
+        "origin_reads_per_voucher_second": row.origin_reads.map(round),
         "attack": row.attacker.as_ref().map(|t| json!({
             "requests": t.requests,
             "answers_per_sec": round(t.rps()),

@@ -38,6 +38,13 @@ pub(super) struct Row {
     /// (`seckill_shed_delay_seconds`, read every 250 ms), in ms: mean and
     /// highest.
     pub delay_ms: (f64, f64),
+    /// The honest crowd's rate and p99 (ms) this row is judged against,
+    /// when not the crowd alone's straight at the instance (a row through
+    /// the front is judged against the crowd alone through it).
+    pub baseline: Option<(f64, f64)>,
+    /// Through the front: `GET /vouchers/{id}` requests that reached the
+    /// instances, per voucher read and second.
+    pub origin_reads: Option<f64>,
 }
 
 impl Row {
@@ -63,6 +70,16 @@ pub(super) struct Alone {
 }
 
 impl Alone {
+    /// The rate `row` is judged against.
+    pub(super) fn rate_for(&self, row: &Row) -> f64 {
+        row.baseline.map_or(self.rate, |(rate, _)| rate)
+    }
+
+    /// The p99 (ms) `row` is judged against.
+    pub(super) fn p99_for(&self, row: &Row) -> f64 {
+        row.baseline.map_or(self.p99_ms, |(_, p99)| p99)
+    }
+
     pub(super) fn of(rows: &[Row]) -> Self {
         let alone: Vec<&Row> = rows.iter().filter(|r| r.attack == Attack::Nobody).collect();
         let n = alone.len().max(1) as f64;
@@ -82,8 +99,11 @@ pub(super) async fn run_row(
     people: &People<'_>,
     attack: Attack,
     again: bool,
+    via: Option<String>,
 ) -> Result<Row, String> {
     let voucher = admin.endless_voucher(SaleMode::Sync).await?;
+    let base = via.clone().unwrap_or_else(|| service.base.clone());
+    let origin_before = origin_reads(service).await;
     let honest_plan: Vec<Request> = service
         .purchases(voucher, people.honest, 1)
         .into_iter()
@@ -102,7 +122,7 @@ pub(super) async fn run_row(
     let watching = Arc::new(AtomicBool::new(false));
     let watcher = tokio::spawn(watch_delay(service.base.clone(), watching.clone()));
     let crowd = drive(
-        &service.base,
+        &base,
         Plan::Once(limit, honest_plan),
         args.connections,
         attack.label(),
@@ -112,7 +132,8 @@ pub(super) async fn run_row(
             let stop = Arc::new(AtomicBool::new(false));
             let (ready, opened) = tokio::sync::oneshot::channel();
             let flooding = tokio::spawn(flood_until(
-                service.bases.clone(),
+                via.as_ref()
+                    .map_or_else(|| service.bases.clone(), |front| vec![front.clone()]),
                 requests,
                 args.attack_connections,
                 stop.clone(),
@@ -163,6 +184,12 @@ pub(super) async fn run_row(
     let allowance = attacker
         .as_ref()
         .and_then(|t| allowance(attack, args, t.elapsed));
+    let origin_reads = match (&via, &attacker) {
+        (Some(_), Some(flood)) => Some(
+            (origin_reads(service).await - origin_before) / flood.elapsed.as_secs_f64().max(1e-9),
+        ),
+        _ => None,
+    };
     Ok(Row {
         attack,
         again,
@@ -174,7 +201,30 @@ pub(super) async fn run_row(
         allowance,
         cpu,
         delay_ms,
+        baseline: None,
+        origin_reads,
     })
+}
+
+/// `GET /vouchers/{id}` requests the instances answered themselves, by
+/// their request counters.
+async fn origin_reads(service: &Target) -> f64 {
+    let client = reqwest::Client::new();
+    let mut total = 0.0;
+    for base in &service.bases {
+        let Ok(response) = client.get(format!("{base}/metrics")).send().await else {
+            continue;
+        };
+        let page = response.text().await.unwrap_or_default();
+        total += page
+            .lines()
+            .filter(|l| {
+                l.starts_with("http_requests_total{") && l.contains("route=\"/vouchers/{id}\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    total
 }
 
 /// Reads the instance's `seckill_shed_delay_seconds` every 250 ms until
@@ -209,7 +259,7 @@ fn flood_plan(
     people: &People<'_>,
 ) -> Option<Vec<Request>> {
     match attack {
-        Attack::BotnetReads => {
+        Attack::BotnetReads | Attack::FrontBotnetReads => {
             let read = Request::get(&format!("/vouchers/{voucher}"));
             return Some(
                 people
@@ -235,7 +285,12 @@ fn flood_plan(
     }
     let attacker_address: Arc<str> = ATTACKER.into();
     match attack {
-        Attack::Nobody | Attack::SlowBodies | Attack::BotnetReads | Attack::BotnetAccounts => None,
+        Attack::Nobody
+        | Attack::FrontAlone
+        | Attack::SlowBodies
+        | Attack::BotnetReads
+        | Attack::BotnetAccounts
+        | Attack::FrontBotnetReads => None,
         Attack::VoucherFlood => Some(vec![Request::get(&format!("/vouchers/{voucher}"))]),
         Attack::ReadyzFlood => Some(vec![Request::get("/readyz")]),
         Attack::OneToken => Some(vec![Request::purchase(voucher, people.attacker.clone())]),
@@ -295,7 +350,7 @@ pub(super) fn allowance(attack: Attack, args: &AbuseArgs, elapsed: Duration) -> 
     let limits = [args.limit_per_address, args.limit_per_user];
     let limit = match attack {
         // Every request from another address: no one limit to compare.
-        Attack::BotnetReads | Attack::BotnetAccounts => return None,
+        Attack::BotnetReads | Attack::BotnetAccounts | Attack::FrontBotnetReads => return None,
         Attack::OneToken => limits.into_iter().filter(|l| *l > 0).min()?,
         _ => Some(args.limit_per_address).filter(|l| *l > 0)?,
     };
