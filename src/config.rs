@@ -98,9 +98,9 @@ pub struct Settings {
     pub limit_delay: Duration,
 
     /// The queueing delay at which the instance is saturated and sheds
-    /// requests, least critical first (anonymous reads and probes; then,
-    /// at four times it, admin and then orders and payments; the sale's
-    /// purchases at eight times it), in milliseconds; each refusal is held
+    /// requests, least critical first (anonymous reads and probes; admin
+    /// at ten times it, orders and payments at 25 times, the sale's
+    /// purchases at a hundred times), in milliseconds; each refusal is held
     /// as a rate-limited one is. 0 turns shedding off.
     #[arg(long = "shed-delay-ms", env = "SECKILL_SHED_DELAY_MS",
           default_value = "2", value_name = "MS", value_parser = millis)]

@@ -11,8 +11,9 @@
 //! delay, smoothed, is over the target, the share refused of the least
 //! critical class that still gets in rises; a class is touched only once
 //! every class below it is refused whole, and the more critical ones need a
-//! larger delay (admin and orders four times the target, the sale's
-//! purchases eight times). Under the
+//! larger delay (admin ten times the target, orders 25 times, the sale's
+//! purchases a hundred times: at the default target of 2 ms, 200 ms, when
+//! its buyers wait longer than the shedding would spare them). Under the
 //! target the shares fall again, the most critical first. As the rate
 //! limits do, a refusal is held for the refusals' delay before it is sent,
 //! so that a client on a keep-alive connection that asks again at once
@@ -88,8 +89,9 @@ impl Criticality {
     /// refused at all.
     fn patience(self) -> u32 {
         match self {
-            Self::Sale => 8,
-            Self::Orders | Self::Admin => 4,
+            Self::Sale => 100,
+            Self::Orders => 25,
+            Self::Admin => 10,
             Self::Reads => 1,
         }
     }
@@ -409,19 +411,19 @@ mod tests {
         let target = Duration::from_millis(10);
         let s = shares(target);
         // Twice the target: reads are refused whole; admin and orders are
-        // not, short of four times it.
+        // not, short of ten and 25 times it.
         for _ in 0..200 {
             s.observe(Duration::from_millis(25), target);
         }
         assert_eq!(refused(&s), [0, 0, 0, WHOLE]);
-        // Five times: admin, then orders too; the sale's purchases not,
-        // short of eight.
+        // 30 times: admin, then orders too; the sale's purchases not,
+        // short of a hundred.
         for _ in 0..200 {
-            s.observe(Duration::from_millis(50), target);
+            s.observe(Duration::from_millis(300), target);
         }
         assert_eq!(refused(&s), [0, WHOLE, WHOLE, WHOLE]);
         for _ in 0..200 {
-            s.observe(Duration::from_millis(90), target);
+            s.observe(Duration::from_millis(1_100), target);
         }
         assert_eq!(refused(&s), [WHOLE, WHOLE, WHOLE, WHOLE]);
         // Under half the target: let in again, the most critical first.
