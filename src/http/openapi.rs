@@ -51,7 +51,7 @@ use crate::domain::{OrderStatus, SaleMode};
         ops::readyz,
         ops::metrics,
     ),
-    modifiers(&Security, &RateLimited),
+    modifiers(&Security, &RateLimited, &Shed),
     tags(
         (name = "sale", description = "Vouchers, purchases and orders"),
         (name = "orders", description = "After the grab: pay before the deadline (the provider's signed notification), or cancel"),
@@ -200,6 +200,40 @@ impl Modify for RateLimited {
                     .responses
                     .entry("429".to_owned())
                     .or_insert_with(|| limited.clone().into());
+            }
+        }
+    }
+}
+
+/// `503 unavailable` on every route the shedder may refuse (all but
+/// `/healthz` and `/metrics`), where the route does not describe its own.
+struct Shed;
+
+impl Modify for Shed {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let shed = error_response(
+            "unavailable: the instance is saturated and sheds this route's class (least \
+             critical first), or a dependency is away; Retry-After says when to come back",
+        );
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            if super::shed::Criticality::of(path).is_none() {
+                continue;
+            }
+            for operation in [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.delete,
+                &mut item.patch,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                operation
+                    .responses
+                    .responses
+                    .entry("503".to_owned())
+                    .or_insert_with(|| shed.clone().into());
             }
         }
     }

@@ -46,6 +46,12 @@ async fn openapi_json_describes_every_route_status_and_error_code() {
     assert_eq!(response.status(), StatusCode::OK);
     let doc: Value = response.json().await.unwrap();
     assert_eq!(doc["openapi"], "3.1.0");
+    // Every route the shedder may refuse says so; its probes of life never.
+    for (method, path) in OPERATIONS {
+        let shed = doc["paths"][path][method]["responses"].get("503").is_some();
+        let never_shed = path == "/healthz" || path == "/metrics";
+        assert_eq!(shed, !never_shed, "{method} {path}: 503 described");
+    }
 
     let described: BTreeSet<(String, String)> = doc["paths"]
         .as_object()
