@@ -184,24 +184,7 @@ impl Modify for RateLimited {
             "rate_limited: the client address (or, on user routes, the user) is over its \
              limit; Retry-After says when to come back",
         );
-        for item in openapi.paths.paths.values_mut() {
-            for operation in [
-                &mut item.get,
-                &mut item.post,
-                &mut item.put,
-                &mut item.delete,
-                &mut item.patch,
-            ]
-            .into_iter()
-            .flatten()
-            {
-                operation
-                    .responses
-                    .responses
-                    .entry("429".to_owned())
-                    .or_insert_with(|| limited.clone().into());
-            }
-        }
+        describe_where_missing(openapi, "429", &limited, |_| true);
     }
 }
 
@@ -215,26 +198,39 @@ impl Modify for Shed {
             "unavailable: the instance is saturated and sheds this route's class (least \
              critical first), or a dependency is away; Retry-After says when to come back",
         );
-        for (path, item) in openapi.paths.paths.iter_mut() {
-            if super::shed::Criticality::of(path).is_none() {
-                continue;
-            }
-            for operation in [
-                &mut item.get,
-                &mut item.post,
-                &mut item.put,
-                &mut item.delete,
-                &mut item.patch,
-            ]
-            .into_iter()
-            .flatten()
-            {
-                operation
-                    .responses
-                    .responses
-                    .entry("503".to_owned())
-                    .or_insert_with(|| shed.clone().into());
-            }
+        describe_where_missing(openapi, "503", &shed, |path| {
+            super::shed::Criticality::of(path).is_some()
+        });
+    }
+}
+
+/// Adds `response` as `status` to every operation of the paths `applies`
+/// to that does not describe that status itself.
+fn describe_where_missing(
+    openapi: &mut utoipa::openapi::OpenApi,
+    status: &str,
+    response: &utoipa::openapi::Response,
+    applies: impl Fn(&str) -> bool,
+) {
+    for (path, item) in openapi.paths.paths.iter_mut() {
+        if !applies(path) {
+            continue;
+        }
+        for operation in [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.delete,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            operation
+                .responses
+                .responses
+                .entry(status.to_owned())
+                .or_insert_with(|| response.clone().into());
         }
     }
 }

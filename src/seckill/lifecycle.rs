@@ -213,8 +213,9 @@ impl Seckill {
     }
 
     /// Tells the sale that units came back: this instance forgets the
-    /// closed orders' holders and the vouchers it cached, the sold-out flags open at each voucher's new
-    /// epoch, and the relay of async returns is woken.
+    /// closed orders' holders and the vouchers it cached, the sold-out
+    /// flags open at each voucher's new epoch, and the relay of async
+    /// returns is woken.
     async fn units_returned(&self, closed: &[Closed]) {
         let inner = &self.inner;
         inner.holders.closed(closed);

@@ -306,12 +306,6 @@ impl Seckill {
         ticket: Option<&str>,
     ) -> Result<Purchase> {
         let holders = &self.inner.holders;
-        if let Some(order_id) = holders.holder(voucher_id, user_id) {
-            self.outcome_counters()[Outcome::AlreadyPurchased.index()].increment(1);
-            return Err(SeckillError::AlreadyPurchased {
-                order_id: Some(order_id),
-            });
-        }
         let purchase = async {
             // Held until this purchase ends: the user's duplicates are
             // refused here, before any Redis or Postgres work.
@@ -343,21 +337,27 @@ impl Seckill {
             }
             bought
         };
-        // Past the deadline the purchase is dropped, which is safe at any
-        // step (a batch it joined still commits and releases), and its
-        // outcome is unknown to the buyer: 503, whose retry finds the order
-        // if there is one.
-        let result = tokio::time::timeout(self.inner.settings.request_deadline, purchase)
-            .await
-            .unwrap_or_else(|_| {
-                Err(SeckillError::Unavailable {
-                    dependency: "Postgres or Redis",
-                    detail: format!(
-                        "the purchase did not finish within {:?}",
-                        self.inner.settings.request_deadline
-                    ),
-                })
-            });
+        // A buyer known to hold an order is refused before anything else.
+        // Otherwise, past the deadline the purchase is dropped, which is
+        // safe at any step (a batch it joined still commits and releases),
+        // and its outcome is unknown to the buyer: 503, whose retry finds
+        // the order if there is one.
+        let result = match holders.holder(voucher_id, user_id) {
+            Some(order_id) => Err(SeckillError::AlreadyPurchased {
+                order_id: Some(order_id),
+            }),
+            None => tokio::time::timeout(self.inner.settings.request_deadline, purchase)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SeckillError::Unavailable {
+                        dependency: "Postgres or Redis",
+                        detail: format!(
+                            "the purchase did not finish within {:?}",
+                            self.inner.settings.request_deadline
+                        ),
+                    })
+                }),
+        };
         let outcome = match &result {
             Ok(Purchase::Stored(_)) => Outcome::Ordered,
             Ok(Purchase::Pending(_)) => Outcome::Accepted,

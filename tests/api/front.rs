@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::helpers::{spawn_app, TestApp};
+use crate::helpers::{answer, spawn_app, TestApp};
 
 /// `GET /vouchers/{id}` requests the instance itself answered, by its own
 /// request counter.
@@ -95,15 +95,8 @@ async fn a_read_flood_through_the_front_reaches_the_instance_about_once_per_vouc
         Duration::from_millis(200),
         "the front shows the new stock",
         || async {
-            let body: Value = app
-                .client
-                .get(format!("{base}/vouchers/{}", vouchers[0]))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let (_, body) =
+                answer(app.client.get(format!("{base}/vouchers/{}", vouchers[0]))).await;
             body["stock"].as_i64()
         },
         |stock| *stock == Some(9),
