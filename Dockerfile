@@ -9,6 +9,7 @@ COPY src src
 COPY migrations migrations
 COPY lua lua
 COPY redis-locks redis-locks
+COPY lab lab
 # Workspace members: cargo reads their manifests (and sources) to resolve
 # the workspace, though the service's binary uses neither.
 COPY loadtest loadtest

@@ -10,8 +10,8 @@ if [ -z "${SECKILL_ADMIN_TOKEN:-}" ]; then
     export SECKILL_ADMIN_TOKEN
     echo "Admin token for this run: $SECKILL_ADMIN_TOKEN"
 fi
-# SECKILL_LAB=1 runs seckill-lab, the service with the lab compiled in (LAB.md).
+# SECKILL_LAB=1 runs seckill-lab, the service with the lab mounted (LAB.md).
 if [ "${SECKILL_LAB:-0}" = 1 ]; then
-    exec cargo run --release --quiet --features lab --bin seckill-lab -- serve --demo "$@"
+    exec cargo run --release --quiet -p seckill-lab -- serve --demo "$@"
 fi
 exec cargo run --release --quiet --bin seckill -- serve --demo "$@"

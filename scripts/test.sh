@@ -4,5 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECKILL_TEST_TOOLS=1 source scripts/deps.sh
-# The lab's tests need the lab compiled in (the `lab` feature).
-exec cargo test --workspace --features seckill/lab "$@"
+exec cargo test --workspace "$@"

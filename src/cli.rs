@@ -1,14 +1,16 @@
-//! The command line of the `seckill` binary (and of `seckill-lab`, the
-//! same with the lab compiled in): `seckill serve` (the default) runs the
-//! service.
+//! The command line of the `seckill` binary, and of a binary built on the
+//! service that adds options and routes of its own (`seckill-lab`):
+//! `seckill serve` (the default) runs the service.
 
+use std::error::Error;
+use std::future::Future;
 use std::process::ExitCode;
 
 use crate::config::Settings;
 use crate::seckill::VoucherDraft;
-use crate::startup::Application;
+use crate::startup::{Application, Mount};
 use chrono::{Duration, Utc};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -16,40 +18,95 @@ use clap::{Parser, Subcommand};
     about = "A flash-sale (seckill) HTTP backend that never oversells"
 )]
 #[command(args_conflicts_with_subcommands = true)]
-struct Cli {
+struct Cli<E: Args> {
     #[command(subcommand)]
-    command: Option<Command>,
+    command: Option<Command<E>>,
     #[command(flatten)]
-    serve: Serve,
+    serve: Serve<E>,
 }
 
 #[derive(Subcommand)]
-enum Command {
+enum Command<E: Args> {
     /// Run the HTTP server (the default).
-    Serve(Serve),
+    Serve(Serve<E>),
 }
 
-#[derive(clap::Args)]
-struct Serve {
+#[derive(Args)]
+struct Serve<E: Args> {
     #[command(flatten)]
     settings: Settings,
     /// Create a demo voucher (stock 100, on sale for an hour) and print a
     /// user token and the command that buys it.
     #[arg(long)]
     demo: bool,
+    #[command(flatten)]
+    extension: E,
 }
 
-/// The binaries' `main`: parses the command line and runs the service
-/// until a signal stops it.
+/// What a binary built on the service adds: options of its own beside the
+/// service's, and routes it mounts once the service is built.
+pub trait Extension: Args {
+    /// Refuses options that cannot work, before anything is touched.
+    fn check(&self) -> Result<(), Box<dyn Error>> {
+        Ok(())
+    }
+
+    /// The mount these options ask for, if any, on the built `app`.
+    fn mount(
+        self,
+        app: &Application,
+    ) -> impl Future<Output = Result<Option<Mount>, Box<dyn Error>>>;
+}
+
+/// The `seckill` binary's: no options, no routes of its own; but it
+/// refuses `SECKILL_LAB`, which asks for a lab it does not have.
+#[derive(Args)]
+pub struct Plain {
+    #[arg(
+        long,
+        env = "SECKILL_LAB",
+        hide = true,
+        value_parser = clap::builder::BoolishValueParser::new(),
+        num_args = 0..=1,
+        default_value_t = false,
+        default_missing_value = "true"
+    )]
+    lab: bool,
+}
+
+impl Extension for Plain {
+    fn check(&self) -> Result<(), Box<dyn Error>> {
+        if self.lab {
+            return Err(
+                "SECKILL_LAB=1, but this binary has no lab: run seckill-lab \
+                 (cargo run -p seckill-lab)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    async fn mount(self, _: &Application) -> Result<Option<Mount>, Box<dyn Error>> {
+        Ok(None)
+    }
+}
+
+/// The `seckill` binary's `main`: parses the command line and runs the
+/// service until a signal stops it.
+pub fn main() -> ExitCode {
+    main_with::<Plain>()
+}
+
+/// The `main` of a binary that adds `E` to the service.
 #[tokio::main]
-pub async fn main() -> ExitCode {
+pub async fn main_with<E: Extension>() -> ExitCode {
     // A missing .env is normal; a broken one is worth saying.
     if let Err(error) = dotenvy::dotenv() {
         if !error.not_found() {
             eprintln!("ignoring .env: {error}");
         }
     }
-    let cli = Cli::parse();
+    let cli = Cli::<E>::parse();
     let serve = match cli.command {
         Some(Command::Serve(serve)) => serve,
         None => cli.serve,
@@ -64,11 +121,15 @@ pub async fn main() -> ExitCode {
     }
 }
 
-async fn run(mut serve: Serve) -> Result<(), Box<dyn std::error::Error>> {
+async fn run<E: Extension>(mut serve: Serve<E>) -> Result<(), Box<dyn Error>> {
+    serve.extension.check()?;
     if serve.demo {
         demo_secrets(&mut serve.settings);
     }
-    let app = Application::build(serve.settings).await?;
+    let mut app = Application::build(serve.settings).await?;
+    if let Some(mount) = serve.extension.mount(&app).await? {
+        app.mount(mount);
+    }
     if serve.demo {
         demo(&app).await?;
     }
@@ -97,7 +158,7 @@ fn demo_secrets(settings: &mut Settings) {
     }
 }
 
-async fn demo(app: &Application) -> Result<(), Box<dyn std::error::Error>> {
+async fn demo(app: &Application) -> Result<(), Box<dyn Error>> {
     let now = Utc::now();
     let voucher_id = app
         .seckill()

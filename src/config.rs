@@ -193,25 +193,6 @@ pub struct Settings {
           default_value = "30000", value_name = "MS", value_parser = millis)]
     pub startup_wait: Duration,
 
-    /// Serve the lab (LAB.md): `/lab/{strategy}/seckill/{id}` and its
-    /// admin routes, which run deliberately flawed strategies on the lab's
-    /// own tables. Never on in production.
-    #[arg(
-        long,
-        env = "SECKILL_LAB",
-        value_parser = clap::builder::BoolishValueParser::new(),
-        num_args = 0..=1,
-        default_value_t = false,
-        default_missing_value = "true"
-    )]
-    pub lab: bool,
-
-    /// Lease of the lab's locks, in milliseconds: short, so that a stall
-    /// past it is quick to show.
-    #[arg(long = "lab-lease-ms", env = "SECKILL_LAB_LEASE_MS",
-          default_value = "1000", value_name = "MS", value_parser = millis)]
-    pub lab_lease: Duration,
-
     /// On SIGTERM, how long the drain of in-flight requests and the lock
     /// releases may take together; connections still open then are closed.
     #[arg(long = "shutdown-timeout-ms", env = "SECKILL_SHUTDOWN_TIMEOUT_MS",

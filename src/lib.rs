@@ -9,9 +9,6 @@
 //! - [`token`]: signed user tokens.
 //! - [`auth`]: who a bearer token signs in: a `v1` token or the shop's JWT.
 //! - [`seckill`]: the purchase flow and the admin operations.
-//! - `lab`: the naive designs beside the right one, to show each failure
-//!   with real rows (LAB.md); compiled only with the `lab` feature (the
-//!   `seckill-lab` binary), mounted with `SECKILL_LAB=1`.
 //! - [`cli`]: the binaries' command line.
 //! - [`events`]: order events out to the shop: the feed and the webhooks.
 //! - [`domain`]: the words every layer speaks (how a purchase ended).
@@ -23,9 +20,11 @@
 //!   on the lock library's connection layer (`redis_locks::SharedConnection`).
 //!
 //! Beside this crate in the workspace: `redis-locks` (the lock library, its
-//! own tests and doc examples), `loadtest` (the load driver and the lab's
-//! runs) and `testkit` (test support: the local servers, private
-//! `redis-server` processes, free ports), which the tests of all three use.
+//! own tests and doc examples), `seckill-lab` (the lab: the naive designs
+//! beside the right one, mounted on this service through
+//! [`startup::Application::mount`]; LAB.md), `loadtest` (the load driver
+//! and the lab's runs) and `testkit` (test support: the local servers,
+//! private `redis-server` processes, free ports), which their tests use.
 
 // The maps in these docs link to the private stages of a module (the
 // purchase's `batch`, `soldout`, ...): read them with
@@ -42,8 +41,6 @@ pub mod events;
 pub mod http;
 pub mod id;
 pub mod kv;
-#[cfg(feature = "lab")]
-pub mod lab;
 pub mod seckill;
 pub mod startup;
 pub mod store;

@@ -7,7 +7,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::Router;
 use chrono::TimeDelta;
+use futures_util::future::BoxFuture;
 use tokio::net::TcpListener;
 
 use crate::auth::{Authenticator, JwtSettings, Source};
@@ -17,8 +19,6 @@ use crate::http::serve::{serve, DrainOutcome, ServeSettings};
 use crate::http::shed::Shedder;
 use crate::http::{self, AdminToken, AppParts, AppState, Limits};
 use crate::kv::{Kv, RedisTarget};
-#[cfg(feature = "lab")]
-use crate::lab::{Lab, LabSettings};
 use crate::seckill::{SaleClock, Seckill, SeckillSettings, UserLocks};
 use crate::store::{PoolSettings, Store, StoreError};
 use crate::token::TokenSigner;
@@ -34,11 +34,6 @@ pub enum StartupError {
     RedisUrl(#[source] redis::RedisError),
     #[error("REDIS_URL: {0}")]
     RedisTarget(#[from] crate::kv::BadRedisUrl),
-    #[error(
-        "SECKILL_LAB=1, but this binary has no lab: run seckill-lab \
-         (cargo run --features lab --bin seckill-lab)"
-    )]
-    NoLab,
     #[error("SECKILL_JWT_JWKS: {0}")]
     Jwks(#[from] crate::auth::JwksError),
     #[error("cannot listen on {addr}: {source}")]
@@ -46,6 +41,19 @@ pub enum StartupError {
         addr: String,
         source: std::io::Error,
     },
+}
+
+/// Routes served beside the service's own, and what stops with them: how
+/// a crate built on the service (the lab) mounts itself on an
+/// [`Application`].
+pub struct Mount {
+    /// Its routes, behind the service's middleware (limits, shedding,
+    /// deadlines, traces); their handlers see the service's [`AppState`].
+    pub routes: Router<AppState>,
+    /// Stops what it runs, within the time it is given, once the service's
+    /// own workers have stopped; `false` when something was still under
+    /// way.
+    pub stop: Box<dyn FnOnce(Duration) -> BoxFuture<'static, bool> + Send>,
 }
 
 /// A built, listening, not yet serving application.
@@ -56,16 +64,16 @@ pub struct Application {
     state: AppState,
     settings: Settings,
     serve: ServeSettings,
+    /// What a crate built on the service may reach: Postgres, Redis, and
+    /// the prefix of this database's Redis keys.
+    store: Store,
+    kv: Kv,
+    prefix: String,
+    mounted: Option<Mount>,
 }
 
 impl Application {
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
-        // Asking a binary without the lab for it is an error, before
-        // anything is touched (not a silent no).
-        #[cfg(not(feature = "lab"))]
-        if settings.lab {
-            return Err(StartupError::NoLab);
-        }
         settings.check()?;
         // Before anything records: a metric set before the recorder is
         // installed is lost (the clock's first offset was).
@@ -80,8 +88,6 @@ impl Application {
         );
         let redis = kv(&settings)?;
         let locks = user_locks(&settings, &prefix)?;
-        #[cfg(feature = "lab")]
-        let lab = lab(&settings, &prefix, &store, &redis).await?;
         let clock = SaleClock::start(
             redis.clone(),
             TimeDelta::milliseconds(settings.fault_clock_skew_ms),
@@ -98,11 +104,11 @@ impl Application {
             settings.event_retention_days,
         );
         let seckill = Seckill::new(
-            store,
-            redis,
+            store.clone(),
+            redis.clone(),
             locks,
             clock,
-            seckill_settings(&settings, prefix, &token_key),
+            seckill_settings(&settings, prefix.clone(), &token_key),
         );
         let metrics_listener = match &settings.metrics_addr {
             Some(addr) => Some(bind(addr).await?),
@@ -123,8 +129,6 @@ impl Application {
             .delaying_refusals(settings.limit_delay),
             shedder: Shedder::new(settings.shed_delay, settings.limit_delay),
             public_metrics: metrics_listener.is_none(),
-            #[cfg(feature = "lab")]
-            lab,
         });
         let listener = bind(&settings.addr).await?;
         // Once the address is ours: an instance that cannot serve (its port
@@ -143,7 +147,44 @@ impl Application {
             state,
             settings,
             serve,
+            store,
+            kv: redis,
+            prefix,
+            mounted: None,
         })
+    }
+
+    /// Serves `mount`'s routes beside the service's own (one mount; a
+    /// second replaces the first).
+    pub fn mount(&mut self, mount: Mount) {
+        self.mounted = Some(mount);
+    }
+
+    /// The service's Postgres, for a mount that keeps tables of its own.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The service's Redis, each command under the dependency deadline.
+    pub fn kv(&self) -> &Kv {
+        &self.kv
+    }
+
+    /// The prefix of every Redis key this database's instances write: a
+    /// mount's keys go under it too, so that they belong to the database.
+    pub fn redis_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// A lock client on the service's Redis, its keys under
+    /// [`Self::redis_prefix`] and then `prefix`, its commands bounded by the
+    /// dependency deadline.
+    pub fn lock_client(&self, prefix: &str) -> Result<LockClient, StartupError> {
+        lock_client(
+            &self.settings,
+            &self.settings.redis_url,
+            &format!("{}{prefix}", self.prefix),
+        )
     }
 
     /// Where `/metrics` is served apart, if it is.
@@ -180,7 +221,13 @@ impl Application {
             state,
             settings,
             serve: serve_settings,
+            mounted,
+            ..
         } = self;
+        let (mounted_routes, mounted_stop) = match mounted {
+            Some(Mount { routes, stop }) => (Some(routes), Some(stop)),
+            None => (None, None),
+        };
         // Ends with the public server (its sender dropped below).
         let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
         if let Some(metrics_listener) = metrics_listener {
@@ -198,8 +245,6 @@ impl Application {
             });
         }
         let seckill = state.seckill.clone();
-        #[cfg(feature = "lab")]
-        let lab = state.lab.clone();
         tracing::info!(
             addr = %listener.local_addr()?,
             max_connections = serve_settings.max_connections,
@@ -208,7 +253,7 @@ impl Application {
         let timeout = settings.shutdown_timeout;
         let (began, drained) = serve(
             listener,
-            http::router(state, settings.body_timeout),
+            http::router(state, settings.body_timeout, mounted_routes),
             serve_settings,
             shutdown,
             timeout,
@@ -237,10 +282,9 @@ impl Application {
         }
         let left = left();
         let released = seckill.shutdown_locks(left).await;
-        #[cfg(feature = "lab")]
         let released = released
-            & match lab {
-                Some(lab) => lab.shutdown_locks(left).await,
+            & match mounted_stop {
+                Some(stop) => stop(left).await,
                 None => true,
             };
         if !released {
@@ -249,35 +293,6 @@ impl Application {
         tracing::info!("stopped");
         Ok(())
     }
-}
-
-/// The lab, when `SECKILL_LAB` asks for it: on the same Postgres (its
-/// tables created now) and Redis, with its own lock client under the
-/// prefix's `lab:`.
-#[cfg(feature = "lab")]
-async fn lab(
-    settings: &Settings,
-    prefix: &str,
-    store: &Store,
-    redis: &Kv,
-) -> Result<Option<Lab>, StartupError> {
-    if !settings.lab {
-        return Ok(None);
-    }
-    let prefix = format!("{prefix}lab:");
-    let locks = lock_client(settings, &settings.redis_url, &prefix)?;
-    let lab_store = store.lab();
-    lab_store.migrate().await?;
-    tracing::warn!("the lab is on: /lab/* runs deliberately flawed purchase strategies");
-    Ok(Some(Lab::new(
-        lab_store,
-        redis.clone(),
-        locks,
-        LabSettings {
-            redis_prefix: prefix,
-            lease: settings.lab_lease,
-        },
-    )))
 }
 
 /// A listener on `addr`.

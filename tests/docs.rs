@@ -18,6 +18,7 @@ const CODE_DIRS: &[&str] = &[
     "lua",
     "migrations",
     "tests",
+    "lab",
     "loadtest",
     "redis-locks",
     "testkit",
@@ -273,6 +274,7 @@ fn check_span(span: &str, doc_dir: &Path, root: &Path, code: &Code) -> Option<St
                     "super",
                     "seckill",
                     "redis_locks",
+                    "seckill_lab",
                     "testkit",
                     "loadtest",
                 ]

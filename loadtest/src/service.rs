@@ -42,7 +42,7 @@ pub struct Launch {
     /// Extra environment for every instance, set after the driver's own
     /// (rate limits off), so that it overrides them.
     pub env: Vec<(String, String)>,
-    /// Run `seckill-lab` (the service with the lab compiled in) instead.
+    /// Run `seckill-lab` (the service with the lab mounted) instead.
     pub lab: bool,
 }
 
@@ -63,10 +63,8 @@ fn seckill_binary(given: Option<PathBuf>, lab: bool) -> Result<PathBuf, String> 
             .and_then(|p| p.file_name())
             .is_some_and(|n| n == "release");
         let mut build = Command::new(cargo);
-        build.args(["build", "--quiet", "--bin", name, "-p", "seckill"]);
-        if lab {
-            build.args(["--features", "lab"]);
-        }
+        let package = if lab { "seckill-lab" } else { "seckill" };
+        build.args(["build", "--quiet", "--bin", name, "-p", package]);
         if release {
             build.arg("--release");
         }
@@ -81,7 +79,7 @@ fn seckill_binary(given: Option<PathBuf>, lab: bool) -> Result<PathBuf, String> 
         Ok(sibling)
     } else {
         Err(format!(
-            "no {name} binary at {}: run `cargo build --release` (with `--features lab --bin seckill-lab` for the lab) or pass --seckill-bin",
+            "no {name} binary at {}: run `cargo build --release` (`-p seckill-lab` for the lab) or pass --seckill-bin",
             sibling.display()
         ))
     }

@@ -7,8 +7,6 @@ mod error;
 mod events;
 mod extract;
 mod handlers;
-#[cfg(feature = "lab")]
-mod lab;
 pub mod limit;
 pub mod openapi;
 pub mod ops;
@@ -35,14 +33,12 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
 pub use error::ApiError;
-pub use extract::AdminToken;
+pub use extract::{voucher_id, Admin, AdminToken, AppJson, User, VoucherIdPath};
 pub use limit::Limits;
 pub use payments::signature_header;
 
 use crate::auth::Authenticator;
 use crate::events::Events;
-#[cfg(feature = "lab")]
-use crate::lab::Lab;
 use crate::seckill::{Seckill, SeckillError};
 
 /// What every handler can reach: one shared value, so that the copy axum
@@ -84,16 +80,19 @@ pub struct AppParts {
     /// `/metrics` is served on the public address (no
     /// `SECKILL_METRICS_ADDR`).
     pub public_metrics: bool,
-    /// `Some` only with `SECKILL_LAB=1`: then the lab's routes exist.
-    #[cfg(feature = "lab")]
-    pub lab: Option<Lab>,
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// The whole API as a router; a request body that takes longer than
+/// The whole API as a router, with `mounted`'s routes beside the service's
+/// own (a crate built on the service, like the lab, brings them) behind
+/// the same middleware; a request body that takes longer than
 /// `body_timeout` to arrive, counted from its headers, fails.
-pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
+pub fn router(
+    state: AppState,
+    body_timeout: std::time::Duration,
+    mounted: Option<Router<AppState>>,
+) -> Router {
     let api = Router::new()
         .route("/admin/vouchers", post(admin::create_voucher))
         .route("/admin/vouchers/{id}/orders", get(admin::voucher_orders))
@@ -122,14 +121,9 @@ pub fn router(state: AppState, body_timeout: std::time::Duration) -> Router {
     } else {
         api
     };
-    #[cfg(feature = "lab")]
-    let api = if state.lab.is_some() {
-        api.route("/lab", get(lab::info))
-            .route("/lab/{strategy}/seckill/{id}", post(lab::purchase))
-            .route("/admin/lab/vouchers", post(lab::create_voucher))
-            .route("/admin/lab/vouchers/{id}/stats", get(lab::stats))
-    } else {
-        api
+    let api = match mounted {
+        Some(routes) => api.merge(routes),
+        None => api,
     };
     let api = api
         .fallback(|| async { ApiError::NotFound("no such route".into()) })

@@ -118,7 +118,8 @@ impl SeckillError {
         })
     }
 
-    pub(crate) fn redis_unavailable(detail: impl ToString) -> Self {
+    /// Redis did not answer as the sale needs: `503 unavailable`.
+    pub fn redis_unavailable(detail: impl ToString) -> Self {
         Self::Unavailable {
             dependency: "Redis",
             detail: detail.to_string(),

@@ -42,7 +42,7 @@ mod room;
 mod soldout;
 mod user_lock;
 mod vouchers;
-pub(crate) mod workers;
+pub mod workers;
 
 pub use async_sale::Reconciled;
 use async_sale::{Pause, Reconciliation};

@@ -1,10 +1,10 @@
 //! One registry of per-voucher background workers (group commit's batch
 //! writers, the user-lock gatherers, the async sales' acceptors and stream
-//! writers, the lab's stream writers):
-//! at most one per voucher in an
-//! instance, the race between starting one and retiring one closed in one
-//! place, and every task spawned on the instance's tracker, so that
-//! shutdown tells them all to stop and waits for them.
+//! writers; public for crates built on the service, like the lab's stream
+//! writers): at most one per voucher in an instance, the race between
+//! starting one and retiring one closed in one place, and every task
+//! spawned on the instance's tracker, so that shutdown tells them all to
+//! stop and waits for them.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 /// An instance's background tasks: where they are spawned, and the
 /// signal that tells them to stop. Cheap to clone.
 #[derive(Clone, Default)]
-pub(crate) struct Background {
+pub struct Background {
     pub(crate) tasks: TaskTracker,
     pub(crate) stop: CancellationToken,
 }
@@ -26,7 +26,7 @@ pub(crate) struct Background {
 impl Background {
     /// Tells every task to stop and waits for them, at most `limit`;
     /// `false` when some were still running.
-    pub(crate) async fn stop(&self, limit: std::time::Duration) -> bool {
+    pub async fn stop(&self, limit: std::time::Duration) -> bool {
         self.stop.cancel();
         self.tasks.close();
         tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
@@ -35,7 +35,7 @@ impl Background {
 
 /// The workers of one kind, by voucher; `H` is what the rest of the
 /// instance holds to talk to one (a queue, a set of signals).
-pub(crate) struct Workers<H> {
+pub struct Workers<H> {
     running: Mutex<HashMap<VoucherId, H>>,
     background: Background,
 }
@@ -43,7 +43,7 @@ pub(crate) struct Workers<H> {
 impl<H: Clone> Workers<H> {
     /// Workers spawned among `background`'s tasks, told to stop by its
     /// signal.
-    pub(crate) fn new(background: Background) -> Self {
+    pub fn new(background: Background) -> Self {
         Self {
             running: Mutex::new(HashMap::new()),
             background,
@@ -61,7 +61,7 @@ impl<H: Clone> Workers<H> {
     /// The handle of `voucher_id`'s worker: the registered one while
     /// `alive` says so, else a new one that `start` makes now (given the
     /// stop signal; its task is spawned on the tracker).
-    pub(crate) fn get_or_start<F>(
+    pub fn get_or_start<F>(
         &self,
         voucher_id: VoucherId,
         alive: impl FnOnce(&H) -> bool,
@@ -91,7 +91,7 @@ impl<H: Clone> Workers<H> {
     /// under the registry's lock, so nobody looks the worker up between
     /// the decision and the removal: a worker checks that nothing new came
     /// for it and leaves in one step. `false` when it stays (or none runs).
-    pub(crate) fn retire_if(&self, voucher_id: VoucherId, retire: impl FnOnce(&H) -> bool) -> bool {
+    pub fn retire_if(&self, voucher_id: VoucherId, retire: impl FnOnce(&H) -> bool) -> bool {
         let mut running = self.running();
         match running.get(&voucher_id) {
             Some(handle) if retire(handle) => {

@@ -16,21 +16,28 @@ use sqlx::{PgConnection, PgPool};
 
 use super::{Result, StoreError};
 
-/// The pool, the deadline, and whether a transaction pooler is in between.
+/// The pool, the deadline, and whether a transaction pooler is in between:
+/// how a query of the store, or of a crate built on it (the lab), reaches
+/// Postgres.
 #[derive(Clone)]
-pub(super) struct Db {
+pub struct Db {
     pub(super) pool: PgPool,
     pub(super) timeout: Duration,
     pub(super) transaction_pooler: bool,
 }
 
 impl Db {
+    /// The pool itself, for what runs outside a deadline (migrations).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// Runs one query, built by `query` on the connection it is given and
     /// marked persistent (a named, cached prepared statement) or not as
     /// told, within the deadline. The connection of a query cut short is
     /// checked before the pool lends it again (see `Store::connect`), so its
     /// late answer reaches nobody.
-    pub(super) async fn run<T, F>(&self, query: F) -> Result<T>
+    pub async fn run<T, F>(&self, query: F) -> Result<T>
     where
         T: Send,
         F: for<'c> FnOnce(&'c mut PgConnection, bool) -> BoxFuture<'c, Result<T, sqlx::Error>>
@@ -51,7 +58,7 @@ impl Db {
     }
 
     /// The one value `sql`, which takes no parameter, selects.
-    pub(super) async fn scalar<T>(&self, sql: &'static str) -> Result<T>
+    pub async fn scalar<T>(&self, sql: &'static str) -> Result<T>
     where
         T: Send + Unpin + 'static,
         (T,): for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
@@ -64,7 +71,7 @@ impl Db {
 
     /// The row `sql` finds for `id`, its one parameter, if any: `sql`
     /// selects by a key, so one row at most.
-    pub(super) async fn row_by_id<T, I>(&self, sql: &'static str, id: I) -> Result<Option<T>>
+    pub async fn row_by_id<T, I>(&self, sql: &'static str, id: I) -> Result<Option<T>>
     where
         T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin + 'static,
         I: Key,
@@ -73,7 +80,7 @@ impl Db {
     }
 
     /// Every row `sql` finds for `id`, its one parameter.
-    pub(super) async fn rows_by_id<T, I>(&self, sql: &'static str, id: I) -> Result<Vec<T>>
+    pub async fn rows_by_id<T, I>(&self, sql: &'static str, id: I) -> Result<Vec<T>>
     where
         T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin + 'static,
         I: Key,
@@ -91,7 +98,7 @@ impl Db {
 }
 
 /// A value a row is selected by: one of the domain's ids.
-pub(super) trait Key:
+pub trait Key:
     for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Copy + Send + Sync + 'static
 {
 }
@@ -108,7 +115,7 @@ impl<T> Key for T where
 
 /// `.within(timeout)` on any sqlx future: its answer, or
 /// [`StoreError::TimedOut`] once `timeout` has passed.
-pub(super) trait Within<T>: Future<Output = Result<T, sqlx::Error>> + Sized {
+pub trait Within<T>: Future<Output = Result<T, sqlx::Error>> + Sized {
     async fn within(self, timeout: Duration) -> Result<T, StoreError> {
         match tokio::time::timeout(timeout, self).await {
             Ok(answer) => answer.map_err(StoreError::from),

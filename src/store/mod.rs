@@ -1,8 +1,8 @@
 //! Postgres: vouchers, their stock and their orders, and the one statement
 //! that sells a batch of units (`sale`).
 //!
-//! Every query is here (the lab's in `lab`); nothing above this module
-//! writes SQL. Errors come out classified: the database being unreachable,
+//! Every query of the service is here; nothing above this module writes
+//! SQL. Errors come out classified: the database being unreachable,
 //! a duplicate order, or something else (a bug, logged and answered as an
 //! opaque 500).
 
@@ -15,18 +15,15 @@ use std::time::Duration;
 mod columns;
 mod db;
 mod events;
-#[cfg(feature = "lab")]
-mod lab;
 mod lifecycle;
 mod reconcile;
 mod sale;
 mod users;
 
 use crate::domain::{NewVoucher, Order, OrderId, OrderLine, StockLevel, Voucher, VoucherId};
-use db::{Db, Within};
+use db::Within;
+pub use db::{Db, Key};
 pub use events::{Backlog, HolderChange};
-#[cfg(feature = "lab")]
-pub use lab::{Decrement, LabSale, LabStats, LabStore};
 pub use lifecycle::{Closed, Payment, PaymentOutcome, StockReturn, CANCEL, EXPIRE_ONE};
 pub use reconcile::SaleSnapshot;
 pub use sale::{BatchSale, Sale, SaleRequest, SELL_BATCH};
@@ -226,10 +223,10 @@ impl Store {
         }
     }
 
-    /// A lab store on the same pool and deadline.
-    #[cfg(feature = "lab")]
-    pub fn lab(&self) -> LabStore {
-        LabStore::new(self.db.clone())
+    /// Postgres under the store's deadline, for a crate built on the
+    /// service that keeps tables of its own (the lab).
+    pub fn db(&self) -> &Db {
+        &self.db
     }
 
     /// The identity of this database, made when it was migrated: every key

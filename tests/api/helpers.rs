@@ -74,6 +74,8 @@ pub struct TestApp {
     pub prefix: String,
     pub db: PgPool,
     settings: Settings,
+    /// The lease of the lab's locks, where the lab is mounted.
+    lab: Option<Duration>,
 }
 
 /// A fresh database and Redis prefix, and an app serving them.
@@ -105,11 +107,20 @@ pub async fn spawn_app_on_own_redis(timeout_ms: Option<u64>) -> (OwnRedis, TestA
 /// Like [`spawn_app`], with the settings adjusted first (the database URL
 /// in them names the fresh database).
 pub async fn spawn_app_with(adjust: impl FnOnce(Settings) -> Settings) -> TestApp {
+    spawn_app_mounting(adjust, None).await
+}
+
+/// Like [`spawn_app_with`], with the lab mounted (its locks' lease `lab`)
+/// when given, on this instance and every other it spawns.
+pub async fn spawn_app_mounting(
+    adjust: impl FnOnce(Settings) -> Settings,
+    lab: Option<Duration>,
+) -> TestApp {
     let db_name = format!("seckill_test_{}", Uuid::new_v4().simple());
     let db_url = format!("{}/{db_name}", pg_server());
     let prefix = format!("test:{}:", Uuid::new_v4().simple());
     let settings = adjust(settings(&db_url, &redis_url(), &prefix));
-    let base = start(settings.clone()).await;
+    let base = start_mounting(settings.clone(), lab).await;
     let db = PgPool::connect(&db_url)
         .await
         .expect("the test database answers");
@@ -120,6 +131,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(Settings) -> Settings) -> TestAp
         prefix,
         db,
         settings,
+        lab,
     }
 }
 
@@ -133,7 +145,19 @@ pub fn client() -> reqwest::Client {
 
 /// Builds and serves an app on this test's runtime; returns its base URL.
 pub async fn start(settings: Settings) -> String {
-    let app = Application::build(settings).await.expect("the app builds");
+    start_mounting(settings, None).await
+}
+
+/// Like [`start`], with the lab mounted (its locks' lease `lab`) when
+/// given.
+pub async fn start_mounting(settings: Settings, lab: Option<Duration>) -> String {
+    let mut app = Application::build(settings).await.expect("the app builds");
+    if let Some(lease) = lab {
+        let lab = seckill_lab::mount(&app, lease)
+            .await
+            .expect("the lab mounts");
+        app.mount(lab);
+    }
     let addr: SocketAddr = app.local_addr();
     tokio::spawn(app.run_until(std::future::pending()));
     format!("http://{addr}")
@@ -234,7 +258,7 @@ impl TestApp {
 
     /// Another instance of the service on the same database and Redis.
     pub async fn spawn_instance(&self) -> String {
-        start(self.settings.clone()).await
+        start_mounting(self.settings.clone(), self.lab).await
     }
 
     /// The prefix of every Redis key this app writes: the test's prefix and

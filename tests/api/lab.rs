@@ -10,7 +10,9 @@ use reqwest::StatusCode;
 use seckill::config::Settings;
 use serde_json::{json, Value};
 
-use crate::helpers::{post_purchase, spawn_app, spawn_app_with, OwnRedis, TestApp, ADMIN_TOKEN};
+use crate::helpers::{
+    post_purchase, spawn_app, spawn_app_mounting, OwnRedis, TestApp, ADMIN_TOKEN,
+};
 
 /// The lab locks' lease in these tests. Stalls and delays are fractions
 /// and multiples of it, with half a lease of margin on every side.
@@ -22,12 +24,7 @@ async fn lab_app() -> TestApp {
 
 /// A lab app with the settings adjusted first.
 async fn lab_app_with(adjust: impl FnOnce(Settings) -> Settings) -> TestApp {
-    spawn_app_with(|mut s| {
-        s.lab = true;
-        s.lab_lease = Duration::from_millis(LEASE_MS);
-        adjust(s)
-    })
-    .await
+    spawn_app_mounting(adjust, Some(Duration::from_millis(LEASE_MS))).await
 }
 
 /// What a lab voucher's rows say.
@@ -638,9 +635,7 @@ async fn the_lab_tables_exist_only_where_the_lab_ran_and_such_a_database_still_s
     // The database now lists the lab's migration, which the service's own
     // set lacks (as a database migrated by an earlier version does): an
     // instance without the lab still starts on it, and sells.
-    let mut settings = lab.settings();
-    settings.lab = false;
-    let without = crate::helpers::start(settings).await;
+    let without = crate::helpers::start(lab.settings()).await;
     let voucher = lab.open_voucher(1).await;
     let token = lab.token(1).await;
     let (status, _) = crate::helpers::buy(&lab.client, &without, &token, voucher).await;

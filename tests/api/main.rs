@@ -17,7 +17,6 @@ mod helpers;
 mod holders;
 mod ids;
 mod jwt;
-#[cfg(feature = "lab")]
 mod lab;
 mod lifecycle;
 mod openapi;

@@ -4,29 +4,30 @@
 
 use std::time::Duration;
 
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use axum::Json;
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::error::ApiError;
-use super::extract::{voucher_id, Admin, AppJson, User, VoucherIdPath};
-use super::AppState;
-use crate::lab::{Attempt, Lab, LabOrder, Stall, StallAt, Strategy, MAX_STALL};
+use crate::{Attempt, Lab, LabOrder, Stall, StallAt, Strategy, MAX_STALL};
+use seckill::http::{voucher_id, Admin, ApiError, AppJson, AppState, User, VoucherIdPath};
 
-fn lab(state: &AppState) -> Result<&Lab, ApiError> {
-    // The routes exist only when the lab does; this is for the type.
-    state
-        .lab
-        .as_ref()
-        .ok_or_else(|| ApiError::NotFound("the lab is off".into()))
+/// The lab's routes, for [`seckill::startup::Mount`]: each handler reaches
+/// `lab` and, for who is signed in, the service's state.
+pub fn routes(lab: Lab) -> Router<AppState> {
+    Router::new()
+        .route("/lab", get(info))
+        .route("/lab/{strategy}/seckill/{id}", post(purchase))
+        .route("/admin/lab/vouchers", post(create_voucher))
+        .route("/admin/lab/vouchers/{id}/stats", get(stats))
+        .layer(Extension(lab))
 }
 
 /// `GET /lab`: the strategies and the lease of the lab's locks.
-pub async fn info(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let lab = lab(&state)?;
+async fn info(Extension(lab): Extension<Lab>) -> Result<Json<Value>, ApiError> {
     let names: Vec<&str> = Strategy::ALL.iter().map(|s| s.name()).collect();
     Ok(Json(json!({
         "strategies": names,
@@ -37,25 +38,24 @@ pub async fn info(State(state): State<AppState>) -> Result<Json<Value>, ApiError
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CreateLabVoucher {
+struct CreateLabVoucher {
     stock: i64,
 }
 
-pub async fn create_voucher(
-    State(state): State<AppState>,
+async fn create_voucher(
+    Extension(lab): Extension<Lab>,
     _: Admin,
     AppJson(body): AppJson<CreateLabVoucher>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let id = lab(&state)?.create_voucher(body.stock).await?;
+    let id = lab.create_voucher(body.stock).await?;
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
 }
 
-pub async fn stats(
-    State(state): State<AppState>,
+async fn stats(
+    Extension(lab): Extension<Lab>,
     _: Admin,
     VoucherIdPath(id): VoucherIdPath,
 ) -> Result<Json<Value>, ApiError> {
-    let lab = lab(&state)?;
     let id = id.get();
     let stats = lab.stats(id).await?;
     // Stats come from Postgres; the Redis stock is null while Redis is away.
@@ -71,7 +71,7 @@ pub async fn stats(
 }
 
 /// `/lab/{strategy}/seckill/{voucher_id}`, parsed.
-pub struct LabPath {
+struct LabPath {
     strategy: Strategy,
     voucher_id: i64,
 }
@@ -95,7 +95,7 @@ impl<S: Send + Sync> FromRequestParts<S> for LabPath {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct StallQuery {
+struct StallQuery {
     /// How long to pause while holding the guard; none or 0: no pause.
     stall_ms: Option<u64>,
     /// Where: `sale` (the default) or `release`; or `crash` (the
@@ -130,15 +130,15 @@ impl StallQuery {
     }
 }
 
-pub async fn purchase(
-    State(state): State<AppState>,
+async fn purchase(
+    Extension(lab): Extension<Lab>,
     User(user_id): User,
     path: LabPath,
     query: Result<Query<StallQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
     let stall = query.stall()?;
-    let order = lab(&state)?
+    let order = lab
         .purchase(Attempt {
             strategy: path.strategy,
             user_id: user_id.get(),

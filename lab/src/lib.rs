@@ -12,25 +12,95 @@
 //! Every strategy that guards the user does the same work under its guard:
 //! "already bought?", then the `stock > 0` sale; the strategies differ only
 //! in the guard (and `fenced` in the sale's fence).
+//!
+//! The lab is its own crate, built on the service's public API: [`mount`]
+//! puts its routes ([`routes`]) and tables ([`store`]) on a built
+//! [`Application`], and the `seckill-lab` binary is the service's command
+//! line with [`LabArgs`] added.
 
 mod redis_stock;
+pub mod routes;
+pub mod store;
 mod strategy;
 
 pub use strategy::{Attempt, Stall, StallAt, Strategy};
 
+use std::error::Error;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::domain::Outcome;
-use crate::kv::Kv;
-use crate::seckill::workers::{Background, Workers};
-use crate::seckill::{stock_units, Result, SeckillError};
-use crate::store::{Decrement, LabSale, LabStats, LabStore};
 use redis_locks::{Acquired, LockClient, LockError};
+use seckill::domain::Outcome;
+use seckill::kv::Kv;
+use seckill::seckill::workers::{Background, Workers};
+use seckill::seckill::{stock_units, Result, SeckillError};
+use seckill::startup::{Application, Mount, StartupError};
+use store::{Decrement, LabSale, LabStats, LabStore};
 
 /// Longest stall a request may ask for.
 pub const MAX_STALL: Duration = Duration::from_secs(60);
+
+/// The lab's options, beside the service's (`seckill-lab serve --help`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct LabArgs {
+    /// Serve the lab (LAB.md): `/lab/{strategy}/seckill/{id}` and its
+    /// admin routes, which run deliberately flawed strategies on the lab's
+    /// own tables. Never on in production.
+    #[arg(
+        long,
+        env = "SECKILL_LAB",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        num_args = 0..=1,
+        default_value_t = false,
+        default_missing_value = "true"
+    )]
+    pub lab: bool,
+
+    /// Lease of the lab's locks, in milliseconds: short, so that a stall
+    /// past it is quick to show.
+    #[arg(
+        long = "lab-lease-ms",
+        env = "SECKILL_LAB_LEASE_MS",
+        default_value_t = 1000,
+        value_name = "MS"
+    )]
+    pub lab_lease_ms: u64,
+}
+
+impl seckill::cli::Extension for LabArgs {
+    async fn mount(self, app: &Application) -> Result<Option<Mount>, Box<dyn Error>> {
+        if !self.lab {
+            return Ok(None);
+        }
+        Ok(Some(
+            mount(app, Duration::from_millis(self.lab_lease_ms)).await?,
+        ))
+    }
+}
+
+/// The lab on `app`, its locks' lease `lease`: its tables created now on
+/// the service's Postgres, its keys under the service's prefix and `lab:`,
+/// its lock client its own.
+pub async fn mount(app: &Application, lease: Duration) -> Result<Mount, StartupError> {
+    let locks = app.lock_client("lab:")?;
+    let store = LabStore::new(app.store().db().clone());
+    store.migrate().await?;
+    tracing::warn!("the lab is on: /lab/* runs deliberately flawed purchase strategies");
+    let lab = Lab::new(
+        store,
+        app.kv().clone(),
+        locks,
+        LabSettings {
+            redis_prefix: format!("{}lab:", app.redis_prefix()),
+            lease,
+        },
+    );
+    Ok(Mount {
+        routes: routes::routes(lab.clone()),
+        stop: Box::new(move |within| Box::pin(async move { lab.shutdown_locks(within).await })),
+    })
+}
 
 /// Tuning for the [`Lab`].
 #[derive(Debug, Clone)]

@@ -2,8 +2,7 @@
 //! the real schema's safety constraints (see the lab migration), and the
 //! variants of the sale statement that the lab's strategies compare.
 
-use super::db::Db;
-use super::Result;
+use seckill::store::{Db, Result, StoreError};
 
 /// The condition under which a strategy's sale decrements the stock. The
 /// three lock-free strategies differ in this alone.
@@ -42,7 +41,8 @@ pub struct LabStore {
 }
 
 impl LabStore {
-    pub(super) fn new(db: Db) -> Self {
+    /// The lab's tables, on the service's Postgres and deadline.
+    pub fn new(db: Db) -> Self {
         Self { db }
     }
 
@@ -50,12 +50,12 @@ impl LabStore {
     /// own migrations are applied already and are not in this set, hence
     /// `ignore_missing`.
     pub async fn migrate(&self) -> Result<()> {
-        let mut migrator = sqlx::migrate!("./src/lab/migrations");
+        let mut migrator = sqlx::migrate!("./migrations");
         migrator.set_ignore_missing(true);
         migrator
-            .run(&self.db.pool)
+            .run(self.db.pool())
             .await
-            .map_err(|e| super::StoreError::Other(e.into()))
+            .map_err(|e| StoreError::Other(e.into()))
     }
 
     pub async fn create_voucher(&self, stock: i32) -> Result<i64> {

@@ -17,10 +17,10 @@ use redis::{self, streams::StreamId, Script};
 use tokio_util::sync::CancellationToken;
 
 use super::{Attempt, Lab, LabOrder, Stall, StallAt, Strategy};
-use crate::domain::VoucherId;
-use crate::kv::{Consumer, Delivery};
-use crate::seckill::{Result, SeckillError};
 use crate::store::Decrement;
+use seckill::domain::VoucherId;
+use seckill::kv::{Consumer, Delivery};
+use seckill::seckill::{Result, SeckillError};
 
 /// The check-and-decrement of `redis_lua` and `redis_stream`
 /// (`lua/lab_check_and_decrement.lua`), hashed once.

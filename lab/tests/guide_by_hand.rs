@@ -4,10 +4,9 @@
 //! but blank lines between), what the block printed must be that text,
 //! order ids aside (they count up from wherever the database is).
 //!
-//! Skipped, with a message, only when its first block (the build of the
-//! lab binary) fails. Every other failure fails the test: a wait of the
-//! page that gives up, an answer that is not the page's, a block that never
-//! ends.
+//! Every failure fails the test, the build of the lab binary (the page's
+//! first block) too: a wait of the page that gives up, an answer that is
+//! not the page's, a block that never ends.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
@@ -194,7 +193,11 @@ impl Drop for Session {
 
 #[test]
 fn the_race_by_hand_runs_as_written_and_prints_what_the_page_says() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    // The repository's root, where the reader stands.
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the lab crate sits in the repository")
+        .to_path_buf();
     let page = std::fs::read_to_string(root.join(PAGE)).expect("the page is there");
     let blocks = blocks(&page);
     assert!(
@@ -218,10 +221,8 @@ fn the_race_by_hand_runs_as_written_and_prints_what_the_page_says() {
         script.push_str(&block.shell);
         script.push_str(&format!("\nprintf '\\n%s %s\\n' '{MARK}' \"$?\"\n"));
     }
-    let path = std::env::temp_dir().join(format!(
-        "seckill-guide-by-hand-{}.sh",
-        uuid::Uuid::new_v4().simple()
-    ));
+    let path =
+        std::env::temp_dir().join(format!("seckill-guide-by-hand-{}.sh", std::process::id()));
     std::fs::File::create(&path)
         .and_then(|mut f| f.write_all(script.as_bytes()))
         .expect("the script is written");
@@ -244,12 +245,12 @@ fn the_race_by_hand_runs_as_written_and_prints_what_the_page_says() {
         timings.push((block.line, started.elapsed()));
         if i == 0 && status != 0 {
             let _ = std::fs::remove_file(&path);
-            eprintln!(
-                "SKIPPED: the lab binary could not be built ({PAGE}, line {}: exit status {status}; \
-                 cargo's output is above), so the page cannot run",
-                block.line
+            panic!(
+                "{PAGE}, line {}: the lab binary's build failed (exit status {status}), so the \
+                 page cannot run; stderr ends:\n{}",
+                block.line,
+                session.stderr_tail()
             );
-            return;
         }
         if let Some(expected) = &block.expected {
             let (got, want) = (normalized(&printed), normalized(expected));
