@@ -298,22 +298,16 @@ async fn settle(
     let mut taken_id = None;
     let mut sold_out = false;
     for ((pending, sale), id) in batch.into_iter().zip(sales).zip(ids) {
-        let outcome = match sale {
-            Sale::Sold => Outcome::Sold(id),
-            Sale::SoldOut => {
-                sold_out = true;
-                Outcome::SoldOut
+        match verdict(sale, id) {
+            Verdict::Answer(outcome) => {
+                sold_out |= outcome == Outcome::SoldOut;
+                answers.push((pending, Ok(outcome)));
             }
-            Sale::Held(order_id) => Outcome::Held(Some(order_id)),
-            Sale::Fenced => Outcome::Fenced,
-            Sale::TooMany => Outcome::TooMany,
-            Sale::IdTaken => {
-                taken_id = Some(id);
+            Verdict::Redraw(taken) => {
+                taken_id = Some(taken);
                 redo.push(pending);
-                continue;
             }
-        };
-        answers.push((pending, Ok(outcome)));
+        }
     }
     answer(inner, answers).await;
     if let Some(taken) = taken_id {
@@ -321,6 +315,45 @@ async fn settle(
     }
     publish(inner, &voucher, level, sold_out).await;
     redo
+}
+
+/// What a committed batch's sale comes to for one purchase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// The purchase's answer.
+    Answer(Outcome),
+    /// Its drawn id (this one) was taken: nothing was written for it, and
+    /// it goes in the next batch with a new id.
+    Redraw(OrderId),
+}
+
+/// What the batch's `sale` of one purchase, whose drawn order id was `id`,
+/// comes to for it.
+fn verdict(sale: Sale, id: OrderId) -> Verdict {
+    Verdict::Answer(match sale {
+        Sale::Sold => Outcome::Sold(id),
+        Sale::SoldOut => Outcome::SoldOut,
+        Sale::Held(order_id) => Outcome::Held(Some(order_id)),
+        Sale::Fenced => Outcome::Fenced,
+        Sale::TooMany => Outcome::TooMany,
+        Sale::IdTaken => return Verdict::Redraw(id),
+    })
+}
+
+/// Whether a batch that failed with `error`, run again `reruns` times so
+/// far, runs once more: only when it met another batch's order (or id)
+/// committed after its snapshot, and at most `RERUNS` times.
+fn reruns_after(error: &StoreError, reruns: u64) -> bool {
+    matches!(
+        error,
+        StoreError::DuplicateOrder | StoreError::DuplicateOrderId
+    ) && reruns < RERUNS
+}
+
+/// Whether a purchase whose id was taken for the `redraws`th time (this
+/// one counted) draws again, rather than being answered 503.
+fn draws_again(redraws: u8) -> bool {
+    redraws <= REDRAWS
 }
 
 /// Commits one batch of `voucher_id` (`store::SELL_BATCH`), running it
@@ -337,9 +370,7 @@ pub(super) async fn sell_batch(
     let mut reruns = 0;
     let sold = loop {
         match store.sell_batch(voucher_id, max_orders, requests).await {
-            Err(StoreError::DuplicateOrder | StoreError::DuplicateOrderId) if reruns < RERUNS => {
-                reruns += 1;
-            }
+            Err(error) if reruns_after(&error, reruns) => reruns += 1,
             other => break other,
         }
     };
@@ -362,7 +393,7 @@ async fn redraw(inner: &Inner, taken: OrderId, redo: Vec<Pending>) -> Vec<Pendin
             pending.redraws += 1;
             pending
         })
-        .partition(|pending| pending.redraws <= REDRAWS);
+        .partition(|pending| draws_again(pending.redraws));
     let error = SeckillError::redis_unavailable(
         "the order-id counter keeps handing out ids that are taken",
     );
@@ -459,5 +490,181 @@ async fn answer(inner: &Inner, answers: Vec<(Pending, Result<Outcome>)>) {
             tracing::warn!(%user_id, %voucher_id, %error, "releasing the purchase lock failed");
         }
         let _ = reply.send(outcome);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::seckill::gate::Admission;
+
+    fn order(sequence: u64) -> OrderId {
+        OrderId::from_parts(100_000, sequence).unwrap()
+    }
+
+    /// Each sale the statement can answer, what it comes to for a purchase
+    /// that drew `order(1)`.
+    #[test]
+    fn each_sale_comes_to_its_answer_and_a_taken_id_to_a_redraw() {
+        let drawn = order(1);
+        let stored = order(9);
+        let cases = [
+            (Sale::Sold, Verdict::Answer(Outcome::Sold(drawn))),
+            (Sale::SoldOut, Verdict::Answer(Outcome::SoldOut)),
+            // The order the user holds, not the id drawn for this try.
+            (
+                Sale::Held(stored),
+                Verdict::Answer(Outcome::Held(Some(stored))),
+            ),
+            (Sale::Fenced, Verdict::Answer(Outcome::Fenced)),
+            (Sale::TooMany, Verdict::Answer(Outcome::TooMany)),
+            (Sale::IdTaken, Verdict::Redraw(drawn)),
+        ];
+        for (sale, expected) in cases {
+            assert_eq!(verdict(sale, drawn), expected, "{sale:?}");
+        }
+    }
+
+    #[test]
+    fn every_purchase_of_a_batch_hears_its_own_sale_with_its_own_id() {
+        let sales = [
+            Sale::Sold,
+            Sale::Fenced,
+            Sale::Sold,
+            Sale::IdTaken,
+            Sale::Held(order(50)),
+            Sale::TooMany,
+            Sale::SoldOut,
+            Sale::SoldOut,
+        ];
+        let ids: Vec<OrderId> = (1..=8).map(order).collect();
+        let verdicts: Vec<Verdict> = sales
+            .into_iter()
+            .zip(&ids)
+            .map(|(sale, id)| verdict(sale, *id))
+            .collect();
+        assert_eq!(
+            verdicts,
+            [
+                Verdict::Answer(Outcome::Sold(order(1))),
+                Verdict::Answer(Outcome::Fenced),
+                Verdict::Answer(Outcome::Sold(order(3))),
+                Verdict::Redraw(order(4)),
+                Verdict::Answer(Outcome::Held(Some(order(50)))),
+                Verdict::Answer(Outcome::TooMany),
+                Verdict::Answer(Outcome::SoldOut),
+                Verdict::Answer(Outcome::SoldOut),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_batch_runs_again_only_after_meeting_a_concurrent_order_and_at_most_reruns_times() {
+        for concurrent in [StoreError::DuplicateOrder, StoreError::DuplicateOrderId] {
+            for reruns in 0..RERUNS {
+                assert!(
+                    reruns_after(&concurrent, reruns),
+                    "{concurrent:?} #{reruns}"
+                );
+            }
+            assert!(!reruns_after(&concurrent, RERUNS), "{concurrent:?}");
+        }
+        for other in [
+            StoreError::TimedOut(Duration::from_secs(1)),
+            StoreError::Conflict(sqlx::Error::PoolTimedOut),
+            StoreError::Other(sqlx::Error::RowNotFound),
+        ] {
+            assert!(!reruns_after(&other, 0), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn a_purchase_whose_id_keeps_being_taken_draws_again_at_most_redraws_times() {
+        let mut redraws = 0;
+        while draws_again(redraws + 1) {
+            redraws += 1;
+        }
+        assert_eq!(redraws, REDRAWS);
+    }
+
+    /// A purchase of `user` of `voucher` through `gates`, and the receiver
+    /// of its answer.
+    async fn pending(
+        gates: &Gates,
+        voucher: &Arc<Voucher>,
+        user: i64,
+    ) -> (Pending, oneshot::Receiver<Result<Outcome>>) {
+        let Admission::Go(place) = gates.admit(voucher).await else {
+            panic!("the gate refused a purchase of a voucher in stock");
+        };
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            voucher: voucher.clone(),
+            user_id: UserId::new(user),
+            fence: None,
+            redraws: 0,
+            reply,
+            guard: UserGuard::Unlocked,
+            _place: place,
+        };
+        (pending, answer)
+    }
+
+    fn users(purchases: &VecDeque<Pending>) -> Vec<i64> {
+        purchases.iter().map(|p| p.user_id.get()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_batch_takes_one_purchase_per_user_in_arrival_order_up_to_its_cap() {
+        let gates = Gates::new(Duration::from_secs(1));
+        let voucher = Arc::new(Voucher::on_sale(
+            1,
+            StockLevel {
+                stock: 100,
+                initial_stock: 100,
+                returned: 0,
+            },
+        ));
+        let mut waiting = VecDeque::new();
+        let mut answers = Vec::new();
+        for user in [1, 2, 1, 3, 4, 2, 5] {
+            let (p, answer) = pending(&gates, &voucher, user).await;
+            waiting.push_back(p);
+            answers.push(answer);
+        }
+        let batch = take_batch(&mut waiting, 3);
+        let batch: VecDeque<Pending> = batch.into();
+        assert_eq!(users(&batch), [1, 2, 3]);
+        // The rest wait, in arrival order: the second purchases of users 1
+        // and 2 find the first ones' orders in a later batch.
+        assert_eq!(users(&waiting), [1, 4, 2, 5]);
+        let next: VecDeque<Pending> = take_batch(&mut waiting, 3).into();
+        assert_eq!(users(&next), [1, 4, 2]);
+        assert_eq!(users(&waiting), [5]);
+    }
+
+    #[tokio::test]
+    async fn purchases_whose_client_left_are_dropped_before_the_batch() {
+        let gates = Gates::new(Duration::from_secs(1));
+        let voucher = Arc::new(Voucher::on_sale(
+            1,
+            StockLevel {
+                stock: 100,
+                initial_stock: 100,
+                returned: 0,
+            },
+        ));
+        let mut waiting = VecDeque::new();
+        let mut kept = Vec::new();
+        for user in [1, 2, 3] {
+            let (p, answer) = pending(&gates, &voucher, user).await;
+            waiting.push_back(p);
+            if user != 2 {
+                kept.push(answer);
+            }
+        }
+        let batch: VecDeque<Pending> = take_batch(&mut waiting, 10).into();
+        assert_eq!(users(&batch), [1, 3]);
+        assert!(waiting.is_empty());
     }
 }
