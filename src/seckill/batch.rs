@@ -13,6 +13,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -220,17 +221,7 @@ async fn commit(inner: &Inner, voucher_id: VoucherId, batch: Vec<Pending>) -> Ve
         }
     };
     // Created now on the sale's clock: the payment deadline counts from it.
-    let at = inner.deps.clock.now();
-    let requests: Vec<SaleRequest> = batch
-        .iter()
-        .zip(&ids)
-        .map(|(pending, id)| SaleRequest {
-            order_id: *id,
-            user_id: pending.user_id,
-            fence: pending.fence,
-            at,
-        })
-        .collect();
+    let requests = sale_requests(&batch, &ids, inner.deps.clock.now());
     let max_orders = batch[0].voucher.terms.max_orders_per_user;
     match sell_batch(&inner.deps.store, voucher_id, max_orders, &requests).await {
         Ok(sold) => settle(inner, voucher_id, batch, ids, sold).await,
@@ -249,6 +240,22 @@ async fn commit(inner: &Inner, voucher_id: VoucherId, batch: Vec<Pending>) -> Ve
             Vec::new()
         }
     }
+}
+
+/// The statement's requests for `batch`, whose purchases drew `ids`, in
+/// order: each with its own id and its lock's fencing token (none without
+/// a lock), created `at`.
+fn sale_requests(batch: &[Pending], ids: &[OrderId], at: DateTime<Utc>) -> Vec<SaleRequest> {
+    batch
+        .iter()
+        .zip(ids)
+        .map(|(pending, id)| SaleRequest {
+            order_id: *id,
+            user_id: pending.user_id,
+            fence: pending.fence,
+            at,
+        })
+        .collect()
 }
 
 /// Answers the purchases that passed the flag just before this instance
@@ -594,6 +601,17 @@ mod tests {
         voucher: &Arc<Voucher>,
         user: i64,
     ) -> (Pending, oneshot::Receiver<Result<Outcome>>) {
+        fenced(gates, voucher, user, None).await
+    }
+
+    /// A purchase of `user` of `voucher` through `gates` whose lock gave
+    /// it `fence`, and the receiver of its answer.
+    async fn fenced(
+        gates: &Gates,
+        voucher: &Arc<Voucher>,
+        user: i64,
+        fence: Option<i64>,
+    ) -> (Pending, oneshot::Receiver<Result<Outcome>>) {
         let Admission::Go(place) = gates.admit(voucher).await else {
             panic!("the gate refused a purchase of a voucher in stock");
         };
@@ -601,13 +619,23 @@ mod tests {
         let pending = Pending {
             voucher: voucher.clone(),
             user_id: UserId::new(user),
-            fence: None,
+            fence,
             redraws: 0,
             reply,
             guard: UserGuard::Unlocked,
             _place: place,
         };
         (pending, answer)
+    }
+
+    /// A voucher with stock enough for every test's purchases.
+    fn in_stock() -> Arc<Voucher> {
+        let level = StockLevel {
+            stock: 100,
+            initial_stock: 100,
+            returned: 0,
+        };
+        Arc::new(Voucher::on_sale(1, level))
     }
 
     fn users(purchases: &VecDeque<Pending>) -> Vec<i64> {
@@ -617,14 +645,7 @@ mod tests {
     #[tokio::test]
     async fn a_batch_takes_one_purchase_per_user_in_arrival_order_up_to_its_cap() {
         let gates = Gates::new(Duration::from_secs(1));
-        let voucher = Arc::new(Voucher::on_sale(
-            1,
-            StockLevel {
-                stock: 100,
-                initial_stock: 100,
-                returned: 0,
-            },
-        ));
+        let voucher = in_stock();
         let mut waiting = VecDeque::new();
         let mut answers = Vec::new();
         for user in [1, 2, 1, 3, 4, 2, 5] {
@@ -646,14 +667,7 @@ mod tests {
     #[tokio::test]
     async fn purchases_whose_client_left_are_dropped_before_the_batch() {
         let gates = Gates::new(Duration::from_secs(1));
-        let voucher = Arc::new(Voucher::on_sale(
-            1,
-            StockLevel {
-                stock: 100,
-                initial_stock: 100,
-                returned: 0,
-            },
-        ));
+        let voucher = in_stock();
         let mut waiting = VecDeque::new();
         let mut kept = Vec::new();
         for user in [1, 2, 3] {
@@ -666,5 +680,34 @@ mod tests {
         let batch: VecDeque<Pending> = take_batch(&mut waiting, 10).into();
         assert_eq!(users(&batch), [1, 3]);
         assert!(waiting.is_empty());
+    }
+
+    #[tokio::test]
+    async fn each_request_carries_its_purchases_fence_and_drawn_id() {
+        let gates = Gates::new(Duration::from_secs(1));
+        let voucher = in_stock();
+        let mut batch = Vec::new();
+        let mut answers = Vec::new();
+        for (user, fence) in [(1, Some(41)), (2, None), (3, Some(7))] {
+            let (p, answer) = fenced(&gates, &voucher, user, fence).await;
+            batch.push(p);
+            answers.push(answer);
+        }
+        let ids = [order(11), order(12), order(13)];
+        let at = Utc::now();
+        let requests = sale_requests(&batch, &ids, at);
+        let carried: Vec<(i64, OrderId, Option<i64>)> = requests
+            .iter()
+            .map(|r| (r.user_id.get(), r.order_id, r.fence))
+            .collect();
+        assert_eq!(
+            carried,
+            [
+                (1, order(11), Some(41)),
+                (2, order(12), None),
+                (3, order(13), Some(7)),
+            ]
+        );
+        assert!(requests.iter().all(|r| r.at == at));
     }
 }
