@@ -35,6 +35,30 @@ pub struct Voucher {
     pub level: StockLevel,
 }
 
+#[cfg(test)]
+impl Voucher {
+    /// A sync voucher `id` on sale for the next hour at `level`, one order
+    /// per user: what the sale's unit tests need of a voucher.
+    pub(crate) fn on_sale(id: i64, level: StockLevel) -> Self {
+        let begin_time = Utc::now();
+        Self {
+            id: VoucherId::new(id),
+            terms: VoucherTerms {
+                title: format!("voucher {id}"),
+                begin_time,
+                end_time: begin_time + chrono::Duration::hours(1),
+                sale_mode: SaleMode::Sync,
+                price_cents: 100,
+                pay_within_seconds: 900,
+                max_orders_per_user: 1,
+                admit_per_second: None,
+                queue_proof_bits: 0,
+            },
+            level,
+        }
+    }
+}
+
 /// A voucher to create, every field in the range its column holds.
 #[derive(Debug, Clone)]
 pub struct NewVoucher {

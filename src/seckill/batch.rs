@@ -13,6 +13,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -220,17 +221,7 @@ async fn commit(inner: &Inner, voucher_id: VoucherId, batch: Vec<Pending>) -> Ve
         }
     };
     // Created now on the sale's clock: the payment deadline counts from it.
-    let at = inner.deps.clock.now();
-    let requests: Vec<SaleRequest> = batch
-        .iter()
-        .zip(&ids)
-        .map(|(pending, id)| SaleRequest {
-            order_id: *id,
-            user_id: pending.user_id,
-            fence: pending.fence,
-            at,
-        })
-        .collect();
+    let requests = sale_requests(&batch, &ids, inner.deps.clock.now());
     let max_orders = batch[0].voucher.terms.max_orders_per_user;
     match sell_batch(&inner.deps.store, voucher_id, max_orders, &requests).await {
         Ok(sold) => settle(inner, voucher_id, batch, ids, sold).await,
@@ -249,6 +240,22 @@ async fn commit(inner: &Inner, voucher_id: VoucherId, batch: Vec<Pending>) -> Ve
             Vec::new()
         }
     }
+}
+
+/// The statement's requests for `batch`, whose purchases drew `ids`, in
+/// order: each with its own id and its lock's fencing token (none without
+/// a lock), created `at`.
+fn sale_requests(batch: &[Pending], ids: &[OrderId], at: DateTime<Utc>) -> Vec<SaleRequest> {
+    batch
+        .iter()
+        .zip(ids)
+        .map(|(pending, id)| SaleRequest {
+            order_id: *id,
+            user_id: pending.user_id,
+            fence: pending.fence,
+            at,
+        })
+        .collect()
 }
 
 /// Answers the purchases that passed the flag just before this instance
@@ -298,22 +305,16 @@ async fn settle(
     let mut taken_id = None;
     let mut sold_out = false;
     for ((pending, sale), id) in batch.into_iter().zip(sales).zip(ids) {
-        let outcome = match sale {
-            Sale::Sold => Outcome::Sold(id),
-            Sale::SoldOut => {
-                sold_out = true;
-                Outcome::SoldOut
+        match verdict(sale, id) {
+            Verdict::Answer(outcome) => {
+                sold_out |= outcome == Outcome::SoldOut;
+                answers.push((pending, Ok(outcome)));
             }
-            Sale::Held(order_id) => Outcome::Held(Some(order_id)),
-            Sale::Fenced => Outcome::Fenced,
-            Sale::TooMany => Outcome::TooMany,
-            Sale::IdTaken => {
-                taken_id = Some(id);
+            Verdict::Redraw(taken) => {
+                taken_id = Some(taken);
                 redo.push(pending);
-                continue;
             }
-        };
-        answers.push((pending, Ok(outcome)));
+        }
     }
     answer(inner, answers).await;
     if let Some(taken) = taken_id {
@@ -321,6 +322,45 @@ async fn settle(
     }
     publish(inner, &voucher, level, sold_out).await;
     redo
+}
+
+/// What a committed batch's sale comes to for one purchase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// The purchase's answer.
+    Answer(Outcome),
+    /// Its drawn id (this one) was taken: nothing was written for it, and
+    /// it goes in the next batch with a new id.
+    Redraw(OrderId),
+}
+
+/// What the batch's `sale` of one purchase, whose drawn order id was `id`,
+/// comes to for it.
+fn verdict(sale: Sale, id: OrderId) -> Verdict {
+    Verdict::Answer(match sale {
+        Sale::Sold => Outcome::Sold(id),
+        Sale::SoldOut => Outcome::SoldOut,
+        Sale::Held(order_id) => Outcome::Held(Some(order_id)),
+        Sale::Fenced => Outcome::Fenced,
+        Sale::TooMany => Outcome::TooMany,
+        Sale::IdTaken => return Verdict::Redraw(id),
+    })
+}
+
+/// Whether a batch that failed with `error`, run again `reruns` times so
+/// far, runs once more: only when it met another batch's order (or id)
+/// committed after its snapshot, and at most `RERUNS` times.
+fn reruns_after(error: &StoreError, reruns: u64) -> bool {
+    matches!(
+        error,
+        StoreError::DuplicateOrder | StoreError::DuplicateOrderId
+    ) && reruns < RERUNS
+}
+
+/// Whether a purchase whose id was taken for the `redraws`th time (this
+/// one counted) draws again, rather than being answered 503.
+fn draws_again(redraws: u8) -> bool {
+    redraws <= REDRAWS
 }
 
 /// Commits one batch of `voucher_id` (`store::SELL_BATCH`), running it
@@ -337,9 +377,7 @@ pub(super) async fn sell_batch(
     let mut reruns = 0;
     let sold = loop {
         match store.sell_batch(voucher_id, max_orders, requests).await {
-            Err(StoreError::DuplicateOrder | StoreError::DuplicateOrderId) if reruns < RERUNS => {
-                reruns += 1;
-            }
+            Err(error) if reruns_after(&error, reruns) => reruns += 1,
             other => break other,
         }
     };
@@ -362,7 +400,7 @@ async fn redraw(inner: &Inner, taken: OrderId, redo: Vec<Pending>) -> Vec<Pendin
             pending.redraws += 1;
             pending
         })
-        .partition(|pending| pending.redraws <= REDRAWS);
+        .partition(|pending| draws_again(pending.redraws));
     let error = SeckillError::redis_unavailable(
         "the order-id counter keeps handing out ids that are taken",
     );
@@ -459,5 +497,217 @@ async fn answer(inner: &Inner, answers: Vec<(Pending, Result<Outcome>)>) {
             tracing::warn!(%user_id, %voucher_id, %error, "releasing the purchase lock failed");
         }
         let _ = reply.send(outcome);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::seckill::gate::Admission;
+
+    fn order(sequence: u64) -> OrderId {
+        OrderId::from_parts(100_000, sequence).unwrap()
+    }
+
+    /// Each sale the statement can answer, what it comes to for a purchase
+    /// that drew `order(1)`.
+    #[test]
+    fn each_sale_comes_to_its_answer_and_a_taken_id_to_a_redraw() {
+        let drawn = order(1);
+        let stored = order(9);
+        let cases = [
+            (Sale::Sold, Verdict::Answer(Outcome::Sold(drawn))),
+            (Sale::SoldOut, Verdict::Answer(Outcome::SoldOut)),
+            // The order the user holds, not the id drawn for this try.
+            (
+                Sale::Held(stored),
+                Verdict::Answer(Outcome::Held(Some(stored))),
+            ),
+            (Sale::Fenced, Verdict::Answer(Outcome::Fenced)),
+            (Sale::TooMany, Verdict::Answer(Outcome::TooMany)),
+            (Sale::IdTaken, Verdict::Redraw(drawn)),
+        ];
+        for (sale, expected) in cases {
+            assert_eq!(verdict(sale, drawn), expected, "{sale:?}");
+        }
+    }
+
+    #[test]
+    fn every_purchase_of_a_batch_hears_its_own_sale_with_its_own_id() {
+        let sales = [
+            Sale::Sold,
+            Sale::Fenced,
+            Sale::Sold,
+            Sale::IdTaken,
+            Sale::Held(order(50)),
+            Sale::TooMany,
+            Sale::SoldOut,
+            Sale::SoldOut,
+        ];
+        let ids: Vec<OrderId> = (1..=8).map(order).collect();
+        let verdicts: Vec<Verdict> = sales
+            .into_iter()
+            .zip(&ids)
+            .map(|(sale, id)| verdict(sale, *id))
+            .collect();
+        assert_eq!(
+            verdicts,
+            [
+                Verdict::Answer(Outcome::Sold(order(1))),
+                Verdict::Answer(Outcome::Fenced),
+                Verdict::Answer(Outcome::Sold(order(3))),
+                Verdict::Redraw(order(4)),
+                Verdict::Answer(Outcome::Held(Some(order(50)))),
+                Verdict::Answer(Outcome::TooMany),
+                Verdict::Answer(Outcome::SoldOut),
+                Verdict::Answer(Outcome::SoldOut),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_batch_runs_again_only_after_meeting_a_concurrent_order_and_at_most_reruns_times() {
+        for concurrent in [StoreError::DuplicateOrder, StoreError::DuplicateOrderId] {
+            for reruns in 0..RERUNS {
+                assert!(
+                    reruns_after(&concurrent, reruns),
+                    "{concurrent:?} #{reruns}"
+                );
+            }
+            assert!(!reruns_after(&concurrent, RERUNS), "{concurrent:?}");
+        }
+        for other in [
+            StoreError::TimedOut(Duration::from_secs(1)),
+            StoreError::Conflict(sqlx::Error::PoolTimedOut),
+            StoreError::Other(sqlx::Error::RowNotFound),
+        ] {
+            assert!(!reruns_after(&other, 0), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn a_purchase_whose_id_keeps_being_taken_draws_again_at_most_redraws_times() {
+        let mut redraws = 0;
+        while draws_again(redraws + 1) {
+            redraws += 1;
+        }
+        assert_eq!(redraws, REDRAWS);
+    }
+
+    /// A purchase of `user` of `voucher` through `gates`, and the receiver
+    /// of its answer.
+    async fn pending(
+        gates: &Gates,
+        voucher: &Arc<Voucher>,
+        user: i64,
+    ) -> (Pending, oneshot::Receiver<Result<Outcome>>) {
+        fenced(gates, voucher, user, None).await
+    }
+
+    /// A purchase of `user` of `voucher` through `gates` whose lock gave
+    /// it `fence`, and the receiver of its answer.
+    async fn fenced(
+        gates: &Gates,
+        voucher: &Arc<Voucher>,
+        user: i64,
+        fence: Option<i64>,
+    ) -> (Pending, oneshot::Receiver<Result<Outcome>>) {
+        let Admission::Go(place) = gates.admit(voucher).await else {
+            panic!("the gate refused a purchase of a voucher in stock");
+        };
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            voucher: voucher.clone(),
+            user_id: UserId::new(user),
+            fence,
+            redraws: 0,
+            reply,
+            guard: UserGuard::Unlocked,
+            _place: place,
+        };
+        (pending, answer)
+    }
+
+    /// A voucher with stock enough for every test's purchases.
+    fn in_stock() -> Arc<Voucher> {
+        let level = StockLevel {
+            stock: 100,
+            initial_stock: 100,
+            returned: 0,
+        };
+        Arc::new(Voucher::on_sale(1, level))
+    }
+
+    fn users(purchases: &VecDeque<Pending>) -> Vec<i64> {
+        purchases.iter().map(|p| p.user_id.get()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_batch_takes_one_purchase_per_user_in_arrival_order_up_to_its_cap() {
+        let gates = Gates::new(Duration::from_secs(1));
+        let voucher = in_stock();
+        let mut waiting = VecDeque::new();
+        let mut answers = Vec::new();
+        for user in [1, 2, 1, 3, 4, 2, 5] {
+            let (p, answer) = pending(&gates, &voucher, user).await;
+            waiting.push_back(p);
+            answers.push(answer);
+        }
+        let batch = take_batch(&mut waiting, 3);
+        let batch: VecDeque<Pending> = batch.into();
+        assert_eq!(users(&batch), [1, 2, 3]);
+        // The rest wait, in arrival order: the second purchases of users 1
+        // and 2 find the first ones' orders in a later batch.
+        assert_eq!(users(&waiting), [1, 4, 2, 5]);
+        let next: VecDeque<Pending> = take_batch(&mut waiting, 3).into();
+        assert_eq!(users(&next), [1, 4, 2]);
+        assert_eq!(users(&waiting), [5]);
+    }
+
+    #[tokio::test]
+    async fn purchases_whose_client_left_are_dropped_before_the_batch() {
+        let gates = Gates::new(Duration::from_secs(1));
+        let voucher = in_stock();
+        let mut waiting = VecDeque::new();
+        let mut kept = Vec::new();
+        for user in [1, 2, 3] {
+            let (p, answer) = pending(&gates, &voucher, user).await;
+            waiting.push_back(p);
+            if user != 2 {
+                kept.push(answer);
+            }
+        }
+        let batch: VecDeque<Pending> = take_batch(&mut waiting, 10).into();
+        assert_eq!(users(&batch), [1, 3]);
+        assert!(waiting.is_empty());
+    }
+
+    #[tokio::test]
+    async fn each_request_carries_its_purchases_fence_and_drawn_id() {
+        let gates = Gates::new(Duration::from_secs(1));
+        let voucher = in_stock();
+        let mut batch = Vec::new();
+        let mut answers = Vec::new();
+        for (user, fence) in [(1, Some(41)), (2, None), (3, Some(7))] {
+            let (p, answer) = fenced(&gates, &voucher, user, fence).await;
+            batch.push(p);
+            answers.push(answer);
+        }
+        let ids = [order(11), order(12), order(13)];
+        let at = Utc::now();
+        let requests = sale_requests(&batch, &ids, at);
+        let carried: Vec<(i64, OrderId, Option<i64>)> = requests
+            .iter()
+            .map(|r| (r.user_id.get(), r.order_id, r.fence))
+            .collect();
+        assert_eq!(
+            carried,
+            [
+                (1, order(11), Some(41)),
+                (2, order(12), None),
+                (3, order(13), Some(7)),
+            ]
+        );
+        assert!(requests.iter().all(|r| r.at == at));
     }
 }

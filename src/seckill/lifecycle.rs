@@ -75,18 +75,7 @@ impl Seckill {
                 self.expired(&[closed], now).await;
             }
         }
-        let order = self.order(order_id).await?;
-        match order.status {
-            OrderStatus::Cancelled => Ok(order),
-            OrderStatus::Paid => Err(SeckillError::AlreadyPaid),
-            OrderStatus::Expired => Err(SeckillError::OrderExpired),
-            OrderStatus::Pending => Err(SeckillError::OrderPending),
-            // Another transaction held it through both statements and let
-            // it go unchanged: the next try decides it.
-            OrderStatus::Unpaid => Err(SeckillError::postgres_unavailable(
-                "the order was busy; try the cancel again",
-            )),
-        }
+        cancelled(self.order(order_id).await?)
     }
 
     /// Records a payment provider's notification (its signature checked
@@ -241,6 +230,22 @@ impl Seckill {
     }
 }
 
+/// The answer to a cancel of `order`, read after the cancel's statements:
+/// the order if it ended cancelled, else why not.
+fn cancelled(order: Order) -> Result<Order> {
+    match order.status {
+        OrderStatus::Cancelled => Ok(order),
+        OrderStatus::Paid => Err(SeckillError::AlreadyPaid),
+        OrderStatus::Expired => Err(SeckillError::OrderExpired),
+        OrderStatus::Pending => Err(SeckillError::OrderPending),
+        // Another transaction held it through both statements and let
+        // it go unchanged: the next try decides it.
+        OrderStatus::Unpaid => Err(SeckillError::postgres_unavailable(
+            "the order was busy; try the cancel again",
+        )),
+    }
+}
+
 /// Runs `round` until `stop` is cancelled: again at once when it returns
 /// no pause (more work waits), else after its pause or when `wake` fires.
 async fn repeat<F, Fut>(stop: &CancellationToken, wake: Option<&tokio::sync::Notify>, mut round: F)
@@ -263,6 +268,45 @@ where
             () = stop.cancelled() => return,
             () = woken => {}
             () = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+
+    use super::*;
+
+    fn order(status: OrderStatus) -> Order {
+        let created_at = Utc::now();
+        Order {
+            id: OrderId::from_parts(100_000, 1).unwrap(),
+            user_id: UserId::new(9),
+            voucher_id: VoucherId::new(7),
+            created_at,
+            status,
+            pay_by: Some(created_at + chrono::Duration::minutes(15)),
+            paid_at: None,
+            user_ref: None,
+        }
+    }
+
+    #[test]
+    fn a_cancel_answers_the_order_it_cancelled_and_each_other_winner_its_own_refusal() {
+        for status in OrderStatus::ALL {
+            let answer = cancelled(order(*status));
+            let as_expected = match status {
+                OrderStatus::Cancelled => {
+                    matches!(&answer, Ok(o) if o.status == OrderStatus::Cancelled)
+                }
+                OrderStatus::Paid => matches!(answer, Err(SeckillError::AlreadyPaid)),
+                OrderStatus::Expired => matches!(answer, Err(SeckillError::OrderExpired)),
+                OrderStatus::Pending => matches!(answer, Err(SeckillError::OrderPending)),
+                // Left unpaid by both statements: busy, to be tried again.
+                OrderStatus::Unpaid => matches!(answer, Err(SeckillError::Unavailable { .. })),
+            };
+            assert!(as_expected, "{status}: {answer:?}");
         }
     }
 }

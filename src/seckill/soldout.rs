@@ -57,11 +57,7 @@ impl moka::Expiry<(VoucherId, i64), bool> for Trust {
         sold_out: &bool,
         _: Instant,
     ) -> Option<Duration> {
-        Some(if *sold_out {
-            TRUST_SOLD_OUT
-        } else {
-            TRUST_OPEN
-        })
+        Some(trust(*sold_out))
     }
 
     fn expire_after_update(
@@ -71,12 +67,33 @@ impl moka::Expiry<(VoucherId, i64), bool> for Trust {
         _: Instant,
         _: Option<Duration>,
     ) -> Option<Duration> {
-        Some(if *sold_out {
-            TRUST_SOLD_OUT
-        } else {
-            TRUST_OPEN
-        })
+        Some(trust(*sold_out))
     }
+}
+
+/// How long this instance trusts what it read of a flag, by what it said
+/// (read again, the flag is trusted anew by what it says then).
+fn trust(sold_out: bool) -> Duration {
+    if sold_out {
+        TRUST_SOLD_OUT
+    } else {
+        TRUST_OPEN
+    }
+}
+
+/// Whether a flag holding `epoch` and `sold_out` (either missing when
+/// there is no flag) says the voucher at `current` (its epoch as read
+/// here) is sold out: a flag of another epoch says nothing.
+fn says_sold_out(epoch: Option<i64>, sold_out: Option<u8>, current: i64) -> bool {
+    sold_out == Some(1) && epoch == Some(current)
+}
+
+/// How long a flag written at `now` lives, for a sale that ends at
+/// `end_time`: until it ends, at least a second and at most
+/// `MAX_FLAG_LIFE`.
+fn flag_life(end_time: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
+    let left = (end_time - now).to_std().unwrap_or_default();
+    left.clamp(Duration::from_secs(1), MAX_FLAG_LIFE)
 }
 
 impl SoldOutFlags {
@@ -114,7 +131,7 @@ impl SoldOutFlags {
                             .arg("sold_out"),
                     )
                     .await?;
-                Ok(sold_out == Some(1) && epoch == Some(voucher.level.epoch()))
+                Ok(says_sold_out(epoch, sold_out, voucher.level.epoch()))
             })
             .await
     }
@@ -148,8 +165,7 @@ impl SoldOutFlags {
         self.seen
             .insert((voucher_id, level.epoch()), level.stock == 0)
             .await;
-        let left = (end_time - now).to_std().unwrap_or_default();
-        let ttl = left.clamp(Duration::from_secs(1), MAX_FLAG_LIFE);
+        let ttl = flag_life(end_time, now);
         let written: Result<i64, KvError> = self
             .redis
             .invoke(
@@ -162,6 +178,99 @@ impl SoldOutFlags {
             .await;
         if let Err(error) = written {
             tracing::warn!(%voucher_id, %error, "could not update the sold-out flag");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use moka::Expiry;
+
+    use super::*;
+
+    fn level(stock: i32, initial_stock: i32, returned: i64) -> StockLevel {
+        StockLevel {
+            stock,
+            initial_stock,
+            returned,
+        }
+    }
+
+    /// Flags whose Redis is nowhere: a test passes only if they answer
+    /// from what this instance saw.
+    fn flags_without_redis() -> SoldOutFlags {
+        let nowhere = redis::Client::open("redis://127.0.0.1:1").unwrap();
+        SoldOutFlags::new(Kv::new(nowhere, Duration::from_millis(100)), "test".into())
+    }
+
+    #[test]
+    fn an_open_read_is_trusted_less_than_a_sold_out_one_and_a_new_read_by_what_it_says() {
+        let key = (VoucherId::new(1), 100);
+        let now = Instant::now();
+        let open = Trust.expire_after_create(&key, &false, now).unwrap();
+        let sold_out = Trust.expire_after_create(&key, &true, now).unwrap();
+        assert!(open < sold_out, "open {open:?}, sold out {sold_out:?}");
+        assert!(sold_out <= Duration::from_secs(1), "{sold_out:?}");
+        // Read again: the flag is trusted anew for what it says now, not
+        // for what the earlier read had left.
+        let left = Some(Duration::from_millis(1));
+        assert_eq!(
+            Trust.expire_after_update(&key, &true, now, left),
+            Some(sold_out)
+        );
+        assert_eq!(
+            Trust.expire_after_update(&key, &false, now, Some(sold_out)),
+            Some(open)
+        );
+    }
+
+    #[test]
+    fn a_flag_says_sold_out_only_for_the_epoch_it_was_written_at() {
+        let cases = [
+            (Some(100), Some(1), 100, true),
+            (Some(100), Some(0), 100, false),
+            // A restock or a returned unit since: the flag is stale.
+            (Some(100), Some(1), 101, false),
+            // An instance that read the voucher before the others did.
+            (Some(101), Some(1), 100, false),
+            (None, None, 100, false),
+            (None, Some(1), 100, false),
+            (Some(100), None, 100, false),
+        ];
+        for (epoch, sold_out, current, expected) in cases {
+            assert_eq!(
+                says_sold_out(epoch, sold_out, current),
+                expected,
+                "flag {epoch:?}/{sold_out:?}, voucher at {current}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_flag_lives_until_the_sale_ends_but_at_least_a_second_and_at_most_a_day() {
+        let now = Utc::now();
+        let minutes = chrono::Duration::minutes;
+        assert_eq!(flag_life(now + minutes(10), now), Duration::from_secs(600));
+        assert_eq!(flag_life(now, now), Duration::from_secs(1));
+        assert_eq!(flag_life(now - minutes(10), now), Duration::from_secs(1));
+        assert_eq!(flag_life(now + minutes(60 * 24 * 30), now), MAX_FLAG_LIFE);
+    }
+
+    #[tokio::test]
+    async fn a_sold_out_seen_here_is_answered_from_memory_until_a_restock_or_a_return() {
+        let flags = flags_without_redis();
+        let sold = Voucher::on_sale(7, level(0, 10, 2));
+        assert!(!flags.known_sold_out(&sold).await);
+        flags.saw_sold_out(sold.id, sold.level.epoch()).await;
+        assert!(flags.known_sold_out(&sold).await);
+        assert!(flags.is_sold_out(&sold).await.unwrap());
+        // Another voucher, and this one restocked or with a unit given
+        // back, are not known sold out.
+        let other = Voucher::on_sale(8, level(0, 10, 2));
+        let restocked = Voucher::on_sale(7, level(5, 15, 2));
+        let returned = Voucher::on_sale(7, level(1, 10, 3));
+        for voucher in [&other, &restocked, &returned] {
+            assert!(!flags.known_sold_out(voucher).await, "{:?}", voucher.level);
         }
     }
 }

@@ -326,3 +326,42 @@ impl Lockers {
             .await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_purchase_of_a_user_and_voucher_takes_one_lock_under_its_own_owner() {
+        let (voucher, user) = (VoucherId::new(7), UserId::new(9));
+        let (lock, first) = lock_of(voucher, user, 1);
+        let (same_lock, second) = lock_of(voucher, user, 2);
+        // One lock, so one fencing counter: a newer hold of it has the
+        // larger token, whichever purchase took it.
+        assert_eq!(lock, same_lock);
+        assert_ne!(first, second);
+        // Another voucher of the user, or another user: another lock.
+        assert_ne!(lock_of(VoucherId::new(8), user, 1).0, lock);
+        assert_ne!(lock_of(voucher, UserId::new(10), 1).0, lock);
+    }
+
+    #[tokio::test]
+    async fn with_the_locks_off_every_purchase_goes_on_unfenced() {
+        let locks = UserLocks::Off;
+        let (voucher, user) = (VoucherId::new(7), UserId::new(9));
+        let lease = Duration::from_secs(5);
+        let mut guards = Vec::new();
+        for purchase in [1, 2] {
+            let guard = locks
+                .try_lock(voucher, user, purchase, lease)
+                .await
+                .unwrap();
+            let guard = guard.expect("no lock to be held by another purchase");
+            assert_eq!(guard.fence(), None, "purchase {purchase}");
+            guards.push(guard);
+        }
+        let released = locks.unlock_all(guards).await;
+        assert_eq!(released.len(), 2);
+        assert!(released.iter().all(Result::is_ok));
+    }
+}

@@ -337,8 +337,8 @@ async fn settle(
     now: DateTime<Utc>,
     persistent: bool,
 ) -> std::result::Result<(OrderStatus, bool, Option<Closed>), sqlx::Error> {
-    Ok(match order.status {
-        OrderStatus::Unpaid if order.pay_by > now => {
+    Ok(match payment_step(order.status, order.pay_by, now) {
+        PaymentStep::Pay => {
             sqlx::query(
                 "UPDATE voucher_orders SET status = 'paid', paid_at = $2
                  WHERE id = $1 AND status = 'unpaid'",
@@ -350,7 +350,7 @@ async fn settle(
             .await?;
             (OrderStatus::Paid, false, None)
         }
-        OrderStatus::Unpaid => {
+        PaymentStep::Expire => {
             let closed: Option<Closed> = sqlx::query_as(EXPIRE_ONE)
                 .bind(OrderStatus::Expired)
                 .bind(now)
@@ -360,6 +360,72 @@ async fn settle(
                 .await?;
             (OrderStatus::Expired, true, closed)
         }
-        closed => (closed, true, None),
+        PaymentStep::Refund(status) => (status, true, None),
     })
+}
+
+/// What a payment does to an order that stands at `status`, due by
+/// `pay_by`, at `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PaymentStep {
+    /// Unpaid and in time: paid.
+    Pay,
+    /// Unpaid and due: it expires, and the money goes back.
+    Expire,
+    /// Closed already (paid by another payment, cancelled or expired): it
+    /// stays so, and the money goes back.
+    Refund(OrderStatus),
+}
+
+/// The step a payment takes with an order at `status`, due by `pay_by`,
+/// at `now`: only an unpaid order in time is paid; at its deadline it is
+/// due, as `EXPIRE_ONE` and the sweep count it.
+fn payment_step(status: OrderStatus, pay_by: DateTime<Utc>, now: DateTime<Utc>) -> PaymentStep {
+    match status {
+        OrderStatus::Unpaid if pay_by > now => PaymentStep::Pay,
+        OrderStatus::Unpaid => PaymentStep::Expire,
+        closed => PaymentStep::Refund(closed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_payment_pays_only_an_unpaid_order_in_time_and_refunds_the_rest() {
+        let pay_by = Utc::now();
+        let second = chrono::Duration::seconds(1);
+        let cases = [
+            (OrderStatus::Unpaid, pay_by - second, PaymentStep::Pay),
+            // At its deadline an order is due: the payment expires it.
+            (OrderStatus::Unpaid, pay_by, PaymentStep::Expire),
+            (OrderStatus::Unpaid, pay_by + second, PaymentStep::Expire),
+            // Another payment, a cancel or the expiry won: whatever the
+            // time, the order stays as it was and the money goes back.
+            (
+                OrderStatus::Paid,
+                pay_by - second,
+                PaymentStep::Refund(OrderStatus::Paid),
+            ),
+            (
+                OrderStatus::Cancelled,
+                pay_by - second,
+                PaymentStep::Refund(OrderStatus::Cancelled),
+            ),
+            (
+                OrderStatus::Expired,
+                pay_by + second,
+                PaymentStep::Refund(OrderStatus::Expired),
+            ),
+        ];
+        for (status, now, step) in cases {
+            assert_eq!(
+                payment_step(status, pay_by, now),
+                step,
+                "{status} at {}",
+                now - pay_by
+            );
+        }
+    }
 }

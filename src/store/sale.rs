@@ -235,3 +235,40 @@ impl Store {
         Ok(BatchSale { sales, level })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(outcome: &str, held_id: Option<OrderId>) -> Row {
+        Row {
+            outcome: outcome.to_owned(),
+            held_id,
+            stock: None,
+            initial_stock: None,
+            returned: None,
+            placed: 0,
+        }
+    }
+
+    #[test]
+    fn each_word_of_the_statement_reads_as_its_sale_and_any_other_is_an_error() {
+        let held = OrderId::from_parts(100_000, 7).unwrap();
+        let cases = [
+            ("sold", None, Sale::Sold),
+            ("sold_out", None, Sale::SoldOut),
+            ("held", Some(held), Sale::Held(held)),
+            ("fenced", None, Sale::Fenced),
+            ("too_many", None, Sale::TooMany),
+            ("id_taken", None, Sale::IdTaken),
+        ];
+        for (word, held_id, sale) in cases {
+            assert_eq!(row(word, held_id).sale().ok(), Some(sale), "{word}");
+        }
+        // "held" names the order held; without it the answer is a bug, as
+        // is a word the statement never writes.
+        for (word, held_id) in [("held", None), ("sold ", None), ("", Some(held))] {
+            assert!(row(word, held_id).sale().is_err(), "{word:?}");
+        }
+    }
+}
