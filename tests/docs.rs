@@ -4,7 +4,7 @@
 //! the lock library's README; a rename in the code fails this test until
 //! the docs follow.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
 /// The repository's root.
@@ -406,6 +406,7 @@ fn check_doc(doc: &Path, markdown: &str, root: &Path, code: &Code) -> Vec<Stale>
 fn docs(root: &Path) -> Vec<PathBuf> {
     let mut docs = vec![
         root.join("README.md"),
+        root.join("ARCHITECTURE.md"),
         root.join("LAB.md"),
         root.join("redis-locks/README.md"),
     ];
@@ -416,6 +417,121 @@ fn docs(root: &Path) -> Vec<PathBuf> {
     docs.extend(guide);
     docs.retain(|p| p.exists());
     docs
+}
+
+/// The service's modules and what ARCHITECTURE.md lets each import: the
+/// rows of its table under the `imports` marker (`nothing` for none).
+fn allowed_imports(page: &str) -> BTreeMap<String, HashSet<String>> {
+    let ticked = |cell: &str| -> Vec<String> {
+        cell.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    };
+    page.lines()
+        .skip_while(|line| !line.contains("<!-- imports:"))
+        .skip(1)
+        .skip_while(|line| !line.starts_with('|'))
+        .take_while(|line| line.starts_with('|'))
+        .skip(2)
+        .filter_map(|row| {
+            let cells: Vec<&str> = row.trim_matches('|').split('|').collect();
+            let module = ticked(cells.first()?).into_iter().next()?;
+            Some((module, ticked(cells.last()?).into_iter().collect()))
+        })
+        .collect()
+}
+
+/// The modules of the crate that `code` (one module's files) names as
+/// `crate::<module>`, outside comments.
+fn crate_imports(code: &str) -> HashSet<String> {
+    let mut found = HashSet::new();
+    for line in code.lines() {
+        let line = line.split("//").next().unwrap_or("");
+        for (at, _) in line.match_indices("crate::") {
+            let name: String = line[at + "crate::".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                found.insert(name);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_module_imports_only_what_the_architecture_allows() {
+    let root = root();
+    let page = std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let allowed = allowed_imports(&page);
+    assert!(
+        allowed.len() >= 10 && allowed["http"].contains("seckill"),
+        "ARCHITECTURE.md's imports table was read: {allowed:?}"
+    );
+    let mut wrong = Vec::new();
+    for entry in std::fs::read_dir(root.join("src")).unwrap().flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let module = name.trim_end_matches(".rs").to_owned();
+        if ["main", "lib"].contains(&module.as_str()) {
+            continue;
+        }
+        let Some(may) = allowed.get(&module) else {
+            wrong.push(format!("module {module} has no row in ARCHITECTURE.md"));
+            continue;
+        };
+        let mut files = Vec::new();
+        if path.is_dir() {
+            files_under(&path, &mut files);
+        } else {
+            files.push(path);
+        }
+        for file in files
+            .iter()
+            .filter(|f| f.extension().is_some_and(|e| e == "rs"))
+        {
+            let code = std::fs::read_to_string(file).unwrap();
+            for import in crate_imports(&code) {
+                if import != module && !may.contains(&import) {
+                    wrong.push(format!(
+                        "{} imports crate::{import}, which ARCHITECTURE.md does not let {module} import",
+                        file.strip_prefix(&root).unwrap_or(file).display()
+                    ));
+                }
+            }
+        }
+    }
+    for module in allowed.keys() {
+        let exists = root.join("src").join(module).is_dir()
+            || root.join("src").join(format!("{module}.rs")).is_file();
+        if !exists {
+            wrong.push(format!(
+                "ARCHITECTURE.md lists a module {module} that src/ lacks"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_import_check_reads_the_table_and_the_code_as_written() {
+    let page = "<!-- imports: -->\n\n| module | owns | may import |\n|---|---|---|\n\
+                | `http` | routes (`a::b`) | `seckill`, `domain` |\n| `domain` | words | nothing |\n\nprose";
+    let allowed = allowed_imports(page);
+    assert_eq!(allowed.len(), 2);
+    assert_eq!(
+        allowed["http"],
+        HashSet::from(["seckill".to_owned(), "domain".to_owned()])
+    );
+    assert!(allowed["domain"].is_empty());
+    let code = "use crate::store::Store;\n// crate::http in a comment\nlet x = crate::id::draw();";
+    assert_eq!(
+        crate_imports(code),
+        HashSet::from(["store".to_owned(), "id".to_owned()])
+    );
 }
 
 #[test]

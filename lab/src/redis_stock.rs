@@ -23,9 +23,9 @@ use seckill::kv::{Consumer, Delivery};
 use seckill::seckill::{Result, SeckillError};
 
 /// The check-and-decrement of `redis_lua` and `redis_stream`
-/// (`lua/lab_check_and_decrement.lua`), hashed once.
+/// (`lab/lua/check_and_decrement.lua`), hashed once.
 static CHECK_AND_DECREMENT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/lab_check_and_decrement.lua")));
+    LazyLock::new(|| Script::new(include_str!("../lua/check_and_decrement.lua")));
 
 /// The consumer group of every lab stream.
 const GROUP: &str = "lab-writers";
