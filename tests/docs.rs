@@ -516,6 +516,126 @@ fn every_module_imports_only_what_the_architecture_allows() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// The files of `src/http` each file imports, outside its tests: `super::x`
+/// (or `super::{x, ...}`) of a sibling file `x`, and of `mod` for anything
+/// else `super::` names (what `mod.rs` defines); `mod.rs` imports the files
+/// whose paths it uses.
+fn http_imports(root: &Path) -> BTreeMap<String, HashSet<String>> {
+    let dir = root.join("src/http");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .collect();
+    files.sort();
+    let stem = |p: &Path| p.file_stem().unwrap().to_string_lossy().into_owned();
+    let siblings: HashSet<String> = files.iter().map(|p| stem(p)).collect();
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut graph = BTreeMap::new();
+    for file in &files {
+        let me = stem(file);
+        let text = std::fs::read_to_string(file).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        let mut uses = HashSet::new();
+        for line in code.lines() {
+            let line = line.split("//").next().unwrap_or("");
+            if me == "mod" {
+                for sibling in &siblings {
+                    let named = line.contains(&format!("{sibling}::"))
+                        && !line.contains(&format!("crate::{sibling}::"));
+                    if sibling != "mod" && named && !line.trim_start().starts_with("mod ") {
+                        uses.insert(sibling.clone());
+                    }
+                }
+                continue;
+            }
+            for (at, _) in line.match_indices("super::") {
+                let rest = &line[at + "super::".len()..];
+                let names: Vec<String> = match rest.strip_prefix('{') {
+                    Some(group) => group
+                        .split('}')
+                        .next()
+                        .unwrap_or("")
+                        .split(',')
+                        .map(|n| ident(n.trim()))
+                        .collect(),
+                    None => vec![ident(rest)],
+                };
+                for name in names.into_iter().filter(|n| !n.is_empty()) {
+                    uses.insert(if siblings.contains(&name) {
+                        name
+                    } else {
+                        "mod".to_owned()
+                    });
+                }
+            }
+        }
+        uses.remove(&me);
+        graph.insert(me, uses);
+    }
+    graph
+}
+
+/// A cycle in `graph`, if it has one, as the files around it.
+fn a_cycle(graph: &BTreeMap<String, HashSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, HashSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut HashSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(node.to_owned());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        let mut next: Vec<&String> = graph.get(node).into_iter().flatten().collect();
+        next.sort();
+        for n in next {
+            if let Some(cycle) = visit(n, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_owned());
+        None
+    }
+    let mut done = HashSet::new();
+    graph
+        .keys()
+        .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_files_of_src_http_import_each_other_without_a_cycle() {
+    let graph = http_imports(&root());
+    assert!(
+        graph["mod"].contains("handlers") && graph["handlers"].contains("state"),
+        "the import reader found the router's and the handlers' imports: {graph:?}"
+    );
+    if let Some(cycle) = a_cycle(&graph) {
+        panic!("src/http imports in a cycle: {}", cycle.join(" -> "));
+    }
+    let looped = BTreeMap::from([
+        ("a".to_owned(), HashSet::from(["b".to_owned()])),
+        ("b".to_owned(), HashSet::from(["a".to_owned()])),
+    ]);
+    assert_eq!(
+        a_cycle(&looped).map(|c| c.len()),
+        Some(3),
+        "the cycle finder finds one"
+    );
+}
+
 #[test]
 fn the_import_check_reads_the_table_and_the_code_as_written() {
     let page = "<!-- imports: -->\n\n| module | owns | may import |\n|---|---|---|\n\

@@ -12,8 +12,8 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{rfc3339, Admin, AppJson, NoBody, VoucherIdPath};
 use super::handlers::{VoucherBody, WaitingRoom};
-use super::openapi::{BadRequest, Forbidden, NotFound, TooLarge, Unavailable};
-use super::AppState;
+use super::responses::{BadRequest, Forbidden, NotFound, TooLarge, Unavailable};
+use super::state::AppState;
 use crate::domain::{OrderStatus, SaleMode};
 use crate::seckill::{VoucherDraft, DEFAULT_MAX_ORDERS_PER_USER, DEFAULT_PAY_WITHIN_SECONDS};
 

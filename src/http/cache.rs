@@ -30,9 +30,9 @@ where
     let bytes = match serde_json::to_vec(body) {
         Ok(bytes) => bytes,
         Err(error) => {
-            return super::ApiError::Seckill(crate::seckill::SeckillError::internal(format!(
-                "serializing a read: {error}"
-            )))
+            return super::error::ApiError::Seckill(crate::seckill::SeckillError::internal(
+                format!("serializing a read: {error}"),
+            ))
             .into_response()
         }
     };

@@ -8,8 +8,8 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::error::ApiError;
 use super::extract::{Admin, NoBody};
-use super::openapi::{BadRequest, Forbidden, TooLarge, Unavailable};
-use super::AppState;
+use super::responses::{BadRequest, Forbidden, TooLarge, Unavailable};
+use super::state::AppState;
 use crate::domain::EventId;
 use crate::events::body::{EventBody, EventsBody};
 use crate::events::MAX_PAGE;

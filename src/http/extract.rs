@@ -14,8 +14,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::error::ApiError;
-use super::limit::VerifiedUser;
-use super::AppState;
+use crate::auth::Authenticator;
 use crate::domain::{parse_positive, OrderId};
 use crate::domain::{UserId, VoucherId};
 
@@ -222,8 +221,17 @@ pub(super) fn bearer(headers: &HeaderMap) -> Result<&str, &'static str> {
     Ok(token)
 }
 
-fn is_admin(parts: &Parts, state: &AppState) -> bool {
-    match (&state.admin_token, bearer(&parts.headers)) {
+/// What the extractors need of a router's state: the admin token, and who
+/// a bearer token signs in. The service's state has both; a router of its
+/// own (a mounted crate's) is handed the same.
+pub trait SignIn: Send + Sync {
+    /// `None`: no admin token is configured, and nobody is the admin.
+    fn admin_token(&self) -> Option<&AdminToken>;
+    fn authenticator(&self) -> &Authenticator;
+}
+
+fn is_admin(parts: &Parts, state: &impl SignIn) -> bool {
+    match (state.admin_token(), bearer(&parts.headers)) {
         (Some(expected), Ok(token)) => expected.matches(token),
         _ => false,
     }
@@ -247,10 +255,10 @@ impl AdminToken {
 /// A caller holding the admin token.
 pub struct Admin;
 
-impl FromRequestParts<AppState> for Admin {
+impl<S: SignIn> FromRequestParts<S> for Admin {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         if is_admin(parts, state) {
             Ok(Self)
         } else {
@@ -259,19 +267,24 @@ impl FromRequestParts<AppState> for Admin {
     }
 }
 
+/// A user whose token the limiter verified already: the extractor takes it
+/// from here instead of checking the signature again.
+#[derive(Debug, Clone, Copy)]
+pub struct VerifiedUser(pub UserId);
+
 /// A signed-in user, by the id in a valid token.
 pub struct User(pub UserId);
 
-impl FromRequestParts<AppState> for User {
+impl<S: SignIn> FromRequestParts<S> for User {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         if let Some(VerifiedUser(user_id)) = parts.extensions.get::<VerifiedUser>() {
             return Ok(Self(*user_id));
         }
         let token = bearer(&parts.headers).map_err(|why| ApiError::Unauthorized(why.into()))?;
         state
-            .auth
+            .authenticator()
             .verify(token, chrono::Utc::now().timestamp())
             .await
             .map(Self)
@@ -285,10 +298,10 @@ pub enum Caller {
     User(UserId),
 }
 
-impl FromRequestParts<AppState> for Caller {
+impl<S: SignIn> FromRequestParts<S> for Caller {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         if is_admin(parts, state) {
             return Ok(Self::Admin);
         }

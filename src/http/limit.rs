@@ -22,8 +22,7 @@ use governor::{Quota, RateLimiter};
 use ipnet::IpNet;
 
 use super::error::ApiError;
-use super::extract::bearer;
-use super::AppState;
+use super::extract::{bearer, SignIn, VerifiedUser};
 
 type Keyed<K> = RateLimiter<K, DefaultKeyedStateStore<K>, DefaultClock>;
 
@@ -58,11 +57,6 @@ pub enum Limit {
     Address,
     User,
 }
-
-/// A user whose token the limiter verified already: the extractor takes it
-/// from here instead of checking the signature again.
-#[derive(Debug, Clone, Copy)]
-pub struct VerifiedUser(pub crate::domain::UserId);
 
 impl Limits {
     /// `per_address` and `per_user` requests per second, each with a burst
@@ -300,12 +294,12 @@ fn count(class: RouteClass, limit: Limit) {
 /// The client address's limit, on every request, as the outermost layer:
 /// a refusal costs no request id, no span, no route lookup. A request
 /// without a known peer (a router driven in-process) is not limited.
-pub async fn limit_address(
-    State(state): State<AppState>,
+pub async fn limit_address<S: AsRef<Limits>>(
+    State(state): State<S>,
     request: Request,
     next: Next,
 ) -> Response {
-    let limits = &state.limits;
+    let limits = state.as_ref();
     let peer = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
@@ -322,12 +316,12 @@ pub async fn limit_address(
 
 /// The user's limit, on the routes it covers (known once routed): the
 /// token is verified here once, and the extractor takes the user from it.
-pub async fn limit_user(
-    State(state): State<AppState>,
+pub async fn limit_user<S: SignIn + AsRef<Limits>>(
+    State(state): State<S>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    let limits = &state.limits;
+    let limits = state.as_ref();
     let class = RouteClass::of(
         request
             .extensions()
@@ -337,7 +331,7 @@ pub async fn limit_user(
     if class.per_user() && limits.limits_users() {
         let user = match bearer(request.headers()) {
             Ok(token) => state
-                .auth
+                .authenticator()
                 .verify(token, chrono::Utc::now().timestamp())
                 .await
                 .ok(),

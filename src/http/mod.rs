@@ -12,20 +12,20 @@ pub mod openapi;
 pub mod ops;
 mod payments;
 mod queue;
+mod responses;
 mod screen;
 pub mod serve;
 pub mod shed;
+mod state;
 
 use std::any::Any;
-use std::sync::Arc;
 
 use axum::extract::{MatchedPath, Request};
-use axum::http::{HeaderName, Response};
+use axum::http::Response;
 use axum::middleware;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -36,53 +36,11 @@ pub use error::ApiError;
 pub use extract::{voucher_id, Admin, AdminToken, AppJson, User, VoucherIdPath};
 pub use limit::Limits;
 pub use payments::signature_header;
+pub use state::{AppParts, AppState};
 
-use crate::auth::Authenticator;
-use crate::events::Events;
-use crate::seckill::{Seckill, SeckillError};
+use screen::REQUEST_ID;
 
-/// What every handler can reach: one shared value, so that the copy axum
-/// hands each request is one reference count, not a clone of every part
-/// (the token key alone was an allocation and a free per request).
-#[derive(Clone)]
-pub struct AppState(Arc<AppParts>);
-
-impl AppState {
-    pub fn new(parts: AppParts) -> Self {
-        Self(Arc::new(parts))
-    }
-}
-
-impl std::ops::Deref for AppState {
-    type Target = AppParts;
-
-    fn deref(&self) -> &AppParts {
-        &self.0
-    }
-}
-
-/// The parts of [`AppState`].
-pub struct AppParts {
-    pub seckill: Seckill,
-    /// Verifies user tokens: the service's own, and the shop's JWTs.
-    pub auth: Authenticator,
-    /// The order events' feed and failed deliveries.
-    pub events: Events,
-    /// `None`: no admin token configured, admin routes answer 403.
-    pub admin_token: Option<AdminToken>,
-    /// `None`: no payment secret configured, `/payments/notify` answers 403.
-    pub payment_secret: Option<Arc<[u8]>>,
-    pub metrics: PrometheusHandle,
-    /// The rate limits per client address and per user.
-    pub limits: Limits,
-    /// Refuses the least critical requests first when saturated.
-    pub shedder: shed::Shedder,
-    /// `/metrics` is served on the public address (no
-    /// `SECKILL_METRICS_ADDR`).
-    pub public_metrics: bool,
-}
-
-const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+use crate::seckill::SeckillError;
 
 /// The whole API as a router, with `mounted`'s routes beside the service's
 /// own (a crate built on the service, like the lab, brings them) behind
@@ -154,7 +112,7 @@ pub fn router(
     api.layer(middleware::from_fn(screen::screen))
         .layer(middleware::from_fn_with_state(
             state.clone(),
-            limit::limit_user,
+            limit::limit_user::<AppState>,
         ))
         .layer(middleware::from_fn(ops::track))
         .layer(
@@ -169,8 +127,14 @@ pub fn router(
                     screen::body_deadline,
                 )),
         )
-        .layer(middleware::from_fn_with_state(state.clone(), shed::shed))
-        .layer(middleware::from_fn_with_state(state, limit::limit_address))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            shed::shed::<AppState>,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state,
+            limit::limit_address::<AppState>,
+        ))
 }
 
 /// `/metrics` alone, for its own address (`SECKILL_METRICS_ADDR`).

@@ -4,7 +4,6 @@
 //! package at build time and are served from the binary, so the page works
 //! with no network.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 use axum::extract::Path;
@@ -12,11 +11,11 @@ use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::RefOr;
 use utoipa::{Modify, OpenApi};
 use utoipa_swagger_ui::Config;
 
 use super::error::ApiError;
+use super::responses::error_response;
 use super::{admin, events, handlers, ops, payments, queue};
 use crate::domain::{OrderStatus, SaleMode};
 
@@ -89,88 +88,6 @@ impl Modify for Security {
                     .build(),
             ),
         );
-    }
-}
-
-/// An error answer: its description and the error body.
-fn error_response(description: &str) -> utoipa::openapi::Response {
-    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
-    ResponseBuilder::new()
-        .description(description)
-        .content(
-            "application/json",
-            ContentBuilder::new()
-                .schema(Some(Ref::from_schema_name("ErrorBody")))
-                .build(),
-        )
-        .build()
-}
-
-/// The refusals whose description says no more than their code, each
-/// named once here and listed by name in the handlers' `responses(...)`.
-macro_rules! plain_refusals {
-    ($($name:ident = $status:literal, $code:literal;)+) => {$(
-        #[doc = concat!("`", $status, " ", $code, "`.")]
-        pub struct $name;
-
-        impl utoipa::IntoResponses for $name {
-            fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
-                BTreeMap::from([($status.to_string(), error_response($code).into())])
-            }
-        }
-    )+};
-}
-
-plain_refusals! {
-    BadRequest = 400, "bad_request";
-    Unauthorized = 401, "unauthorized";
-    Forbidden = 403, "forbidden";
-    NotFound = 404, "not_found";
-    OrderNotFound = 404, "not_found: no such order, or another user's";
-    RoomNotFound = 404, "not_found: no such voucher, or it has no waiting room";
-    TooLarge = 413, "payload_too_large";
-    Unavailable = 503, "unavailable";
-}
-
-/// One path parameter, required, as the routes' extractors read it.
-fn path_param(
-    name: &str,
-    description: &str,
-    schema: utoipa::openapi::ObjectBuilder,
-) -> Vec<utoipa::openapi::path::Parameter> {
-    use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
-    vec![ParameterBuilder::new()
-        .name(name)
-        .parameter_in(ParameterIn::Path)
-        .required(utoipa::openapi::Required::True)
-        .description(Some(description))
-        .schema(Some(schema))
-        .build()]
-}
-
-/// The `{id}` of a voucher's routes, described once.
-impl utoipa::IntoParams for super::extract::VoucherIdPath {
-    fn into_params(
-        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
-    ) -> Vec<utoipa::openapi::path::Parameter> {
-        use utoipa::openapi::schema::{KnownFormat, SchemaFormat, Type};
-        let id = utoipa::openapi::ObjectBuilder::new()
-            .schema_type(Type::Integer)
-            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
-            .minimum(Some(1));
-        path_param("id", "The voucher id", id)
-    }
-}
-
-/// The `{order_id}` of an order's routes: decimal, as order ids travel.
-impl utoipa::IntoParams for super::extract::OrderIdPath {
-    fn into_params(
-        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
-    ) -> Vec<utoipa::openapi::path::Parameter> {
-        let id = utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::schema::Type::String)
-            .pattern(Some("^[1-9][0-9]{0,18}$"));
-        path_param("order_id", "The order id, in decimal", id)
     }
 }
 

@@ -13,9 +13,9 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{from_object, Caller, NoBody, OrderIdPath};
-use super::openapi::{OrderNotFound, TooLarge, Unauthorized, Unavailable};
+use super::responses::{OrderNotFound, TooLarge, Unauthorized, Unavailable};
 use super::screen::MAX_BODY_BYTES;
-use super::AppState;
+use super::state::AppState;
 use crate::domain::OrderId;
 use crate::domain::OrderStatus;
 use crate::events::body::OrderBody;

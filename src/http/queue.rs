@@ -11,8 +11,8 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{header_text, NoBody, User, VoucherIdPath};
-use super::openapi::{RoomNotFound, TooLarge, Unauthorized, Unavailable};
-use super::AppState;
+use super::responses::{RoomNotFound, TooLarge, Unauthorized, Unavailable};
+use super::state::AppState;
 use crate::seckill::{QueueState, QueueStatus};
 
 /// The header that carries a queue ticket, to polls and purchases.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, Version};
+use axum::http::{header, HeaderName, HeaderValue, Version};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body::{Frame, SizeHint};
@@ -19,13 +19,15 @@ use tokio::time::Sleep;
 
 use super::error::ApiError;
 use super::extract::says_no_body;
-use super::REQUEST_ID;
 
 /// Largest request body on any route (axum's JSON limit is the same).
 pub const MAX_BODY_BYTES: u64 = 2 * 1024 * 1024;
 /// Longest `x-request-id` taken from a client; a longer or odd one is
 /// replaced by a fresh id instead of being logged and echoed.
 const MAX_REQUEST_ID_CHARS: usize = 64;
+
+/// The header that carries a request's id, in and out.
+pub(super) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Refuses what no route accepts: several `Authorization` headers (a proxy
 /// may have read another one than we would: which caller this is cannot be

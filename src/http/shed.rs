@@ -33,8 +33,8 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::error::ApiError;
 use super::limit::RouteClass;
-use super::{ApiError, AppState};
 
 /// How requests rank when the instance must refuse some, least critical
 /// last.
@@ -345,8 +345,12 @@ fn publish(shares: &Shares) {
 
 /// The shedder as a layer, just inside the address's limit: a refused
 /// request costs no request id, no span, no route lookup, no body.
-pub async fn shed(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let shedder = &state.shedder;
+pub async fn shed<S: AsRef<Shedder>>(
+    State(state): State<S>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let shedder = state.as_ref();
     if shedder.inner.target.is_none() {
         return next.run(request).await;
     }
