@@ -17,7 +17,7 @@ use crate::config::{PgPooler, Settings, SettingsError, Switch};
 use crate::events::{Events, WebhookSettings};
 use crate::http::serve::{serve, DrainOutcome, ServeSettings};
 use crate::http::shed::Shedder;
-use crate::http::{self, AdminToken, AppParts, AppState, Limits};
+use crate::http::{self, AdminToken, AppParts, AppState, Limits, RouteClass};
 use crate::kv::{Kv, RedisTarget};
 use crate::seckill::{SaleClock, Seckill, SeckillSettings, UserLocks};
 use crate::store::{PoolSettings, Store, StoreError};
@@ -50,6 +50,9 @@ pub struct Mount {
     /// Its routes, behind the service's middleware (limits, shedding,
     /// deadlines, traces); their handlers see the service's [`AppState`].
     pub routes: Router<AppState>,
+    /// The class of each of its paths (as `routes` declares them): which
+    /// limits cover it, how critical it is when the instance sheds load.
+    pub classes: Vec<(String, RouteClass)>,
     /// Stops what it runs, within the time it is given, once the service's
     /// own workers have stopped; `false` when something was still under
     /// way.
@@ -225,7 +228,11 @@ impl Application {
             ..
         } = self;
         let (mounted_routes, mounted_stop) = match mounted {
-            Some(Mount { routes, stop }) => (Some(routes), Some(stop)),
+            Some(Mount {
+                routes,
+                classes,
+                stop,
+            }) => (Some((routes, classes)), Some(stop)),
             None => (None, None),
         };
         // Ends with the public server (its sender dropped below).

@@ -98,6 +98,7 @@ pub async fn mount(app: &Application, lease: Duration) -> Result<Mount, StartupE
     );
     Ok(Mount {
         routes: routes::routes(lab.clone()),
+        classes: routes::classes(),
         stop: Box::new(move |within| Box::pin(async move { lab.shutdown_locks(within).await })),
     })
 }

@@ -13,7 +13,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::{Attempt, Lab, LabOrder, Stall, StallAt, Strategy, MAX_STALL};
-use seckill::http::{voucher_id, Admin, ApiError, AppJson, AppState, User, VoucherIdPath};
+use seckill::http::{
+    voucher_id, Admin, ApiError, AppJson, AppState, RouteClass, User, VoucherIdPath,
+};
 
 /// The lab's routes, for [`seckill::startup::Mount`]: each handler reaches
 /// `lab` and, for who is signed in, the service's state.
@@ -24,6 +26,19 @@ pub fn routes(lab: Lab) -> Router<AppState> {
         .route("/admin/lab/vouchers", post(create_voucher))
         .route("/admin/lab/vouchers/{id}/stats", get(stats))
         .layer(Extension(lab))
+}
+
+/// The class of each of the lab's paths: its purchases are limited and shed
+/// as the sale's, its admin routes as the admin's.
+pub fn classes() -> Vec<(String, RouteClass)> {
+    [
+        ("/lab", RouteClass::Ops),
+        ("/lab/{strategy}/seckill/{id}", RouteClass::Purchase),
+        ("/admin/lab/vouchers", RouteClass::Admin),
+        ("/admin/lab/vouchers/{id}/stats", RouteClass::Admin),
+    ]
+    .map(|(path, class)| (path.to_owned(), class))
+    .into()
 }
 
 /// `GET /lab`: the strategies and the lease of the lab's locks.

@@ -13,6 +13,7 @@ pub mod ops;
 mod payments;
 mod queue;
 mod responses;
+mod routes;
 mod screen;
 pub mod serve;
 pub mod shed;
@@ -24,7 +25,7 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::Response;
 use axum::middleware;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::Router;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -34,7 +35,7 @@ use tracing::Level;
 
 pub use error::ApiError;
 pub use extract::{voucher_id, Admin, AdminToken, AppJson, User, VoucherIdPath};
-pub use limit::Limits;
+pub use limit::{Limits, RouteClass};
 pub use payments::signature_header;
 pub use state::{AppParts, AppState};
 
@@ -42,47 +43,20 @@ use screen::REQUEST_ID;
 
 use crate::seckill::SeckillError;
 
-/// The whole API as a router, with `mounted`'s routes beside the service's
-/// own (a crate built on the service, like the lab, brings them) behind
-/// the same middleware; a request body that takes longer than
+/// The whole API as a router (`routes.rs` declares it), with `mounted`'s
+/// routes beside the service's own (a crate built on the service, like the
+/// lab, brings them, with each path's class) behind the same middleware; a
+/// request body that takes longer than
 /// `body_timeout` to arrive, counted from its headers, fails.
 pub fn router(
     state: AppState,
     body_timeout: std::time::Duration,
-    mounted: Option<Router<AppState>>,
+    mounted: Option<routes::Mounted>,
 ) -> Router {
-    let api = Router::new()
-        .route("/admin/vouchers", post(admin::create_voucher))
-        .route("/admin/vouchers/{id}/orders", get(admin::voucher_orders))
-        .route("/admin/vouchers/{id}/stats", get(admin::voucher_stats))
-        .route("/admin/vouchers/{id}/stock", post(admin::restock))
-        .route("/admin/vouchers/{id}/reconcile", post(admin::reconcile))
-        .route("/admin/tokens", post(admin::mint_tokens))
-        .route("/admin/events", get(events::feed))
-        .route("/admin/webhooks/failed", get(events::failed))
-        .route("/admin/webhooks/retry", post(events::retry))
-        .route("/vouchers", get(handlers::list_vouchers))
-        .route("/vouchers/{id}", get(handlers::get_voucher))
-        .route("/vouchers/{id}/queue", post(queue::join).get(queue::poll))
-        .route("/seckill/{id}", post(handlers::seckill))
-        .route("/orders/{id}", get(handlers::get_order))
-        .route("/orders/{id}/cancel", post(payments::cancel_order))
-        .route("/payments/notify", post(payments::notify))
-        .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
-        .route("/openapi.json", get(openapi::openapi_json))
-        .route("/docs", get(openapi::docs))
-        .route("/docs/", get(openapi::docs))
-        .route("/docs/{*file}", get(openapi::docs_file));
-    let api = if state.public_metrics {
-        api.route("/metrics", get(ops::metrics))
-    } else {
-        api
-    };
-    let api = match mounted {
-        Some(routes) => api.merge(routes),
-        None => api,
-    };
+    let routes::Table {
+        router: api,
+        classes,
+    } = routes::table(state.public_metrics, mounted);
     let api = api
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
@@ -107,8 +81,9 @@ pub fn router(
 
     // Innermost first. The user's limit refuses before a route does any
     // work; the shedder, when the instance is saturated, before anything
-    // but the address's limit, outermost, which refuses before anything at
-    // all (its refusals are counted in seckill_rate_limited_total only).
+    // but the address's limit, which refuses before anything at all (its
+    // refusals are counted in seckill_rate_limited_total only); outermost,
+    // the route table classifies the request for all three.
     api.layer(middleware::from_fn(screen::screen))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -135,6 +110,7 @@ pub fn router(
             state,
             limit::limit_address::<AppState>,
         ))
+        .layer(middleware::from_fn_with_state(classes, routes::classify))
 }
 
 /// `/metrics` alone, for its own address (`SECKILL_METRICS_ADDR`).

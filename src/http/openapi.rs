@@ -1,22 +1,23 @@
-//! The API's description, generated from the handlers' annotations and
-//! served at `/openapi.json` (OpenAPI 3.1), and the reference page that
+//! The API's description, generated from the handlers' annotations of the
+//! route table (`routes.rs`) and served at `/openapi.json` (OpenAPI 3.1),
+//! and the reference page that
 //! renders it at `/docs`: Swagger UI, whose files come inside a registry
 //! package at build time and are served from the binary, so the page works
 //! with no network.
 
 use std::sync::{Arc, OnceLock};
 
+use axum::body::Bytes;
 use axum::extract::Path;
 use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
-use axum::Json;
+use axum::Extension;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_swagger_ui::Config;
 
 use super::error::ApiError;
 use super::responses::error_response;
-use super::{admin, events, handlers, ops, payments, queue};
 use crate::domain::{OrderStatus, SaleMode};
 
 #[derive(OpenApi)]
@@ -28,29 +29,6 @@ use crate::domain::{OrderStatus, SaleMode};
                        as decimal strings (they exceed 2^53).",
         license(name = "MIT OR Apache-2.0")
     ),
-    paths(
-        admin::create_voucher,
-        handlers::list_vouchers,
-        handlers::get_voucher,
-        queue::join,
-        queue::poll,
-        admin::restock,
-        admin::reconcile,
-        admin::mint_tokens,
-        handlers::seckill,
-        handlers::get_order,
-        payments::cancel_order,
-        payments::notify,
-        admin::voucher_orders,
-        admin::voucher_stats,
-        events::feed,
-        events::failed,
-        events::retry,
-        ops::healthz,
-        ops::readyz,
-        ops::metrics,
-    ),
-    modifiers(&Security, &RateLimited, &Shed),
     tags(
         (name = "sale", description = "Vouchers, purchases and orders"),
         (name = "orders", description = "After the grab: pay before the deadline (the provider's signed notification), or cancel"),
@@ -105,20 +83,14 @@ impl Modify for RateLimited {
     }
 }
 
-/// `503 unavailable` on every route the shedder may refuse (all but
-/// `/healthz` and `/metrics`), where the route does not describe its own.
-struct Shed;
-
-impl Modify for Shed {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        let shed = error_response(
-            "unavailable: the instance is saturated and sheds this route's class (least \
-             critical first), or a dependency is away; Retry-After says when to come back",
-        );
-        describe_where_missing(openapi, "503", &shed, |path| {
-            super::shed::Criticality::of(path).is_some()
-        });
-    }
+/// `503 unavailable` on every route the shedder may refuse (all but the
+/// probes), where the route does not describe its own.
+fn describe_shedding(openapi: &mut utoipa::openapi::OpenApi, sheddable: impl Fn(&str) -> bool) {
+    let shed = error_response(
+        "unavailable: the instance is saturated and sheds this route's class (least \
+         critical first), or a dependency is away; Retry-After says when to come back",
+    );
+    describe_where_missing(openapi, "503", &shed, sheddable);
 }
 
 /// Adds `response` as `status` to every operation of the paths `applies`
@@ -152,18 +124,31 @@ fn describe_where_missing(
     }
 }
 
-/// The description, built once.
-pub fn document() -> &'static utoipa::openapi::OpenApi {
-    static DOC: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
-    DOC.get_or_init(|| {
-        let mut doc = ApiDoc::openapi();
-        doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
-        doc
-    })
+/// The whole description: `paths` (the route table's, from the handlers'
+/// annotations) under the API's title, tags and security schemes, with the
+/// refusals every route may give; `sheddable` says which paths the shedder
+/// may refuse.
+pub(super) fn document(
+    paths: utoipa::openapi::OpenApi,
+    sheddable: impl Fn(&str) -> bool,
+) -> utoipa::openapi::OpenApi {
+    let mut doc = ApiDoc::openapi();
+    doc.merge(paths);
+    doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    Security.modify(&mut doc);
+    RateLimited.modify(&mut doc);
+    describe_shedding(&mut doc, sheddable);
+    doc
 }
 
-pub async fn openapi_json() -> Json<&'static utoipa::openapi::OpenApi> {
-    Json(document())
+/// The description as served, serialized once when the routes are built.
+#[derive(Clone)]
+pub(super) struct DocumentJson(pub(super) Bytes);
+
+pub(super) async fn openapi_json(
+    Extension(DocumentJson(json)): Extension<DocumentJson>,
+) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], json).into_response()
 }
 
 fn swagger_config() -> Arc<Config<'static>> {
@@ -174,7 +159,7 @@ fn swagger_config() -> Arc<Config<'static>> {
 }
 
 /// The reference page itself, at `/docs` (its files under `/docs/`).
-pub async fn docs() -> Response {
+pub(super) async fn docs() -> Response {
     match utoipa_swagger_ui::serve("index.html", swagger_config()) {
         Ok(Some(file)) => {
             let page = String::from_utf8_lossy(&file.bytes).replacen(
@@ -189,7 +174,7 @@ pub async fn docs() -> Response {
 }
 
 /// A file of the reference page.
-pub async fn docs_file(Path(file): Path<String>) -> Response {
+pub(super) async fn docs_file(Path(file): Path<String>) -> Response {
     match utoipa_swagger_ui::serve(&file, swagger_config()) {
         Ok(Some(found)) => (
             StatusCode::OK,

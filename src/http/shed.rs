@@ -58,18 +58,16 @@ impl Criticality {
     /// Most critical first.
     pub const ALL: [Self; 4] = [Self::Sale, Self::Orders, Self::Admin, Self::Reads];
 
-    /// A request's class by its path (before routing); `None` for what is
-    /// never shed: `/healthz` (a process that answers is alive) and
-    /// `/metrics` (the operator's eyes during an attack).
-    pub fn of(path: &str) -> Option<Self> {
-        Some(match RouteClass::of(Some(path)) {
+    /// How critical the routes of a class are. The route table marks the
+    /// probes that are never shed: `/healthz` (a process that answers is
+    /// alive) and `/metrics` (the operator's eyes during an attack).
+    pub fn of(class: RouteClass) -> Self {
+        match class {
             RouteClass::Purchase | RouteClass::Queue => Self::Sale,
             RouteClass::Orders | RouteClass::Payments => Self::Orders,
             RouteClass::Admin => Self::Admin,
-            RouteClass::Reads | RouteClass::Unmatched => Self::Reads,
-            RouteClass::Ops if path == "/healthz" || path == "/metrics" => return None,
-            RouteClass::Ops => Self::Reads,
-        })
+            RouteClass::Reads | RouteClass::Ops | RouteClass::Unmatched => Self::Reads,
+        }
     }
 
     pub fn label(self) -> &'static str {
@@ -354,7 +352,8 @@ pub async fn shed<S: AsRef<Shedder>>(
     if shedder.inner.target.is_none() {
         return next.run(request).await;
     }
-    let Some(class) = Criticality::of(request.uri().path()) else {
+    // The route table's class; none for the probes, never shed.
+    let Some(&class) = request.extensions().get::<Criticality>() else {
         return next.run(request).await;
     };
     let meters = meters();
@@ -385,29 +384,6 @@ mod tests {
 
     fn refused(s: &Shares) -> [u32; 4] {
         Criticality::ALL.map(|c| s.refused[c.index()].load(Ordering::Relaxed))
-    }
-
-    #[test]
-    fn classes_follow_the_routes_and_probes_of_life_are_never_shed() {
-        assert_eq!(Criticality::of("/seckill/1"), Some(Criticality::Sale));
-        assert_eq!(
-            Criticality::of("/vouchers/1/queue"),
-            Some(Criticality::Sale)
-        );
-        assert_eq!(
-            Criticality::of("/payments/notify"),
-            Some(Criticality::Orders)
-        );
-        assert_eq!(
-            Criticality::of("/orders/7/cancel"),
-            Some(Criticality::Orders)
-        );
-        assert_eq!(Criticality::of("/vouchers/1"), Some(Criticality::Reads));
-        assert_eq!(Criticality::of("/vouchers"), Some(Criticality::Reads));
-        assert_eq!(Criticality::of("/readyz"), Some(Criticality::Reads));
-        assert_eq!(Criticality::of("/admin/vouchers"), Some(Criticality::Admin));
-        assert_eq!(Criticality::of("/healthz"), None);
-        assert_eq!(Criticality::of("/metrics"), None);
     }
 
     #[test]

@@ -279,7 +279,7 @@ async fn health_readiness_and_metrics_answer() {
     }
     let metrics = app.metrics().await;
     for needle in [
-        "http_requests_total{route=\"/seckill/{id}\",method=\"POST\",status=\"200\"}",
+        "http_requests_total{route=\"/seckill/{voucher_id}\",method=\"POST\",status=\"200\"}",
         "seckill_purchases_total{outcome=\"ordered\"}",
         "seckill_lock_acquire_seconds_bucket",
         "seckill_pool_connections{pool=\"postgres\",state=\"open\"}",
