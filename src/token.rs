@@ -10,7 +10,7 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::domain::parse_positive;
+use crate::domain::{parse_positive, UserId};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -47,7 +47,8 @@ impl TokenSigner {
         mac
     }
 
-    /// A token for `user_id` valid until `expires_unix`.
+    /// A token for `user_id` valid until `expires_unix` (one for an id that
+    /// is not positive never verifies: it is malformed).
     pub fn sign(&self, user_id: i64, expires_unix: i64) -> String {
         let payload = format!("{VERSION}.{user_id}.{expires_unix}");
         let signature = URL_SAFE_NO_PAD.encode(self.mac(&payload).finalize().into_bytes());
@@ -56,7 +57,7 @@ impl TokenSigner {
 
     /// The user id a token names, if the token is genuine and unexpired at
     /// `now_unix`.
-    pub fn verify(&self, token: &str, now_unix: i64) -> Result<i64, TokenError> {
+    pub fn verify(&self, token: &str, now_unix: i64) -> Result<UserId, TokenError> {
         let (payload, signature) = token.rsplit_once('.').ok_or(TokenError::Malformed)?;
         let mut parts = payload.split('.');
         let (Some(VERSION), Some(user), Some(expires), None) =
@@ -64,7 +65,9 @@ impl TokenSigner {
         else {
             return Err(TokenError::Malformed);
         };
-        let user_id = parse_positive(user).ok_or(TokenError::Malformed)?;
+        let user_id = parse_positive(user)
+            .and_then(UserId::new)
+            .ok_or(TokenError::Malformed)?;
         let expires = parse_positive(expires).ok_or(TokenError::Malformed)?;
         let signature = URL_SAFE_NO_PAD
             .decode(signature)
@@ -90,7 +93,7 @@ mod tests {
     fn a_signed_token_verifies_to_its_user() {
         let signer = TokenSigner::new(b"k");
         let token = signer.sign(42, NOW + 60);
-        assert_eq!(signer.verify(&token, NOW), Ok(42));
+        assert_eq!(signer.verify(&token, NOW), Ok(UserId::new(42).unwrap()));
     }
 
     #[test]
@@ -126,6 +129,7 @@ mod tests {
             format!("v2.42.{}.{sig}", NOW + 60),
             format!("v1.042.{}.{sig}", NOW + 60),
             format!("v1.-42.{}.{sig}", NOW + 60),
+            format!("v1.0.{}.{sig}", NOW + 60),
             format!("v1.42.{}.x.{sig}", NOW + 60),
             format!("v1.42.{}.!!!", NOW + 60),
             format!("v1.99999999999999999999.{}.{sig}", NOW + 60),

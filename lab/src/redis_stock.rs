@@ -85,6 +85,8 @@ impl Lab {
     /// `redis_decr`, `redis_lua` and `redis_stream`.
     pub(super) async fn redis_stock_purchase(&self, attempt: Attempt) -> Result<LabOrder> {
         let (strategy, user_id, voucher_id, stall) = attempt.parts();
+        // The path let only a positive id through: no voucher has another.
+        let voucher = VoucherId::new(voucher_id).ok_or(SeckillError::NotFound("lab voucher"))?;
         let inner = &self.inner;
         let keys = keys(&inner.settings.redis_prefix, voucher_id);
         let store = &inner.store;
@@ -120,7 +122,7 @@ impl Lab {
             }
         }
         if strategy == Strategy::RedisStream {
-            self.ensure_stream_writer(voucher_id);
+            self.ensure_stream_writer(voucher);
             return Ok(LabOrder::Pending);
         }
         if crashed(stall) {
@@ -133,11 +135,11 @@ impl Lab {
             .ok_or(SeckillError::NotFound("lab voucher"))
     }
 
-    fn ensure_stream_writer(&self, voucher_id: i64) {
+    fn ensure_stream_writer(&self, voucher: VoucherId) {
         self.inner.stream_writers.get_or_start(
-            VoucherId::new(voucher_id),
+            voucher,
             |()| true,
-            |stop| ((), self.clone().write_stream(voucher_id, stop)),
+            |stop| ((), self.clone().write_stream(voucher, stop)),
         );
     }
 
@@ -145,7 +147,8 @@ impl Lab {
     /// reads new ones, stores them, acknowledges; a batch holding an order
     /// marked to crash, read for the first time, is dropped unacknowledged
     /// (the writer "died" with it) and recovered by a later claim.
-    async fn write_stream(self, voucher_id: i64, stop: CancellationToken) {
+    async fn write_stream(self, voucher: VoucherId, stop: CancellationToken) {
+        let voucher_id = voucher.get();
         let inner = &self.inner;
         let keys = keys(&inner.settings.redis_prefix, voucher_id);
         if let Err(error) = inner.redis.create_group(&keys.orders, GROUP).await {
@@ -198,13 +201,11 @@ impl Lab {
                 }
             }
         }
-        inner
-            .stream_writers
-            .retire_if(VoucherId::new(voucher_id), |()| true);
+        inner.stream_writers.retire_if(voucher, |()| true);
         // A purchase between the last read and the line above found this
         // writer still running and started none: look once more.
         if !stop.is_cancelled() && !matches!(inner.redis.stream_len(&keys.orders).await, Ok(0)) {
-            self.ensure_stream_writer(voucher_id);
+            self.ensure_stream_writer(voucher);
         }
     }
 

@@ -103,7 +103,7 @@ impl<S: Send + Sync> FromRequestParts<S> for LabPath {
         })?;
         Ok(Self {
             strategy,
-            voucher_id: voucher_id(&voucher)?,
+            voucher_id: voucher_id(&voucher)?.get(),
         })
     }
 }

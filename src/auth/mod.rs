@@ -148,7 +148,6 @@ impl Authenticator {
             return self
                 .v1
                 .verify(token, now_unix)
-                .map(UserId::new)
                 .map_err(|e| AuthError::Unauthorized(e.to_string()));
         };
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();

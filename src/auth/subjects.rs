@@ -55,8 +55,7 @@ impl Subjects {
 
     /// The user `subject` (of the configured issuer) is.
     pub(super) async fn user(&self, subject: &str) -> Result<UserId, AuthError> {
-        if let Some(id) = numeric(subject) {
-            let user = UserId::new(id);
+        if let Some(user) = numeric(subject) {
             if !self.recorded.contains_key(&user) && self.to_record.try_send(user).is_ok() {
                 self.recorded.insert(user, ());
             }
@@ -79,8 +78,10 @@ impl Subjects {
 }
 
 /// A subject that is its own user id.
-fn numeric(subject: &str) -> Option<i64> {
-    parse_positive(subject).filter(|id| *id <= MAX_NUMERIC_SUBJECT)
+fn numeric(subject: &str) -> Option<UserId> {
+    parse_positive(subject)
+        .filter(|id| *id <= MAX_NUMERIC_SUBJECT)
+        .and_then(UserId::new)
 }
 
 /// Writes queued numeric subjects in batches until the sender is dropped;
@@ -122,8 +123,11 @@ mod tests {
 
     #[test]
     fn only_plain_positive_integers_up_to_2_53_are_their_own_ids() {
-        assert_eq!(numeric("42"), Some(42));
-        assert_eq!(numeric("9007199254740991"), Some(MAX_NUMERIC_SUBJECT));
+        assert_eq!(numeric("42"), UserId::new(42));
+        assert_eq!(
+            numeric("9007199254740991"),
+            UserId::new(MAX_NUMERIC_SUBJECT)
+        );
         for other in [
             "9007199254740992",
             "0",

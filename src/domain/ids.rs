@@ -15,18 +15,40 @@ use serde::{Deserialize, Serialize};
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
+        ///
+        /// Always positive: every way to make one ([`new`](Self::new),
+        /// `TryFrom<i64>`, serde, a Postgres column) refuses 0 and negative
+        /// numbers.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-        #[serde(transparent)]
+        #[serde(try_from = "i64", into = "i64")]
         pub struct $name(i64);
 
         impl $name {
-            pub const fn new(id: i64) -> Self {
-                Self(id)
+            /// The id numbered `raw`; `None` unless `raw` is positive.
+            pub const fn new(raw: i64) -> Option<Self> {
+                if raw > 0 {
+                    Some(Self(raw))
+                } else {
+                    None
+                }
             }
 
             /// The number, for a query or a key.
             pub const fn get(self) -> i64 {
                 self.0
+            }
+        }
+
+        impl TryFrom<i64> for $name {
+            type Error = NotAnId;
+            fn try_from(raw: i64) -> Result<Self, NotAnId> {
+                Self::new(raw).ok_or(NotAnId(raw))
+            }
+        }
+
+        impl From<$name> for i64 {
+            fn from(id: $name) -> i64 {
+                id.get()
             }
         }
 
@@ -46,6 +68,11 @@ id_type!(
     /// A buyer, as their signed token names them.
     UserId
 );
+
+/// A number that is not a voucher or user id: 0 or negative.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("an id is a positive integer, not {0}")]
+pub struct NotAnId(pub i64);
 
 /// 2022-01-01T00:00:00Z in unix seconds: second 0 of every order id.
 pub const EPOCH_UNIX: i64 = 1_640_995_200;
@@ -137,6 +164,32 @@ pub fn parse_positive(s: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_positive_only() {
+        for bad in [0, -1, -42, i64::MIN] {
+            assert_eq!(VoucherId::new(bad), None, "{bad}");
+            assert_eq!(UserId::new(bad), None, "{bad}");
+            assert_eq!(VoucherId::try_from(bad), Err(NotAnId(bad)));
+            assert_eq!(UserId::try_from(bad), Err(NotAnId(bad)));
+        }
+        for good in [1, 42, i64::MAX] {
+            assert_eq!(VoucherId::new(good).map(VoucherId::get), Some(good));
+            assert_eq!(UserId::new(good).map(UserId::get), Some(good));
+            assert_eq!(UserId::try_from(good).map(i64::from), Ok(good));
+        }
+    }
+
+    #[test]
+    fn ids_in_json_are_plain_positive_numbers() {
+        let id = VoucherId::new(7).unwrap();
+        assert_eq!(serde_json::to_string(&id).unwrap(), "7");
+        assert_eq!(serde_json::from_str::<VoucherId>("7").unwrap(), id);
+        for bad in ["0", "-7"] {
+            assert!(serde_json::from_str::<VoucherId>(bad).is_err(), "{bad}");
+            assert!(serde_json::from_str::<UserId>(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn parts_round_trip() {

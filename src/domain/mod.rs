@@ -2,18 +2,23 @@
 //! users and orders ([`VoucherId`], [`UserId`], [`OrderId`]), a voucher
 //! and an order ([`Voucher`], [`Order`]), how a voucher sells and where an
 //! order stands ([`SaleMode`], [`OrderStatus`]), and how a purchase ended
-//! ([`Outcome`]), and the events of an order's changes ([`OrderEvent`]). `store` maps rows to them, `http` maps them to paths,
-//! statuses and JSON; this module depends on nothing of the crate.
+//! ([`Outcome`]), the events of an order's changes ([`OrderEvent`]), and
+//! the fencing token a purchase's lock hands to the sale ([`FencingToken`]).
+//! `store` maps rows to them, `http` maps them to paths, statuses and
+//! JSON; this module depends on nothing of the crate.
 
 mod events;
+mod fence;
 mod ids;
 mod outcome;
 mod records;
 mod states;
 
 pub use events::{EventId, EventType, NotAnEventId, OrderEvent, RefundDue};
+pub use fence::FencingToken;
 pub use ids::{
-    day_range, day_start, parse_positive, NotAnOrderId, OrderId, UserId, VoucherId, EPOCH_UNIX,
+    day_range, day_start, parse_positive, NotAnId, NotAnOrderId, OrderId, UserId, VoucherId,
+    EPOCH_UNIX,
 };
 pub use outcome::Outcome;
 pub use records::{NewVoucher, Order, OrderLine, StockLevel, Voucher, VoucherTerms};

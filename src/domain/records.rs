@@ -42,7 +42,7 @@ impl Voucher {
     pub(crate) fn on_sale(id: i64, level: StockLevel) -> Self {
         let begin_time = Utc::now();
         Self {
-            id: VoucherId::new(id),
+            id: VoucherId::new(id).unwrap(),
             terms: VoucherTerms {
                 title: format!("voucher {id}"),
                 begin_time,

@@ -169,13 +169,13 @@ impl<S: Send + Sync> FromRequestParts<S> for VoucherIdPath {
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let raw = path_segment(parts, state).await?;
-        voucher_id(&raw).map(|id| Self(VoucherId::new(id)))
+        voucher_id(&raw).map(Self)
     }
 }
 
 /// A voucher id as it stands in a path, or the `bad_request` that says why not.
-pub fn voucher_id(raw: &str) -> Result<i64, ApiError> {
-    parse_positive(raw).ok_or_else(|| {
+pub fn voucher_id(raw: &str) -> Result<VoucherId, ApiError> {
+    parse_positive(raw).and_then(VoucherId::new).ok_or_else(|| {
         ApiError::BadRequest(format!("voucher id {raw:?} is not a positive integer"))
     })
 }

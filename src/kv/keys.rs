@@ -138,8 +138,8 @@ mod tests {
     #[test]
     fn the_keys_one_script_touches_share_a_hash_tag_and_the_prefix() {
         let keys = Keys::new("p:ns:");
-        let sale = keys.async_sale(VoucherId::new(42));
-        let room = keys.room(VoucherId::new(42));
+        let sale = keys.async_sale(VoucherId::new(42).unwrap());
+        let room = keys.room(VoucherId::new(42).unwrap());
         for key in [
             &sale.sale,
             &sale.buyers,
@@ -157,9 +157,12 @@ mod tests {
         // The layout the API tests and the guide name.
         assert_eq!(sale.orders_per_user, "p:ns:async:{42}:orders_per_user");
         assert_eq!(room.admitted, "p:ns:room:{42}:admitted");
-        assert_eq!(keys.sold_out(VoucherId::new(7)), "p:ns:seckill:soldout:7");
         assert_eq!(
-            Keys::user_lock(VoucherId::new(7), UserId::new(9)),
+            keys.sold_out(VoucherId::new(7).unwrap()),
+            "p:ns:seckill:soldout:7"
+        );
+        assert_eq!(
+            Keys::user_lock(VoucherId::new(7).unwrap(), UserId::new(9).unwrap()),
             "order:7:9"
         );
     }

@@ -24,7 +24,7 @@ use super::metric;
 use super::soldout::SoldOutFlags;
 use super::user_lock::{UserGuard, UserLocks};
 use super::workers::{Background, Queue, Workers};
-use crate::domain::{day_range, OrderId, UserId, VoucherId};
+use crate::domain::{day_range, FencingToken, OrderId, UserId, VoucherId};
 use crate::domain::{StockLevel, Voucher};
 use crate::id::IdGenerator;
 use crate::store::{BatchSale, Sale, SaleRequest, Store, StoreError};
@@ -55,7 +55,7 @@ pub(super) enum Outcome {
 struct Pending {
     voucher: Arc<Voucher>,
     user_id: UserId,
-    fence: Option<i64>,
+    fence: Option<FencingToken>,
     redraws: u8,
     reply: oneshot::Sender<Result<Outcome>>,
     /// The user's lock, given back (with the rest of its batch's, in one
@@ -618,8 +618,8 @@ mod tests {
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
             voucher: voucher.clone(),
-            user_id: UserId::new(user),
-            fence,
+            user_id: UserId::new(user).unwrap(),
+            fence: fence.map(FencingToken::new),
             redraws: 0,
             reply,
             guard: UserGuard::Unlocked,
@@ -698,7 +698,7 @@ mod tests {
         let requests = sale_requests(&batch, &ids, at);
         let carried: Vec<(i64, OrderId, Option<i64>)> = requests
             .iter()
-            .map(|r| (r.user_id.get(), r.order_id, r.fence))
+            .map(|r| (r.user_id.get(), r.order_id, r.fence.map(FencingToken::get)))
             .collect();
         assert_eq!(
             carried,

@@ -133,8 +133,8 @@ mod tests {
 
     fn ids(voucher: i64, user: i64, order: i64) -> (VoucherId, UserId, OrderId) {
         (
-            VoucherId::new(voucher),
-            UserId::new(user),
+            VoucherId::new(voucher).unwrap(),
+            UserId::new(user).unwrap(),
             OrderId::from_stored(order).unwrap(),
         )
     }
@@ -153,6 +153,6 @@ mod tests {
         assert_eq!(holders.holder(v, u), Some(second));
         holders.let_go(v, u, second);
         assert_eq!(holders.holder(v, u), None);
-        assert_eq!(holders.holder(VoucherId::new(2), u), None);
+        assert_eq!(holders.holder(VoucherId::new(2).unwrap(), u), None);
     }
 }

@@ -73,22 +73,24 @@ mod tests {
     fn one_purchase_per_user_and_voucher_at_a_time() {
         let set = InFlight::default();
         let first = set
-            .enter(UserId::new(7), VoucherId::new(1))
+            .enter(UserId::new(7).unwrap(), VoucherId::new(1).unwrap())
             .expect("the first is in");
         assert!(
-            set.enter(UserId::new(7), VoucherId::new(1)).is_none(),
+            set.enter(UserId::new(7).unwrap(), VoucherId::new(1).unwrap())
+                .is_none(),
             "a duplicate is refused"
         );
         // Another voucher of the same user, another user of the voucher.
         let other_voucher = set
-            .enter(UserId::new(7), VoucherId::new(2))
+            .enter(UserId::new(7).unwrap(), VoucherId::new(2).unwrap())
             .expect("another voucher");
         let other_user = set
-            .enter(UserId::new(8), VoucherId::new(1))
+            .enter(UserId::new(8).unwrap(), VoucherId::new(1).unwrap())
             .expect("another user");
         drop(first);
         assert!(
-            set.enter(UserId::new(7), VoucherId::new(1)).is_some(),
+            set.enter(UserId::new(7).unwrap(), VoucherId::new(1).unwrap())
+                .is_some(),
             "free again once it ended"
         );
         drop((other_voucher, other_user));

@@ -282,8 +282,8 @@ mod tests {
         let created_at = Utc::now();
         Order {
             id: OrderId::from_parts(100_000, 1).unwrap(),
-            user_id: UserId::new(9),
-            voucher_id: VoucherId::new(7),
+            user_id: UserId::new(9).unwrap(),
+            voucher_id: VoucherId::new(7).unwrap(),
             created_at,
             status,
             pay_by: Some(created_at + chrono::Duration::minutes(15)),

@@ -205,7 +205,7 @@ mod tests {
 
     #[test]
     fn an_open_read_is_trusted_less_than_a_sold_out_one_and_a_new_read_by_what_it_says() {
-        let key = (VoucherId::new(1), 100);
+        let key = (VoucherId::new(1).unwrap(), 100);
         let now = Instant::now();
         let open = Trust.expire_after_create(&key, &false, now).unwrap();
         let sold_out = Trust.expire_after_create(&key, &true, now).unwrap();

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::SeckillError;
 use super::metric;
 use super::workers::{Background, Queue, Unanswered, Workers};
-use crate::domain::{UserId, VoucherId};
+use crate::domain::{FencingToken, UserId, VoucherId};
 use crate::kv::Keys;
 
 /// Most locks one gathered call takes.
@@ -134,12 +134,12 @@ impl UserLocks {
 }
 
 impl UserGuard {
-    /// The hold's fencing token (see `lock::LockGuard::fence`); none
-    /// without a lock.
-    pub fn fence(&self) -> Option<i64> {
+    /// The hold's fencing token (see `lock::LockGuard::fence`), wrapped as
+    /// the service's own; none without a lock.
+    pub fn fence(&self) -> Option<FencingToken> {
         match self {
-            Self::Single(guard) => Some(guard.fence()),
-            Self::RedLock(guard) => Some(guard.fence()),
+            Self::Single(guard) => Some(FencingToken::new(guard.fence())),
+            Self::RedLock(guard) => Some(FencingToken::new(guard.fence())),
             Self::Unlocked => None,
         }
     }
@@ -333,7 +333,7 @@ mod tests {
 
     #[test]
     fn every_purchase_of_a_user_and_voucher_takes_one_lock_under_its_own_owner() {
-        let (voucher, user) = (VoucherId::new(7), UserId::new(9));
+        let (voucher, user) = (VoucherId::new(7).unwrap(), UserId::new(9).unwrap());
         let (lock, first) = lock_of(voucher, user, 1);
         let (same_lock, second) = lock_of(voucher, user, 2);
         // One lock, so one fencing counter: a newer hold of it has the
@@ -341,14 +341,14 @@ mod tests {
         assert_eq!(lock, same_lock);
         assert_ne!(first, second);
         // Another voucher of the user, or another user: another lock.
-        assert_ne!(lock_of(VoucherId::new(8), user, 1).0, lock);
-        assert_ne!(lock_of(voucher, UserId::new(10), 1).0, lock);
+        assert_ne!(lock_of(VoucherId::new(8).unwrap(), user, 1).0, lock);
+        assert_ne!(lock_of(voucher, UserId::new(10).unwrap(), 1).0, lock);
     }
 
     #[tokio::test]
     async fn with_the_locks_off_every_purchase_goes_on_unfenced() {
         let locks = UserLocks::Off;
-        let (voucher, user) = (VoucherId::new(7), UserId::new(9));
+        let (voucher, user) = (VoucherId::new(7).unwrap(), UserId::new(9).unwrap());
         let lease = Duration::from_secs(5);
         let mut guards = Vec::new();
         for purchase in [1, 2] {

@@ -267,23 +267,23 @@ mod tests {
             let handle = Arc::new(AtomicUsize::new(0));
             (handle, async move { stop.cancelled().await })
         };
-        let a = workers.get_or_start(VoucherId::new(1), |_| true, start);
-        let again = workers.get_or_start(VoucherId::new(1), |_| true, start);
+        let a = workers.get_or_start(VoucherId::new(1).unwrap(), |_| true, start);
+        let again = workers.get_or_start(VoucherId::new(1).unwrap(), |_| true, start);
         assert!(Arc::ptr_eq(&a, &again), "one worker per voucher");
-        workers.get_or_start(VoucherId::new(2), |_| true, start);
+        workers.get_or_start(VoucherId::new(2).unwrap(), |_| true, start);
         assert_eq!(started.load(Ordering::SeqCst), 2);
         // A worker that is not alive any more is replaced.
-        let replaced = workers.get_or_start(VoucherId::new(1), |_| false, start);
+        let replaced = workers.get_or_start(VoucherId::new(1).unwrap(), |_| false, start);
         assert!(!Arc::ptr_eq(&a, &replaced));
         assert_eq!(tasks.len(), 3);
 
         // Retiring decides under the lock: refused, then accepted.
-        assert!(!workers.retire_if(VoucherId::new(2), |_| false));
-        assert!(workers.get(VoucherId::new(2)).is_some());
-        assert!(workers.retire_if(VoucherId::new(2), |_| true));
-        assert!(workers.get(VoucherId::new(2)).is_none());
+        assert!(!workers.retire_if(VoucherId::new(2).unwrap(), |_| false));
+        assert!(workers.get(VoucherId::new(2).unwrap()).is_some());
+        assert!(workers.retire_if(VoucherId::new(2).unwrap(), |_| true));
+        assert!(workers.get(VoucherId::new(2).unwrap()).is_none());
         assert!(
-            !workers.retire_if(VoucherId::new(2), |_| true),
+            !workers.retire_if(VoucherId::new(2).unwrap(), |_| true),
             "nothing left to retire"
         );
 
@@ -304,7 +304,7 @@ mod tests {
         let handles: Vec<_> = (1..=4)
             .map(|v| {
                 workers.get_or_start(
-                    VoucherId::new(v),
+                    VoucherId::new(v).unwrap(),
                     |_| true,
                     |_| (Arc::new(AtomicUsize::new(0)), async {}),
                 )
@@ -320,7 +320,8 @@ mod tests {
         let told: Vec<usize> = handles.iter().map(|h| h.load(Ordering::SeqCst)).collect();
         assert_eq!(told, vec![1, 0, 1, 0]);
         assert!(
-            workers.get(VoucherId::new(1)).is_none() && workers.get(VoucherId::new(2)).is_some()
+            workers.get(VoucherId::new(1).unwrap()).is_none()
+                && workers.get(VoucherId::new(2).unwrap()).is_some()
         );
     }
 
@@ -346,14 +347,17 @@ mod tests {
         let ask = |voucher_id: VoucherId, within: Option<Duration>| {
             workers.ask(voucher_id, |reply| (21, reply), within, start(voucher_id))
         };
-        assert_eq!(ask(VoucherId::new(1), None).await, Ok(42));
+        assert_eq!(ask(VoucherId::new(1).unwrap(), None).await, Ok(42));
         assert_eq!(
-            ask(VoucherId::new(1), Some(Duration::from_secs(5))).await,
+            ask(VoucherId::new(1).unwrap(), Some(Duration::from_secs(5))).await,
             Ok(42)
         );
-        assert_eq!(ask(VoucherId::new(2), None).await, Err(Unanswered::Dropped));
         assert_eq!(
-            ask(VoucherId::new(3), Some(Duration::from_millis(20))).await,
+            ask(VoucherId::new(2).unwrap(), None).await,
+            Err(Unanswered::Dropped)
+        );
+        assert_eq!(
+            ask(VoucherId::new(3).unwrap(), Some(Duration::from_millis(20))).await,
             Err(Unanswered::Late)
         );
     }

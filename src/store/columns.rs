@@ -2,8 +2,7 @@
 //! words in `TEXT` columns, and the rows that make a [`Voucher`] (its
 //! [`VoucherTerms`] and [`StockLevel`]) and an [`Order`]. Each is decoded
 //! where it leaves Postgres, so that an unknown word or a non-positive
-//! order id is an error there rather than a silent fallback anywhere
-//! above.
+//! id is an error there rather than a silent fallback anywhere above.
 
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
@@ -46,8 +45,8 @@ macro_rules! id_column {
 }
 
 id_column!(
-    VoucherId => |id| Ok(VoucherId::new(id)),
-    UserId => |id| Ok(UserId::new(id)),
+    VoucherId => |id| Ok(VoucherId::try_from(id)?),
+    UserId => |id| Ok(UserId::try_from(id)?),
     OrderId => |id| OrderId::from_stored(id).ok_or_else(|| NotAnOrderId.into())
 );
 

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::FromRow;
 
 use super::{Result, Store, StoreError};
-use crate::domain::{OrderId, StockLevel, UserId, VoucherId};
+use crate::domain::{FencingToken, OrderId, StockLevel, UserId, VoucherId};
 
 /// One purchase in a batch: a user who holds their lock (with its fencing
 /// token) and the order id drawn for them; or, from an async sale's
@@ -18,7 +18,7 @@ use crate::domain::{OrderId, StockLevel, UserId, VoucherId};
 pub struct SaleRequest {
     pub order_id: OrderId,
     pub user_id: UserId,
-    pub fence: Option<i64>,
+    pub fence: Option<FencingToken>,
     pub at: DateTime<Utc>,
 }
 
@@ -202,7 +202,11 @@ impl Store {
     ) -> Result<BatchSale> {
         let order_ids: Vec<OrderId> = batch.iter().map(|r| r.order_id).collect();
         let user_ids: Vec<UserId> = batch.iter().map(|r| r.user_id).collect();
-        let fences: Vec<Option<i64>> = batch.iter().map(|r| r.fence).collect();
+        // The tokens as the numbers SQL compares.
+        let fences: Vec<Option<i64>> = batch
+            .iter()
+            .map(|r| r.fence.map(FencingToken::get))
+            .collect();
         let times: Vec<DateTime<Utc>> = batch.iter().map(|r| r.at).collect();
         let rows: Vec<Row> = self
             .sale

@@ -247,7 +247,7 @@ async fn entries_left_with_a_dead_consumer_are_claimed_and_written() {
     let voucher = app.open_async_voucher(1_000).await;
     let keyspace = app.keyspace().await;
     let stream = Keys::new(keyspace.as_str())
-        .async_sale(VoucherId::new(voucher))
+        .async_sale(VoucherId::new(voucher).unwrap())
         .orders;
     let mut conn = redis_conn(&redis.url()).await;
     let tokens = app.tokens(1..=400).await;
@@ -347,7 +347,7 @@ async fn an_instance_killed_mid_batch_loses_none_of_its_accepted_orders() {
     let voucher = app.open_async_voucher(500).await;
     let keyspace = app.keyspace().await;
     let stream = Keys::new(keyspace.as_str())
-        .async_sale(VoucherId::new(voucher))
+        .async_sale(VoucherId::new(voucher).unwrap())
         .orders;
     let mut conn = redis_conn(&redis_url()).await;
     let tokens = app.tokens(1..=500).await;
@@ -616,7 +616,7 @@ async fn a_sale_whose_loading_is_under_way_elsewhere_is_open_when_its_creation_i
     // dies without a word, so its mark expires after 300 ms.
     let next = before + 1;
     let reconciling = Keys::new(app.keyspace().await)
-        .async_sale(VoucherId::new(next))
+        .async_sale(VoucherId::new(next).unwrap())
         .reconciling;
     let mut conn = redis_conn(&redis_url()).await;
     let _: () = redis::cmd("SET")

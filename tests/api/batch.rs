@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use seckill::domain::{OrderId, UserId, VoucherId};
+use seckill::domain::{FencingToken, OrderId, UserId, VoucherId};
 use seckill::store::{Sale, SaleRequest, Store};
 use tokio::task::JoinSet;
 
@@ -44,8 +44,8 @@ fn requests(users: impl IntoIterator<Item = i64>, first_id: i64) -> Vec<SaleRequ
         .enumerate()
         .map(|(i, user_id)| SaleRequest {
             order_id: order(first_id + i as i64),
-            user_id: UserId::new(user_id),
-            fence: Some(1_000),
+            user_id: UserId::new(user_id).unwrap(),
+            fence: Some(FencingToken::new(1_000)),
             at: chrono::Utc::now(),
         })
         .collect()
@@ -57,7 +57,7 @@ async fn a_batch_larger_than_the_stock_sells_the_stock_first_come_first_served()
     let voucher = app.open_voucher(3).await;
     let sold = store(&app)
         .sell_batch(
-            VoucherId::new(voucher),
+            VoucherId::new(voucher).unwrap(),
             3,
             &requests([5, 4, 3, 2, 1], 1 << 40),
         )
@@ -87,7 +87,7 @@ async fn a_batch_larger_than_the_stock_sells_the_stock_first_come_first_served()
 
     // Sold out: nothing decremented, nothing to report as the stock.
     let after = store(&app)
-        .sell_batch(VoucherId::new(voucher), 3, &requests([6], 2 << 40))
+        .sell_batch(VoucherId::new(voucher).unwrap(), 3, &requests([6], 2 << 40))
         .await
         .unwrap();
     assert_eq!(after.sales, [Sale::SoldOut]);
@@ -101,15 +101,15 @@ async fn a_batch_answers_holders_stale_fences_and_taken_ids_each_on_its_own() {
     let store = store(&app);
     // User 1 buys first; user 2's lock has moved on to token 5,000.
     let first = store
-        .sell_batch(VoucherId::new(voucher), 3, &requests([1], 7 << 40))
+        .sell_batch(VoucherId::new(voucher).unwrap(), 3, &requests([1], 7 << 40))
         .await
         .unwrap();
     assert_eq!(first.sales, [Sale::Sold]);
     let mut fresh = requests([2], 8 << 40);
-    fresh[0].fence = Some(5_000);
+    fresh[0].fence = Some(FencingToken::new(5_000));
     assert_eq!(
         store
-            .sell_batch(VoucherId::new(voucher), 3, &fresh)
+            .sell_batch(VoucherId::new(voucher).unwrap(), 3, &fresh)
             .await
             .unwrap()
             .sales,
@@ -119,10 +119,10 @@ async fn a_batch_answers_holders_stale_fences_and_taken_ids_each_on_its_own() {
     // One batch: user 1 again, user 2 with a stale token, user 3 under an
     // id that is taken, user 4 as it should be.
     let mut batch = requests([1, 2, 3, 4], 9 << 40);
-    batch[1].fence = Some(4_000);
+    batch[1].fence = Some(FencingToken::new(4_000));
     batch[2].order_id = order(7 << 40);
     let sold = store
-        .sell_batch(VoucherId::new(voucher), 3, &batch)
+        .sell_batch(VoucherId::new(voucher).unwrap(), 3, &batch)
         .await
         .unwrap();
     assert_eq!(

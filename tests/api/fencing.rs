@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis_locks::{Acquired, Lock, LockClient, LockGuard};
 use reqwest::StatusCode;
-use seckill::domain::{OrderId, UserId, VoucherId};
+use seckill::domain::{FencingToken, OrderId, UserId, VoucherId};
 use seckill::id::IdGenerator;
 use seckill::kv::Kv;
 use seckill::store::{Sale, SaleRequest, Store};
@@ -41,7 +41,11 @@ impl Holders {
             keyspace.clone(),
         );
         let locks = LockClient::new(client, keyspace);
-        let (name, _) = seckill::seckill::lock_of(VoucherId::new(voucher), UserId::new(user), 0);
+        let (name, _) = seckill::seckill::lock_of(
+            VoucherId::new(voucher).unwrap(),
+            UserId::new(user).unwrap(),
+            0,
+        );
         let lock = locks.lock(&name);
         Self {
             store: Store::from_pool(app.db.clone(), Duration::from_secs(5)),
@@ -63,11 +67,11 @@ impl Holders {
         let order_id = self.ids.next_id().await.unwrap();
         let request = SaleRequest {
             order_id,
-            user_id: UserId::new(self.user),
-            fence: Some(fence),
+            user_id: UserId::new(self.user).unwrap(),
+            fence: Some(FencingToken::new(fence)),
             at: chrono::Utc::now(),
         };
-        let target = VoucherId::new(target);
+        let target = VoucherId::new(target).unwrap();
         let sold = self.store.sell_batch(target, 3, &[request]).await.unwrap();
         (order_id, sold.sales[0])
     }

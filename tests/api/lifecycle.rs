@@ -515,7 +515,7 @@ async fn an_async_sale_gives_a_cancelled_unit_back_to_redis_once_even_across_a_r
     // a cancel's return is on its way to it.
     let keyspace = app.keyspace().await;
     let sale_key = seckill::kv::Keys::new(keyspace.as_str())
-        .async_sale(seckill::domain::VoucherId::new(voucher))
+        .async_sale(seckill::domain::VoucherId::new(voucher).unwrap())
         .sale;
     let client = redis::Client::open(redis_url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();

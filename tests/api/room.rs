@@ -266,7 +266,7 @@ async fn a_room_that_asks_for_proof_of_work_admits_only_solved_joins() {
         "{body}"
     );
     let proof_holds = |voucher, user, nonce: &str| {
-        let (voucher, user) = (VoucherId::new(voucher), UserId::new(user));
+        let (voucher, user) = (VoucherId::new(voucher).unwrap(), UserId::new(user).unwrap());
         seckill::seckill::proof_holds(voucher, user, nonce, bits)
     };
     let solved = (0u64..)

@@ -64,10 +64,12 @@ pub(super) async fn proof_check(
         }),
     )
     .await?;
-    let (own, other) =
-        tokio::task::spawn_blocking(move || (solve(voucher, 1, bits).0, solve(voucher, 2, bits).0))
-            .await
-            .map_err(|e| e.to_string())?;
+    let room = voucher_id(voucher)?;
+    let (own, other) = tokio::task::spawn_blocking(move || {
+        (solve(room, user(0), bits).0, solve(room, user(1), bits).0)
+    })
+    .await
+    .map_err(|e| e.to_string())?;
     let http = reqwest::Client::new();
     let join = |nonce: Option<String>| {
         let mut request = http
@@ -98,7 +100,7 @@ pub(super) async fn proof_check(
     let without = join(None).await;
     // Another user's solution solves this user's challenge once in 2^bits:
     // only one that does not is expected to be refused.
-    let others = if proof_holds(VoucherId::new(voucher), UserId::new(1), &other, bits) {
+    let others = if proof_holds(room, user(0), &other, bits) {
         None
     } else {
         Some(join(Some(other)).await)
@@ -112,14 +114,29 @@ pub(super) async fn proof_check(
     })
 }
 
+/// The id of the room's voucher, as the service answered it.
+fn voucher_id(voucher: i64) -> Result<VoucherId, String> {
+    VoucherId::new(voucher).ok_or_else(|| format!("voucher id {voucher} is not positive"))
+}
+
+/// The user after `n` others: the driver's users count from 1 (user 1
+/// holds the first token).
+fn user(n: u64) -> UserId {
+    i64::try_from(n)
+        .ok()
+        .and_then(|n| n.checked_add(1))
+        .and_then(UserId::new)
+        .expect("fewer users than i64::MAX")
+}
+
 /// The first nonce (counting up from 0) that solves `user`'s challenge,
 /// and how many were hashed.
-fn solve(voucher: i64, user: i64, bits: u32) -> (String, u64) {
+fn solve(voucher: VoucherId, user: UserId, bits: u32) -> (String, u64) {
     let mut nonce = String::new();
     for n in 0_u64.. {
         nonce.clear();
         nonce.push_str(&n.to_string());
-        if proof_holds(VoucherId::new(voucher), UserId::new(user), &nonce, bits) {
+        if proof_holds(voucher, user, &nonce, bits) {
             return (nonce, n + 1);
         }
     }
@@ -137,6 +154,7 @@ pub(super) async fn proof_table(
     seconds: f64,
 ) -> Result<Vec<Proof>, String> {
     let bits = bits.to_vec();
+    let voucher = voucher_id(voucher)?;
     tokio::task::spawn_blocking(move || {
         bits.iter()
             .map(|&bits| {
@@ -145,7 +163,7 @@ pub(super) async fn proof_table(
                 let (mut solved, mut hashes, mut max_ms) = (0_u64, 0_u64, 0.0_f64);
                 while solved == 0 || (clock.elapsed() < budget && solved < MAX_SOLVES) {
                     let one = Instant::now();
-                    hashes += solve(voucher, solved as i64 + 1, bits).1;
+                    hashes += solve(voucher, user(solved), bits).1;
                     max_ms = max_ms.max(one.elapsed().as_secs_f64() * 1e3);
                     solved += 1;
                 }

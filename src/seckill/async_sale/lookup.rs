@@ -38,7 +38,7 @@ impl PendingLookup {
         else {
             return None;
         };
-        Some(Self::new(VoucherId::new(v), UserId::new(u), ms))
+        Some(Self::new(VoucherId::new(v)?, UserId::new(u)?, ms))
     }
 
     /// The order it stands for, as `GET /orders/{id}` shows it.
@@ -62,7 +62,11 @@ mod tests {
 
     #[test]
     fn a_lookup_reads_back_what_was_written_and_nothing_else() {
-        let lookup = PendingLookup::new(VoucherId::new(7), UserId::new(9), 1_700_000_000_123);
+        let lookup = PendingLookup::new(
+            VoucherId::new(7).unwrap(),
+            UserId::new(9).unwrap(),
+            1_700_000_000_123,
+        );
         assert_eq!(lookup.encode(), "7:9:1700000000123");
         assert_eq!(PendingLookup::decode(&lookup.encode()), Some(lookup));
         for bad in ["", "7:9", "7:9:x", "7:-9:1", "7:9:1:2", "7::1"] {

@@ -232,7 +232,7 @@ impl AsyncSales {
             .iter()
             .filter_map(|entry| {
                 let order = OrderId::from_stored(entry.get("order")?)?;
-                Some((order, UserId::new(entry.get("user")?)))
+                Some((order, UserId::new(entry.get("user")?)?))
             })
             .collect())
     }

@@ -413,8 +413,14 @@ mod tests {
     fn a_proof_holds_with_enough_zero_bits_for_its_own_user_and_voucher() {
         assert_eq!(leading_zero_bits(&[0, 0, 0x1f, 0xff]), 19);
         assert_eq!(leading_zero_bits(&[0x80]), 0);
-        let holds =
-            |v, u, nonce: &str, bits| proof_holds(VoucherId::new(v), UserId::new(u), nonce, bits);
+        let holds = |v, u, nonce: &str, bits| {
+            proof_holds(
+                VoucherId::new(v).unwrap(),
+                UserId::new(u).unwrap(),
+                nonce,
+                bits,
+            )
+        };
         let bits = 12;
         let nonce = (0u64..)
             .map(|n| n.to_string())
@@ -438,7 +444,8 @@ mod tests {
     #[tokio::test]
     async fn only_an_admitted_ticket_of_this_user_and_voucher_in_its_window_buys() {
         let rooms = rooms();
-        let (v, u) = (VoucherId::new, UserId::new);
+        let v = |id| VoucherId::new(id).unwrap();
+        let u = |id| UserId::new(id).unwrap();
         let now = Utc::now();
         let until = now.timestamp_millis() + 5_000;
         let admitted = rooms.sign(&Ticket {

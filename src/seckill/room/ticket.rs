@@ -81,8 +81,8 @@ impl Rooms {
         let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
         self.mac(payload).verify_slice(&signature).ok()?;
         Some(Ticket {
-            voucher_id: VoucherId::new(parse_positive(v)?),
-            user_id: UserId::new(parse_positive(u)?),
+            voucher_id: parse_positive(v).and_then(VoucherId::new)?,
+            user_id: parse_positive(u).and_then(UserId::new)?,
             place: whole_or_zero(p)?,
             admitted_until_ms: whole_or_zero(a)?,
             expires_unix: parse_positive(e)?,

@@ -89,7 +89,7 @@ pub(super) fn parse(id: &StreamId) -> Parsed {
     let number = |name: &str| id.get::<i64>(name);
     let fields = || {
         let order_id = OrderId::from_stored(number("order")?)?;
-        let user_id = number("user").filter(|u| *u > 0).map(UserId::new)?;
+        let user_id = UserId::new(number("user")?)?;
         Some((order_id, user_id, number("at")?))
     };
     match fields() {
@@ -247,7 +247,7 @@ mod tests {
         Entry {
             stream_id: format!("{order_id}-0"),
             order_id: order(order_id),
-            user_id: UserId::new(user_id),
+            user_id: UserId::new(user_id).unwrap(),
             at_ms: 0,
         }
     }
@@ -313,7 +313,7 @@ mod tests {
         let e = parse(&good).unwrap();
         assert_eq!(
             (e.order_id, e.user_id, e.at_ms),
-            (order(42), UserId::new(7), 1000)
+            (order(42), UserId::new(7).unwrap(), 1000)
         );
         let bad = StreamId {
             id: "2-0".into(),
