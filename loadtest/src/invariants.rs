@@ -8,9 +8,7 @@ use std::ops::RangeInclusive;
 use crate::api::{Admin, Stats};
 use crate::drive::{answers_where, Tally};
 use crate::service::Target;
-
-/// 2022-01-01T00:00:00Z: second 0 of every order id.
-const ORDER_ID_EPOCH: i64 = 1_640_995_200;
+use seckill::domain::OrderId;
 
 /// What a run saw, to be judged.
 pub struct Observed<'a> {
@@ -77,12 +75,12 @@ pub fn judge(o: &Observed) -> Check {
         problems.push("order ids repeat".into());
     }
     for (id, _) in o.orders {
-        let Ok(raw) = id.parse::<u64>() else {
-            problems.push(format!("order id {id} is not a decimal u64"));
+        let Ok(parsed) = id.parse::<OrderId>() else {
+            problems.push(format!("order id {id} is not an order id"));
             continue;
         };
-        let second = (raw >> 32) as i64 + ORDER_ID_EPOCH;
-        if !o.id_seconds.contains(&second) || raw & 0xFFFF_FFFF == 0 {
+        let second = parsed.drawn_at().timestamp();
+        if !o.id_seconds.contains(&second) || parsed.sequence() == 0 {
             problems.push(format!(
                 "order id {id} does not carry this run's time and a counter"
             ));
@@ -190,7 +188,9 @@ mod tests {
     const NOW: i64 = 1_800_000_000;
 
     fn id(second: i64, sequence: u64) -> String {
-        ((((second - ORDER_ID_EPOCH) as u64) << 32) | sequence).to_string()
+        OrderId::from_parts(second - seckill::domain::EPOCH_UNIX, sequence)
+            .expect("an id in range")
+            .to_string()
     }
 
     /// A clean run: 3 units, 3 buyers, every 200 an order.

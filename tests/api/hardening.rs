@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use reqwest::StatusCode;
+use seckill::domain::OrderId;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -153,7 +154,7 @@ async fn a_counter_lost_within_the_second_is_raised_past_the_ids_taken() {
             let (status, code) = buy(&app.client, &app.base, &tokens[&next_user], voucher).await;
             next_user += 1;
             assert_eq!(status, StatusCode::OK, "{code}");
-            first_ids.push(code.trim_start_matches("ok:").parse::<i64>().unwrap());
+            first_ids.push(code.trim_start_matches("ok:").parse::<OrderId>().unwrap());
         }
         redis.stop();
         redis.restart();
@@ -162,12 +163,13 @@ async fn a_counter_lost_within_the_second_is_raised_past_the_ids_taken() {
         next_user += 1;
         let answer = buy(&app.client, &app.base, &tokens[&user], voucher).await;
         assert_eq!(answer.0, StatusCode::OK, "{answer:?}");
-        let id: i64 = answer.1.trim_start_matches("ok:").parse().unwrap();
-        if id >> 32 != first_ids[0] >> 32 || first_ids.iter().any(|f| f >> 32 != id >> 32) {
+        let id: OrderId = answer.1.trim_start_matches("ok:").parse().unwrap();
+        let second = id.seconds_since_epoch();
+        if first_ids.iter().any(|f| f.seconds_since_epoch() != second) {
             continue;
         }
         assert!(
-            (id & 0xFFFF_FFFF) > 8,
+            id.sequence() > 8,
             "the counter counts on past the ids taken in that second"
         );
         assert_eq!(app.check_invariants(voucher).await, next_user - 1);

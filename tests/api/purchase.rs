@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use reqwest::StatusCode;
-use seckill::domain::EPOCH_UNIX;
+use seckill::domain::OrderId;
 use serde_json::Value;
 
 use crate::helpers::{buy, crowd, spawn_app, spawn_app_with, ADMIN_TOKEN};
@@ -145,13 +145,13 @@ async fn order_ids_carry_the_creation_second_and_orders_can_be_read_back() {
     let (status, answer) = buy(&app.client, &app.base, &tokens[&1], voucher).await;
     let after = Utc::now().timestamp();
     assert_eq!(status, StatusCode::OK);
-    let order_id: i64 = answer.strip_prefix("ok:").unwrap().parse().unwrap();
-    let second = (order_id >> 32) + EPOCH_UNIX;
+    let order_id: OrderId = answer.strip_prefix("ok:").unwrap().parse().unwrap();
+    let second = order_id.drawn_at().timestamp();
     assert!(
         (before - 1..=after + 1).contains(&second),
         "id second {second} not in [{before}, {after}]"
     );
-    assert!(order_id & 0xFFFF_FFFF >= 1);
+    assert!(order_id.sequence() >= 1);
 
     let get = |token: &str| {
         app.client
