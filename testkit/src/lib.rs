@@ -9,6 +9,7 @@
 //! the service.
 
 mod front;
+pub mod ha;
 mod shop;
 
 pub use front::Front;

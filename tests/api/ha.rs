@@ -6,8 +6,6 @@
 //! resumes by itself, and the failover costs answers 503, never a 500.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -15,6 +13,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use seckill::token::TokenSigner;
 use sqlx::{Connection, PgConnection, PgPool};
+use testkit::ha::Cluster;
 use tokio::sync::MutexGuard;
 use tokio::task::JoinSet;
 
@@ -36,86 +35,24 @@ const AFTER: Duration = Duration::from_secs(1);
 /// Bound on the wait for the sale to resume after the disruption.
 const RESUME_BOUND: Duration = Duration::from_secs(40);
 
-/// Names of the tests' clusters in the temp directory: `<prefix><id>`
-/// holds one, `<prefix><id>.pid` the id of the test process that owns it.
-const CLUSTER_PREFIX: &str = "seckill-ha-test-";
-
-/// A cluster brought up by `scripts/ha.sh up` in a directory of its own;
-/// `scripts/ha.sh down` stops it and removes the directory when dropped,
-/// whatever the test did. The directory is in the temp directory, not
-/// target/: run as root, Postgres runs as the `postgres` user, which may
-/// not reach into where the repository was cloned.
-struct Cluster {
-    dir: PathBuf,
-    /// haproxy's address as a URL without a database name.
-    server: String,
+/// What the tests do with their cluster (`testkit::ha`): a command that
+/// must succeed, and a pool on the primary.
+trait Drive {
+    async fn run_ok(&self, command: &'static str);
+    async fn primary(&self, database: &str) -> (PgPool, i32);
 }
 
-impl Cluster {
-    fn up() -> Self {
-        stop_abandoned_clusters();
-        let name = format!(
-            "{CLUSTER_PREFIX}{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        );
-        let dir = std::env::temp_dir().join(&name);
-        std::fs::write(
-            std::env::temp_dir().join(format!("{name}.pid")),
-            std::process::id().to_string(),
-        )
-        .unwrap();
-        // Owned before `up` runs: a failed start is stopped by Drop too.
-        let mut cluster = Self {
-            dir,
-            server: String::new(),
-        };
-        let out = cluster.script("up");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "scripts/ha.sh up failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let url = stdout
-            .lines()
-            .find_map(|line| line.strip_prefix("DATABASE_URL="))
-            .expect("scripts/ha.sh up prints DATABASE_URL=");
-        cluster.server = url
-            .rsplit_once('/')
-            .expect("a URL with a database")
-            .0
-            .into();
-        cluster
-    }
-
-    fn script(&self, command: &str) -> Output {
-        ha_script(&self.dir, command)
-    }
-
+impl Drive for Arc<Cluster> {
     /// `scripts/ha.sh <command>` on a blocking thread; fails the test
     /// unless it succeeded.
-    async fn run(self: &Arc<Self>, command: &'static str) {
+    async fn run_ok(&self, command: &'static str) {
         let cluster = self.clone();
-        let out = tokio::task::spawn_blocking(move || cluster.script(command))
+        let done = tokio::task::spawn_blocking(move || cluster.run(command))
             .await
             .unwrap();
-        assert!(
-            out.status.success(),
-            "scripts/ha.sh {command} failed:\n{}{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            self.status()
-        );
-    }
-
-    /// `patronictl list`, for the messages of failures.
-    fn status(&self) -> String {
-        let out = self.script("status");
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
+        if let Err(failed) = done {
+            panic!("{failed}\n{}", self.status());
+        }
     }
 
     /// A pool on `database` through haproxy, once haproxy leads to a
@@ -143,60 +80,13 @@ impl Cluster {
     }
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let out = self.script("down");
-        if out.status.success() {
-            let _ = std::fs::remove_file(self.dir.with_extension("pid"));
-        } else {
-            eprintln!(
-                "scripts/ha.sh down failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    }
-}
-
-/// `scripts/ha.sh <command>` with `HA_DIR=dir`.
-fn ha_script(dir: &Path, command: &str) -> Output {
-    Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/ha.sh"))
-        .arg(command)
-        .env("HA_DIR", dir)
-        .output()
-        .expect("bash runs scripts/ha.sh")
-}
-
-/// Stops the clusters of earlier test processes that died before their
-/// `Drop` ran (killed, interrupted): left alone, each would keep three
-/// Patroni loops and Postgres servers running on the machine.
-fn stop_abandoned_clusters() {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with(CLUSTER_PREFIX) || !name.ends_with(".pid") {
-            continue;
-        }
-        let owner = std::fs::read_to_string(&path).unwrap_or_default();
-        if Path::new("/proc").join(owner.trim()).exists() {
-            continue;
-        }
-        if ha_script(&path.with_extension(""), "down").status.success() {
-            let _ = std::fs::remove_file(&path);
-        }
-    }
-}
-
 /// An app whose Postgres is the cluster, reached through haproxy.
 ///
 /// `spawn_app_with` opens the test's own pool on the shared server under
 /// the fresh database's name; an empty database of that name there lets
 /// it, and its `Drop` removes it. The pool is then pointed at the cluster,
 /// so the checks (`check_invariants`) read what the service wrote.
-async fn spawn_app_on(cluster: &Cluster) -> TestApp {
+async fn spawn_app_on(cluster: &Arc<Cluster>) -> TestApp {
     let server = cluster.server.clone();
     let mut app = spawn_app_with(move |mut s| {
         let database = s.database_url.rsplit('/').next().unwrap().to_owned();
@@ -214,7 +104,8 @@ async fn spawn_app_on(cluster: &Cluster) -> TestApp {
 /// A fresh cluster, once no other test holds one, and an app on it.
 async fn cluster_and_app() -> (MutexGuard<'static, ()>, Arc<Cluster>, TestApp) {
     let one = ONE_CLUSTER.lock().await;
-    let cluster = Arc::new(tokio::task::spawn_blocking(Cluster::up).await.unwrap());
+    let cluster = tokio::task::spawn_blocking(Cluster::up).await.unwrap();
+    let cluster = Arc::new(cluster.expect("a Patroni cluster comes up"));
     let app = spawn_app_on(&cluster).await;
     (one, cluster, app)
 }
@@ -343,7 +234,7 @@ impl Sale {
         disruption: &'static str,
     ) -> (Instant, Instant) {
         let began = Instant::now();
-        cluster.run(disruption).await;
+        cluster.run_ok(disruption).await;
         let ended = Instant::now();
         self.disruption_ended.set(ended).unwrap();
         (began, ended)
@@ -551,7 +442,7 @@ async fn a_primary_killed_under_async_writers_loses_no_accepted_order() {
 
     let sale = Sale::start(&app, voucher, StatusCode::ACCEPTED);
     warm_up(&sale.committed, "the async sale accepted").await;
-    cluster.run("kill-primary").await;
+    cluster.run_ok("kill-primary").await;
     // Accepting on through the failover, long enough for a new leader.
     tokio::time::sleep(Duration::from_secs(8)).await;
     let purchases = sale.finish().await;

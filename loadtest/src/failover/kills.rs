@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::books::{books, per_kill};
-use super::cluster::Cluster;
 use super::crowd::{ids_of, stored_ids, Answer, Crowd};
 use super::{FailoverArgs, FailoverMode};
 use crate::api::Admin;
 use crate::service::Target;
+use testkit::ha::Cluster;
 
 /// One kill's figures.
 pub(super) struct Kill {

@@ -16,9 +16,9 @@ use serde_json::json;
 use crate::api::SaleMode;
 use crate::service::Target;
 use crate::TargetArgs;
-use cluster::Cluster;
 use kills::kills;
 use ratio::replication_price;
+use testkit::ha::Cluster;
 
 /// When the run began: progress lines say how far into it they are.
 static BEGAN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -35,7 +35,6 @@ macro_rules! say {
 }
 
 mod books;
-mod cluster;
 mod crowd;
 mod kills;
 mod ratio;
@@ -108,6 +107,7 @@ pub async fn run(target_args: &TargetArgs, args: &FailoverArgs) -> Result<bool, 
         .map_err(|e| e.to_string())??;
     say!("cluster up, haproxy at {}", cluster.server);
     let result = sale(&cluster, target_args, args).await;
+    say!("stopping the cluster");
     drop(cluster);
     result
 }
