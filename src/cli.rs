@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use crate::config::Settings;
 use crate::seckill::VoucherDraft;
 use crate::startup::{Application, Mount};
+use crate::telemetry::Chain;
 use chrono::{Duration, Utc};
 use clap::{Args, Parser, Subcommand};
 
@@ -115,7 +116,7 @@ pub async fn main_with<E: Extension>() -> ExitCode {
     match run(serve).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!(%error, "seckill stopped on an error");
+            tracing::error!(error = %Chain(&*error), "seckill stopped on an error");
             ExitCode::FAILURE
         }
     }
@@ -195,7 +196,7 @@ async fn demo(app: &Application) -> Result<(), Box<dyn Error>> {
 async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::error!(%error, "cannot listen for Ctrl-C");
+            tracing::error!(error = %Chain(&error), "cannot listen for Ctrl-C");
             std::future::pending::<()>().await;
         }
     };
@@ -206,7 +207,7 @@ async fn shutdown_signal() {
                 signal.recv().await;
             }
             Err(error) => {
-                tracing::error!(%error, "cannot listen for SIGTERM");
+                tracing::error!(error = %Chain(&error), "cannot listen for SIGTERM");
                 std::future::pending::<()>().await;
             }
         }

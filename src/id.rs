@@ -25,7 +25,7 @@ const DAY_KEY_TTL_SECS: u64 = 3 * 86_400;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdError {
-    #[error("the id counter: {0}")]
+    #[error("the order id counter failed")]
     Redis(#[from] KvError),
     #[error("the order id counter for {day} is exhausted (more than 2^32 - 1 ids today)")]
     Exhausted { day: String },

@@ -21,6 +21,7 @@ use crate::http::{self, AdminToken, AppParts, AppState, Limits, RouteClass};
 use crate::kv::{Kv, RedisTarget};
 use crate::seckill::{SaleClock, Seckill, SeckillSettings, UserLocks};
 use crate::store::{PoolSettings, Store, StoreError};
+use crate::telemetry::Chain;
 use crate::token::TokenSigner;
 use redis_locks::{LockClient, LockOptions, MultiNodeLocks, Quorum};
 
@@ -28,13 +29,13 @@ use redis_locks::{LockClient, LockOptions, MultiNodeLocks, Quorum};
 pub enum StartupError {
     #[error(transparent)]
     Settings(#[from] SettingsError),
-    #[error("Postgres: {0}")]
+    #[error("Postgres at start-up")]
     Store(#[from] StoreError),
-    #[error("Redis URL: {0}")]
+    #[error("REDIS_URL cannot be connected to")]
     RedisUrl(#[source] redis::RedisError),
-    #[error("REDIS_URL: {0}")]
+    #[error("REDIS_URL")]
     RedisTarget(#[from] crate::kv::BadRedisUrl),
-    #[error("SECKILL_JWT_JWKS: {0}")]
+    #[error("SECKILL_JWT_JWKS")]
     Jwks(#[from] crate::auth::JwksError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -247,7 +248,7 @@ impl Application {
                     .with_graceful_shutdown(stopped)
                     .await
                 {
-                    tracing::error!(%error, "the metrics address stopped serving");
+                    tracing::error!(error = %Chain(&error), "the metrics address stopped serving");
                 }
             });
         }

@@ -104,7 +104,7 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     /// Redis answered with an error or the connection broke mid-command.
-    #[error("Redis failed a lock command: {0}")]
+    #[error("Redis failed a lock command")]
     Redis(#[from] redis::RedisError),
     /// Too few nodes answered for a quorum: the lock's state is unknown.
     #[error("only {answered} of the {needed} lock nodes needed answered")]

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use super::AuthError;
 use crate::domain::{parse_positive, UserId};
 use crate::store::Store;
+use crate::telemetry::Chain;
 
 /// The largest numeric subject taken as an id: JavaScript clients read
 /// ids as doubles, exact up to here.
@@ -108,7 +109,7 @@ async fn record(
             .map(|user| (*user, issuer.clone(), user.get().to_string()))
             .collect();
         if let Err(error) = store.record_subjects(rows).await {
-            tracing::warn!(%error, users = batch.len(), "cannot record the JWT subjects of numeric users yet");
+            tracing::warn!(error = %Chain(&error), users = batch.len(), "cannot record the JWT subjects of numeric users yet");
             for user in &batch {
                 recorded.invalidate(user);
             }

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::{EventId, OrderEvent};
 use crate::store::{Store, StoreError};
+use crate::telemetry::Chain;
 pub use webhook::{signature, WebhookSettings, SIGNATURE_HEADER};
 
 /// Most events one feed page or the failed list gives.
@@ -121,7 +122,7 @@ async fn retain(store: Store, days: u32, acknowledged_only: bool, stop: Cancella
                     }
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "cannot delete old order events yet");
+                    tracing::warn!(error = %Chain(&error), "cannot delete old order events yet");
                     break;
                 }
             }

@@ -10,6 +10,7 @@ use axum::Json;
 use serde::Serialize;
 
 use crate::seckill::SeckillError;
+use crate::telemetry::Chain;
 
 /// Every error's body.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -81,7 +82,7 @@ impl From<crate::auth::AuthError> for ApiError {
         match error {
             A::Unauthorized(why) => Self::Unauthorized(why),
             A::Unavailable { dependency, detail } => {
-                Self::Seckill(SeckillError::Unavailable { dependency, detail })
+                Self::Seckill(SeckillError::unavailable(dependency, detail))
             }
         }
     }
@@ -153,13 +154,13 @@ impl ApiError {
     /// The body that tells the client this error.
     fn body(&self, code: ErrorCode) -> ErrorBody {
         let message = match self {
-            Self::Seckill(SeckillError::Internal(cause)) => {
+            Self::Seckill(error @ SeckillError::Internal(_)) => {
                 // Opaque to the client, whole in the log.
-                tracing::error!(cause = cause.chain(), "internal error");
+                tracing::error!(error = %Chain(error), "internal error");
                 "internal error".to_owned()
             }
-            Self::Seckill(SeckillError::Unavailable { dependency, detail }) => {
-                tracing::warn!(dependency, %detail, "dependency unavailable");
+            Self::Seckill(error @ SeckillError::Unavailable { dependency, .. }) => {
+                tracing::warn!(dependency, error = %Chain(error), "dependency unavailable");
                 format!("{dependency} is unavailable; retry shortly")
             }
             other => bounded(other.to_string()),

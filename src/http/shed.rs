@@ -35,6 +35,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
 use super::limit::RouteClass;
+use crate::telemetry::Chain;
 
 /// How requests rank when the instance must refuse some, least critical
 /// last.
@@ -230,7 +231,7 @@ async fn probe(shares: Weak<Shares>) {
     let (theirs, ours) = match std::os::unix::net::UnixStream::pair() {
         Ok(pair) => pair,
         Err(error) => {
-            tracing::warn!(%error, "no socket pair for the shedder's probe: shedding is off");
+            tracing::warn!(error = %Chain(&error), "no socket pair for the shedder's probe: shedding is off");
             return;
         }
     };
@@ -240,7 +241,7 @@ async fn probe(shares: Weak<Shares>) {
     {
         Ok(ours) => ours,
         Err(error) => {
-            tracing::warn!(%error, "the shedder's probe socket: shedding is off");
+            tracing::warn!(error = %Chain(&error), "the shedder's probe socket: shedding is off");
             return;
         }
     };
@@ -251,7 +252,7 @@ async fn probe(shares: Weak<Shares>) {
         .name("shed-probe".into())
         .spawn(move || write_probes(theirs, origin, &writer_sent_at));
     if let Err(error) = writer {
-        tracing::warn!(%error, "no thread for the shedder's probe: shedding is off");
+        tracing::warn!(error = %Chain(&error), "no thread for the shedder's probe: shedding is off");
         return;
     }
     let mut byte = [0u8; 64];

@@ -30,7 +30,7 @@ pub use stream::{Consumer, ConsumerState, Delivery};
 /// Redis failed a call, or did not answer within its deadline (a timeout
 /// error: `is_timeout()`).
 #[derive(Debug, thiserror::Error)]
-#[error("Redis: {0}")]
+#[error("Redis failed a command")]
 pub struct KvError(#[from] pub redis::RedisError);
 
 impl KvError {

@@ -28,6 +28,7 @@ use crate::domain::{day_range, FencingToken, OrderId, UserId, VoucherId};
 use crate::domain::{StockLevel, Voucher};
 use crate::id::IdGenerator;
 use crate::store::{BatchSale, Sale, SaleRequest, Store, StoreError};
+use crate::telemetry::Chain;
 
 /// A writer with nothing to do for this long stops (the next purchase of
 /// its voucher starts another).
@@ -494,7 +495,7 @@ async fn answer(inner: &Inner, answers: Vec<(Pending, Result<Outcome>)>) {
     let released = inner.deps.locks.unlock_all(guards).await;
     for ((voucher_id, user_id, reply, outcome), released) in replies.into_iter().zip(released) {
         if let Err(error) = released {
-            tracing::warn!(%user_id, %voucher_id, %error, "releasing the purchase lock failed");
+            tracing::warn!(%user_id, %voucher_id, error = %Chain(&error), "releasing the purchase lock failed");
         }
         let _ = reply.send(outcome);
     }

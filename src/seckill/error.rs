@@ -41,14 +41,20 @@ pub enum SeckillError {
     PaymentConflict,
     #[error("this user has ordered this voucher as often as it allows ({0})")]
     TooManyOrders(i32),
-    #[error("{dependency} is unavailable: {detail}")]
+    /// A dependency is away or slow (`503`); `source` says how it failed.
+    #[error("{dependency} is unavailable")]
     Unavailable {
         dependency: &'static str,
-        detail: String,
+        #[source]
+        source: Cause,
     },
-    #[error("internal error: {0}")]
+    #[error("internal error")]
     Internal(#[source] InternalError),
 }
+
+/// The error behind another, shared by the clones of a [`SeckillError`]
+/// (the purchases that waited on one read get one each).
+pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
 
 /// A bug or a broken expectation: what went wrong, and the error that
 /// showed it when there was one (kept as the source, for the log).
@@ -57,26 +63,7 @@ pub enum SeckillError {
 pub struct InternalError {
     what: String,
     #[source]
-    cause: Option<Arc<dyn std::error::Error + Send + Sync>>,
-}
-
-impl InternalError {
-    /// Every cause in the chain, for the log: "what: cause: its cause"
-    /// (a cause whose text its error's message already ends with is not
-    /// said twice).
-    pub fn chain(&self) -> String {
-        let mut text = self.what.clone();
-        let mut next = std::error::Error::source(self);
-        while let Some(cause) = next {
-            let said = cause.to_string();
-            if !text.ends_with(&said) {
-                text.push_str(": ");
-                text.push_str(&said);
-            }
-            next = cause.source();
-        }
-        text
-    }
+    cause: Option<Cause>,
 }
 
 impl SeckillError {
@@ -118,19 +105,27 @@ impl SeckillError {
         })
     }
 
-    /// Redis did not answer as the sale needs: `503 unavailable`.
-    pub fn redis_unavailable(detail: impl ToString) -> Self {
+    /// `dependency` is unavailable, as `cause` (an error, or a sentence
+    /// where no error says it) shows: `503 unavailable`.
+    pub fn unavailable(
+        dependency: &'static str,
+        cause: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
         Self::Unavailable {
-            dependency: "Redis",
-            detail: detail.to_string(),
+            dependency,
+            source: Arc::from(cause.into()),
         }
     }
 
-    pub(super) fn postgres_unavailable(detail: impl ToString) -> Self {
-        Self::Unavailable {
-            dependency: "Postgres",
-            detail: detail.to_string(),
-        }
+    /// Redis did not answer as the sale needs.
+    pub fn redis_unavailable(cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::unavailable("Redis", cause)
+    }
+
+    pub(super) fn postgres_unavailable(
+        cause: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self::unavailable("Postgres", cause)
     }
 }
 
@@ -180,7 +175,7 @@ impl From<KvError> for SeckillError {
 impl From<std::sync::Arc<KvError>> for SeckillError {
     fn from(error: std::sync::Arc<KvError>) -> Self {
         if error.is_transient() {
-            Self::redis_unavailable(&error)
+            Self::redis_unavailable(error)
         } else {
             Self::internal_from("Redis", error)
         }

@@ -62,6 +62,7 @@ use crate::domain::{OrderId, Outcome, SaleMode, UserId, Voucher, VoucherId};
 use crate::id::IdGenerator;
 use crate::kv::Kv;
 use crate::store::Store;
+use crate::telemetry::Chain;
 use async_sale::AsyncSales;
 use batch::{Batcher, Outcome as Batched};
 use gate::{Admission, Gates};
@@ -349,13 +350,13 @@ impl Seckill {
             None => tokio::time::timeout(self.inner.settings.request_deadline, purchase)
                 .await
                 .unwrap_or_else(|_| {
-                    Err(SeckillError::Unavailable {
-                        dependency: "Postgres or Redis",
-                        detail: format!(
+                    Err(SeckillError::unavailable(
+                        "Postgres or Redis",
+                        format!(
                             "the purchase did not finish within {:?}",
                             self.inner.settings.request_deadline
                         ),
-                    })
+                    ))
                 }),
         };
         let outcome = match &result {
@@ -482,7 +483,7 @@ impl Seckill {
                     "a new async sale is still being loaded into Redis elsewhere; its purchases answer 503 until it is"
                 ),
                 Err(error) => {
-                    tracing::warn!(voucher_id = %id, %error, "loading a new async sale into Redis failed")
+                    tracing::warn!(voucher_id = %id, error = %Chain(&error), "loading a new async sale into Redis failed")
                 }
             }
         }

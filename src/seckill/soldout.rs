@@ -21,6 +21,7 @@ use redis::{self, Script};
 
 use crate::domain::{StockLevel, Voucher, VoucherId};
 use crate::kv::{Keys, Kv, KvError};
+use crate::telemetry::Chain;
 
 /// Longest life of a sold-out flag whose sale ends later than that; after
 /// it a single purchase attempt reads Postgres and sets the flag again.
@@ -177,7 +178,7 @@ impl SoldOutFlags {
             )
             .await;
         if let Err(error) = written {
-            tracing::warn!(%voucher_id, %error, "could not update the sold-out flag");
+            tracing::warn!(%voucher_id, error = %Chain(&error), "could not update the sold-out flag");
         }
     }
 }

@@ -29,13 +29,12 @@ impl LoadError {
     /// What each of the requests that shared the read is answered.
     pub(super) fn answer(self: Arc<Self>) -> SeckillError {
         match &*self {
-            Self::Missing => return SeckillError::NotFound("voucher"),
-            Self::Store(e @ (StoreError::Unavailable(_) | StoreError::TimedOut(_))) => {
-                return SeckillError::postgres_unavailable(e)
+            Self::Missing => SeckillError::NotFound("voucher"),
+            Self::Store(StoreError::Unavailable(_) | StoreError::TimedOut(_)) => {
+                SeckillError::postgres_unavailable(self)
             }
-            Self::Store(_) => {}
+            Self::Store(_) => SeckillError::internal_from("reading a voucher", self),
         }
-        SeckillError::internal_from("reading a voucher", self)
     }
 }
 

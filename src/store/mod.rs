@@ -47,7 +47,7 @@ const ORDER_ID_KEY: &str = "voucher_orders_pkey";
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// Postgres cannot be reached, or refuses connections for now.
-    #[error("Postgres is unavailable: {0}")]
+    #[error("Postgres is unavailable")]
     Unavailable(#[source] sqlx::Error),
     /// Postgres did not answer within the deadline (frozen, overloaded,
     /// or a lock wait): unavailable too, as far as the caller can tell.
@@ -61,13 +61,13 @@ pub enum StoreError {
     #[error("the order id is already taken")]
     DuplicateOrderId,
     /// A number left the range its column allows (a restock too large).
-    #[error("value out of range: {0}")]
+    #[error("a value is out of its column's range")]
     OutOfRange(#[source] sqlx::Error),
     /// Two transactions waited for each other, or a serialization
     /// failure: nothing was written, the same work may run again.
-    #[error("a concurrent transaction got in the way: {0}")]
+    #[error("a concurrent transaction got in the way")]
     Conflict(#[source] sqlx::Error),
-    #[error("database error: {0}")]
+    #[error("Postgres failed a query")]
     Other(#[source] sqlx::Error),
 }
 

@@ -37,6 +37,7 @@ use crate::id::IdGenerator;
 use crate::kv::{AsyncSaleKeys as SaleKeys, Keys, Kv};
 use crate::seckill::metric;
 use crate::store::{StockReturn, Store};
+use crate::telemetry::Chain;
 
 use accept::Verdict;
 use lookup::PendingLookup;
@@ -192,7 +193,7 @@ impl AsyncSales {
                 .arg(PendingLookup::new(voucher.id, user_id, at_ms).encode())
                 .arg(PENDING_TTL_SECS);
             if let Err(error) = inner.redis.invoke::<i64>(&remember).await {
-                tracing::warn!(%order_id, %error, "could not record a pending order's lookup");
+                tracing::warn!(%order_id, error = %Chain(&error), "could not record a pending order's lookup");
             }
         }
         metrics::counter!(metric::ASYNC_ACCEPTED).increment(1);
@@ -284,7 +285,9 @@ impl AsyncSales {
                     // Listed in id order.
                     loaded.retain(|voucher_id| vouchers.binary_search(voucher_id).is_ok());
                 }
-                Err(error) => tracing::warn!(%error, "cannot list the async vouchers"),
+                Err(error) => {
+                    tracing::warn!(error = %Chain(&error), "cannot list the async vouchers")
+                }
             }
             tokio::select! {
                 () = stop.cancelled() => {

@@ -29,6 +29,7 @@ use crate::domain::{OrderId, UserId, VoucherId};
 use crate::seckill::batch::raise_id_counter;
 use crate::seckill::error::{Result, SeckillError};
 use crate::seckill::metric;
+use crate::telemetry::Chain;
 
 /// Most members (or field-value pairs) in one write of a staged set.
 const CHUNK: usize = 1_000;
@@ -166,7 +167,7 @@ impl AsyncSales {
                 .key(&staged.returned)
                 .arg(&token);
             if let Err(error) = inner.redis.invoke::<i64>(&release).await {
-                tracing::warn!(%voucher_id, %error, "could not release a failed reconciliation");
+                tracing::warn!(%voucher_id, error = %Chain(&error), "could not release a failed reconciliation");
             }
         }
         rebuilt

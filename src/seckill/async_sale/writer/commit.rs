@@ -11,6 +11,7 @@ use crate::kv::KvError;
 use crate::seckill::batch::{raise_id_counter, sell_batch};
 use crate::seckill::metric;
 use crate::store::{Sale, SaleRequest, StoreError};
+use crate::telemetry::Chain;
 
 /// An accepted order as the stream holds it.
 pub(super) struct Entry {
@@ -70,9 +71,9 @@ pub const UNSTORED_REASONS: [&str; 4] = [
 /// consumer and are tried again.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum CommitError {
-    #[error("Postgres: {0}")]
+    #[error("storing the batch")]
     Postgres(#[from] StoreError),
-    #[error("Redis: {0}")]
+    #[error("settling the batch in Redis")]
     Redis(#[from] KvError),
 }
 
@@ -202,7 +203,7 @@ async fn store(
     if let Some((taken, _)) = refused.iter().find(|(_, r)| *r == Refusal::IdTaken) {
         let day = taken.drawn_at();
         if let Err(error) = raise_id_counter(&inner.store, &inner.ids, day, 0).await {
-            tracing::warn!(%error, "raising the order-id counter failed");
+            tracing::warn!(error = %Chain(&error), "raising the order-id counter failed");
         }
     }
     Ok(refused)

@@ -22,6 +22,7 @@ use super::{AsyncSales, SaleKeys, WriterSignals, GROUP};
 use crate::domain::VoucherId;
 use crate::kv::{Consumer, Delivery, KvError};
 use crate::seckill::metric;
+use crate::telemetry::Chain;
 use commit::{commit, parse, Parsed};
 
 mod commit;
@@ -168,7 +169,7 @@ pub(super) async fn write(
                 if error.code() == Some("NOGROUP") {
                     rounds.group_ready = false;
                 } else {
-                    tracing::warn!(%voucher_id, %error, "reading an async sale's stream failed");
+                    tracing::warn!(%voucher_id, error = %Chain(&error), "reading an async sale's stream failed");
                 }
                 tokio::time::sleep(BACKOFF).await;
                 continue;
@@ -218,7 +219,7 @@ pub(super) async fn ensure_group(sales: &AsyncSales, keys: &SaleKeys) -> bool {
     match sales.inner.redis.create_group(&keys.orders, GROUP).await {
         Ok(()) => true,
         Err(error) => {
-            tracing::warn!(%error, "cannot create an async sale's consumer group");
+            tracing::warn!(error = %Chain(&error), "cannot create an async sale's consumer group");
             false
         }
     }
@@ -244,7 +245,7 @@ async fn prune(sales: &AsyncSales, keys: &SaleKeys) {
             Ok(true) => tracing::info!(consumer = %gone.name, "removed an idle consumer"),
             Ok(false) => {}
             Err(error) => {
-                tracing::warn!(%error, "removing an idle consumer failed");
+                tracing::warn!(error = %Chain(&error), "removing an idle consumer failed");
                 return;
             }
         }
