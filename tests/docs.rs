@@ -749,7 +749,7 @@ fn rendered_offline(page: &Path) -> String {
 }
 
 #[test]
-fn the_guide_builds_and_draws_every_diagram_offline() {
+fn the_guide_builds_and_draws_every_diagram_offline_needs_chromium() {
     let root = root();
     // mdBook and mermaid come from their registries the first time.
     let built = std::process::Command::new("bash")

@@ -108,7 +108,7 @@ fn lock_client(cluster: &Cluster, watchdog_lease: Duration) -> LockClient {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crowd_on_two_instances_sells_through_a_three_master_cluster() {
+async fn a_crowd_on_two_instances_sells_through_a_three_master_cluster_needs_redis_cli() {
     let cluster = Cluster::start(3, 0);
     let url = cluster.url();
     let app = spawn_app_on_redis(url, None).await;
@@ -149,7 +149,7 @@ async fn a_crowd_on_two_instances_sells_through_a_three_master_cluster() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_watchdog_renews_locks_on_every_master_of_a_cluster() {
+async fn the_watchdog_renews_locks_on_every_master_of_a_cluster_needs_redis_cli() {
     let cluster = Cluster::start(3, 0);
     let lease = Duration::from_millis(600);
     let locks = lock_client(&cluster, lease);
@@ -186,7 +186,7 @@ async fn the_watchdog_renews_locks_on_every_master_of_a_cluster() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_hears_an_unlock_published_on_another_node() {
+async fn a_waiter_hears_an_unlock_published_on_another_node_needs_redis_cli() {
     let cluster = Cluster::start(3, 0);
     let locks = lock_client(&cluster, Duration::from_secs(30));
     // A lock whose key lives on a node other than the first one, where the
@@ -232,7 +232,7 @@ async fn a_waiter_hears_an_unlock_published_on_another_node() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sales_resume_by_themselves_after_a_master_of_the_cluster_dies() {
+async fn sales_resume_by_themselves_after_a_master_of_the_cluster_dies_needs_redis_cli() {
     let mut cluster = Cluster::start(3, 1);
     let url = cluster.url();
     let app = spawn_app_on_redis(url, Some(1_000)).await;
@@ -346,7 +346,7 @@ async fn sales_resume_by_themselves_after_a_master_of_the_cluster_dies() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_async_crowd_on_a_cluster_is_accepted_looked_up_and_written() {
+async fn an_async_crowd_on_a_cluster_is_accepted_looked_up_and_written_needs_redis_cli() {
     let cluster = Cluster::start(3, 0);
     let app = spawn_app_on_redis(cluster.url(), None).await;
     app.wait_ready().await;

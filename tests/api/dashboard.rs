@@ -66,7 +66,7 @@ fn queries() -> Vec<String> {
 }
 
 #[test]
-fn the_shipped_prometheus_config_is_valid() {
+fn the_shipped_prometheus_config_is_valid_needs_promtool() {
     let status = Command::new("promtool")
         .args([
             "check",
@@ -80,7 +80,7 @@ fn the_shipped_prometheus_config_is_valid() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_dashboard_query_returns_data_from_a_scraped_instance() {
+async fn every_dashboard_query_returns_data_from_a_scraped_instance_needs_prometheus() {
     let app = spawn_app().await;
     let prometheus = start_prometheus(app.base.trim_start_matches("http://"));
     let api = format!("http://127.0.0.1:{}/api/v1", prometheus.port);

@@ -472,7 +472,8 @@ async fn without_a_secret_or_with_a_url_that_is_not_http_the_service_refuses_to_
 }
 
 #[tokio::test]
-async fn the_guides_example_receiver_verifies_real_deliveries_and_refuses_a_forged_one() {
+async fn the_guides_example_receiver_verifies_real_deliveries_and_refuses_a_forged_one_needs_python3(
+) {
     use std::io::{BufRead, BufReader};
     let port = testkit::free_port().unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/webhook_receiver.py");

@@ -24,7 +24,8 @@ async fn origin_reads(app: &TestApp) -> u64 {
 }
 
 #[tokio::test]
-async fn a_read_flood_through_the_front_reaches_the_instance_about_once_per_voucher_and_second() {
+async fn a_read_flood_through_the_front_reaches_the_instance_about_once_per_voucher_and_second_needs_nginx(
+) {
     let app = spawn_app().await;
     let vouchers = [app.open_voucher(10).await, app.open_voucher(10).await];
     let origin: SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();

@@ -420,13 +420,13 @@ fn print(what: &str, r: &Report) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_primary_killed_mid_sale_loses_no_answered_order() {
+async fn a_primary_killed_mid_sale_loses_no_answered_order_needs_patroni() {
     let report = sale_through("kill-primary").await;
     print("kill -9 of the primary", &report);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_switchover_mid_sale_loses_no_answered_order() {
+async fn a_switchover_mid_sale_loses_no_answered_order_needs_patroni() {
     let report = sale_through("switchover").await;
     print("planned switchover", &report);
 }
@@ -436,7 +436,7 @@ async fn a_switchover_mid_sale_loses_no_answered_order() {
 /// the new leader, and every order accepted is stored there once they
 /// caught up; the invariants hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_primary_killed_under_async_writers_loses_no_accepted_order() {
+async fn a_primary_killed_under_async_writers_loses_no_accepted_order_needs_patroni() {
     let (_one, cluster, mut app) = cluster_and_app().await;
     let voucher = app.open_async_voucher(1_000_000).await;
 
@@ -502,7 +502,7 @@ async fn a_primary_killed_under_async_writers_loses_no_accepted_order() {
 /// (stock = initial, no live order), and every order answered 200 is
 /// stored on the new leader, expired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_primary_killed_while_orders_expire_returns_every_unit_once() {
+async fn a_primary_killed_while_orders_expire_returns_every_unit_once_needs_patroni() {
     const STOCK: i64 = 300;
     let (_one, cluster, mut app) = cluster_and_app().await;
     let voucher = app
@@ -604,7 +604,7 @@ async fn a_primary_killed_while_orders_expire_returns_every_unit_once() {
 /// the new leader. Once it streams, it holds every order answered 200,
 /// the sale never stopped for it, and the invariants hold on the leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_primary_rejoins_as_a_replica_while_the_sale_goes_on() {
+async fn a_killed_primary_rejoins_as_a_replica_while_the_sale_goes_on_needs_patroni() {
     let (_one, cluster, mut app) = cluster_and_app().await;
     let (_, old_port) = cluster.primary("postgres").await;
     let voucher = app.open_voucher(1_000_000).await;

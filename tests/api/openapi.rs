@@ -139,7 +139,7 @@ async fn openapi_json_describes_every_route_status_and_error_code() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_docs_page_shows_the_purchase_operation_in_a_browser_without_network() {
+async fn the_docs_page_shows_the_purchase_operation_in_a_browser_without_network_needs_chromium() {
     let app = spawn_app().await;
     let page = app.url("/docs");
     let profile = std::env::temp_dir().join(format!(

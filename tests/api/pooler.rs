@@ -110,7 +110,7 @@ impl Drop for Pgbouncer {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_sell_through_pgbouncer_in_transaction_mode() {
+async fn two_instances_sell_through_pgbouncer_in_transaction_mode_needs_pgbouncer() {
     let bouncer = Pgbouncer::start();
     let app = spawn_app_with(|mut s| {
         let database = s.database_url.rsplit('/').next().unwrap().to_owned();
