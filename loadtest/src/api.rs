@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use chrono::Utc;
 
 use serde_json::{json, Value};
@@ -131,7 +132,7 @@ impl<'a> Admin<'a> {
         method: reqwest::Method,
         path: &str,
         body: Option<Value>,
-    ) -> Result<Value, String> {
+    ) -> anyhow::Result<Value> {
         let mut refused = 0;
         let response = loop {
             let mut request = self
@@ -141,7 +142,7 @@ impl<'a> Admin<'a> {
             if let Some(body) = &body {
                 request = request.json(body);
             }
-            let response = request.send().await.map_err(|e| format!("{path}: {e}"))?;
+            let response = request.send().await.with_context(|| path.to_owned())?;
             // With the service's limits on (`loadtest abuse`), the admin's
             // calls share the driver's address with the connections it
             // opens before a run, and a saturated instance sheds the
@@ -164,16 +165,16 @@ impl<'a> Admin<'a> {
             tokio::time::sleep(Duration::from_secs(wait)).await;
         };
         let status = response.status();
-        let body: Value = response.json().await.map_err(|e| format!("{path}: {e}"))?;
+        let body: Value = response.json().await.with_context(|| path.to_owned())?;
         if !status.is_success() {
-            return Err(format!("{path}: {status} {body}"));
+            anyhow::bail!("{path}: {status} {body}");
         }
         Ok(body)
     }
 
     /// A voucher of `mode` whose stock cannot run out, on sale for two
     /// hours.
-    pub async fn endless_voucher(&self, mode: SaleMode) -> Result<i64, String> {
+    pub async fn endless_voucher(&self, mode: SaleMode) -> anyhow::Result<i64> {
         self.create_voucher(mode, i64::from(i32::MAX), 2).await
     }
 
@@ -184,11 +185,11 @@ impl<'a> Admin<'a> {
         mode: SaleMode,
         stock: i64,
         hours: i64,
-    ) -> Result<i64, String> {
+    ) -> anyhow::Result<i64> {
         self.create_sale(NewSale::free(mode, stock, hours)).await
     }
 
-    pub async fn create_sale(&self, sale: NewSale) -> Result<i64, String> {
+    pub async fn create_sale(&self, sale: NewSale) -> anyhow::Result<i64> {
         let now = Utc::now();
         let body = json!({
             "title": "load test",
@@ -204,17 +205,17 @@ impl<'a> Admin<'a> {
 
     /// A voucher from a whole creation body, for what [`NewSale`] does not
     /// say (a begin time ahead, a waiting room).
-    pub async fn create_voucher_from(&self, body: Value) -> Result<i64, String> {
+    pub async fn create_voucher_from(&self, body: Value) -> anyhow::Result<i64> {
         let created = self
             .call(reqwest::Method::POST, "/admin/vouchers", Some(body))
             .await?;
         created["id"]
             .as_i64()
-            .ok_or_else(|| format!("no id in {created}"))
+            .with_context(|| format!("no id in {created}"))
     }
 
     /// [`Admin::tokens`], shared cheaply by the requests of a plan.
-    pub async fn shared_tokens(&self, first: i64, count: i64) -> Result<Vec<Arc<str>>, String> {
+    pub async fn shared_tokens(&self, first: i64, count: i64) -> anyhow::Result<Vec<Arc<str>>> {
         Ok(self
             .tokens(first, count)
             .await?
@@ -224,7 +225,7 @@ impl<'a> Admin<'a> {
     }
 
     /// Tokens for users `first..first + count`, in order.
-    pub async fn tokens(&self, first: i64, count: i64) -> Result<Vec<String>, String> {
+    pub async fn tokens(&self, first: i64, count: i64) -> anyhow::Result<Vec<String>> {
         let mut tokens = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
         let mut next = first;
         while next < first + count {
@@ -239,12 +240,12 @@ impl<'a> Admin<'a> {
                 .await?;
             for t in minted["tokens"]
                 .as_array()
-                .ok_or("no tokens in the answer")?
+                .context("no tokens in the answer")?
             {
                 tokens.push(
                     t["token"]
                         .as_str()
-                        .ok_or("a token is not a string")?
+                        .context("a token is not a string")?
                         .to_owned(),
                 );
             }
@@ -252,19 +253,19 @@ impl<'a> Admin<'a> {
         Ok(tokens)
     }
 
-    pub async fn stats(&self, voucher: i64) -> Result<Stats, String> {
+    pub async fn stats(&self, voucher: i64) -> anyhow::Result<Stats> {
         self.get(&format!("/admin/vouchers/{voucher}/stats")).await
     }
 
     /// A GET of the admin API, its answer read as `T`.
-    async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, String> {
+    async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         let answer = self.call(reqwest::Method::GET, path, None).await?;
-        serde_json::from_value(answer.clone()).map_err(|e| format!("{path}: {e}: {answer}"))
+        serde_json::from_value(answer.clone()).with_context(|| format!("{path}: {answer}"))
     }
 
     /// Reconciles an async voucher's Redis side with Postgres; its report
     /// (`stock`, `pending`, `buyers`, `unstored`).
-    pub async fn reconcile(&self, voucher: i64) -> Result<Value, String> {
+    pub async fn reconcile(&self, voucher: i64) -> anyhow::Result<Value> {
         self.call(
             reqwest::Method::POST,
             &format!("/admin/vouchers/{voucher}/reconcile"),
@@ -274,7 +275,7 @@ impl<'a> Admin<'a> {
     }
 
     /// (order id, user id) of every live (unpaid or paid) order of a voucher.
-    pub async fn orders(&self, voucher: i64) -> Result<Vec<(String, i64)>, String> {
+    pub async fn orders(&self, voucher: i64) -> anyhow::Result<Vec<(String, i64)>> {
         Ok(self
             .order_lines(voucher)
             .await?
@@ -285,7 +286,7 @@ impl<'a> Admin<'a> {
     }
 
     /// Every stored order of a voucher, closed ones too.
-    pub async fn order_lines(&self, voucher: i64) -> Result<Vec<OrderLine>, String> {
+    pub async fn order_lines(&self, voucher: i64) -> anyhow::Result<Vec<OrderLine>> {
         let listing = self
             .call(
                 reqwest::Method::GET,
@@ -295,7 +296,7 @@ impl<'a> Admin<'a> {
             .await?;
         listing["orders"]
             .as_array()
-            .ok_or("no orders in the answer")?
+            .context("no orders in the answer")?
             .iter()
             .map(|o| {
                 match (
@@ -308,14 +309,14 @@ impl<'a> Admin<'a> {
                         user_id: user,
                         status: status.to_owned(),
                     }),
-                    _ => Err(format!("malformed order {o}")),
+                    _ => Err(anyhow::anyhow!("malformed order {o}")),
                 }
             })
             .collect()
     }
 
     /// A lab voucher (the service must run with SECKILL_LAB=1).
-    pub async fn lab_voucher(&self, stock: i64) -> Result<i64, String> {
+    pub async fn lab_voucher(&self, stock: i64) -> anyhow::Result<i64> {
         let created = self
             .call(
                 reqwest::Method::POST,
@@ -325,27 +326,29 @@ impl<'a> Admin<'a> {
             .await?;
         created["id"]
             .as_i64()
-            .ok_or_else(|| format!("no id in {created}"))
+            .with_context(|| format!("no id in {created}"))
     }
 
-    pub async fn lab_stats(&self, voucher: i64) -> Result<LabStats, String> {
+    pub async fn lab_stats(&self, voucher: i64) -> anyhow::Result<LabStats> {
         self.get(&format!("/admin/lab/vouchers/{voucher}/stats"))
             .await
     }
 
     /// Buys the voucher's units with users the load will not use.
-    pub async fn buy_out(&self, voucher: i64, token: &str) -> Result<(), String> {
+    pub async fn buy_out(&self, voucher: i64, token: &str) -> anyhow::Result<()> {
         let response = self
             .client
             .post(format!("{}/seckill/{voucher}", self.base))
             .bearer_auth(token)
             .send()
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         if response.status().is_success() {
             Ok(())
         } else {
-            Err(format!("buying out the voucher: {}", response.status()))
+            Err(anyhow::anyhow!(
+                "buying out the voucher: {}",
+                response.status()
+            ))
         }
     }
 }

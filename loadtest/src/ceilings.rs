@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context;
 use sqlx::{Connection, PgConnection};
 
 /// Client counts pgbench is run at; the best one is the ceiling.
@@ -68,29 +69,26 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn temp_file(name: &str, text: &str) -> Result<PathBuf, String> {
+fn temp_file(name: &str, text: &str) -> anyhow::Result<PathBuf> {
     let path =
         std::env::temp_dir().join(format!("seckill-{}-{name}", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::write(&path, text).with_context(|| path.display().to_string())?;
     Ok(path)
 }
 
 /// Runs pgbench on a voucher of its own in the service's database.
-pub async fn postgres(database_url: &str, seconds: u64) -> Result<PgCeiling, String> {
+pub async fn postgres(database_url: &str, seconds: u64) -> anyhow::Result<PgCeiling> {
     if !have("pgbench") {
-        return Err("pgbench is not installed (Debian: postgresql-client)".into());
+        anyhow::bail!("pgbench is not installed (Debian: postgresql-client)");
     }
-    let mut conn = PgConnection::connect(database_url)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut conn = PgConnection::connect(database_url).await?;
     let voucher: i64 = sqlx::query_scalar(
         "WITH v AS (INSERT INTO vouchers (title) VALUES ('pgbench ceiling') RETURNING id)
          INSERT INTO seckill_vouchers (voucher_id, initial_stock, stock, begin_time, end_time)
          SELECT id, 2000000000, 2000000000, now(), now() + interval '1 day' FROM v RETURNING voucher_id",
     )
     .fetch_one(&mut conn)
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let mut results = Vec::new();
     for (name, script, orders) in [
         ("single", batch_sale(1), 1),
@@ -118,13 +116,11 @@ pub async fn postgres(database_url: &str, seconds: u64) -> Result<PgCeiling, Str
     sqlx::query("DELETE FROM user_fences WHERE voucher_id = $1")
         .bind(voucher)
         .execute(&mut conn)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     sqlx::query("DELETE FROM voucher_orders WHERE voucher_id = $1")
         .bind(voucher)
         .execute(&mut conn)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     Ok(PgCeiling {
         single: results[0],
         batch: results[1],
@@ -138,7 +134,7 @@ async fn pgbench(
     voucher: i64,
     clients: u32,
     seconds: u64,
-) -> Result<f64, String> {
+) -> anyhow::Result<f64> {
     let output = tokio::process::Command::new("pgbench")
         .args(["-n", "-f"])
         .arg(script)
@@ -153,7 +149,7 @@ async fn pgbench(
         .arg(url)
         .output()
         .await
-        .map_err(|e| format!("pgbench: {e}"))?;
+        .context("pgbench")?;
     let text = String::from_utf8_lossy(&output.stdout);
     text.lines()
         .find_map(|l| {
@@ -163,7 +159,7 @@ async fn pgbench(
                 .parse()
                 .ok()
         })
-        .ok_or_else(|| {
+        .with_context(|| {
             format!(
                 "pgbench printed no tps: {}",
                 String::from_utf8_lossy(&output.stderr)
@@ -178,9 +174,9 @@ pub async fn redis(
     prefix: &str,
     clients: u32,
     requests: u64,
-) -> Result<f64, String> {
+) -> anyhow::Result<f64> {
     if !have("redis-benchmark") {
-        return Err("redis-benchmark is not installed (Debian: redis-tools)".into());
+        anyhow::bail!("redis-benchmark is not installed (Debian: redis-tools)");
     }
     let rest = redis_url.split("://").nth(1).unwrap_or(redis_url);
     let hostport = rest
@@ -228,19 +224,16 @@ pub async fn redis(
     };
     // One EVAL puts the script in Redis's cache; then EVALSHA is measured.
     let load = args("EVAL", script.into());
-    run(1, load)
-        .output()
-        .await
-        .map_err(|e| format!("redis-benchmark: {e}"))?;
+    run(1, load).output().await.context("redis-benchmark")?;
     let bench = args("EVALSHA", sha);
     let output = tokio::time::timeout(Duration::from_secs(300), run(requests, bench).output())
         .await
-        .map_err(|_| "redis-benchmark did not finish".to_owned())?
-        .map_err(|e| format!("redis-benchmark: {e}"))?;
+        .context("redis-benchmark did not finish")?
+        .context("redis-benchmark")?;
     let text = String::from_utf8_lossy(&output.stdout);
     // --csv: a header line, then "name","rps",...
     text.lines()
         .filter_map(|l| l.split(',').nth(1))
         .find_map(|f| f.trim_matches('"').parse().ok())
-        .ok_or_else(|| format!("redis-benchmark printed no rate: {text}"))
+        .with_context(|| format!("redis-benchmark printed no rate: {text}"))
 }

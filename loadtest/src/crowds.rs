@@ -15,7 +15,7 @@ use crate::invariants::check;
 use crate::service::Target;
 use crate::{ceilings, round, scrape, FlashArgs, HammerArgs, Report, TimedArgs};
 
-pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> Result<Report, String> {
+pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> anyhow::Result<Report> {
     let admin = Admin::new(target);
     let voucher = admin.create_voucher(SaleMode::Sync, args.stock, 2).await?;
     eprintln!("flash: minting {} tokens", args.users);
@@ -108,7 +108,7 @@ pub(crate) async fn sale_steps(target: &Target) -> Option<SaleSteps> {
     Some(steps)
 }
 
-pub(crate) async fn hammer(target: &Target, args: &HammerArgs) -> Result<Report, String> {
+pub(crate) async fn hammer(target: &Target, args: &HammerArgs) -> anyhow::Result<Report> {
     let admin = Admin::new(target);
     let voucher = admin.create_voucher(SaleMode::Sync, 10, 2).await?;
     let token: Arc<str> = admin.tokens(1, 1).await?.remove(0).into();
@@ -129,7 +129,7 @@ pub(crate) async fn throughput(
     target: &Target,
     args: &TimedArgs,
     pgbench_seconds: u64,
-) -> Result<Report, String> {
+) -> anyhow::Result<Report> {
     let admin = Admin::new(target);
     let seconds = args.seconds.unwrap_or(20);
     let voucher = admin.endless_voucher(SaleMode::Sync).await?;
@@ -175,7 +175,7 @@ pub(crate) async fn throughput(
                     json!(round(orders_per_sec / pg.naive.tps)),
                 );
             }
-            Err(e) => eprintln!("throughput: no Postgres ceiling: {e}"),
+            Err(e) => eprintln!("throughput: no Postgres ceiling: {e:#}"),
         },
         None => eprintln!("throughput: no Postgres ceiling without --database-url"),
     }
@@ -189,7 +189,7 @@ pub(crate) async fn throughput(
                 json!(round(orders_per_sec / rate)),
             );
         }
-        Err(e) => eprintln!("throughput: no Redis ceiling: {e}"),
+        Err(e) => eprintln!("throughput: no Redis ceiling: {e:#}"),
     }
     Ok(Report {
         scenario: "throughput",
@@ -200,7 +200,7 @@ pub(crate) async fn throughput(
     })
 }
 
-pub(crate) async fn soldout(target: &Target, args: &TimedArgs) -> Result<Report, String> {
+pub(crate) async fn soldout(target: &Target, args: &TimedArgs) -> anyhow::Result<Report> {
     let admin = Admin::new(target);
     let seconds = args.seconds.unwrap_or(10);
     let voucher = admin.create_voucher(SaleMode::Sync, 1, 2).await?;

@@ -69,9 +69,9 @@ impl Row {
 }
 
 /// Runs every row; `Ok(false)` when an invariant broke somewhere.
-pub async fn run(target: &TargetArgs, args: &GroupCommitArgs) -> Result<bool, String> {
+pub async fn run(target: &TargetArgs, args: &GroupCommitArgs) -> anyhow::Result<bool> {
     if target.url.is_some() {
-        return Err("groupcommit starts its own instances (one design each); drop --url".into());
+        anyhow::bail!("groupcommit starts its own instances (one design each); drop --url");
     }
     let mut rows = Vec::new();
     for (design, batch_max) in [("single", 1), ("batched", args.batch_max)] {
@@ -80,7 +80,7 @@ pub async fn run(target: &TargetArgs, args: &GroupCommitArgs) -> Result<bool, St
             let result = async {
                 let throughput = throughput(&service, args).await?;
                 let flash = flash(&service, args, None).await?;
-                Ok::<_, String>([throughput, flash])
+                Ok::<_, anyhow::Error>([throughput, flash])
             }
             .await;
             service.stop().await;
@@ -136,7 +136,7 @@ fn launch(target: &TargetArgs, instances: usize, batch_max: u32) -> Launch {
 async fn throughput(
     target: &Target,
     args: &GroupCommitArgs,
-) -> Result<(Tally, Check, f64), String> {
+) -> anyhow::Result<(Tally, Check, f64)> {
     let admin = Admin::new(target);
     let voucher = admin.endless_voucher(SaleMode::Sync).await?;
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
@@ -158,7 +158,7 @@ async fn flash(
     target: &Target,
     args: &GroupCommitArgs,
     kill_after: Option<Duration>,
-) -> Result<(Tally, Check, f64), String> {
+) -> anyhow::Result<(Tally, Check, f64)> {
     let admin = Admin::new(target);
     // With a kill, a crowd that lasts: stock for half of the users.
     let (users, stock) = match kill_after {

@@ -131,7 +131,7 @@ pub(crate) async fn check(
     started_unix: i64,
     expected: Option<i64>,
     placed_before: usize,
-) -> Result<Check, String> {
+) -> anyhow::Result<Check> {
     let admin = Admin::new(target);
     let stats = admin.stats(voucher).await?;
     let orders = admin.orders(voucher).await?;
@@ -152,11 +152,9 @@ pub(crate) async fn check(
     Ok(check)
 }
 
-async fn sql_check(url: &str, voucher: i64) -> Result<Vec<String>, String> {
+async fn sql_check(url: &str, voucher: i64) -> anyhow::Result<Vec<String>> {
     use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect(url)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut conn = sqlx::PgConnection::connect(url).await?;
     let (initial, stock, orders, users, ids): (i32, i32, i64, i64, i64) = sqlx::query_as(
         "SELECT s.initial_stock, s.stock, count(o.id), count(DISTINCT o.user_id), count(DISTINCT o.id)
          FROM seckill_vouchers s LEFT JOIN voucher_orders o
@@ -165,8 +163,7 @@ async fn sql_check(url: &str, voucher: i64) -> Result<Vec<String>, String> {
     )
     .bind(voucher)
     .fetch_one(&mut conn)
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let mut problems = Vec::new();
     if orders + i64::from(stock) != i64::from(initial) || stock < 0 {
         problems.push(format!(

@@ -52,22 +52,20 @@ fn b64(bytes: &[u8]) -> String {
     URL_SAFE_NO_PAD.encode(bytes)
 }
 
-fn rsa(dir: &std::path::Path) -> Result<Signer, String> {
-    let (pem, n) = testkit::rsa_key(dir)?;
+fn rsa(dir: &std::path::Path) -> anyhow::Result<Signer> {
+    let (pem, n) = testkit::rsa_key(dir).map_err(anyhow::Error::msg)?;
     Ok(Signer {
         kid: "rsa",
         algorithm: Algorithm::RS256,
-        key: EncodingKey::from_rsa_pem(&pem).map_err(|e| e.to_string())?,
+        key: EncodingKey::from_rsa_pem(&pem)?,
         jwk: json!({ "kty": "RSA", "kid": "rsa", "use": "sig", "n": b64(&n), "e": "AQAB" }),
     })
 }
 
-fn p256() -> Result<Signer, String> {
+fn p256() -> anyhow::Result<Signer> {
     let rng = SystemRandom::new();
-    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
-        .map_err(|e| e.to_string())?;
-    let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
-        .map_err(|e| e.to_string())?;
+    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng)?;
+    let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)?;
     let point = pair.public_key().as_ref();
     Ok(Signer {
         kid: "p256",
@@ -79,7 +77,7 @@ fn p256() -> Result<Signer, String> {
 }
 
 /// Tokens for users `first..first + count`, signed on every core.
-async fn sign_all(signer: Arc<Signer>, first: i64, count: i64) -> Result<Vec<Arc<str>>, String> {
+async fn sign_all(signer: Arc<Signer>, first: i64, count: i64) -> anyhow::Result<Vec<Arc<str>>> {
     let exp = chrono::Utc::now().timestamp() + 3600;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as i64;
     let per = (count + cores - 1) / cores;
@@ -95,14 +93,13 @@ async fn sign_all(signer: Arc<Signer>, first: i64, count: i64) -> Result<Vec<Arc
                     let claims = json!({ "iss": ISSUER, "aud": AUDIENCE, "sub": user.to_string(), "exp": exp });
                     encode(&header, &claims, &signer.key)
                         .map(Arc::from)
-                        .map_err(|e| e.to_string())
                 })
-                .collect::<Result<Vec<Arc<str>>, String>>()
+                .collect::<Result<Vec<Arc<str>>, _>>()
         }));
     }
     let mut tokens = Vec::new();
     for part in parts {
-        tokens.extend(part.await.map_err(|e| e.to_string())??);
+        tokens.extend(part.await??);
     }
     Ok(tokens)
 }
@@ -146,19 +143,18 @@ async fn crowd(
     }
 }
 
-pub async fn run(target: &TargetArgs, args: &JwtArgs) -> Result<bool, String> {
+pub async fn run(target: &TargetArgs, args: &JwtArgs) -> anyhow::Result<bool> {
     if target.url.is_some() {
-        return Err("jwt starts its own instance (with a JWK Set of its own); drop --url".into());
+        anyhow::bail!("jwt starts its own instance (with a JWK Set of its own); drop --url");
     }
     let dir = std::env::temp_dir().join(format!(
         "seckill-jwt-load-{}",
         uuid::Uuid::new_v4().simple()
     ));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&dir)?;
     let (rs, es) = (Arc::new(rsa(&dir)?), Arc::new(p256()?));
     let jwks = dir.join("jwks.json");
-    std::fs::write(&jwks, json!({ "keys": [rs.jwk, es.jwk] }).to_string())
-        .map_err(|e| e.to_string())?;
+    std::fs::write(&jwks, json!({ "keys": [rs.jwk, es.jwk] }).to_string())?;
     let env = vec![
         ("SECKILL_JWT_JWKS".to_owned(), jwks.display().to_string()),
         ("SECKILL_JWT_ISSUER".to_owned(), ISSUER.to_owned()),
@@ -175,7 +171,7 @@ pub async fn run(target: &TargetArgs, args: &JwtArgs) -> Result<bool, String> {
         let first = admin.endless_voucher(SaleMode::Sync).await?;
         let second = admin.endless_voucher(SaleMode::Sync).await?;
         let c = args.connections;
-        Ok::<_, String>(vec![
+        Ok::<_, anyhow::Error>(vec![
             crowd(&service, first, &v1_tokens, c, "v1").await,
             crowd(&service, first, &rs_tokens, c, "RS256, fresh").await,
             crowd(&service, first, &es_tokens, c, "ES256, fresh").await,

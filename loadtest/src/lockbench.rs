@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use hdrhistogram::Histogram;
 use redis_locks::{Acquired, LockClient, MultiNodeLocks, Quorum};
 use serde_json::{json, Value};
@@ -38,10 +39,10 @@ pub struct LockArgs {
 
 /// Runs the benchmark, the service it buys through started as `launch`;
 /// returns the JSON line (and prints a table).
-pub async fn run(args: &LockArgs, launch: &Launch) -> Result<Value, String> {
+pub async fn run(args: &LockArgs, launch: &Launch) -> anyhow::Result<Value> {
     let url = crate::service::redis_url();
     let prefix = format!("loadtest:{}:", uuid::Uuid::new_v4().simple());
-    let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+    let client = redis::Client::open(url.as_str())?;
     let locks = LockClient::new(client, prefix.clone());
 
     let pairs_per_sec = uncontended(&locks, args).await?;
@@ -69,7 +70,7 @@ pub async fn run(args: &LockArgs, launch: &Launch) -> Result<Value, String> {
     match &evalsha {
         Ok(rate) => println!("{:<34} {:>12.0}", "raw EVALSHA acquire calls/s", rate),
         Err(e) => println!(
-            "{:<34} {:>12}   ({e})",
+            "{:<34} {:>12}   ({e:#})",
             "raw EVALSHA acquire calls/s", "n/a"
         ),
     }
@@ -104,7 +105,7 @@ pub async fn run(args: &LockArgs, launch: &Launch) -> Result<Value, String> {
 
 /// Uncontended: each of `args.tasks` tasks takes and releases a lock of
 /// its own for `args.seconds`; pairs per second over all of them.
-async fn uncontended(locks: &LockClient, args: &LockArgs) -> Result<f64, String> {
+async fn uncontended(locks: &LockClient, args: &LockArgs) -> anyhow::Result<f64> {
     eprintln!(
         "lock: {} tasks taking and releasing their own locks for {} s",
         args.tasks, args.seconds
@@ -121,40 +122,35 @@ async fn uncontended(locks: &LockClient, args: &LockArgs) -> Result<f64, String>
                 while Instant::now() < deadline {
                     match lock.try_acquire(&owner, Duration::from_secs(10)).await {
                         Ok(Acquired::Yes(guard)) => {
-                            guard.unlock().await.map_err(|e| e.to_string())?;
+                            guard.unlock().await?;
                             pairs.fetch_add(1, Ordering::Relaxed);
                         }
                         Ok(Acquired::HeldByOther { .. }) => {
-                            return Err("an uncontended lock was held".to_owned())
+                            anyhow::bail!("an uncontended lock was held")
                         }
-                        Err(e) => return Err(e.to_string()),
+                        Err(e) => return Err(e.into()),
                     }
                 }
-                Ok(())
+                Ok::<_, anyhow::Error>(())
             })
         })
         .collect();
     for worker in workers {
-        worker.await.map_err(|e| e.to_string())??;
+        worker.await??;
     }
     Ok(pairs.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
 }
 
 /// Wake-up: a waiter blocked on a held lock, the holder unlocks; the
 /// delay from the unlock to the waiter holding the lock, `wakeups` times.
-async fn wakeups(locks: &LockClient, wakeups: usize) -> Result<Histogram<u64>, String> {
+async fn wakeups(locks: &LockClient, wakeups: usize) -> anyhow::Result<Histogram<u64>> {
     eprintln!("lock: {} wake-ups", wakeups);
-    let mut wake =
-        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+    let mut wake = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let lock = locks.lock("bench:wake");
     for i in 0..wakeups {
         let holder = locks.owner(format_args!("holder-{i}"));
-        let Acquired::Yes(guard) = lock
-            .try_acquire(&holder, Duration::from_secs(30))
-            .await
-            .map_err(|e| e.to_string())?
-        else {
-            return Err("the wake-up lock was held".into());
+        let Acquired::Yes(guard) = lock.try_acquire(&holder, Duration::from_secs(30)).await? else {
+            anyhow::bail!("the wake-up lock was held");
         };
         let (waiting, waiter) = (lock.clone(), locks.owner(format_args!("waiter-{i}")));
         let task = tokio::spawn(async move {
@@ -166,17 +162,15 @@ async fn wakeups(locks: &LockClient, wakeups: usize) -> Result<Histogram<u64>, S
         // Let the waiter fail its attempts and go to sleep on the channel.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let released = Instant::now();
-        guard.unlock().await.map_err(|e| e.to_string())?;
-        let (got, woke) = task.await.map_err(|e| e.to_string())?;
-        let guard = got
-            .map_err(|e| e.to_string())?
-            .ok_or("the waiter timed out")?;
+        guard.unlock().await?;
+        let (got, woke) = task.await?;
+        let guard = got?.context("the waiter timed out")?;
         wake.saturating_record(
             u64::try_from((woke - released).as_micros())
                 .unwrap_or(u64::MAX)
                 .max(1),
         );
-        guard.unlock().await.map_err(|e| e.to_string())?;
+        guard.unlock().await?;
     }
     Ok(wake)
 }
@@ -185,22 +179,22 @@ async fn wakeups(locks: &LockClient, wakeups: usize) -> Result<Histogram<u64>, S
 /// frozen: the latency of one lock + unlock, sequential (`rounds` of
 /// them; goal: p50 within 3x), and of a purchase through the service that
 /// takes its users' locks there (goal: p50 within 1.5x).
-async fn redlock(args: &LockArgs, launch: &Launch) -> Result<Value, String> {
+async fn redlock(args: &LockArgs, launch: &Launch) -> anyhow::Result<Value> {
     let rounds = args.redlock_rounds;
     let nodes = (0..5)
         .map(|_| testkit::OwnRedis::try_start_with(&[]))
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
     let clients = nodes
         .iter()
         .map(|n| redis::Client::open(n.url()).map(|c| LockClient::new(c, "redlock-bench:")))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+        .collect::<Result<Vec<_>, _>>()?;
     // Wait for every node to answer.
     for client in &clients {
         let started = Instant::now();
         while client.check_writable().await.is_err() {
             if started.elapsed() > Duration::from_secs(10) {
-                return Err("a RedLock node did not start".into());
+                anyhow::bail!("a RedLock node did not start");
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -248,11 +242,10 @@ async fn lock_unlock_rounds(
     locks: &MultiNodeLocks,
     rounds: usize,
     label: &str,
-) -> Result<Histogram<u64>, String> {
+) -> anyhow::Result<Histogram<u64>> {
     eprintln!("lock: RedLock, {rounds} lock+unlock, {label}");
     let node_timeout = Duration::from_millis(500);
-    let mut took =
-        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+    let mut took = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     for i in 0..rounds {
         let started = Instant::now();
         let guard = locks
@@ -262,9 +255,8 @@ async fn lock_unlock_rounds(
                 Duration::from_secs(10),
                 node_timeout,
             )
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or("a free RedLock was refused")?;
+            .await?
+            .context("a free RedLock was refused")?;
         guard.unlock().await;
         took.saturating_record(
             u64::try_from(started.elapsed().as_micros())
@@ -284,7 +276,7 @@ async fn redlock_purchases(
     launch: &Launch,
     nodes: &[testkit::OwnRedis],
     urls: &[String],
-) -> Result<Value, String> {
+) -> anyhow::Result<Value> {
     use crate::api::{Admin, NewSale, SaleMode};
     const CONNECTIONS: usize = 4;
     const USERS_PER_STATE: i64 = 60_000;
@@ -307,12 +299,9 @@ async fn redlock_purchases(
                 .buy_once(voucher, &tokens, limit, CONNECTIONS, label)
                 .await;
             if tally.count("200") == 0 {
-                return Err(format!(
-                    "{label}: no purchase went through: {:?}",
-                    tally.statuses
-                ));
+                anyhow::bail!("{label}: no purchase went through: {:?}", tally.statuses);
             }
-            Ok::<_, String>(tally)
+            Ok::<_, anyhow::Error>(tally)
         }
     };
     let all_up = phase(1, "redlock all up").await;
@@ -325,7 +314,8 @@ async fn redlock_purchases(
             nodes[4].thaw();
             frozen
         }
-        Err(e) => Err(e.clone()),
+        // Not run: the error of all up is the one returned.
+        Err(e) => Err(anyhow::anyhow!("{e:#}")),
     };
     target.stop().await;
     let (all_up, two_frozen) = (all_up?, two_frozen?);

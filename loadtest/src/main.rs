@@ -35,6 +35,7 @@ mod webhooks;
 
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::Parser;
 use serde_json::{json, Value};
 
@@ -71,7 +72,7 @@ async fn main() -> ExitCode {
 }
 
 /// The lock library alone; its JSON line printed.
-async fn lock(target: &TargetArgs, args: &lockbench::LockArgs) -> Result<bool, String> {
+async fn lock(target: &TargetArgs, args: &lockbench::LockArgs) -> anyhow::Result<bool> {
     let json = lockbench::run(args, &target.launch(1, Vec::new())).await?;
     println!("{json}");
     Ok(true)
@@ -79,7 +80,7 @@ async fn lock(target: &TargetArgs, args: &lockbench::LockArgs) -> Result<bool, S
 
 /// The scenarios that share one service: the one given by --url, or one
 /// this driver starts (an async run then kills instances of its own).
-async fn on_one_service(cli: &Cli) -> Result<bool, String> {
+async fn on_one_service(cli: &Cli) -> anyhow::Result<bool> {
     let target = match &cli.target.url {
         Some(url) => {
             let mut target =
@@ -112,11 +113,9 @@ async fn on_one_service(cli: &Cli) -> Result<bool, String> {
 async fn run_lifecycle(
     target: &TargetArgs,
     args: &lifecycle::LifecycleArgs,
-) -> Result<bool, String> {
+) -> anyhow::Result<bool> {
     if target.url.is_some() {
-        return Err(
-            "lifecycle starts its own two instances (it signs payments); drop --url".into(),
-        );
+        anyhow::bail!("lifecycle starts its own two instances (it signs payments); drop --url");
     }
     // At least 32 bytes, or the service refuses to start.
     let secret = format!("load-payment-secret-{}", uuid::Uuid::new_v4().simple());
@@ -129,12 +128,12 @@ async fn run_lifecycle(
 
 /// The exit code of a run: failure when it could not run (the reason is
 /// printed) or when what it checked did not hold.
-fn exit(result: Result<bool, String>) -> ExitCode {
+fn exit(result: anyhow::Result<bool>) -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("loadtest: {e}");
+            eprintln!("loadtest: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -142,9 +141,9 @@ fn exit(result: Result<bool, String>) -> ExitCode {
 
 /// Tokens die with the process that signed them (unless it has a fixed
 /// SECKILL_TOKEN_SECRET), so they are minted by a service that stays up.
-async fn write_tokens(target: &TargetArgs, args: &TokensArgs) -> Result<(), String> {
+async fn write_tokens(target: &TargetArgs, args: &TokensArgs) -> anyhow::Result<()> {
     let (Some(url), Some(admin_token)) = (&target.url, &target.admin_token) else {
-        return Err("tokens needs a running service: --url URL --admin-token T".into());
+        anyhow::bail!("tokens needs a running service: --url URL --admin-token T");
     };
     let target = Target::remote(url, admin_token);
     let tokens = Admin::new(&target).tokens(1, args.users).await?;
@@ -153,8 +152,8 @@ async fn write_tokens(target: &TargetArgs, args: &TokensArgs) -> Result<(), Stri
         .zip(1_i64..)
         .map(|(token, user_id)| json!({ "user_id": user_id, "token": token }))
         .collect();
-    let text = serde_json::to_string(&list).map_err(|e| e.to_string())?;
-    std::fs::write(&args.out, text).map_err(|e| format!("{}: {e}", args.out.display()))?;
+    let text = serde_json::to_string(&list)?;
+    std::fs::write(&args.out, text).with_context(|| args.out.display().to_string())?;
     eprintln!("wrote {} tokens to {}", list.len(), args.out.display());
     Ok(())
 }
@@ -163,7 +162,7 @@ async fn run(
     scenario: &Scenario,
     target: &Target,
     pgbench_seconds: u64,
-) -> Result<Vec<Report>, String> {
+) -> anyhow::Result<Vec<Report>> {
     let timed = |seconds| TimedArgs {
         seconds: Some(seconds),
         users: 100_000,

@@ -253,7 +253,7 @@ fn bar_chart(bars: &Bars) -> String {
     })
 }
 
-type Drawn = Result<(), Box<dyn std::error::Error>>;
+type Drawn = anyhow::Result<()>;
 
 /// A chart of the report's lines: `caption` on top, `x` by `y`, with
 /// `y_labels` pixels for the y axis's labels.

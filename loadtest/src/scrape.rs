@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
+use anyhow::Context;
+
 /// A counter's or gauge's value on the instance at `base`.
-pub(crate) async fn metric_sum(base: &str, name: &str) -> Result<f64, String> {
+pub(crate) async fn metric_sum(base: &str, name: &str) -> anyhow::Result<f64> {
     Ok(sum_of(&metrics_text(base).await?, name))
 }
 
@@ -21,20 +23,19 @@ pub(crate) fn sum_of(text: &str, name: &str) -> f64 {
 }
 
 /// The instance's `/metrics` page.
-pub(crate) async fn metrics_text(base: &str) -> Result<String, String> {
+pub(crate) async fn metrics_text(base: &str) -> anyhow::Result<String> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| e.to_string())?;
+        .build()?;
     client
         .get(format!("{base}/metrics"))
         .send()
         .await
         .and_then(reqwest::Response::error_for_status)
-        .map_err(|e| format!("{base}/metrics: {e}"))?
+        .with_context(|| format!("{base}/metrics"))?
         .text()
         .await
-        .map_err(|e| format!("{base}/metrics: {e}"))
+        .with_context(|| format!("{base}/metrics"))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use sqlx::{Connection, PgConnection};
 pub use testkit::{delete_keys, free_port, pg_server, redis_url};
 
@@ -48,12 +49,12 @@ pub struct Launch {
 
 /// The seckill binary (`seckill-lab` for the lab): given, or built next to
 /// this driver by cargo.
-fn seckill_binary(given: Option<PathBuf>, lab: bool) -> Result<PathBuf, String> {
+fn seckill_binary(given: Option<PathBuf>, lab: bool) -> anyhow::Result<PathBuf> {
     if let Some(path) = given {
         return Ok(path);
     }
     let name = if lab { "seckill-lab" } else { "seckill" };
-    let here = std::env::current_exe().map_err(|e| e.to_string())?;
+    let here = std::env::current_exe()?;
     let sibling = here.with_file_name(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     // Under `cargo run`, keep the service as fresh as the driver: cargo
     // builds it (a no-op when it is up to date).
@@ -68,17 +69,15 @@ fn seckill_binary(given: Option<PathBuf>, lab: bool) -> Result<PathBuf, String> 
         if release {
             build.arg("--release");
         }
-        let status = build
-            .status()
-            .map_err(|e| format!("cannot run cargo: {e}"))?;
+        let status = build.status().context("cannot run cargo")?;
         if !status.success() {
-            return Err("building the seckill binary failed".into());
+            anyhow::bail!("building the seckill binary failed");
         }
     }
     if sibling.exists() {
         Ok(sibling)
     } else {
-        Err(format!(
+        Err(anyhow::anyhow!(
             "no {name} binary at {}: run `cargo build --release` (`-p seckill-lab` for the lab) or pass --seckill-bin",
             sibling.display()
         ))
@@ -98,7 +97,7 @@ impl Target {
         }
     }
 
-    pub async fn start(launch: Launch) -> Result<Self, String> {
+    pub async fn start(launch: Launch) -> anyhow::Result<Self> {
         let bin = seckill_binary(launch.seckill_bin, launch.lab)?;
         let run = uuid::Uuid::new_v4().simple().to_string();
         let db_name = format!("seckill_load_{run}");
@@ -118,7 +117,7 @@ impl Target {
         };
         // One at a time: the first creates the database and migrates it.
         for _ in 0..launch.instances.max(1) {
-            let port = free_port().map_err(|e| e.to_string())?;
+            let port = free_port()?;
             let mut command = Command::new(&bin);
             command
                 .arg("serve")
@@ -147,7 +146,7 @@ impl Target {
                 Ok(child) => child,
                 Err(e) => {
                     target.stop().await;
-                    return Err(format!("cannot start {}: {e}", bin.display()));
+                    anyhow::bail!("cannot start {}: {e}", bin.display());
                 }
             };
             let base = format!("http://127.0.0.1:{port}");
@@ -243,13 +242,13 @@ impl Target {
             .collect()
     }
 
-    async fn wait_ready(&mut self, base: &str, limit: Duration) -> Result<(), String> {
+    async fn wait_ready(&mut self, base: &str, limit: Duration) -> anyhow::Result<()> {
         let client = reqwest::Client::new();
         let started = Instant::now();
         while started.elapsed() < limit {
             if let Some(child) = self.children.get_mut().expect("children lock").last_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!("seckill exited at start-up: {status}"));
+                    anyhow::bail!("seckill exited at start-up: {status}");
                 }
             }
             if let Ok(r) = client.get(format!("{base}/readyz")).send().await {
@@ -259,7 +258,9 @@ impl Target {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(format!("seckill at {base} was not ready within {limit:?}"))
+        Err(anyhow::anyhow!(
+            "seckill at {base} was not ready within {limit:?}"
+        ))
     }
 
     /// Stops a service we started (SIGTERM, so it drains) and drops its

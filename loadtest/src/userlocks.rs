@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use anyhow::Context;
 use clap::Args;
 use rand::seq::SliceRandom;
 use serde_json::{json, Value};
@@ -56,9 +57,9 @@ struct Run {
 
 const DESIGNS: [(&str, &str); 2] = [("lock on", "on"), ("lock off", "off")];
 
-pub async fn run(target: &TargetArgs, args: &UserLocksArgs) -> Result<bool, String> {
+pub async fn run(target: &TargetArgs, args: &UserLocksArgs) -> anyhow::Result<bool> {
     if target.url.is_some() {
-        return Err("userlocks starts its own instances (one design each); drop --url".into());
+        anyhow::bail!("userlocks starts its own instances (one design each); drop --url");
     }
     let mut runs = Vec::new();
     for round in 0..args.rounds {
@@ -73,7 +74,7 @@ pub async fn run(target: &TargetArgs, args: &UserLocksArgs) -> Result<bool, Stri
             let result = async {
                 let dups = crowd(&service, args, design, Crowd::Duplicates).await?;
                 let flash = crowd(&service, args, design, Crowd::Flash).await?;
-                Ok::<_, String>([dups, flash])
+                Ok::<_, anyhow::Error>([dups, flash])
             }
             .await;
             service.stop().await;
@@ -113,7 +114,7 @@ async fn crowd(
     args: &UserLocksArgs,
     design: &'static str,
     kind: Crowd,
-) -> Result<Run, String> {
+) -> anyhow::Result<Run> {
     let admin = Admin::new(target);
     let (users, stock) = match kind {
         Crowd::Duplicates => (args.dup_users, args.dup_users),
@@ -130,8 +131,8 @@ async fn crowd(
             plan
         }
     };
-    let unread = || "an instance's /metrics could not be read".to_owned();
-    let steps_before = sale_steps(target).await.ok_or_else(unread)?;
+    let unread = "an instance's /metrics could not be read";
+    let steps_before = sale_steps(target).await.context(unread)?;
     let cpu_before = Usage::now(target).await;
     let started = chrono::Utc::now().timestamp();
     let label = match kind {
@@ -144,7 +145,7 @@ async fn crowd(
     let cpu = Usage::now(target)
         .await
         .micros_per(&cpu_before, tally.requests);
-    let steps = sale_steps(target).await.ok_or_else(unread)? - steps_before;
+    let steps = sale_steps(target).await.context(unread)? - steps_before;
     let check = check(target, voucher, &tally, started, Some(stock.min(users)), 0).await?;
     Ok(Run {
         design,

@@ -87,7 +87,7 @@ pub(super) async fn weigh_refusal(
     target: &TargetArgs,
     args: &AbuseArgs,
     mut env: Vec<(String, String)>,
-) -> Result<RefusalCost, String> {
+) -> anyhow::Result<RefusalCost> {
     // The refusal's own work, on an instance that sends it at once: a
     // held refusal costs a timer more, and a phase of held refusals
     // would measure mostly the waiting and the connections it takes.
@@ -111,7 +111,7 @@ async fn refusal_cost(
     service: &Target,
     args: &AbuseArgs,
     voucher: i64,
-) -> Result<RefusalCost, String> {
+) -> anyhow::Result<RefusalCost> {
     let n = args.cpu_requests;
     // Enough addresses that none goes over its limit below 100,000
     // requests a second; a new address for every request would bill the

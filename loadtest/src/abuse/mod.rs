@@ -207,12 +207,9 @@ fn numbered(block: [usize; 2], spread: usize, i: usize) -> String {
 
 /// Runs every row, then the CPU phase; `Ok(false)` when an invariant
 /// broke or an honest buyer was answered 5xx (503 above all).
-pub async fn run(target: &TargetArgs, args: &AbuseArgs) -> Result<bool, String> {
+pub async fn run(target: &TargetArgs, args: &AbuseArgs) -> anyhow::Result<bool> {
     if target.url.is_some() {
-        return Err(
-            "abuse starts its own instances (it sets their limits, trusted proxy and body deadline); drop --url"
-                .into(),
-        );
+        anyhow::bail!("abuse starts its own instances (it sets their limits, trusted proxy and body deadline); drop --url");
     }
     let env = service_env(args);
     let service = Target::start(target.launch(args.instances.max(1), env.clone())).await?;
@@ -258,7 +255,7 @@ fn service_env(args: &AbuseArgs) -> Vec<(String, String)> {
     ]
 }
 
-async fn rows_of(service: &Target, args: &AbuseArgs) -> Result<Vec<Row>, String> {
+async fn rows_of(service: &Target, args: &AbuseArgs) -> anyhow::Result<Vec<Row>> {
     let admin = Admin::new(service);
     let users = args.users.max(1);
     let bots = args.bots.max(1);
@@ -298,7 +295,7 @@ async fn rows_of(service: &Target, args: &AbuseArgs) -> Result<Vec<Row>, String>
             .iter()
             .filter_map(|b| b.trim_start_matches("http://").parse().ok())
             .collect();
-        Some(testkit::Front::start(&instances)?)
+        Some(testkit::Front::start(&instances).map_err(anyhow::Error::msg)?)
     } else {
         None
     };

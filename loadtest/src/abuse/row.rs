@@ -100,7 +100,7 @@ pub(super) async fn run_row(
     attack: Attack,
     again: bool,
     via: Option<String>,
-) -> Result<Row, String> {
+) -> anyhow::Result<Row> {
     let voucher = admin.endless_voucher(SaleMode::Sync).await?;
     let base = via.clone().unwrap_or_else(|| service.base.clone());
     let origin_before = origin_reads(service).await;
@@ -144,7 +144,7 @@ pub(super) async fn run_row(
             let _ = opened.await;
             let honest = crowd.await;
             stop.store(true, Ordering::Relaxed);
-            let attacker = flooding.await.map_err(|e| e.to_string())?;
+            let attacker = flooding.await?;
             (honest, Some(attacker), None)
         }
         (None, Attack::SlowBodies) => {
@@ -320,7 +320,7 @@ async fn judged(
     honest: &Tally,
     attacker: Option<&Tally>,
     started: i64,
-) -> Result<Check, String> {
+) -> anyhow::Result<Check> {
     let Some(attacker) = attacker else {
         return check(service, voucher, honest, started, None, 0).await;
     };

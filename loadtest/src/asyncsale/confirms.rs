@@ -53,7 +53,7 @@ impl Histogram {
 }
 
 /// Reads [`CONFIRM_METRIC`] off every instance's `/metrics`.
-pub(super) async fn confirm_histogram(target: &Target) -> Result<Histogram, String> {
+pub(super) async fn confirm_histogram(target: &Target) -> anyhow::Result<Histogram> {
     let mut total = Histogram::default();
     for base in &target.bases {
         let one = parse_histogram(&metrics_text(base).await?, CONFIRM_METRIC);

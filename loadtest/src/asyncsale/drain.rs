@@ -13,7 +13,7 @@ pub(super) async fn stored(
     answered: &[String],
     clock: Instant,
     timeout_s: u64,
-) -> Result<Drain, String> {
+) -> anyhow::Result<Drain> {
     let look = || async move {
         let orders = admin.orders(voucher).await?;
         let ids: std::collections::HashSet<&str> =
@@ -53,7 +53,7 @@ pub(crate) async fn drain(
     accepted: u64,
     clock: Instant,
     timeout_s: u64,
-) -> Result<Drain, String> {
+) -> anyhow::Result<Drain> {
     let accepted = i64::try_from(accepted).unwrap_or(i64::MAX);
     let look = || async move {
         let stored = admin.stats(voucher).await?.orders;
@@ -70,10 +70,10 @@ async fn wait_stored<F, Fut>(
     timeout_s: u64,
     every: Duration,
     mut look: F,
-) -> Result<Drain, String>
+) -> anyhow::Result<Drain>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(i64, i64), String>>,
+    Fut: std::future::Future<Output = anyhow::Result<(i64, i64)>>,
 {
     let load_ended = clock.elapsed();
     let deadline = Instant::now() + Duration::from_secs(timeout_s);

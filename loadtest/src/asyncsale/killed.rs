@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
@@ -27,14 +28,14 @@ const IN_FLIGHT_METRIC: &str = "seckill_async_in_flight";
 /// users); the second is killed with `kill -9` in the middle of a crowd,
 /// its writer as good as always holding a batch read and not acknowledged.
 /// Every `202` must be stored once the survivor claimed what it held.
-pub async fn killed(target: &TargetArgs, args: &AsyncArgs) -> Result<Report, String> {
+pub async fn killed(target: &TargetArgs, args: &AsyncArgs) -> anyhow::Result<Report> {
     let service = Target::start(target.launch(2, Vec::new())).await?;
     let result = killed_crowd(&service, args).await;
     service.stop().await;
     result
 }
 
-async fn killed_crowd(target: &Target, args: &AsyncArgs) -> Result<Report, String> {
+async fn killed_crowd(target: &Target, args: &AsyncArgs) -> anyhow::Result<Report> {
     let admin = Admin::new(target);
     let users = args.crowd.flash_users * 2;
     let voucher = admin
@@ -48,7 +49,7 @@ async fn killed_crowd(target: &Target, args: &AsyncArgs) -> Result<Report, Strin
     let clock = Instant::now();
     let crowd = target.send_each(plan, args.crowd.flash_connections, "async kill -9");
     let (tally, (pid, killed_at)) = tokio::join!(crowd, kill_mid_batch(target, clock));
-    let pid = pid.ok_or("the second instance could not be killed")?;
+    let pid = pid.context("the second instance could not be killed")?;
     eprintln!("kill -9 of instance 2 (pid {pid}) after {killed_at:?}");
     if killed_at >= tally.elapsed {
         eprintln!(
@@ -114,7 +115,7 @@ async fn kill_mid_batch(target: &Target, clock: Instant) -> (Option<u32>, Durati
 }
 
 /// The check's problems of storing: 202s unstored after the wait, or by reconciliation.
-fn unstored(stored: &Drain, settled: &Result<Value, String>, timeout_s: u64) -> Vec<String> {
+fn unstored(stored: &Drain, settled: &anyhow::Result<Value>, timeout_s: u64) -> Vec<String> {
     let mut problems = Vec::new();
     if stored.lost > 0 {
         problems.push(format!(
@@ -125,14 +126,14 @@ fn unstored(stored: &Drain, settled: &Result<Value, String>, timeout_s: u64) -> 
     match settled {
         Ok(report) if report["unstored"].as_array().is_some_and(Vec::is_empty) => {}
         Ok(report) => problems.push(format!("reconciliation lists unstored orders: {report}")),
-        Err(e) => problems.push(e.clone()),
+        Err(e) => problems.push(format!("{e:#}")),
     }
     problems
 }
 
 /// Reconciles the voucher until no accepted order waits in its stream;
 /// the last report.
-async fn settled(admin: &Admin<'_>, voucher: i64, timeout_s: u64) -> Result<Value, String> {
+async fn settled(admin: &Admin<'_>, voucher: i64, timeout_s: u64) -> anyhow::Result<Value> {
     let deadline = Instant::now() + Duration::from_secs(timeout_s);
     loop {
         let report = admin.reconcile(voucher).await;
@@ -142,9 +143,10 @@ async fn settled(admin: &Admin<'_>, voucher: i64, timeout_s: u64) -> Result<Valu
             }
         }
         if Instant::now() >= deadline {
-            return Err(format!(
-                "accepted orders still in the stream {timeout_s} s after the load: {report:?}"
-            ));
+            anyhow::bail!(
+                "accepted orders still in the stream {timeout_s} s after the load: {:?}",
+                report.map_err(|e| format!("{e:#}"))
+            );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

@@ -54,7 +54,7 @@ pub struct AsyncArgs {
 const CONFIRM_METRIC: &str = "seckill_async_confirm_seconds";
 
 /// Runs the comparison; its goals go into the async row's `ratios`.
-pub async fn run(target: &Target, args: &AsyncArgs) -> Result<Vec<Report>, String> {
+pub async fn run(target: &Target, args: &AsyncArgs) -> anyhow::Result<Vec<Report>> {
     let admin = Admin::new(target);
     let seconds = Duration::from_secs(args.seconds);
     eprintln!("async: minting {} tokens", args.users);
@@ -140,7 +140,7 @@ impl Accepted {
         admin: &Admin<'_>,
         tokens: &[Arc<str>],
         args: &AsyncArgs,
-    ) -> Result<Self, String> {
+    ) -> anyhow::Result<Self> {
         let voucher = admin.endless_voucher(SaleMode::Async).await?;
         let confirms_before = confirm_histogram(target).await?;
         let cpu_before = Usage::now(target).await;
@@ -253,7 +253,7 @@ impl Accepted {
 
 /// A crowd three times each over scarce async stock: exactly the stock
 /// is accepted and, once written, stored.
-async fn flash(target: &Target, args: &AsyncArgs) -> Result<(Tally, Check, Drain), String> {
+async fn flash(target: &Target, args: &AsyncArgs) -> anyhow::Result<(Tally, Check, Drain)> {
     let admin = Admin::new(target);
     let voucher = admin
         .create_voucher(SaleMode::Async, args.crowd.flash_stock, 2)

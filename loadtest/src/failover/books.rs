@@ -116,7 +116,7 @@ pub(super) async fn books(
     let mut problems = Vec::new();
     match check(target, voucher, &tally, started_unix - 5, None, 0).await {
         Ok(c) => problems.extend(c.problems),
-        Err(e) => problems.push(format!("the invariants could not be read: {e}")),
+        Err(e) => problems.push(format!("the invariants could not be read: {e:#}")),
     }
     let mut others: BTreeMap<String, usize> = BTreeMap::new();
     for a in answers

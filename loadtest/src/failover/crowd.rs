@@ -116,7 +116,7 @@ pub(super) async fn stored_ids(
     url: &str,
     voucher: i64,
     ids: &[i64],
-) -> Result<HashSet<i64>, String> {
+) -> anyhow::Result<HashSet<i64>> {
     let read = async {
         let mut conn = sqlx::PgConnection::connect(url).await?;
         let rows: Vec<(i64,)> =
@@ -128,8 +128,8 @@ pub(super) async fn stored_ids(
         Ok::<_, sqlx::Error>(rows.into_iter().map(|(id,)| id).collect())
     };
     match tokio::time::timeout(Duration::from_secs(5), read).await {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(_) => Err("reading the orders took over 5 s".into()),
+        Ok(result) => Ok(result?),
+        Err(_) => anyhow::bail!("reading the orders took over 5 s"),
     }
 }
 

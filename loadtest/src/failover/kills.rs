@@ -31,7 +31,7 @@ pub(super) async fn kills(
     secret: &str,
     database_url: &str,
     args: &FailoverArgs,
-) -> Result<(bool, serde_json::Value), String> {
+) -> anyhow::Result<(bool, serde_json::Value)> {
     let window = Duration::from_secs(args.window);
     let taken = args.mode.taken();
     let mut summary = json!({
@@ -125,7 +125,7 @@ async fn kill_in_turn(
             Ok(resumed) => resumed,
             Err(e) => {
                 failure = Some(format!(
-                    "kill {k}: {e}\n{}",
+                    "kill {k}: {e:#}\n{}",
                     cluster.run("status").unwrap_or_default()
                 ));
                 break;
@@ -173,7 +173,7 @@ async fn stored_after(
                 stored = found;
                 read = true;
             }
-            Err(e) => say!("reading the orders: {e}"),
+            Err(e) => say!("reading the orders: {e:#}"),
         }
         // Sync: what is not there at the first reading never will be.
         let sync_read = args.mode == FailoverMode::Sync && read;
@@ -208,7 +208,7 @@ async fn resumption(
     database_url: &str,
     voucher: i64,
     args: &FailoverArgs,
-) -> Result<Instant, String> {
+) -> anyhow::Result<Instant> {
     let bound = Duration::from_secs(args.resume_timeout);
     loop {
         let recent = crowd.since(mark);
@@ -255,7 +255,7 @@ async fn resumption(
             }
         }
         if at.elapsed() > bound {
-            return Err(format!("no order committed within {bound:?} of the kill"));
+            anyhow::bail!("no order committed within {bound:?} of the kill");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -96,15 +96,15 @@ impl FailoverMode {
     }
 }
 
-pub async fn run(target_args: &TargetArgs, args: &FailoverArgs) -> Result<bool, String> {
+pub async fn run(target_args: &TargetArgs, args: &FailoverArgs) -> anyhow::Result<bool> {
     BEGAN.get_or_init(Instant::now);
     if target_args.url.is_some() {
-        return Err("failover starts its own cluster and service; drop --url".into());
+        anyhow::bail!("failover starts its own cluster and service; drop --url");
     }
     say!("bringing up the cluster (scripts/ha.sh up)");
     let cluster = tokio::task::spawn_blocking(Cluster::up)
-        .await
-        .map_err(|e| e.to_string())??;
+        .await?
+        .map_err(anyhow::Error::msg)?;
     say!("cluster up, haproxy at {}", cluster.server);
     let result = sale(&cluster, target_args, args).await;
     say!("stopping the cluster");
@@ -116,7 +116,7 @@ async fn sale(
     cluster: &Cluster,
     target_args: &TargetArgs,
     args: &FailoverArgs,
-) -> Result<bool, String> {
+) -> anyhow::Result<bool> {
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     // The service creates its database on the cluster; Target::start's
     // own name on the shared server is never created, so its drop there

@@ -18,7 +18,7 @@ async fn sync_rate(
     secret: &str,
     connections: usize,
     seconds: u64,
-) -> Result<f64, String> {
+) -> anyhow::Result<f64> {
     let voucher = Admin::new(target).endless_voucher(SaleMode::Sync).await?;
     let crowd = Crowd::start(&target.base, voucher, secret, connections);
     // A second of warm-up: connections opened, statements prepared.
@@ -37,7 +37,7 @@ pub(super) async fn replication_price(
     single: &Target,
     secret: &str,
     args: &FailoverArgs,
-) -> Result<serde_json::Value, String> {
+) -> anyhow::Result<serde_json::Value> {
     let (mut replicated, mut alone) = (Vec::new(), Vec::new());
     for round in 1..=args.ratio_rounds {
         say!(

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{LabArgs, Row, Stall};
@@ -57,7 +58,7 @@ fn lab_path(strategy: &str, voucher: i64, stall: Stall, lease: Duration) -> Stri
 /// stock. With `Stall::Crash`, every other user's requests crash between
 /// Redis and Postgres; a stream design's writers are then given time to
 /// recover what their dead consumer left.
-pub(super) async fn crowd(target: &Target, cell: &Cell<'_>) -> Result<Row, String> {
+pub(super) async fn crowd(target: &Target, cell: &Cell<'_>) -> anyhow::Result<Row> {
     let (admin, args, bases) = (cell.admin, cell.args, cell.bases);
     let voucher = admin.lab_voucher(args.stock).await?;
     let plain = lab_path(cell.strategy, voucher, Stall::None, args.lease());
@@ -93,7 +94,7 @@ pub(super) async fn crowd(target: &Target, cell: &Cell<'_>) -> Result<Row, Strin
 }
 
 /// Stalled pairs (see the module's text), every user at once.
-pub(super) async fn pairs(cell: &Cell<'_>) -> Result<Row, String> {
+pub(super) async fn pairs(cell: &Cell<'_>) -> anyhow::Result<Row> {
     let (admin, args, bases) = (cell.admin, cell.args, cell.bases);
     // Plenty of stock: these rows are about users, not units.
     let voucher = admin.lab_voucher(args.pairs * 10).await?;
@@ -141,7 +142,7 @@ pub(super) async fn pairs(cell: &Cell<'_>) -> Result<Row, String> {
     // each would zero a 150 KB histogram per user, as drive.rs says).
     let mut tally = Tally::starting_at(started);
     for task in tasks {
-        for answered in task.await.map_err(|e| format!("a pair panicked: {e}"))? {
+        for answered in task.await.context("a pair panicked")? {
             tally.record(answered);
         }
     }

@@ -145,10 +145,10 @@ impl Expect {
 
 /// The lab starts its own two instances with the lab on: no deployment
 /// should serve it. `Ok(false)`: a design broke a guarantee it gives.
-pub async fn run(target: &TargetArgs, args: &LabArgs) -> Result<bool, String> {
+pub async fn run(target: &TargetArgs, args: &LabArgs) -> anyhow::Result<bool> {
     if target.url.is_some() {
-        return Err(
-            "lab starts its own two instances of seckill-lab (SECKILL_LAB=1); drop --url".into(),
+        anyhow::bail!(
+            "lab starts its own two instances of seckill-lab (SECKILL_LAB=1); drop --url"
         );
     }
     let lease = args.lease();
@@ -179,19 +179,19 @@ pub async fn run(target: &TargetArgs, args: &LabArgs) -> Result<bool, String> {
 
 /// Runs every row against `target` (started with the lab on, two
 /// instances); rows in the order printed.
-async fn run_grid(target: &Target, args: &LabArgs) -> Result<Vec<Row>, String> {
+async fn run_grid(target: &Target, args: &LabArgs) -> anyhow::Result<Vec<Row>> {
     if target.bases.len() < 2 {
-        return Err("the lab needs two instances".into());
+        anyhow::bail!("the lab needs two instances");
     }
     let strategies: Vec<&'static str> = STRATEGIES
         .into_iter()
         .filter(|s| args.strategy.is_empty() || args.strategy.iter().any(|a| a == s))
         .collect();
     if strategies.is_empty() {
-        return Err(format!(
+        anyhow::bail!(
             "no such strategy in {:?}; the strategies are {STRATEGIES:?}",
             args.strategy
-        ));
+        );
     }
     let admin = Admin::new(target);
     let users = args.users.max(args.pairs);

@@ -17,14 +17,13 @@ struct Instance {
 }
 
 /// The voucher's epoch: initial stock + units returned (it only grows).
-async fn epoch(pool: &PgPool, voucher: i64) -> Result<i64, String> {
-    sqlx::query_scalar(
+async fn epoch(pool: &PgPool, voucher: i64) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
         "SELECT (initial_stock + returned)::bigint FROM lablife_vouchers WHERE id = $1",
     )
     .bind(voucher)
     .fetch_one(pool)
-    .await
-    .map_err(|e| e.to_string())
+    .await?)
 }
 
 /// A purchase of one unit on `instance`: true when sold.
@@ -36,16 +35,12 @@ async fn buy(
     voucher: i64,
     user: i64,
     right: bool,
-) -> Result<bool, String> {
+) -> anyhow::Result<bool> {
     if instance.soldout.load(Ordering::Relaxed) {
         if !right {
             return Ok(false);
         }
-        let current: Option<i64> = redis::cmd("GET")
-            .arg(key)
-            .query_async(conn)
-            .await
-            .map_err(|e| e.to_string())?;
+        let current: Option<i64> = redis::cmd("GET").arg(key).query_async(conn).await?;
         if current.unwrap_or(0) == instance.epoch.load(Ordering::Relaxed) {
             return Ok(false);
         }
@@ -60,8 +55,7 @@ async fn buy(
     .bind(voucher)
     .bind(user)
     .fetch_optional(pool)
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     if sold.is_some() {
         return Ok(true);
     }
@@ -81,18 +75,14 @@ pub(super) async fn soldout_flag(
     prefix: &str,
     orders: i64,
     right: bool,
-) -> Result<LifeRow, String> {
-    let mut conn = redis
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| e.to_string())?;
+) -> anyhow::Result<LifeRow> {
+    let mut conn = redis.get_multiplexed_async_connection().await?;
     let (voucher,): (i64,) = sqlx::query_as(
         "INSERT INTO lablife_vouchers (initial_stock, stock) VALUES ($1, $1) RETURNING id",
     )
     .bind(i32::try_from(orders).unwrap_or(i32::MAX))
     .fetch_one(pool)
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let key = format!("{prefix}lablife:{voucher}:epoch");
     let (a, b) = (
         Instance {
@@ -109,13 +99,12 @@ pub(super) async fn soldout_flag(
     }
     // B sees it sold out.
     buy(pool, &mut conn, &key, &b, voucher, orders + 1, right).await?;
-    for id in order_ids(pool, voucher).await.map_err(|e| e.to_string())? {
+    for id in order_ids(pool, voucher).await? {
         sqlx::query(CLOSE_AND_RETURN)
             .bind(id)
             .bind("cancelled")
             .execute(pool)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
     }
     // A publishes the epoch its returns made (the right design reads it).
     let () = redis::cmd("SET")
@@ -124,22 +113,18 @@ pub(super) async fn soldout_flag(
         .arg("PX")
         .arg(600_000)
         .query_async(&mut conn)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let mut refused = 0;
     for user in orders + 2..=2 * orders + 1 {
         if !buy(pool, &mut conn, &key, &b, voucher, user, right).await? {
             refused += 1;
         }
     }
-    let mut row = judge(pool, voucher, Scenario::SoldoutFlag, right, &HashSet::new())
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut row = judge(pool, voucher, Scenario::SoldoutFlag, right, &HashSet::new()).await?;
     let (stock,): (i32,) = sqlx::query_as("SELECT stock FROM lablife_vouchers WHERE id = $1")
         .bind(voucher)
         .fetch_one(pool)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     row.hidden = i64::from(stock).min(refused);
     let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&key).query_async(&mut conn).await;
     Ok(row)

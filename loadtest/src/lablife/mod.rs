@@ -32,6 +32,7 @@ mod transitions;
 
 use std::time::Duration;
 
+use anyhow::Context;
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 
@@ -178,30 +179,26 @@ pub async fn run(
     redis_url: &str,
     prefix: &str,
     orders: i64,
-) -> Result<Vec<LifeRow>, String> {
+) -> anyhow::Result<Vec<LifeRow>> {
     let pool = PgPoolOptions::new()
         .max_connections(40)
         .connect(url)
-        .await
-        .map_err(|e| e.to_string())?;
-    sqlx::raw_sql(SCHEMA)
-        .execute(&pool)
-        .await
-        .map_err(|e| e.to_string())?;
-    let redis = redis::Client::open(redis_url).map_err(|e| e.to_string())?;
+        .await?;
+    sqlx::raw_sql(SCHEMA).execute(&pool).await?;
+    let redis = redis::Client::open(redis_url)?;
     let mut rows = Vec::new();
     for scenario in Scenario::ALL {
         for right in [false, true] {
             let row = match scenario {
                 Scenario::PaymentMeetsExpiry => payment_meets_expiry(&pool, orders, right)
                     .await
-                    .map_err(|e| e.to_string()),
+                    .map_err(anyhow::Error::from),
                 Scenario::TimeoutTwice => timeout_twice(&pool, orders, right)
                     .await
-                    .map_err(|e| e.to_string()),
+                    .map_err(anyhow::Error::from),
                 Scenario::SoldoutFlag => soldout_flag(&pool, &redis, prefix, orders, right).await,
             }
-            .map_err(|e| format!("lab {} ({}): {e}", scenario.name(), scenario.design(right)))?;
+            .with_context(|| format!("lab {} ({})", scenario.name(), scenario.design(right)))?;
             eprintln!(
                 "lab lifecycle {:<21} {:<26} {}",
                 scenario.name(),

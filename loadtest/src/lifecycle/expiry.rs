@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use chrono::{DateTime, Utc};
 use hdrhistogram::Histogram;
 use serde_json::json;
@@ -18,7 +19,7 @@ use super::{books, paced, priced_sale, sampled, wait_for, Caller, Part, Stage};
 /// 'lateness': selling at full speed on both instances with a one-second
 /// payment window, so orders expire all through the sale (their users buy
 /// again): how late after `pay_by` each expiry was, from the rows.
-pub(super) async fn lateness(stage: &Stage<'_>) -> Result<Part, String> {
+pub(super) async fn lateness(stage: &Stage<'_>) -> anyhow::Result<Part> {
     let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new("lateness");
     let voucher = admin
@@ -48,7 +49,7 @@ pub(super) async fn lateness(stage: &Stage<'_>) -> Result<Part, String> {
     let url = target
         .database_url
         .as_deref()
-        .ok_or("lateness needs the service's database")?;
+        .context("lateness needs the service's database")?;
     let late = lateness_ms(url, voucher, load_end).await?;
     part.fact("expired_during_load", late.count);
     part.fact("late_ms_p50", late.p50);
@@ -92,10 +93,8 @@ struct Lateness {
 
 /// How late the voucher's expiries were (closed_at - pay_by, ms), for the
 /// orders due by `due_by`.
-async fn lateness_ms(url: &str, voucher: i64, due_by: DateTime<Utc>) -> Result<Lateness, String> {
-    let mut conn = PgConnection::connect(url)
-        .await
-        .map_err(|e| e.to_string())?;
+async fn lateness_ms(url: &str, voucher: i64, due_by: DateTime<Utc>) -> anyhow::Result<Lateness> {
+    let mut conn = PgConnection::connect(url).await?;
     let (count, p50, p99, max): (i64, Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(
         "WITH l AS (SELECT extract(epoch FROM closed_at - pay_by)::float8 * 1000 AS ms
                     FROM voucher_orders WHERE voucher_id = $1 AND status = 'expired' AND pay_by <= $2)
@@ -105,8 +104,7 @@ async fn lateness_ms(url: &str, voucher: i64, due_by: DateTime<Utc>) -> Result<L
     .bind(voucher)
     .bind(due_by)
     .fetch_one(&mut conn)
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let round = |x: Option<f64>| (x.unwrap_or(0.0) * 10.0).round() / 10.0;
     Ok(Lateness {
         count,
@@ -120,14 +118,14 @@ async fn lateness_ms(url: &str, voucher: i64, due_by: DateTime<Utc>) -> Result<L
 /// moved to one instant (as if every buyer had bought in the same second),
 /// expire while another voucher sells at full speed; its p99 beside a run
 /// of the same load just before.
-pub(super) async fn mass_expiry(stage: &Stage<'_>) -> Result<Part, String> {
+pub(super) async fn mass_expiry(stage: &Stage<'_>) -> anyhow::Result<Part> {
     let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new("mass-expiry");
     let caller = Caller::new(target, "", 16);
     let url = target
         .database_url
         .as_deref()
-        .ok_or("mass-expiry needs the service's database")?;
+        .context("mass-expiry needs the service's database")?;
     let new_sale = |stock| priced_sale(SaleMode::Sync, stock, 86_400);
     let expiring = admin.create_sale(new_sale(args.expiring)).await?;
     let other = admin.create_sale(new_sale(i64::from(i32::MAX))).await?;
@@ -136,7 +134,7 @@ pub(super) async fn mass_expiry(stage: &Stage<'_>) -> Result<Part, String> {
     let plan = target.purchases(expiring, &buyers, 1);
     let bought = target.send_each(plan, args.connections, "buy").await;
     if bought.count("200") != u64::try_from(args.expiring).unwrap_or(0) {
-        return Err(format!("buying the expiring sale: {:?}", bought.statuses));
+        anyhow::bail!("buying the expiring sale: {:?}", bought.statuses);
     }
     // The other voucher sells at a steady rate (an open load: latency is
     // not hidden by fewer requests sent), alone and then beside the expiry.
@@ -148,9 +146,7 @@ pub(super) async fn mass_expiry(stage: &Stage<'_>) -> Result<Part, String> {
         .shared_tokens(stage.first_user + args.expiring + crowd, crowd)
         .await?;
     let baseline = paced(&caller, other, &before, args.beside_rate).await;
-    let mut conn = PgConnection::connect(url)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut conn = PgConnection::connect(url).await?;
     let (due, moved) = move_deadlines(&mut conn, expiring).await?;
     part.fact("deadlines_moved", moved);
     let due_at = Instant::now() + (due - Utc::now()).to_std().unwrap_or_default();
@@ -196,7 +192,7 @@ pub(super) async fn mass_expiry(stage: &Stage<'_>) -> Result<Part, String> {
 async fn move_deadlines(
     conn: &mut PgConnection,
     voucher: i64,
-) -> Result<(DateTime<Utc>, i64), String> {
+) -> anyhow::Result<(DateTime<Utc>, i64)> {
     sqlx::query_as(
         "WITH due AS (SELECT now() + interval '1 second' AS at),
               moved AS (UPDATE voucher_orders SET pay_by = (SELECT at FROM due)
@@ -206,7 +202,7 @@ async fn move_deadlines(
     .bind(voucher)
     .fetch_one(conn)
     .await
-    .map_err(|e| format!("moving the deadlines: {e}"))
+    .context("moving the deadlines")
 }
 
 /// Seconds from `due` to the last expiry of `voucher`'s orders, from the
@@ -215,14 +211,13 @@ async fn expired_after(
     conn: &mut PgConnection,
     voucher: i64,
     due: DateTime<Utc>,
-) -> Result<f64, String> {
+) -> anyhow::Result<f64> {
     let (first, last): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) = sqlx::query_as(
         "SELECT min(closed_at), max(closed_at) FROM voucher_orders WHERE voucher_id = $1 AND status = 'expired'",
     )
     .bind(voucher)
     .fetch_one(conn)
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     Ok(match (first, last) {
         (Some(_), Some(last)) => (last - due).num_milliseconds() as f64 / 1000.0,
         _ => f64::NAN,

@@ -123,7 +123,7 @@ struct Stage<'a> {
 
 /// Runs every part on a two-instance service started with a payment
 /// secret; prints each part and one JSON line. `Ok(false)`: a promise broke.
-pub async fn run(target: &Target, secret: &str, args: &LifecycleArgs) -> Result<bool, String> {
+pub async fn run(target: &Target, secret: &str, args: &LifecycleArgs) -> anyhow::Result<bool> {
     let mut parts = Vec::new();
     let mut part_no = 0;
     let mut stage = || {
@@ -401,7 +401,7 @@ async fn wait_for(
     limit: Duration,
     what: &str,
     done: impl Fn(&Stats) -> bool,
-) -> Result<Stats, String> {
+) -> anyhow::Result<Stats> {
     let started = Instant::now();
     loop {
         let stats = admin.stats(voucher).await?;
@@ -409,7 +409,7 @@ async fn wait_for(
             return Ok(stats);
         }
         if started.elapsed() > limit {
-            return Err(format!("{what}: not within {limit:?}: {stats:?}"));
+            anyhow::bail!("{what}: not within {limit:?}: {stats:?}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -422,7 +422,7 @@ async fn wait_stored(
     voucher: i64,
     limit: Duration,
     what: &str,
-) -> Result<Stats, String> {
+) -> anyhow::Result<Stats> {
     wait_for(admin, voucher, limit, what, |s| s.pending == 0).await
 }
 
@@ -461,10 +461,8 @@ async fn paced(caller: &Caller, voucher: i64, tokens: &[Arc<str>], rate: u32) ->
 /// The books in SQL: every closed order gave exactly one unit back, every
 /// paid order has exactly one accepted payment and no other order has one,
 /// no return is left in the outbox.
-async fn books(url: &str, voucher: i64) -> Result<Vec<String>, String> {
-    let mut conn = PgConnection::connect(url)
-        .await
-        .map_err(|e| e.to_string())?;
+async fn books(url: &str, voucher: i64) -> anyhow::Result<Vec<String>> {
+    let mut conn = PgConnection::connect(url).await?;
     let (initial, stock, returned, live, closed, paid_mismatch, double_paid, outbox): (
         i32,
         i32,
@@ -487,8 +485,7 @@ async fn books(url: &str, voucher: i64) -> Result<Vec<String>, String> {
     )
     .bind(voucher)
     .fetch_one(&mut conn)
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let mut problems = Vec::new();
     if returned != closed {
         problems.push(format!(

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use chrono::{DateTime, Utc};
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -224,7 +225,7 @@ fn judge_race(o: &RaceOutcome, last: &str, faults: &mut Faults, tally: &mut BTre
 /// 'races-{mode}': `args.races` orders, each paid, cancelled or left to
 /// expire, payments and cancels landing within +-150 ms of the deadline and
 /// delivered to both instances; then the returned units are bought again.
-pub(super) async fn races(stage: &Stage<'_>, secret: &str, mode: SaleMode) -> Result<Part, String> {
+pub(super) async fn races(stage: &Stage<'_>, secret: &str, mode: SaleMode) -> anyhow::Result<Part> {
     let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new(format!("races-{}", mode.name()));
     let caller = Caller::new(target, secret, 1_000);
@@ -278,7 +279,7 @@ async fn race_all(
     voucher: i64,
     tokens: &[Arc<str>],
     args: &LifecycleArgs,
-) -> Result<(Tally, Stats, Vec<RaceOutcome>, Stats, chrono::Duration), String> {
+) -> anyhow::Result<(Tally, Stats, Vec<RaceOutcome>, Stats, chrono::Duration)> {
     let tally = paced(caller, voucher, tokens, args.race_rate).await;
     let stored = wait_stored(admin, voucher, Duration::from_secs(120), "orders stored").await?;
     let orders = deadlines(caller, &tally.order_ids).await?;
@@ -298,7 +299,7 @@ async fn race_all(
     }
     let mut outcomes = Vec::new();
     while let Some(done) = set.join_next().await {
-        outcomes.push(done.map_err(|e| format!("a race task failed: {e}"))?);
+        outcomes.push(done.context("a race task failed")?);
     }
     let closed = wait_for(
         admin,
@@ -319,7 +320,7 @@ async fn judge_races(
     admin: &Admin<'_>,
     voucher: i64,
     outcomes: &[RaceOutcome],
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     let finals: HashMap<String, String> = admin
         .order_lines(voucher)
         .await?
@@ -383,7 +384,7 @@ async fn buy_again(
     returned: i64,
     first_user: i64,
     args: &LifecycleArgs,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     let extra = (returned / 10).max(10);
     let rebuyers = admin.shared_tokens(first_user, returned + extra).await?;
     let second: Arc<str> = target.bases[target.bases.len() - 1].as_str().into();
@@ -418,34 +419,32 @@ async fn buy_again(
 async fn deadlines(
     caller: &Caller,
     ids: &[String],
-) -> Result<Vec<(String, DateTime<Utc>)>, String> {
+) -> anyhow::Result<Vec<(String, DateTime<Utc>)>> {
     let permits = Arc::new(Semaphore::new(64));
     let mut set = JoinSet::new();
     for id in ids {
         let (caller, id, permits) = (caller.clone(), id.clone(), permits.clone());
         set.spawn(async move {
-            let _permit = permits.acquire().await.map_err(|e| e.to_string())?;
+            let _permit = permits.acquire().await?;
             let url = format!("{}/orders/{id}", caller.bases[0]);
             let order: Value = caller
                 .client
                 .get(url)
                 .bearer_auth(&*caller.admin_token)
                 .send()
-                .await
-                .map_err(|e| e.to_string())?
+                .await?
                 .json()
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             let pay_by = order["pay_by"]
                 .as_str()
                 .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-                .ok_or_else(|| format!("order {id} has no pay_by: {order}"))?;
-            Ok::<_, String>((id, pay_by.with_timezone(&Utc)))
+                .with_context(|| format!("order {id} has no pay_by: {order}"))?;
+            Ok::<_, anyhow::Error>((id, pay_by.with_timezone(&Utc)))
         });
     }
     let mut out = Vec::with_capacity(ids.len());
     while let Some(done) = set.join_next().await {
-        out.push(done.map_err(|e| e.to_string())??);
+        out.push(done??);
     }
     Ok(out)
 }

@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
+
 use crate::api::SaleMode;
 
 use super::{priced_sale, sampled, wait_stored, Caller, Part, Stage};
@@ -11,7 +13,7 @@ use super::{priced_sale, sampled, wait_stored, Caller, Part, Stage};
 /// 'rebuy-{mode}': a one-unit sale, sold out; its buyer cancels through one
 /// instance while another user keeps trying through the other: how long
 /// until the returned unit is bought again there.
-pub(super) async fn rebuys(stage: &Stage<'_>, mode: SaleMode) -> Result<Part, String> {
+pub(super) async fn rebuys(stage: &Stage<'_>, mode: SaleMode) -> anyhow::Result<Part> {
     let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new(format!("rebuy-{}", mode.name()));
     let caller = Caller::new(target, "", 16);
@@ -22,7 +24,7 @@ pub(super) async fn rebuys(stage: &Stage<'_>, mode: SaleMode) -> Result<Part, St
     let mut holder = body["order_id"]
         .as_str()
         .map(str::to_owned)
-        .ok_or(format!("first purchase: {code} {body}"))?;
+        .with_context(|| format!("first purchase: {code} {body}"))?;
     let mut latency: Vec<Duration> = Vec::with_capacity(args.rebuys);
     let work = async {
         for round in 0..args.rebuys {
@@ -31,12 +33,12 @@ pub(super) async fn rebuys(stage: &Stage<'_>, mode: SaleMode) -> Result<Part, St
             // The waiter sees it sold out first (the other instance's flag).
             let (code, body) = caller.buy(to, voucher, token).await;
             if code != 409 || body["error"] != "sold_out" {
-                return Err(format!("round {round}: before the cancel: {code} {body}"));
+                anyhow::bail!("round {round}: before the cancel: {code} {body}");
             }
             let cancelled = caller.cancel(from, &holder).await;
             let back = Instant::now();
             if !cancelled.is(200, "cancelled", None) {
-                return Err(format!("round {round}: cancel: {}", cancelled.describe()));
+                anyhow::bail!("round {round}: cancel: {}", cancelled.describe());
             }
             loop {
                 let (code, body) = caller.buy(to, voucher, token).await;
@@ -45,9 +47,7 @@ pub(super) async fn rebuys(stage: &Stage<'_>, mode: SaleMode) -> Result<Part, St
                     break;
                 }
                 if back.elapsed() > Duration::from_secs(5) {
-                    return Err(format!(
-                        "round {round}: not bought again within 5 s: {code} {body}"
-                    ));
+                    anyhow::bail!("round {round}: not bought again within 5 s: {code} {body}");
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }

@@ -11,17 +11,13 @@ use super::round;
 use crate::service::{redis_url, Target};
 
 /// Calls per command name, from `INFO commandstats` of the local Redis.
-pub(super) async fn commandstats() -> Result<BTreeMap<String, u64>, String> {
-    let client = redis::Client::open(redis_url()).map_err(|e| e.to_string())?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| e.to_string())?;
+pub(super) async fn commandstats() -> anyhow::Result<BTreeMap<String, u64>> {
+    let client = redis::Client::open(redis_url())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut conn)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     Ok(parse_commandstats(&info))
 }
 
@@ -50,12 +46,9 @@ pub(super) async fn count_client_commands(
     voucher: i64,
     tokens: &[Arc<str>],
     connections: usize,
-) -> Result<Sent, String> {
-    let client = redis::Client::open(redis_url()).map_err(|e| e.to_string())?;
-    let monitor = client
-        .get_async_monitor()
-        .await
-        .map_err(|e| e.to_string())?;
+) -> anyhow::Result<Sent> {
+    let client = redis::Client::open(redis_url())?;
+    let monitor = client.get_async_monitor().await?;
     let mut lines = monitor.into_on_message::<String>();
     let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
     let counter = tokio::spawn(async move {
@@ -90,7 +83,7 @@ pub(super) async fn count_client_commands(
     // let the last of its commands reach MONITOR.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let _ = stop.send(());
-    let by_name = counter.await.map_err(|e| e.to_string())?;
+    let by_name = counter.await?;
     let purchases = (tally.count("200") + tally.count("202")).max(1) as f64;
     let per_purchase = by_name.values().sum::<u64>() as f64 / purchases;
     Ok(Sent {

@@ -100,7 +100,7 @@ impl Cost {
     }
 }
 
-pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, String> {
+pub async fn run(target: &Target, args: &SpeedArgs) -> anyhow::Result<Vec<Report>> {
     let admin = Admin::new(target);
     let seconds = Duration::from_secs(args.seconds);
     eprintln!("speed: minting {} tokens", args.users + 2 * args.counted);
@@ -116,7 +116,7 @@ pub async fn run(target: &Target, args: &SpeedArgs) -> Result<Vec<Report>, Strin
             Ok((tally, n))
         })
         .await?;
-        Ok::<_, String>(Cost {
+        Ok::<_, anyhow::Error>(Cost {
             rate: tally.rps(),
             ..cost
         })
@@ -222,7 +222,7 @@ async fn purchases(
     tokens: &[Arc<str>],
     args: &SpeedArgs,
     mode: SaleMode,
-) -> Result<(Tally, Check, Cost), String> {
+) -> anyhow::Result<(Tally, Check, Cost)> {
     let admin = Admin::new(target);
     let (label, taken) = match mode {
         SaleMode::Sync => ("sync", "200"),
@@ -294,7 +294,7 @@ struct FlashRounds {
 /// FLASH_ROUNDS rounds, judged by the median round. A p99 of 30,000
 /// requests is their 300 slowest, and one stall of the machine moves it by
 /// half.
-async fn flash_rounds(target: &Target, args: &SpeedArgs) -> Result<FlashRounds, String> {
+async fn flash_rounds(target: &Target, args: &SpeedArgs) -> anyhow::Result<FlashRounds> {
     let mut rounds = Vec::with_capacity(FLASH_ROUNDS);
     for _ in 0..FLASH_ROUNDS {
         let crowd = crate::crowds::flash(
@@ -403,10 +403,10 @@ fn goals(
 
 /// Runs `work` (which says how many units it did) and what it cost per
 /// unit: CPU by process, Redis commands executed and PINGs.
-async fn measured<F, Fut>(target: &Target, work: F) -> Result<(Tally, Cost), String>
+async fn measured<F, Fut>(target: &Target, work: F) -> anyhow::Result<(Tally, Cost)>
 where
     F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Result<(Tally, u64), String>>,
+    Fut: std::future::Future<Output = anyhow::Result<(Tally, u64)>>,
 {
     let stats_before = commandstats().await?;
     let cpu_before = Usage::now(target).await;
@@ -444,34 +444,31 @@ async fn wait_stored(
     voucher: i64,
     accepted: u64,
     clock: Instant,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     use sqlx::Connection;
     let Some(url) = &target.database_url else {
         let drained = drain(admin, voucher, accepted, clock, 120).await?;
         return match drained.lost {
             0 => Ok(()),
-            lost => Err(format!("{lost} accepted orders not stored")),
+            lost => Err(anyhow::anyhow!("{lost} accepted orders not stored")),
         };
     };
-    let mut conn = sqlx::PgConnection::connect(url)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut conn = sqlx::PgConnection::connect(url).await?;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let stored: i64 =
             sqlx::query_scalar("SELECT count(*) FROM voucher_orders WHERE voucher_id = $1")
                 .bind(voucher)
                 .fetch_one(&mut conn)
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
         if stored >= i64::try_from(accepted).unwrap_or(i64::MAX) {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            return Err(format!(
+            anyhow::bail!(
                 "{} accepted orders not stored after 120 s",
                 accepted as i64 - stored
-            ));
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -40,13 +40,12 @@ pub(super) async fn poll_cost(
     admin: &Admin<'_>,
     tokens: &[Arc<str>],
     args: &WaitingRoomArgs,
-) -> Result<PollCost, String> {
+) -> anyhow::Result<PollCost> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.connections)
         .tcp_nodelay(true)
         .timeout(Duration::from_secs(30))
-        .build()
-        .map_err(|e| e.to_string())?;
+        .build()?;
     // Admitting one a second from a second ago: the polls find their
     // users placed and waiting, as most of a crowd is.
     let voucher = side_room(
@@ -76,7 +75,7 @@ pub(super) async fn poll_cost(
         .filter_map(|(i, t)| Some((i, t?)))
         .collect();
     if tickets.is_empty() {
-        return Err("no user of the poll-cost room could join it".into());
+        anyhow::bail!("no user of the poll-cost room could join it");
     }
     let n = args.cpu_polls;
     let healthz = |label: &'static str| {

@@ -21,6 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::Args;
 use serde_json::{json, Value};
@@ -104,15 +105,12 @@ pub struct WaitingRoomArgs {
 /// `Ok(false)` when an invariant broke, a purchase without an admission
 /// succeeded (or was answered other than `403 not_admitted`), a user held
 /// two places, two users one, or a join with proof was refused.
-pub async fn run(target: &TargetArgs, args: &WaitingRoomArgs) -> Result<bool, String> {
+pub async fn run(target: &TargetArgs, args: &WaitingRoomArgs) -> anyhow::Result<bool> {
     if target.url.is_some() {
-        return Err("waitingroom starts its own instances; drop --url".into());
+        anyhow::bail!("waitingroom starts its own instances; drop --url");
     }
     if args.prequeue < 3 || args.later < 3 || args.lead < 3 || args.admit_per_second < 1 {
-        return Err(
-            "waitingroom needs --prequeue and --later of 3 or more, --lead of 3 s or more and --admit-per-second of 1 or more"
-                .into(),
-        );
+        anyhow::bail!("waitingroom needs --prequeue and --later of 3 or more, --lead of 3 s or more and --admit-per-second of 1 or more");
     }
     // One address sends the whole crowd, and a bot joins a hundred times:
     // the limits would judge the driver, not the room.
@@ -128,7 +126,7 @@ pub async fn run(target: &TargetArgs, args: &WaitingRoomArgs) -> Result<bool, St
 
 /// The sale, the room and its crowd, then the phases that weigh a poll
 /// and proof of work; the report printed last.
-async fn scenario(target: &Target, args: &WaitingRoomArgs) -> Result<bool, String> {
+async fn scenario(target: &Target, args: &WaitingRoomArgs) -> anyhow::Result<bool> {
     let admin = Admin::new(target);
     let users = args.prequeue + args.bots + args.later;
     eprintln!("waitingroom: minting {} tokens", thousands(users));
@@ -176,7 +174,7 @@ async fn open_sale(
     admin: &Admin<'_>,
     args: &WaitingRoomArgs,
     created: DateTime<Utc>,
-) -> Result<(i64, Instant), String> {
+) -> anyhow::Result<(i64, Instant)> {
     let begin = created + chrono::Duration::seconds(args.lead as i64);
     let voucher = admin
         .create_voucher_from(json!({
@@ -190,7 +188,7 @@ async fn open_sale(
     let start = Instant::now()
         + (begin - Utc::now())
             .to_std()
-            .map_err(|_| "the voucher's start passed while it was created: raise --lead")?;
+            .context("the voucher's start passed while it was created: raise --lead")?;
     Ok((voucher, start))
 }
 
@@ -201,7 +199,7 @@ async fn side_room(
     title: &str,
     since: chrono::Duration,
     room: Value,
-) -> Result<i64, String> {
+) -> anyhow::Result<i64> {
     let now = Utc::now();
     admin
         .create_voucher_from(json!({
@@ -215,7 +213,7 @@ async fn side_room(
 }
 
 /// Every client's run, with a progress line each second; what each saw.
-async fn crowd(room: &Arc<Room>, clients: Vec<Client>) -> Result<Vec<Seen>, String> {
+async fn crowd(room: &Arc<Room>, clients: Vec<Client>) -> anyhow::Result<Vec<Seen>> {
     let handles: Vec<_> = clients
         .into_iter()
         .map(|client| tokio::spawn(live(room.clone(), client)))
@@ -244,11 +242,7 @@ async fn crowd(room: &Arc<Room>, clients: Vec<Client>) -> Result<Vec<Seen>, Stri
     };
     let mut seen = Vec::with_capacity(handles.len());
     for handle in handles {
-        seen.push(
-            handle
-                .await
-                .map_err(|e| format!("a client panicked: {e}"))?,
-        );
+        seen.push(handle.await.context("a client panicked")?);
     }
     ticker.abort();
     room.progress.finish_and_clear();
@@ -265,7 +259,7 @@ async fn settle(
     seen: &[Seen],
     expected: i64,
     created: DateTime<Utc>,
-) -> Result<(Tally, Option<f64>, Check), String> {
+) -> anyhow::Result<(Tally, Option<f64>, Check)> {
     let buys = std::mem::replace(
         &mut *room.buys.lock().expect("no client panicked"),
         Tally::new(),

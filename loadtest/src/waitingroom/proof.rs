@@ -1,5 +1,6 @@
 //! Proof of work: a room that asks for it, and what solving costs a client.
 
+use anyhow::Context;
 use seckill::domain::{UserId, VoucherId};
 use seckill::seckill::proof_holds;
 use std::sync::Arc;
@@ -52,7 +53,7 @@ pub(super) async fn proof_check(
     base: &str,
     tokens: &[Arc<str>],
     args: &WaitingRoomArgs,
-) -> Result<ProofCheck, String> {
+) -> anyhow::Result<ProofCheck> {
     let bits = args.proof_bits;
     let voucher = side_room(
         admin,
@@ -68,8 +69,7 @@ pub(super) async fn proof_check(
     let (own, other) = tokio::task::spawn_blocking(move || {
         (solve(room, user(0), bits).0, solve(room, user(1), bits).0)
     })
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let http = reqwest::Client::new();
     let join = |nonce: Option<String>| {
         let mut request = http
@@ -115,8 +115,8 @@ pub(super) async fn proof_check(
 }
 
 /// The id of the room's voucher, as the service answered it.
-fn voucher_id(voucher: i64) -> Result<VoucherId, String> {
-    VoucherId::new(voucher).ok_or_else(|| format!("voucher id {voucher} is not positive"))
+fn voucher_id(voucher: i64) -> anyhow::Result<VoucherId> {
+    VoucherId::new(voucher).with_context(|| format!("voucher id {voucher} is not positive"))
 }
 
 /// The user after `n` others: the driver's users count from 1 (user 1
@@ -152,10 +152,10 @@ pub(super) async fn proof_table(
     voucher: i64,
     bits: &[u32],
     seconds: f64,
-) -> Result<Vec<Proof>, String> {
+) -> anyhow::Result<Vec<Proof>> {
     let bits = bits.to_vec();
     let voucher = voucher_id(voucher)?;
-    tokio::task::spawn_blocking(move || {
+    Ok(tokio::task::spawn_blocking(move || {
         bits.iter()
             .map(|&bits| {
                 let budget = Duration::from_secs_f64(seconds.max(0.0));
@@ -179,8 +179,7 @@ pub(super) async fn proof_table(
             })
             .collect()
     })
-    .await
-    .map_err(|e| e.to_string())
+    .await?)
 }
 
 pub(super) fn print_proofs(proofs: &[Proof], check: &ProofCheck) {

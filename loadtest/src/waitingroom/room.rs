@@ -164,14 +164,13 @@ impl Room {
         voucher: i64,
         start: Instant,
         users: i64,
-    ) -> Result<Self, String> {
+    ) -> anyhow::Result<Self> {
         let room = Self {
             http: reqwest::Client::builder()
                 .pool_max_idle_per_host(args.connections)
                 .tcp_nodelay(true)
                 .timeout(Duration::from_secs(30))
-                .build()
-                .map_err(|e| e.to_string())?,
+                .build()?,
             gate: Semaphore::new(args.connections.max(1)),
             bases: target.bases.clone(),
             voucher,

@@ -87,7 +87,7 @@ async fn sale(
     mode: SaleMode,
     args: &WebhooksArgs,
     label: &str,
-) -> Result<Sale, String> {
+) -> anyhow::Result<Sale> {
     let admin = Admin::new(target);
     let voucher = admin.create_voucher(mode, args.users, 2).await?;
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
@@ -118,7 +118,7 @@ fn webhook_env(url: &str) -> Vec<(String, String)> {
 
 /// The voucher's books balance (`stock + pending + unpaid + paid =
 /// initial`), after its async orders were all written.
-async fn conserved(target: &Target, voucher: i64) -> Result<bool, String> {
+async fn conserved(target: &Target, voucher: i64) -> anyhow::Result<bool> {
     let admin = Admin::new(target);
     let started = Instant::now();
     loop {
@@ -130,11 +130,9 @@ async fn conserved(target: &Target, voucher: i64) -> Result<bool, String> {
     }
 }
 
-pub async fn run(target: &TargetArgs, args: &WebhooksArgs) -> Result<bool, String> {
+pub async fn run(target: &TargetArgs, args: &WebhooksArgs) -> anyhow::Result<bool> {
     if target.url.is_some() {
-        return Err(
-            "webhooks starts its own instances (with and without webhooks); drop --url".into(),
-        );
+        anyhow::bail!("webhooks starts its own instances (with and without webhooks); drop --url");
     }
     let mut rows = Vec::new();
     for mode in args.modes.list() {
@@ -167,7 +165,7 @@ async fn off_and_on(
     target: &TargetArgs,
     args: &WebhooksArgs,
     mode: SaleMode,
-) -> Result<Value, String> {
+) -> anyhow::Result<Value> {
     eprintln!("webhooks: {}: off, then on", mode.name());
     let off_service = Target::start(target.launch(1, Vec::new())).await?;
     let off = sale(&off_service, mode, args, "webhooks off").await;
@@ -181,7 +179,7 @@ async fn off_and_on(
         let balanced = conserved(&service, on.voucher).await?;
         let settle = Duration::from_secs(args.settle_seconds);
         let received = receiver.wait_for_created(on.orders as usize, settle).await;
-        Ok::<_, String>((on, balanced, received))
+        Ok::<_, anyhow::Error>((on, balanced, received))
     }
     .await;
     service.stop().await;
@@ -208,7 +206,7 @@ async fn off_and_on(
 }
 
 /// The receiver failing from the sale's start for `--down-seconds`.
-async fn down(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> Result<Value, String> {
+async fn down(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyhow::Result<Value> {
     eprintln!(
         "webhooks: {}: the receiver down for {} s",
         mode.name(),
@@ -230,7 +228,7 @@ async fn down(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> Resul
         let received = receiver
             .wait_for_created(sold.orders as usize, settle)
             .await;
-        Ok::<_, String>((sold, balanced, backlog, back, received))
+        Ok::<_, anyhow::Error>((sold, balanced, backlog, back, received))
     }
     .await;
     service.stop().await;
@@ -264,7 +262,7 @@ async fn down(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> Resul
 
 /// Two instances delivering while a sale and its cancels run; instance 0
 /// killed with `kill -9` once deliveries are under way.
-async fn kill(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> Result<Value, String> {
+async fn kill(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyhow::Result<Value> {
     eprintln!("webhooks: {}: an instance killed mid-delivery", mode.name());
     let (receiver, url) = Receiver::start(SECRET).await?;
     let service = Target::start(target.launch(2, webhook_env(&url))).await?;
@@ -329,7 +327,7 @@ async fn kill(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> Resul
         {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Ok::<_, String>((tally, killed.is_some(), orders.len(), events))
+        Ok::<_, anyhow::Error>((tally, killed.is_some(), orders.len(), events))
     }
     .await;
     service.stop().await;
@@ -356,7 +354,7 @@ async fn wait_stored(
     admin: &Admin<'_>,
     voucher: i64,
     mode: SaleMode,
-) -> Result<Vec<String>, String> {
+) -> anyhow::Result<Vec<String>> {
     if mode == SaleMode::Async {
         let started = Instant::now();
         while admin.stats(voucher).await?.pending > 0 && started.elapsed() < Duration::from_secs(60)

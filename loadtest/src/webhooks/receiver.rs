@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -56,7 +57,7 @@ pub struct Receiver {
 
 impl Receiver {
     /// Listens on a free loopback port; its URL.
-    pub async fn start(secret: &str) -> Result<(Self, String), String> {
+    pub async fn start(secret: &str) -> anyhow::Result<(Self, String)> {
         let receiver = Self {
             seen: Arc::new(Mutex::new(Seen {
                 mode: Mode::Acknowledge,
@@ -73,11 +74,8 @@ impl Receiver {
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
-            .map_err(|e| format!("the receiver cannot listen: {e}"))?;
-        let url = format!(
-            "http://{}/hooks",
-            listener.local_addr().map_err(|e| e.to_string())?
-        );
+            .context("the receiver cannot listen")?;
+        let url = format!("http://{}/hooks", listener.local_addr()?);
         let router = axum::Router::new()
             .route("/hooks", axum::routing::post(receive))
             .with_state(receiver.clone());
