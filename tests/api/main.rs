@@ -1,6 +1,10 @@
 //! End-to-end tests against real Postgres and Redis. Every test has its
 //! own database and Redis key prefix (see `helpers`).
 
+// The lock's futures spawned in the cluster tests nest deep (as the
+// service's own purchase path does: see its `recursion_limit`).
+#![recursion_limit = "256"]
+
 mod abuse;
 mod async_sale;
 mod batch;
