@@ -21,5 +21,5 @@ pub use ids::{
     EPOCH_UNIX,
 };
 pub use outcome::Outcome;
-pub use records::{NewVoucher, Order, OrderLine, StockLevel, Voucher, VoucherTerms};
+pub use records::{NewVoucher, Order, OrderLine, Payment, StockLevel, Voucher, VoucherTerms};
 pub use states::{OrderStatus, SaleMode, UnknownState};

@@ -66,6 +66,15 @@ pub struct NewVoucher {
     pub stock: i32,
 }
 
+/// A payment provider's notification, as verified by its signature: the
+/// money it says was paid for an order.
+#[derive(Debug, Clone)]
+pub struct Payment {
+    pub payment_id: String,
+    pub order_id: OrderId,
+    pub amount_cents: i64,
+}
+
 /// One unit sold to one user.
 #[derive(Debug, Clone)]
 pub struct Order {

@@ -24,9 +24,10 @@ use super::metric;
 use super::workers::Background;
 use super::Seckill;
 use crate::domain::OrderId;
+use crate::domain::Payment;
 use crate::domain::UserId;
 use crate::domain::{Order, OrderStatus, SaleMode, VoucherId};
-use crate::store::{Closed, Payment, PaymentOutcome, StockReturn};
+use crate::store::{Closed, PaymentOutcome, StockReturn};
 
 /// Most orders one expiry statement closes (all of one voucher).
 const EXPIRE_BATCH: i64 = 5_000;

@@ -72,7 +72,7 @@ use soldout::SoldOutFlags;
 use vouchers::Caches;
 use workers::Background;
 
-pub use crate::store::Payment;
+pub use crate::domain::Payment;
 
 /// How old the stock `GET /vouchers/{id}` shows may be, at most.
 pub const STOCK_REFRESH: Duration = Duration::from_millis(100);

@@ -77,10 +77,7 @@ impl FromRow<'_, PgRow> for OrderEvent {
         let payment_id: Option<String> = row.try_get("payment_id")?;
         let amount_cents: Option<i64> = row.try_get("amount_cents")?;
         Ok(Self {
-            id: EventId {
-                tx: row.try_get("tx")?,
-                row: row.try_get("id")?,
-            },
+            id: event_id(row, "tx", "id")?,
             kind,
             created_at: row.try_get("created_at")?,
             sequence: row.try_get("sequence")?,
@@ -120,10 +117,7 @@ pub struct WebhookCursor {
 impl FromRow<'_, PgRow> for WebhookCursor {
     fn from_row(row: &PgRow) -> sqlx::Result<Self> {
         Ok(Self {
-            after: EventId {
-                tx: row.try_get("after_tx")?,
-                row: row.try_get("after_id")?,
-            },
+            after: event_id(row, "after_tx", "after_id")?,
             failures: row.try_get("failures")?,
             first_failure_at: row.try_get("first_failure_at")?,
             next_attempt_at: row.try_get("next_attempt_at")?,
@@ -149,6 +143,14 @@ pub struct Backlog {
     pub failed: i64,
 }
 
+/// The event id a row holds in its columns `tx` and `id`.
+fn event_id(row: &PgRow, tx: &str, id: &str) -> sqlx::Result<EventId> {
+    Ok(EventId {
+        tx: row.try_get(tx)?,
+        row: row.try_get(id)?,
+    })
+}
+
 /// Event ids and their orders, as arrays for a statement.
 fn columns(events: &[(EventId, OrderId)]) -> (Vec<i64>, Vec<i64>, Vec<OrderId>) {
     (
@@ -172,10 +174,7 @@ pub struct HolderChange {
 impl FromRow<'_, PgRow> for HolderChange {
     fn from_row(row: &PgRow) -> sqlx::Result<Self> {
         Ok(Self {
-            at: EventId {
-                tx: row.try_get("tx")?,
-                row: row.try_get("id")?,
-            },
+            at: event_id(row, "tx", "id")?,
             order_id: row.try_get("order_id")?,
             user_id: row.try_get("user_id")?,
             voucher_id: row.try_get("voucher_id")?,

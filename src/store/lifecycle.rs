@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{Acquire, FromRow, PgConnection};
 
 use super::{Result, Store};
-use crate::domain::{OrderId, OrderStatus, SaleMode, StockLevel, UserId, VoucherId};
+use crate::domain::{OrderId, OrderStatus, Payment, SaleMode, StockLevel, UserId, VoucherId};
 
 /// Closes the orders in `closing` (ids) that are `unpaid` and meet `$due`
 /// (their deadline against `$2`) as `$1` ('cancelled' or 'expired') at
@@ -96,14 +96,6 @@ pub struct Closed {
     pub level: StockLevel,
     pub sale_mode: SaleMode,
     pub end_time: DateTime<Utc>,
-}
-
-/// A payment provider's notification, as verified by its signature.
-#[derive(Debug, Clone)]
-pub struct Payment {
-    pub payment_id: String,
-    pub order_id: OrderId,
-    pub amount_cents: i64,
 }
 
 /// What a notification did.

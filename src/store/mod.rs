@@ -24,7 +24,7 @@ use crate::domain::{NewVoucher, Order, OrderId, OrderLine, StockLevel, Voucher, 
 use db::Within;
 pub use db::{Db, Key};
 pub use events::{Backlog, HolderChange};
-pub use lifecycle::{Closed, Payment, PaymentOutcome, StockReturn, CANCEL, EXPIRE_ONE};
+pub use lifecycle::{Closed, PaymentOutcome, StockReturn, CANCEL, EXPIRE_ONE};
 pub use reconcile::SaleSnapshot;
 pub use sale::{BatchSale, Sale, SaleRequest, SELL_BATCH};
 
