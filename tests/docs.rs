@@ -461,23 +461,51 @@ fn allowed_imports(page: &str) -> BTreeMap<String, HashSet<String>> {
         .collect()
 }
 
-/// The modules of the crate that `code` (one module's files) names as
-/// `crate::<module>`, outside comments.
-fn crate_imports(code: &str) -> HashSet<String> {
-    let mut found = HashSet::new();
-    for line in code.lines() {
-        let line = line.split("//").next().unwrap_or("");
-        for (at, _) in line.match_indices("crate::") {
-            let name: String = line[at + "crate::".len()..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            if !name.is_empty() {
-                found.insert(name);
+/// The names that follow `prefix` in `code`, comments left out: `name` of
+/// `prefix name`, and each top-level name of a group `prefix{a, b::C}`,
+/// also across lines (as rustfmt wraps a long `use`).
+fn names_after(code: &str, prefix: &str) -> Vec<String> {
+    let code: Vec<&str> = code
+        .lines()
+        .map(|line| line.split("//").next().unwrap_or(""))
+        .collect();
+    let code = code.join("\n");
+    let ident = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut names = Vec::new();
+    for (at, _) in code.match_indices(prefix) {
+        let rest = &code[at + prefix.len()..];
+        let Some(group) = rest.strip_prefix('{') else {
+            names.push(ident(rest));
+            continue;
+        };
+        let (mut depth, mut item_starts) = (0, true);
+        for (i, c) in group.char_indices() {
+            if item_starts && depth == 0 {
+                names.push(ident(&group[i..]));
+                item_starts = false;
+            }
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => break,
+                '}' => depth -= 1,
+                ',' if depth == 0 => item_starts = true,
+                _ => {}
             }
         }
     }
-    found
+    names.retain(|n| !n.is_empty());
+    names
+}
+
+/// The modules of the crate that `code` (one module's files) names as
+/// `crate::<module>`.
+fn crate_imports(code: &str) -> HashSet<String> {
+    names_after(code, "crate::").into_iter().collect()
 }
 
 #[test]
@@ -549,20 +577,15 @@ fn http_imports(root: &Path) -> BTreeMap<String, HashSet<String>> {
     files.sort();
     let stem = |p: &Path| p.file_stem().unwrap().to_string_lossy().into_owned();
     let siblings: HashSet<String> = files.iter().map(|p| stem(p)).collect();
-    let ident = |s: &str| -> String {
-        s.chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect()
-    };
     let mut graph = BTreeMap::new();
     for file in &files {
         let me = stem(file);
         let text = std::fs::read_to_string(file).unwrap();
         let code = text.split("#[cfg(test)]").next().unwrap_or("");
         let mut uses = HashSet::new();
-        for line in code.lines() {
-            let line = line.split("//").next().unwrap_or("");
-            if me == "mod" {
+        if me == "mod" {
+            for line in code.lines() {
+                let line = line.split("//").next().unwrap_or("");
                 for sibling in &siblings {
                     let named = line.contains(&format!("{sibling}::"))
                         && !line.contains(&format!("crate::{sibling}::"));
@@ -570,27 +593,14 @@ fn http_imports(root: &Path) -> BTreeMap<String, HashSet<String>> {
                         uses.insert(sibling.clone());
                     }
                 }
-                continue;
             }
-            for (at, _) in line.match_indices("super::") {
-                let rest = &line[at + "super::".len()..];
-                let names: Vec<String> = match rest.strip_prefix('{') {
-                    Some(group) => group
-                        .split('}')
-                        .next()
-                        .unwrap_or("")
-                        .split(',')
-                        .map(|n| ident(n.trim()))
-                        .collect(),
-                    None => vec![ident(rest)],
-                };
-                for name in names.into_iter().filter(|n| !n.is_empty()) {
-                    uses.insert(if siblings.contains(&name) {
-                        name
-                    } else {
-                        "mod".to_owned()
-                    });
-                }
+        } else {
+            for name in names_after(code, "super::") {
+                uses.insert(if siblings.contains(&name) {
+                    name
+                } else {
+                    "mod".to_owned()
+                });
             }
         }
         uses.remove(&me);
@@ -669,6 +679,11 @@ fn the_import_check_reads_the_table_and_the_code_as_written() {
     assert_eq!(
         crate_imports(code),
         HashSet::from(["store".to_owned(), "id".to_owned()])
+    );
+    let grouped = "use crate::{\n    auth::Authenticator,\n    kv::{Keys, Kv}, // crate::http\n    store,\n};";
+    assert_eq!(
+        crate_imports(grouped),
+        HashSet::from(["auth".to_owned(), "kv".to_owned(), "store".to_owned()])
     );
 }
 

@@ -595,38 +595,40 @@ mod tests {
         assert_eq!(redraws, REDRAWS);
     }
 
-    /// A purchase of `user` of `voucher` through `gates`, and the receiver
-    /// of its answer.
-    async fn pending(
+    /// The receiver of a purchase's answer.
+    type Answer = oneshot::Receiver<Result<Outcome>>;
+
+    /// Purchases of a voucher in stock by `users` (each with the fence its
+    /// lock gave it, if any), queued in that order through `gates`, and the
+    /// receivers of their answers.
+    async fn queued(
         gates: &Gates,
-        voucher: &Arc<Voucher>,
-        user: i64,
-    ) -> (Pending, oneshot::Receiver<Result<Outcome>>) {
-        fenced(gates, voucher, user, None).await
+        users: impl IntoIterator<Item = (i64, Option<i64>)>,
+    ) -> (VecDeque<Pending>, Vec<Answer>) {
+        let voucher = in_stock();
+        let (mut queue, mut answers) = (VecDeque::new(), Vec::new());
+        for (user, fence) in users {
+            let Admission::Go(place) = gates.admit(&voucher).await else {
+                panic!("the gate refused a purchase of a voucher in stock");
+            };
+            let (reply, answer) = oneshot::channel();
+            queue.push_back(Pending {
+                voucher: voucher.clone(),
+                user_id: UserId::new(user).unwrap(),
+                fence: fence.map(FencingToken::new),
+                redraws: 0,
+                reply,
+                guard: UserGuard::Unlocked,
+                _place: place,
+            });
+            answers.push(answer);
+        }
+        (queue, answers)
     }
 
-    /// A purchase of `user` of `voucher` through `gates` whose lock gave
-    /// it `fence`, and the receiver of its answer.
-    async fn fenced(
-        gates: &Gates,
-        voucher: &Arc<Voucher>,
-        user: i64,
-        fence: Option<i64>,
-    ) -> (Pending, oneshot::Receiver<Result<Outcome>>) {
-        let Admission::Go(place) = gates.admit(voucher).await else {
-            panic!("the gate refused a purchase of a voucher in stock");
-        };
-        let (reply, answer) = oneshot::channel();
-        let pending = Pending {
-            voucher: voucher.clone(),
-            user_id: UserId::new(user).unwrap(),
-            fence: fence.map(FencingToken::new),
-            redraws: 0,
-            reply,
-            guard: UserGuard::Unlocked,
-            _place: place,
-        };
-        (pending, answer)
+    /// `users`, none of them fenced.
+    fn unfenced<const N: usize>(users: [i64; N]) -> [(i64, Option<i64>); N] {
+        users.map(|user| (user, None))
     }
 
     /// A voucher with stock enough for every test's purchases.
@@ -646,14 +648,7 @@ mod tests {
     #[tokio::test]
     async fn a_batch_takes_one_purchase_per_user_in_arrival_order_up_to_its_cap() {
         let gates = Gates::new(Duration::from_secs(1));
-        let voucher = in_stock();
-        let mut waiting = VecDeque::new();
-        let mut answers = Vec::new();
-        for user in [1, 2, 1, 3, 4, 2, 5] {
-            let (p, answer) = pending(&gates, &voucher, user).await;
-            waiting.push_back(p);
-            answers.push(answer);
-        }
+        let (mut waiting, _answers) = queued(&gates, unfenced([1, 2, 1, 3, 4, 2, 5])).await;
         let batch = take_batch(&mut waiting, 3);
         let batch: VecDeque<Pending> = batch.into();
         assert_eq!(users(&batch), [1, 2, 3]);
@@ -668,16 +663,9 @@ mod tests {
     #[tokio::test]
     async fn purchases_whose_client_left_are_dropped_before_the_batch() {
         let gates = Gates::new(Duration::from_secs(1));
-        let voucher = in_stock();
-        let mut waiting = VecDeque::new();
-        let mut kept = Vec::new();
-        for user in [1, 2, 3] {
-            let (p, answer) = pending(&gates, &voucher, user).await;
-            waiting.push_back(p);
-            if user != 2 {
-                kept.push(answer);
-            }
-        }
+        let (mut waiting, mut answers) = queued(&gates, unfenced([1, 2, 3])).await;
+        // User 2's client left: nobody waits for its answer.
+        drop(answers.remove(1));
         let batch: VecDeque<Pending> = take_batch(&mut waiting, 10).into();
         assert_eq!(users(&batch), [1, 3]);
         assert!(waiting.is_empty());
@@ -686,14 +674,8 @@ mod tests {
     #[tokio::test]
     async fn each_request_carries_its_purchases_fence_and_drawn_id() {
         let gates = Gates::new(Duration::from_secs(1));
-        let voucher = in_stock();
-        let mut batch = Vec::new();
-        let mut answers = Vec::new();
-        for (user, fence) in [(1, Some(41)), (2, None), (3, Some(7))] {
-            let (p, answer) = fenced(&gates, &voucher, user, fence).await;
-            batch.push(p);
-            answers.push(answer);
-        }
+        let (batch, _answers) = queued(&gates, [(1, Some(41)), (2, None), (3, Some(7))]).await;
+        let batch = Vec::from(batch);
         let ids = [order(11), order(12), order(13)];
         let at = Utc::now();
         let requests = sale_requests(&batch, &ids, at);
