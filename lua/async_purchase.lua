@@ -28,8 +28,9 @@
 -- ARGV[1]    the voucher id (for the lookups)
 -- ARGV[2]    the lookup hashes' life in seconds after their last write
 -- ARGV[3]    the voucher's max_orders_per_user
--- ARGV[2i+2] the i-th purchase's user id
--- ARGV[2i+3] the order id drawn for it (lua/order_id.lua)
+-- ARGV[3i+1] the i-th purchase's user id
+-- ARGV[3i+2] the order id drawn for it (lua/order_id.lua)
+-- ARGV[3i+3] the units it asks for, all or nothing (1 or more)
 --
 -- Returns one answer per purchase, in order:
 --         {1, now_ms}       accepted: the order is in the stream
@@ -40,7 +41,10 @@
 --                           an earlier purchase of the same call took it)
 --         {-5}              the sale is not loaded: answer 503
 --         {-6}              this user has max_orders_per_user orders of it
-local n = (#ARGV - 3) / 2
+--         {-7, units}       fewer units than it asks for are left (this
+--                           many, at its turn); a later, smaller ask of the
+--                           same call may still be served
+local n = (#ARGV - 3) / 3
 local max_orders = tonumber(ARGV[3])
 local answers = {}
 local sale = redis.call('hmget', KEYS[1], 'stock', 'begin_ms', 'end_ms')
@@ -65,18 +69,20 @@ end
 
 local users = {}
 for i = 1, n do
-    users[i] = ARGV[2 * i + 2]
+    users[i] = ARGV[3 * i + 1]
 end
 local held = redis.call('hmget', KEYS[2], unpack(users))
 local counted = redis.call('hmget', KEYS[4], unpack(users))
 local added = {}
 local stock = tonumber(sale[1])
 local taken = {}
+local sold = 0
 local buyers = {}
 local lookups = #KEYS > 4
 local lookup_fields = {}
 for i = 1, n do
-    local user, order = ARGV[2 * i + 2], ARGV[2 * i + 3]
+    local user, order = ARGV[3 * i + 1], ARGV[3 * i + 2]
+    local units = tonumber(ARGV[3 * i + 3])
     local had = held[i] or taken[user]
     if had then
         answers[i] = {-4, had}
@@ -84,14 +90,17 @@ for i = 1, n do
         answers[i] = {-6}
     elseif stock <= 0 then
         answers[i] = {-3}
+    elseif stock < units then
+        answers[i] = {-7, stock}
     else
-        stock = stock - 1
+        stock = stock - units
+        sold = sold + units
         taken[user] = order
         added[user] = (added[user] or 0) + 1
         redis.call('hincrby', KEYS[4], user, 1)
         buyers[#buyers + 1] = user
         buyers[#buyers + 1] = order
-        redis.call('xadd', KEYS[3], '*', 'order', order, 'user', user, 'at', now)
+        redis.call('xadd', KEYS[3], '*', 'order', order, 'user', user, 'at', now, 'units', units)
         if lookups then
             local key = KEYS[4 + i]
             local fields = lookup_fields[key]
@@ -100,13 +109,13 @@ for i = 1, n do
                 lookup_fields[key] = fields
             end
             fields[#fields + 1] = order
-            fields[#fields + 1] = ARGV[1] .. ':' .. user .. ':' .. now
+            fields[#fields + 1] = ARGV[1] .. ':' .. user .. ':' .. now .. ':' .. units
         end
         answers[i] = {1, now}
     end
 end
 if #buyers > 0 then
-    redis.call('hincrby', KEYS[1], 'stock', -(#buyers / 2))
+    redis.call('hincrby', KEYS[1], 'stock', -sold)
     redis.call('hset', KEYS[2], unpack(buyers))
 end
 for key, fields in pairs(lookup_fields) do

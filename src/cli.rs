@@ -172,6 +172,7 @@ async fn demo(app: &Application) -> Result<(), Box<dyn Error>> {
             price_cents: 0,
             pay_within_seconds: crate::seckill::DEFAULT_PAY_WITHIN_SECONDS,
             max_orders_per_user: crate::seckill::DEFAULT_MAX_ORDERS_PER_USER,
+            max_units_per_user: 1,
             admit_per_second: None,
             queue_proof_bits: 0,
         })

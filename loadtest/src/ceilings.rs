@@ -48,7 +48,12 @@ fn batch_sale(size: u32) -> String {
             &format!("(SELECT array_agg(now()) FROM generate_series(1, {size}))"),
         )
         // The voucher's max_orders_per_user, as the service passes it.
-        .replace("$6", "3");
+        .replace("$6", "3")
+        // One unit each.
+        .replace(
+            "$7",
+            &format!("(SELECT array_agg(1) FROM generate_series(1, {size}))"),
+        );
     format!("\\set uid random(1, 9000000000000000000)\n\\set oid random(1, 9000000000000000000)\n{sale};\n")
 }
 

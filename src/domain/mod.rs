@@ -3,7 +3,8 @@
 //! and an order ([`Voucher`], [`Order`]), how a voucher sells and where an
 //! order stands ([`SaleMode`], [`OrderStatus`]), and how a purchase ended
 //! ([`Outcome`]), the events of an order's changes ([`OrderEvent`]), and
-//! the fencing token a purchase's lock hands to the sale ([`FencingToken`]).
+//! the fencing token a purchase's lock hands to the sale ([`FencingToken`]),
+//! and the units a purchase asks for ([`Quantity`]).
 //! `store` maps rows to them, `http` maps them to paths, statuses and
 //! JSON; this module depends on nothing of the crate.
 
@@ -11,6 +12,7 @@ mod events;
 mod fence;
 mod ids;
 mod outcome;
+mod quantity;
 mod records;
 mod states;
 
@@ -21,5 +23,6 @@ pub use ids::{
     EPOCH_UNIX,
 };
 pub use outcome::Outcome;
+pub use quantity::Quantity;
 pub use records::{NewVoucher, Order, OrderLine, Payment, StockLevel, Voucher, VoucherTerms};
 pub use states::{OrderStatus, SaleMode, UnknownState};

@@ -13,6 +13,7 @@ pub enum Outcome {
     NotStarted,
     Ended,
     SoldOut,
+    NotEnoughStock,
     AlreadyPurchased,
     PurchaseInProgress,
     TooManyOrders,
@@ -24,13 +25,14 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in the order of [`Outcome::index`].
-    pub const ALL: [Outcome; 12] = [
+    pub const ALL: [Outcome; 13] = [
         Self::Ordered,
         Self::Accepted,
         Self::NotFound,
         Self::NotStarted,
         Self::Ended,
         Self::SoldOut,
+        Self::NotEnoughStock,
         Self::AlreadyPurchased,
         Self::PurchaseInProgress,
         Self::TooManyOrders,
@@ -48,6 +50,7 @@ impl Outcome {
             Self::NotStarted => "not_started",
             Self::Ended => "ended",
             Self::SoldOut => "sold_out",
+            Self::NotEnoughStock => "not_enough_stock",
             Self::AlreadyPurchased => "already_purchased",
             Self::PurchaseInProgress => "purchase_in_progress",
             Self::TooManyOrders => "too_many_orders",

@@ -21,6 +21,9 @@ pub struct VoucherTerms {
     pub pay_within_seconds: i32,
     /// Most orders (live, cancelled or expired) one user may have of it.
     pub max_orders_per_user: i32,
+    /// Most units one order may take ("limit N per customer": one live
+    /// order per user, so also the most a user holds at once).
+    pub max_units_per_user: i32,
     /// Its waiting room's pace, if it has one.
     pub admit_per_second: Option<i32>,
     /// Zero bits of proof of work a join of its room asks for (0: none).
@@ -51,6 +54,7 @@ impl Voucher {
                 price_cents: 100,
                 pay_within_seconds: 900,
                 max_orders_per_user: 1,
+                max_units_per_user: 1,
                 admit_per_second: None,
                 queue_proof_bits: 0,
             },
@@ -75,12 +79,15 @@ pub struct Payment {
     pub amount_cents: i64,
 }
 
-/// One unit sold to one user.
+/// Units of a voucher sold to one user, all at once.
 #[derive(Debug, Clone)]
 pub struct Order {
     pub id: OrderId,
     pub user_id: UserId,
     pub voucher_id: VoucherId,
+    /// Units it took (1 to the voucher's `max_units_per_user`), all or
+    /// nothing; a cancel or expiry gives them all back.
+    pub quantity: i32,
     pub created_at: DateTime<Utc>,
     pub status: OrderStatus,
     /// `None` only while an async order is pending.

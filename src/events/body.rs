@@ -14,6 +14,9 @@ pub struct OrderBody {
     order_id: String,
     user_id: i64,
     voucher_id: i64,
+    /// Units it holds (1 to the voucher's `max_units_per_user`).
+    #[schema(minimum = 1, maximum = 100)]
+    quantity: i32,
     #[schema(value_type = String, format = DateTime)]
     created_at: DateTime<Utc>,
     /// `pending` (async: accepted, not yet stored), `unpaid`, `paid`,
@@ -36,6 +39,7 @@ impl From<Order> for OrderBody {
             order_id: o.id.to_string(),
             user_id: o.user_id.get(),
             voucher_id: o.voucher_id.get(),
+            quantity: o.quantity,
             created_at: o.created_at,
             status: o.status,
             pay_by: o.pay_by,

@@ -45,7 +45,8 @@ pub struct CreateVoucher {
     /// stream writers commit it.
     #[serde(default)]
     sale_mode: SaleMode,
-    /// What one unit costs; a payment must bring exactly this (default 0).
+    /// What one unit costs (default 0); a payment must bring exactly this
+    /// times the order's quantity.
     #[serde(default)]
     #[schema(minimum = 0, maximum = 9007199254740991.0, example = 990)]
     price_cents: i64,
@@ -61,6 +62,11 @@ pub struct CreateVoucher {
     #[serde(default = "default_max_orders")]
     #[schema(minimum = 1, maximum = 1000, example = 3)]
     max_orders_per_user: i64,
+    /// Most units one order may take ("limit N per customer"; default 1).
+    /// Still one live order per user, so also the most units a user holds.
+    #[serde(default = "default_max_units")]
+    #[schema(minimum = 1, maximum = 100, example = 1)]
+    max_units_per_user: i64,
     /// A waiting room in front of the sale: a purchase then needs an
     /// admitted `X-Queue-Ticket` (absent: no room).
     #[serde(default)]
@@ -73,6 +79,10 @@ fn default_pay_within() -> i64 {
 
 fn default_max_orders() -> i64 {
     DEFAULT_MAX_ORDERS_PER_USER
+}
+
+fn default_max_units() -> i64 {
+    1
 }
 
 /// A created voucher's id.
@@ -109,6 +119,7 @@ pub async fn create_voucher(
             price_cents: body.price_cents,
             pay_within_seconds: body.pay_within_seconds,
             max_orders_per_user: body.max_orders_per_user,
+            max_units_per_user: body.max_units_per_user,
             admit_per_second: body.waiting_room.as_ref().map(|room| room.admit_per_second),
             queue_proof_bits: body
                 .waiting_room
@@ -313,8 +324,8 @@ pub async fn voucher_orders(
     Ok(Json(Orders { orders }))
 }
 
-/// A voucher's books, one snapshot: `stock + pending + unpaid + paid =
-/// initial_stock` always.
+/// A voucher's books, one snapshot: `stock + units = initial_stock`
+/// always (with one unit per order, `stock + pending + unpaid + paid`).
 #[derive(Serialize, ToSchema)]
 pub struct StatsBody {
     initial_stock: i32,
@@ -322,6 +333,8 @@ pub struct StatsBody {
     stock: i64,
     /// Live orders: `unpaid` + `paid`.
     orders: i64,
+    /// Units of the live orders (an async sale's pending ones too).
+    units: i64,
     /// The users of the live orders.
     distinct_users: i64,
     /// Async: accepted by Redis, not yet stored.
@@ -353,6 +366,7 @@ pub async fn voucher_stats(
         initial_stock: stats.initial_stock,
         stock: stats.stock,
         orders: stats.unpaid + stats.paid,
+        units: stats.units,
         distinct_users: stats.distinct_users,
         pending: stats.pending,
         unpaid: stats.unpaid,

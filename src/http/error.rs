@@ -23,6 +23,11 @@ pub struct ErrorBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(pattern = "^[1-9][0-9]{0,18}$")]
     order_id: Option<String>,
+    /// With `not_enough_stock`: the units left, fewer than asked for (a
+    /// buyer may ask again for at most this many).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
+    stock: Option<i32>,
 }
 
 /// The machine-readable error codes.
@@ -38,6 +43,7 @@ pub enum ErrorCode {
     NotStarted,
     Ended,
     SoldOut,
+    NotEnoughStock,
     AlreadyPurchased,
     AlreadyPaid,
     OrderExpired,
@@ -108,6 +114,7 @@ impl ApiError {
             Self::Seckill(S::NotStarted) => (StatusCode::CONFLICT, C::NotStarted),
             Self::Seckill(S::Ended) => (StatusCode::CONFLICT, C::Ended),
             Self::Seckill(S::SoldOut) => (StatusCode::CONFLICT, C::SoldOut),
+            Self::Seckill(S::NotEnoughStock { .. }) => (StatusCode::CONFLICT, C::NotEnoughStock),
             Self::Seckill(S::AlreadyPurchased { .. }) => {
                 (StatusCode::CONFLICT, C::AlreadyPurchased)
             }
@@ -172,10 +179,15 @@ impl ApiError {
             }) => Some(order_id.to_string()),
             _ => None,
         };
+        let stock = match self {
+            Self::Seckill(SeckillError::NotEnoughStock { stock }) => Some(*stock),
+            _ => None,
+        };
         ErrorBody {
             error: code,
             message,
             order_id,
+            stock,
         }
     }
 
@@ -242,6 +254,7 @@ mod tests {
             SeckillError::NotStarted,
             SeckillError::Ended,
             SeckillError::SoldOut,
+            SeckillError::NotEnoughStock { stock: 1 },
             SeckillError::AlreadyPurchased { order_id: None },
             SeckillError::InProgress,
             SeckillError::TooManyOrders(3),

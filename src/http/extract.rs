@@ -2,7 +2,7 @@
 //! 4xx errors: JSON bodies, ids in paths, and who is calling.
 
 use axum::body::Bytes;
-use axum::extract::rejection::JsonRejection;
+use axum::extract::rejection::{BytesRejection, JsonRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode, Version};
@@ -72,19 +72,52 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
         if req.version() <= Version::HTTP_11 && says_no_body(req.headers()) {
             return Ok(Self);
         }
-        let body = Bytes::from_request(req, state).await.map_err(|rejection| {
-            let text = rejection.body_text();
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge(text)
-            } else {
-                ApiError::BadRequest(text)
-            }
-        })?;
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(body_rejection)?;
         if body.is_empty() {
             Ok(Self)
         } else {
             Err(ApiError::BadRequest("this route takes no body".into()))
         }
+    }
+}
+
+/// A body that may be absent: `None` for no body (or an empty one), else
+/// the JSON object as `T` (`400` for anything else, `413` over the limit).
+/// Its content type is not asked for: `curl -d` sends a form's.
+pub struct MaybeJson<T>(pub Option<T>);
+
+impl<S, T> FromRequest<S> for MaybeJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        if req.version() <= Version::HTTP_11 && says_no_body(req.headers()) {
+            return Ok(Self(None));
+        }
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(body_rejection)?;
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Self(None));
+        }
+        let value: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::BadRequest(format!("the body is not JSON: {e}")))?;
+        from_object(value).map(|body| Self(Some(body)))
+    }
+}
+
+/// A body that could not be read: over the limit (`413`) or cut short.
+fn body_rejection(rejection: BytesRejection) -> ApiError {
+    let text = rejection.body_text();
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::PayloadTooLarge(text)
+    } else {
+        ApiError::BadRequest(text)
     }
 }
 

@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 
 use super::cache::{cacheable, Tagged};
 use super::error::{ApiError, ErrorBody};
-use super::extract::{header_text, Caller, NoBody, OrderIdPath, User, VoucherIdPath};
+use super::extract::{header_text, Caller, MaybeJson, OrderIdPath, User, VoucherIdPath};
 use super::queue::QUEUE_TICKET;
 use super::responses::{BadRequest, NotFound, OrderNotFound, TooLarge, Unauthorized, Unavailable};
 use super::state::AppState;
@@ -53,6 +53,9 @@ pub struct VoucherBody {
     pay_within_seconds: i32,
     #[schema(minimum = 1, maximum = 1000)]
     max_orders_per_user: i32,
+    /// Most units one order may take.
+    #[schema(minimum = 1, maximum = 100)]
+    max_units_per_user: i32,
     /// The voucher's waiting room; null when it has none.
     waiting_room: Option<WaitingRoom>,
 }
@@ -70,6 +73,7 @@ impl From<Voucher> for VoucherBody {
             price_cents: terms.price_cents,
             pay_within_seconds: terms.pay_within_seconds,
             max_orders_per_user: terms.max_orders_per_user,
+            max_units_per_user: terms.max_units_per_user,
             waiting_room: terms.admit_per_second.map(|rate| WaitingRoom {
                 admit_per_second: i64::from(rate),
                 proof_of_work_bits: i64::from(terms.queue_proof_bits),
@@ -150,21 +154,31 @@ pub struct Accepted {
     status: OrderStatus,
 }
 
+/// What a purchase may ask: how many units (no body: one).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PurchaseBody {
+    /// Units to buy, all or none: 1 to the voucher's `max_units_per_user`.
+    #[schema(minimum = 1, maximum = 100, example = 1)]
+    quantity: i64,
+}
+
 #[utoipa::path(
     post, path = "/seckill/{voucher_id}", tag = "sale",
+    request_body(content = Option<PurchaseBody>, description = "Optional: the units to buy (no body: one)"),
     params(
-        ("voucher_id" = i64, Path, minimum = 1, description = "The voucher to buy one unit of"),
+        ("voucher_id" = i64, Path, minimum = 1, description = "The voucher to buy units of"),
         ("X-Queue-Ticket" = Option<String>, Header, description = "With a waiting room: the admitted ticket of this user and voucher"),
     ),
     security(("user" = [])),
     responses(
         (status = 200, description = "The order is committed (sync sale)", body = Purchased),
         (status = 202, description = "Redis accepted the order; it is pending until written (async sale)", body = Accepted),
-        (status = 400, description = "bad_request: a malformed id, a body, several Authorization headers", body = ErrorBody),
+        (status = 400, description = "bad_request: a malformed id or body, a quantity outside 1 to the voucher's max_units_per_user, several Authorization headers", body = ErrorBody),
         (status = 401, description = "unauthorized: a missing, malformed, forged or expired token", body = ErrorBody),
         (status = 404, description = "not_found: no such voucher", body = ErrorBody),
         (status = 403, description = "not_admitted: the voucher has a waiting room and X-Queue-Ticket is missing, forged, another user's or voucher's, not admitted yet, or past admitted_until", body = ErrorBody),
-        (status = 409, description = "not_started, ended, sold_out, already_purchased (with the user's order_id), or too_many_orders (the user has max_orders_per_user orders of this voucher)", body = ErrorBody),
+        (status = 409, description = "not_started, ended, sold_out (no unit left), not_enough_stock (fewer units left than asked; with the units left as stock), already_purchased (with the user's order_id), or too_many_orders (the user has max_orders_per_user orders of this voucher)", body = ErrorBody),
         TooLarge,
         (status = 429, description = "purchase_in_progress: another request of this user for this voucher is in flight; rate_limited: the user or the client address is over its limit (Retry-After is set)", body = ErrorBody),
         (status = 503, description = "unavailable: Postgres or Redis cannot be reached, or an async sale is paused until reconciled; Retry-After is set", body = ErrorBody),
@@ -175,10 +189,14 @@ pub async fn seckill(
     User(user_id): User,
     VoucherIdPath(voucher_id): VoucherIdPath,
     headers: HeaderMap,
-    NoBody: NoBody,
+    MaybeJson(body): MaybeJson<PurchaseBody>,
 ) -> Result<Response, ApiError> {
     let ticket = header_text(&headers, QUEUE_TICKET);
-    let bought = state.seckill.purchase(user_id, voucher_id, ticket).await;
+    let quantity = body.map(|body| body.quantity);
+    let bought = state
+        .seckill
+        .purchase(user_id, voucher_id, quantity, ticket)
+        .await;
     if let Err(SeckillError::AlreadyPurchased { .. }) = &bought {
         // A buyer who asks again for what it holds is told at once, unless
         // the instance is shedding: then, as any refusal, after the

@@ -24,7 +24,7 @@ use super::metric;
 use super::soldout::SoldOutFlags;
 use super::user_lock::{UserGuard, UserLocks};
 use super::workers::{Background, Queue, Workers};
-use crate::domain::{day_range, FencingToken, OrderId, UserId, VoucherId};
+use crate::domain::{day_range, FencingToken, OrderId, Quantity, UserId, VoucherId};
 use crate::domain::{StockLevel, Voucher};
 use crate::id::IdGenerator;
 use crate::store::{BatchSale, Sale, SaleRequest, Store, StoreError};
@@ -44,6 +44,8 @@ const RERUNS: u64 = 3;
 pub(super) enum Outcome {
     Sold(OrderId),
     SoldOut,
+    /// Fewer units than asked were left: this many, after the batch.
+    Short(i32),
     /// The user holds this order already.
     Held(Option<OrderId>),
     /// A newer holder of the user's lock wrote first.
@@ -56,6 +58,7 @@ pub(super) enum Outcome {
 struct Pending {
     voucher: Arc<Voucher>,
     user_id: UserId,
+    quantity: Quantity,
     fence: Option<FencingToken>,
     redraws: u8,
     reply: oneshot::Sender<Result<Outcome>>,
@@ -104,14 +107,15 @@ impl Batcher {
         }
     }
 
-    /// Sells one unit of `voucher` to `user_id`, who holds the lock
-    /// `guard` and the gate's `place`, in the voucher's next batch. The
-    /// batch gives the lock back before it answers. If this future is
-    /// dropped while its batch commits, the order stands.
+    /// Sells `quantity` units of `voucher` to `user_id` (all or none), who
+    /// holds the lock `guard` and the gate's `place`, in the voucher's next
+    /// batch. The batch gives the lock back before it answers. If this
+    /// future is dropped while its batch commits, the order stands.
     pub(super) async fn sell(
         &self,
         voucher: Arc<Voucher>,
         user_id: UserId,
+        quantity: Quantity,
         guard: UserGuard,
         place: Ticket,
     ) -> Result<Outcome> {
@@ -124,6 +128,7 @@ impl Batcher {
                 |reply| Pending {
                     voucher,
                     user_id,
+                    quantity,
                     fence,
                     redraws: 0,
                     reply,
@@ -255,6 +260,7 @@ fn sale_requests(batch: &[Pending], ids: &[OrderId], at: DateTime<Utc>) -> Vec<S
             user_id: pending.user_id,
             fence: pending.fence,
             at,
+            quantity: pending.quantity,
         })
         .collect()
 }
@@ -341,6 +347,7 @@ fn verdict(sale: Sale, id: OrderId) -> Verdict {
     Verdict::Answer(match sale {
         Sale::Sold => Outcome::Sold(id),
         Sale::SoldOut => Outcome::SoldOut,
+        Sale::Short(left) => Outcome::Short(left),
         Sale::Held(order_id) => Outcome::Held(Some(order_id)),
         Sale::Fenced => Outcome::Fenced,
         Sale::TooMany => Outcome::TooMany,
@@ -519,6 +526,7 @@ mod tests {
         let cases = [
             (Sale::Sold, Verdict::Answer(Outcome::Sold(drawn))),
             (Sale::SoldOut, Verdict::Answer(Outcome::SoldOut)),
+            (Sale::Short(2), Verdict::Answer(Outcome::Short(2))),
             // The order the user holds, not the id drawn for this try.
             (
                 Sale::Held(stored),
@@ -608,13 +616,14 @@ mod tests {
         let voucher = in_stock();
         let (mut queue, mut answers) = (VecDeque::new(), Vec::new());
         for (user, fence) in users {
-            let Admission::Go(place) = gates.admit(&voucher).await else {
+            let Admission::Go(place) = gates.admit(&voucher, Quantity::ONE).await else {
                 panic!("the gate refused a purchase of a voucher in stock");
             };
             let (reply, answer) = oneshot::channel();
             queue.push_back(Pending {
                 voucher: voucher.clone(),
                 user_id: UserId::new(user).unwrap(),
+                quantity: Quantity::ONE,
                 fence: fence.map(FencingToken::new),
                 redraws: 0,
                 reply,

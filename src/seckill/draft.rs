@@ -8,7 +8,7 @@ use std::ops::RangeInclusive;
 use chrono::{DateTime, Utc};
 
 use super::error::{Result, SeckillError};
-use crate::domain::{NewVoucher, SaleMode, VoucherTerms};
+use crate::domain::{NewVoucher, Quantity, SaleMode, VoucherTerms};
 
 const TITLE_MAX_CHARS: usize = 200;
 /// Highest price: the largest integer a JSON number carries exactly.
@@ -34,6 +34,8 @@ pub struct VoucherDraft {
     pub price_cents: i64,
     pub pay_within_seconds: i64,
     pub max_orders_per_user: i64,
+    /// Most units one order may take (1 to [`Quantity::MAX`]).
+    pub max_units_per_user: i64,
     /// The waiting room's pace; `None`: no room.
     pub admit_per_second: Option<i64>,
     /// Proof of work a join of the room asks for, in zero bits (0: none).
@@ -116,6 +118,11 @@ impl VoucherDraft {
                 "max_orders_per_user",
                 self.max_orders_per_user,
                 ORDERS_PER_USER,
+            )?,
+            max_units_per_user: within(
+                "max_units_per_user",
+                self.max_units_per_user,
+                1..=Quantity::MAX,
             )?,
             admit_per_second,
             queue_proof_bits,

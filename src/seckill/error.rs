@@ -21,6 +21,9 @@ pub enum SeckillError {
     Ended,
     #[error("no stock left")]
     SoldOut,
+    /// Some units are left, fewer than the purchase asked for: this many.
+    #[error("only {stock} units left, fewer than asked for")]
+    NotEnoughStock { stock: i32 },
     /// The user's order, when it is known: a client that lost the answer
     /// of its purchase learns the order from its retry.
     #[error("this user already holds an order for this voucher")]
@@ -74,6 +77,7 @@ impl SeckillError {
             Self::NotStarted => Outcome::NotStarted,
             Self::Ended => Outcome::Ended,
             Self::SoldOut => Outcome::SoldOut,
+            Self::NotEnoughStock { .. } => Outcome::NotEnoughStock,
             Self::AlreadyPurchased { .. } => Outcome::AlreadyPurchased,
             Self::InProgress => Outcome::PurchaseInProgress,
             Self::TooManyOrders(_) => Outcome::TooManyOrders,

@@ -1,11 +1,12 @@
 //! The sale's gate: a purchase whose units are all spoken for by earlier
 //! purchases of this instance waits for their outcome before it takes its
 //! lock, and learns "sold out" here rather than from a lock and a batch.
+//! It counts units, not purchases: a purchase of 3 speaks for 3.
 //!
 //! A crowd's first wave, the requests that pass the sold-out flag before
 //! the sale is known to be over, would otherwise each take a lock (a Redis
 //! round trip each way) only to be told "sold out" by the batch. With the
-//! gate, no more purchases go on at once than there are units left as far
+//! gate, no more units are asked for at once than there are left as far
 //! as this instance knows; the rest wait for those to be answered.
 //!
 //! The gate never refuses what might still be sold. It only waits, and only
@@ -27,7 +28,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::metric;
-use crate::domain::{StockLevel, Voucher, VoucherId};
+use crate::domain::{Quantity, StockLevel, Voucher, VoucherId};
 
 /// The gates of every voucher this instance sells.
 pub(super) struct Gates {
@@ -44,9 +45,11 @@ pub(super) enum Admission {
     SoldOut,
 }
 
-/// A purchase let through the gate and not answered yet.
+/// A purchase let through the gate and not answered yet, with the units
+/// it asks for.
 pub(super) struct Ticket {
     gate: Arc<Gate>,
+    units: i64,
 }
 
 #[derive(Default)]
@@ -61,7 +64,7 @@ struct State {
     /// The newest stock this instance has seen: the epoch, and the units
     /// left at it.
     stock: Option<(i64, i64)>,
-    /// Purchases let through and not answered yet.
+    /// Units asked for by the purchases let through and not answered yet.
     ahead: i64,
 }
 
@@ -80,10 +83,14 @@ impl Gate {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Lets one more purchase through, counted in `state` (this gate's).
-    fn enter(self: &Arc<Self>, state: &mut State) -> Ticket {
-        state.ahead += 1;
-        Ticket { gate: self.clone() }
+    /// Lets one more purchase, of `units`, through, counted in `state`
+    /// (this gate's).
+    fn enter(self: &Arc<Self>, state: &mut State, units: i64) -> Ticket {
+        state.ahead += units;
+        Ticket {
+            gate: self.clone(),
+            units,
+        }
     }
 }
 
@@ -98,16 +105,20 @@ impl State {
         };
     }
 
-    /// The verdict on a purchase of the voucher at `epoch` that has
-    /// `waited` here for those ahead of it.
-    fn verdict(&self, epoch: i64, waited: bool) -> Verdict {
+    /// The verdict on a purchase of `units` of the voucher at `epoch` that
+    /// has `waited` here for those ahead of it. One that asks for more
+    /// than is left, with nobody ahead, goes on: the batch tells it how
+    /// many are left.
+    fn verdict(&self, epoch: i64, units: i64, waited: bool) -> Verdict {
         match self.stock {
             // Newer than the purchase's view of the voucher: not the state
             // its flag spoke for, so no verdict on it.
             Some((known, _)) if known != epoch => Verdict::Go,
             // Learned while it waited: those it waited for took the rest.
             Some((_, left)) if left <= 0 && waited => Verdict::SoldOut,
-            Some((_, left)) if left > 0 && self.ahead >= left => Verdict::Wait,
+            Some((_, left)) if left > 0 && self.ahead > 0 && self.ahead + units > left => {
+                Verdict::Wait
+            }
             _ => Verdict::Go,
         }
     }
@@ -128,11 +139,12 @@ impl Gates {
         self.gates.get_with(voucher_id, Arc::default)
     }
 
-    /// Lets a purchase of `voucher` (as this instance last read it) through
-    /// when a unit may be left for it, after the purchases ahead of it were
-    /// answered if they spoke for every unit.
-    pub(super) async fn admit(&self, voucher: &Voucher) -> Admission {
+    /// Lets a purchase of `quantity` units of `voucher` (as this instance
+    /// last read it) through when they may be left for it, after the
+    /// purchases ahead of it were answered if they spoke for the units.
+    pub(super) async fn admit(&self, voucher: &Voucher, quantity: Quantity) -> Admission {
         let gate = self.gate(voucher.id);
+        let units = i64::from(quantity.get());
         let epoch = voucher.level.epoch();
         let give_up = tokio::time::Instant::now() + self.wait_limit;
         let mut waited = false;
@@ -145,9 +157,9 @@ impl Gates {
             {
                 let mut state = gate.state();
                 state.saw(epoch, i64::from(voucher.level.stock));
-                match state.verdict(epoch, waited) {
+                match state.verdict(epoch, units, waited) {
                     Verdict::SoldOut => return Admission::SoldOut,
-                    Verdict::Go => return Admission::Go(gate.enter(&mut state)),
+                    Verdict::Go => return Admission::Go(gate.enter(&mut state, units)),
                     Verdict::Wait => {}
                 }
             }
@@ -158,7 +170,7 @@ impl Gates {
             if tokio::time::timeout_at(give_up, left_one).await.is_err() {
                 // Those ahead take long (a slow Postgres): go on as if
                 // there were no gate; the batch decides.
-                return Admission::Go(gate.enter(&mut gate.state()));
+                return Admission::Go(gate.enter(&mut gate.state(), units));
             }
         }
     }
@@ -175,7 +187,7 @@ impl Gates {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.gate.state().ahead -= 1;
+        self.gate.state().ahead -= self.units;
         self.gate.left_one.notify_waiters();
     }
 }
@@ -188,35 +200,42 @@ mod tests {
         State { stock, ahead }
     }
 
-    /// Units known left as (epoch, units), purchases ahead, the purchase's
-    /// epoch, whether it waited; and the verdict on it.
-    type Case = (Option<(i64, i64)>, i64, i64, bool, Verdict);
+    /// Units known left as (epoch, units), units asked ahead, the
+    /// purchase's epoch, its units, whether it waited; and the verdict.
+    type Case = (Option<(i64, i64)>, i64, i64, i64, bool, Verdict);
 
     const CASES: &[Case] = &[
-        // Fewer ahead than units left: go; as many: wait.
-        (Some((100, 3)), 2, 100, false, Verdict::Go),
-        (Some((100, 3)), 3, 100, false, Verdict::Wait),
-        (Some((100, 3)), 3, 100, true, Verdict::Wait),
-        (None, 1_000, 100, false, Verdict::Go),
+        // Fewer units ahead than left: go; as many: wait.
+        (Some((100, 3)), 2, 100, 1, false, Verdict::Go),
+        (Some((100, 3)), 3, 100, 1, false, Verdict::Wait),
+        (Some((100, 3)), 3, 100, 1, true, Verdict::Wait),
+        (None, 1_000, 100, 1, false, Verdict::Go),
+        // Units, not purchases: 2 ahead and 2 asked of 3 left waits; 1
+        // ahead and 2 asked goes.
+        (Some((100, 3)), 2, 100, 2, false, Verdict::Wait),
+        (Some((100, 3)), 1, 100, 2, false, Verdict::Go),
+        // Nobody ahead: one asking for more than is left goes on, to hear
+        // from the batch how many are left.
+        (Some((100, 2)), 0, 100, 3, false, Verdict::Go),
         // Sold out only to one that waited while the last units went.
-        (Some((100, 0)), 0, 100, true, Verdict::SoldOut),
+        (Some((100, 0)), 0, 100, 1, true, Verdict::SoldOut),
         // One that did not wait goes on: what the gate remembers may be
         // older than the flag it has just passed.
-        (Some((100, 0)), 0, 100, false, Verdict::Go),
+        (Some((100, 0)), 0, 100, 1, false, Verdict::Go),
         // A return or a restock since (a newer epoch than the one seen
         // here) reopens; a newer state than the purchase's view is no
         // verdict on it.
-        (Some((100, 0)), 0, 101, true, Verdict::Go),
-        (Some((101, 0)), 5, 100, true, Verdict::Go),
+        (Some((100, 0)), 0, 101, 1, true, Verdict::Go),
+        (Some((101, 0)), 5, 100, 1, true, Verdict::Go),
     ];
 
     #[test]
-    fn purchases_wait_while_those_ahead_cover_the_units_and_only_waiters_hear_sold_out() {
-        for (stock, ahead, epoch, waited, expected) in CASES {
+    fn purchases_wait_while_the_units_ahead_cover_what_is_left_and_only_waiters_hear_sold_out() {
+        for (stock, ahead, epoch, units, waited, expected) in CASES {
             assert_eq!(
-                &state(*stock, *ahead).verdict(*epoch, *waited),
+                &state(*stock, *ahead).verdict(*epoch, *units, *waited),
                 expected,
-                "{stock:?}, {ahead} ahead, epoch {epoch}, waited {waited}"
+                "{stock:?}, {ahead} ahead, epoch {epoch}, {units} asked, waited {waited}"
             );
         }
     }

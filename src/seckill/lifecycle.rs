@@ -111,7 +111,7 @@ impl Seckill {
                 }
             }
             PaymentOutcome::WrongAmount { price_cents } => Err(SeckillError::Invalid(format!(
-                "amount_cents must be the voucher's price, {price_cents}"
+                "amount_cents must be what the order costs (the voucher's price times its quantity), {price_cents}"
             ))),
             PaymentOutcome::Reused => Err(SeckillError::PaymentConflict),
         }
@@ -285,6 +285,7 @@ mod tests {
             id: OrderId::from_parts(100_000, 1).unwrap(),
             user_id: UserId::new(9).unwrap(),
             voucher_id: VoucherId::new(7).unwrap(),
+            quantity: 1,
             created_at,
             status,
             pay_by: Some(created_at + chrono::Duration::minutes(15)),

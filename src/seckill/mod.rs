@@ -4,8 +4,8 @@
 //! A purchase runs: one in flight per user and voucher ([`inflight`]) →
 //! voucher (short-lived cache) → an admitted ticket where the voucher has a
 //! waiting room ([`room`]) → time window (by Redis's clock) → sold-out flag
-//! in Redis → the gate (no more purchases on at once
-//! than units left) → the user's reentrant lock → the voucher's next batch,
+//! in Redis → the gate (no more units asked for at once
+//! than are left) → the user's reentrant lock → the voucher's next batch,
 //! where one statement checks "already bought?", decrements `stock > 0` by
 //! what it can grant and inserts the orders, under ids drawn for the whole
 //! batch → release. Each step is cheaper than the
@@ -58,7 +58,7 @@ pub use room::{
 use user_lock::Lockers;
 pub use user_lock::{lock_of, UserGuard, UserLocks};
 
-use crate::domain::{OrderId, Outcome, SaleMode, UserId, Voucher, VoucherId};
+use crate::domain::{OrderId, Outcome, Quantity, SaleMode, UserId, Voucher, VoucherId};
 use crate::id::IdGenerator;
 use crate::kv::Kv;
 use crate::store::Store;
@@ -73,6 +73,20 @@ use vouchers::Caches;
 use workers::Background;
 
 pub use crate::domain::Payment;
+
+/// The units a purchase of `voucher` asks for: `asked`, or one when it says
+/// nothing; refused when outside 1 to the voucher's `max_units_per_user`.
+fn units_asked(asked: Option<i64>, voucher: &Voucher) -> Result<Quantity> {
+    let allowed = voucher.terms.max_units_per_user;
+    match asked {
+        None => Ok(Quantity::ONE),
+        Some(units) => Quantity::within(units, allowed).ok_or_else(|| {
+            SeckillError::Invalid(format!(
+                "quantity must be 1 to {allowed} (this voucher's max_units_per_user), not {units}"
+            ))
+        }),
+    }
+}
 
 /// How old the stock `GET /vouchers/{id}` shows may be, at most.
 pub const STOCK_REFRESH: Duration = Duration::from_millis(100);
@@ -298,12 +312,15 @@ impl Seckill {
         self.inner.locks.shutdown(timeout).await
     }
 
-    /// Buys one unit of `voucher` for `user`; a voucher with a waiting
-    /// room needs `ticket`, admitted.
+    /// Buys `quantity` units (none given: one) of `voucher` for `user`,
+    /// all or none; a voucher with a waiting room needs `ticket`, admitted.
+    /// A quantity outside 1 to the voucher's `max_units_per_user` is
+    /// refused as invalid.
     pub async fn purchase(
         &self,
         user_id: UserId,
         voucher_id: VoucherId,
+        quantity: Option<i64>,
         ticket: Option<&str>,
     ) -> Result<Purchase> {
         let holders = &self.inner.holders;
@@ -314,6 +331,7 @@ impl Seckill {
                 return Err(SeckillError::InProgress);
             };
             let voucher = self.selling(voucher_id).await?;
+            let quantity = units_asked(quantity, &voucher)?;
             let roomed = voucher.terms.admit_per_second.is_some();
             if roomed {
                 let now = self.inner.clock.now();
@@ -323,13 +341,13 @@ impl Seckill {
             }
             let bought = match voucher.terms.sale_mode {
                 SaleMode::Sync => self
-                    .try_purchase(user_id, voucher)
+                    .try_purchase(user_id, voucher, quantity)
                     .await
                     .map(Purchase::Stored),
                 SaleMode::Async => self
                     .inner
                     .async_sales
-                    .purchase(&voucher, user_id)
+                    .purchase(&voucher, user_id, quantity)
                     .await
                     .map(Purchase::Pending),
             };
@@ -390,7 +408,12 @@ impl Seckill {
         })
     }
 
-    async fn try_purchase(&self, user_id: UserId, voucher: Arc<Voucher>) -> Result<OrderId> {
+    async fn try_purchase(
+        &self,
+        user_id: UserId,
+        voucher: Arc<Voucher>,
+        quantity: Quantity,
+    ) -> Result<OrderId> {
         let now = self.inner.clock.now();
         if now < voucher.terms.begin_time {
             return Err(SeckillError::NotStarted);
@@ -402,7 +425,7 @@ impl Seckill {
             return Err(SeckillError::SoldOut);
         }
         let inner = &self.inner;
-        let place = match inner.gates.admit(&voucher).await {
+        let place = match inner.gates.admit(&voucher, quantity).await {
             Admission::Go(place) => place,
             Admission::SoldOut => return Err(SeckillError::SoldOut),
         };
@@ -417,7 +440,8 @@ impl Seckill {
             return Err(SeckillError::InProgress);
         };
 
-        self.buy_locked(user_id, voucher, guard, place).await
+        self.buy_locked(user_id, voucher, quantity, guard, place)
+            .await
     }
 
     /// The part of a purchase that runs under the user's lock: a place in
@@ -430,6 +454,7 @@ impl Seckill {
         &self,
         user_id: UserId,
         voucher: Arc<Voucher>,
+        quantity: Quantity,
         guard: UserGuard,
         place: gate::Ticket,
     ) -> Result<OrderId> {
@@ -439,11 +464,12 @@ impl Seckill {
         match self
             .inner
             .batcher
-            .sell(voucher, user_id, guard, place)
+            .sell(voucher, user_id, quantity, guard, place)
             .await?
         {
             Batched::Sold(order_id) => Ok(order_id),
             Batched::SoldOut => Err(SeckillError::SoldOut),
+            Batched::Short(stock) => Err(SeckillError::NotEnoughStock { stock }),
             Batched::Held(order_id) => {
                 if let Some(order_id) = order_id {
                     self.inner.holders.hold(voucher_id, user_id, order_id);

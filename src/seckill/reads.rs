@@ -12,13 +12,16 @@ use crate::domain::VoucherId;
 use crate::domain::{Order, OrderLine, SaleMode, Voucher};
 use crate::kv::Keys;
 
-/// A voucher's books: `stock + pending + unpaid + paid = initial_stock`.
+/// A voucher's books: `stock + units = initial_stock`, where `units` are
+/// those of the `pending`, `unpaid` and `paid` orders.
 #[derive(Debug, Clone, Copy)]
 pub struct Stats {
     pub initial_stock: i32,
     /// Units still for sale: Postgres's stock, less an async sale's
     /// pending orders.
     pub stock: i64,
+    /// Units of live orders (pending ones of an async sale too).
+    pub units: i64,
     pub distinct_users: i64,
     pub pending: i64,
     pub unpaid: i64,
@@ -106,27 +109,28 @@ impl Seckill {
     }
 
     /// The voucher's books as one snapshot. An async sale's pending
-    /// orders are those its stream holds that Postgres does not: the
+    /// orders (and their units) are those its stream holds that Postgres
+    /// does not: the
     /// stream is read first, so an order written in between is counted
     /// once, as stored, and one accepted in between not at all (nor taken
     /// from Postgres's stock).
     pub async fn stats(&self, voucher_id: VoucherId) -> Result<Stats> {
         // The sale mode never changes: the cached voucher tells it.
         let voucher = self.sale_window(voucher_id).await?;
-        let listed: Vec<OrderId> = match voucher.terms.sale_mode {
+        let listed: Vec<(OrderId, i32)> = match voucher.terms.sale_mode {
             SaleMode::Sync => Vec::new(),
             SaleMode::Async => (self.inner.async_sales.accepted(voucher_id).await?)
                 .into_iter()
-                .map(|(order_id, _)| order_id)
+                .map(|a| (a.order_id, a.quantity.get()))
                 .collect(),
         };
-        let listed_count = i64::try_from(listed.len()).unwrap_or(i64::MAX);
         let stats = self.inner.store.stats(voucher_id, listed).await?;
         let stats = stats.ok_or(SeckillError::NotFound("voucher"))?;
-        let pending = listed_count - stats.stored_listed;
+        let pending = stats.unstored_listed;
         Ok(Stats {
             initial_stock: stats.initial_stock,
-            stock: i64::from(stats.stock) - pending,
+            stock: i64::from(stats.stock) - stats.unstored_units,
+            units: stats.units + stats.unstored_units,
             distinct_users: stats.distinct_users,
             pending,
             unpaid: stats.unpaid,

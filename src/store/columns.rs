@@ -93,9 +93,9 @@ macro_rules! from_row {
 from_row! {
     VoucherTerms {
         title, begin_time, end_time, sale_mode, price_cents, pay_within_seconds,
-        max_orders_per_user, admit_per_second, queue_proof_bits,
+        max_orders_per_user, max_units_per_user, admit_per_second, queue_proof_bits,
     }
-    Order { id, user_id, voucher_id, created_at, status, pay_by, paid_at, user_ref }
+    Order { id, user_id, voucher_id, quantity, created_at, status, pay_by, paid_at, user_ref }
     OrderLine { id, user_id, status }
     StockLevel { stock, initial_stock, returned }
 }

@@ -18,8 +18,8 @@ use crate::domain::{EventId, EventType, Order, OrderEvent, OrderId, RefundDue, U
 macro_rules! event_columns {
     () => {
         "e.id, e.tx::text::bigint AS tx, e.type, e.created_at, e.sequence, e.order_id,
-         e.user_id, e.voucher_id, e.order_created_at, e.status, e.pay_by, e.paid_at,
-         e.payment_id, e.amount_cents, u.subject AS user_ref"
+         e.user_id, e.voucher_id, e.quantity, e.order_created_at, e.status, e.pay_by,
+         e.paid_at, e.payment_id, e.amount_cents, u.subject AS user_ref"
     };
 }
 
@@ -85,6 +85,7 @@ impl FromRow<'_, PgRow> for OrderEvent {
                 id: row.try_get("order_id")?,
                 user_id: row.try_get("user_id")?,
                 voucher_id: row.try_get("voucher_id")?,
+                quantity: row.try_get("quantity")?,
                 created_at: row.try_get("order_created_at")?,
                 status: row.try_get("status")?,
                 pay_by: row.try_get("pay_by")?,

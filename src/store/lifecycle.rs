@@ -32,9 +32,9 @@ macro_rules! close_and_return {
             WHERE o.id = c.id AND o.status = 'unpaid' AND ",
             $due,
             "
-            RETURNING o.id, o.voucher_id, o.user_id, o.pay_by
+            RETURNING o.id, o.voucher_id, o.user_id, o.pay_by, o.quantity
         ), units AS (
-            SELECT voucher_id, count(*)::int AS n FROM closed GROUP BY voucher_id
+            SELECT voucher_id, sum(quantity)::int AS n FROM closed GROUP BY voucher_id
         ), back AS (
             UPDATE seckill_vouchers s
             SET stock = s.stock + u.n, returned = s.returned + u.n
@@ -42,8 +42,8 @@ macro_rules! close_and_return {
             WHERE s.voucher_id = u.voucher_id
             RETURNING s.voucher_id, s.stock, s.initial_stock, s.returned, s.sale_mode, s.end_time
         ), outbox AS (
-            INSERT INTO stock_returns (order_id, voucher_id, user_id)
-            SELECT c.id, c.voucher_id, c.user_id
+            INSERT INTO stock_returns (order_id, voucher_id, user_id, quantity)
+            SELECT c.id, c.voucher_id, c.user_id, c.quantity
             FROM closed c JOIN back b ON b.voucher_id = c.voucher_id
             WHERE b.sale_mode = 'async'
         )
@@ -111,7 +111,8 @@ pub enum PaymentOutcome {
     },
     /// No stored order has this id.
     UnknownOrder,
-    /// The amount is not the voucher's price: nothing recorded.
+    /// The amount is not what the order costs (the voucher's price times
+    /// its units): nothing recorded.
     WrongAmount { price_cents: i64 },
     /// This payment id was recorded for another order or amount.
     Reused,
@@ -123,12 +124,15 @@ pub struct StockReturn {
     pub order_id: OrderId,
     pub voucher_id: VoucherId,
     pub user_id: UserId,
+    /// The order's units, all given back.
+    pub quantity: i32,
 }
 
 #[derive(FromRow)]
 struct Payable {
     status: OrderStatus,
     pay_by: DateTime<Utc>,
+    /// What the order costs: the voucher's price times its units.
     price_cents: i64,
 }
 
@@ -221,7 +225,7 @@ impl Store {
                          FROM (SELECT order_id FROM stock_returns WHERE visible_at <= now()
                                ORDER BY order_id LIMIT $1 FOR UPDATE SKIP LOCKED) due
                          WHERE r.order_id = due.order_id
-                         RETURNING r.order_id, r.voucher_id, r.user_id",
+                         RETURNING r.order_id, r.voucher_id, r.user_id, r.quantity",
                     )
                     .bind(limit)
                     .bind(lease_ms)
@@ -257,7 +261,7 @@ async fn pay_in(
 ) -> std::result::Result<PaymentOutcome, sqlx::Error> {
     let mut tx = conn.begin().await?;
     let order: Option<Payable> = sqlx::query_as(
-        "SELECT o.status, o.pay_by, s.price_cents
+        "SELECT o.status, o.pay_by, s.price_cents * o.quantity AS price_cents
          FROM voucher_orders o JOIN seckill_vouchers s ON s.voucher_id = o.voucher_id
          WHERE o.id = $1
          FOR UPDATE OF o",

@@ -33,8 +33,8 @@ pub use sale::{BatchSale, Sale, SaleRequest, SELL_BATCH};
 macro_rules! voucher_columns {
     () => {
         "v.id, v.title, s.initial_stock, s.stock, s.begin_time, s.end_time, s.sale_mode,
-         s.price_cents, s.pay_within_seconds, s.returned, s.max_orders_per_user, s.admit_per_second,
-         s.queue_proof_bits"
+         s.price_cents, s.pay_within_seconds, s.returned, s.max_orders_per_user, s.max_units_per_user,
+         s.admit_per_second, s.queue_proof_bits"
     };
 }
 pub(crate) use voucher_columns;
@@ -123,8 +123,11 @@ pub struct Stats {
     pub paid: i64,
     pub cancelled: i64,
     pub expired: i64,
-    /// How many of the order ids asked about are stored.
-    pub stored_listed: i64,
+    /// Units of the live orders.
+    pub units: i64,
+    /// How many of the orders asked about are not stored, and their units.
+    pub unstored_listed: i64,
+    pub unstored_units: i64,
 }
 
 /// Pool sizes, timeouts and the way to Postgres for [`Store::connect`].
@@ -265,9 +268,9 @@ impl Store {
                         "WITH v AS (INSERT INTO vouchers (title) VALUES ($1) RETURNING id)
              INSERT INTO seckill_vouchers (voucher_id, initial_stock, stock, begin_time, end_time,
                                            sale_mode, price_cents, pay_within_seconds,
-                                           max_orders_per_user, admit_per_second,
-                                           queue_proof_bits)
-             SELECT id, $2, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM v
+                                           max_orders_per_user, max_units_per_user,
+                                           admit_per_second, queue_proof_bits)
+             SELECT id, $2, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 FROM v
              RETURNING voucher_id",
                     )
                     .bind(title)
@@ -278,6 +281,7 @@ impl Store {
                     .bind(terms.price_cents)
                     .bind(terms.pay_within_seconds)
                     .bind(terms.max_orders_per_user)
+                    .bind(terms.max_units_per_user)
                     .bind(terms.admit_per_second)
                     .bind(terms.queue_proof_bits)
                     .persistent(persistent)
@@ -373,7 +377,7 @@ impl Store {
 
     pub async fn order(&self, order_id: OrderId) -> Result<Option<Order>> {
         const SQL: &str =
-            "SELECT o.id, o.user_id, o.voucher_id, o.created_at, o.status, o.pay_by, o.paid_at,
+            "SELECT o.id, o.user_id, o.voucher_id, o.quantity, o.created_at, o.status, o.pay_by, o.paid_at,
                     u.subject AS user_ref
              FROM voucher_orders o LEFT JOIN user_refs u ON u.user_id = o.user_id
              WHERE o.id = $1";
@@ -387,23 +391,25 @@ impl Store {
         self.db.rows_by_id(SQL, voucher_id).await
     }
 
-    /// The voucher's books and how many of `listed` (order ids) are
-    /// stored, in one statement (one snapshot).
+    /// The voucher's books and which of `listed` (order ids, with their
+    /// units) are not stored, in one statement (one snapshot).
     pub async fn stats(
         &self,
         voucher_id: VoucherId,
-        listed: Vec<OrderId>,
+        listed: Vec<(OrderId, i32)>,
     ) -> Result<Option<Stats>> {
+        let (ids, units): (Vec<OrderId>, Vec<i32>) = listed.into_iter().unzip();
         self.db
             .run(move |c, persistent| {
                 Box::pin(
                     sqlx::query_as(
                         "SELECT s.initial_stock, s.stock,
-                                (SELECT count(*) FROM voucher_orders WHERE id = ANY($2)) AS stored_listed,
+                                l.unstored_listed, l.unstored_units,
                                 coalesce(o.distinct_users, 0) AS distinct_users,
                                 coalesce(o.unpaid, 0) AS unpaid, coalesce(o.paid, 0) AS paid,
                                 coalesce(o.cancelled, 0) AS cancelled,
-                                coalesce(o.expired, 0) AS expired
+                                coalesce(o.expired, 0) AS expired,
+                                coalesce(o.units, 0)::bigint AS units
                          FROM seckill_vouchers s
                          LEFT JOIN LATERAL (
                              SELECT count(DISTINCT user_id)
@@ -411,13 +417,21 @@ impl Store {
                                     count(*) FILTER (WHERE status = 'unpaid') AS unpaid,
                                     count(*) FILTER (WHERE status = 'paid') AS paid,
                                     count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
-                                    count(*) FILTER (WHERE status = 'expired') AS expired
+                                    count(*) FILTER (WHERE status = 'expired') AS expired,
+                                    sum(quantity) FILTER (WHERE status IN ('unpaid', 'paid')) AS units
                              FROM voucher_orders WHERE voucher_id = s.voucher_id
                          ) o ON true
+                         CROSS JOIN LATERAL (
+                             SELECT count(*) AS unstored_listed,
+                                    coalesce(sum(l.units), 0)::bigint AS unstored_units
+                             FROM unnest($2::bigint[], $3::int[]) AS l(id, units)
+                             WHERE NOT EXISTS (SELECT 1 FROM voucher_orders WHERE id = l.id)
+                         ) l
                          WHERE s.voucher_id = $1",
                     )
                     .bind(voucher_id)
-                    .bind(listed)
+                    .bind(ids.clone())
+                    .bind(units.clone())
                     .persistent(persistent)
                     .fetch_optional(c),
                 )

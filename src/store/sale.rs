@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::FromRow;
 
 use super::{Result, Store, StoreError};
-use crate::domain::{FencingToken, OrderId, StockLevel, UserId, VoucherId};
+use crate::domain::{FencingToken, OrderId, Quantity, StockLevel, UserId, VoucherId};
 
 /// One purchase in a batch: a user who holds their lock (with its fencing
 /// token) and the order id drawn for them; or, from an async sale's
@@ -20,6 +20,8 @@ pub struct SaleRequest {
     pub user_id: UserId,
     pub fence: Option<FencingToken>,
     pub at: DateTime<Utc>,
+    /// Units it asks for, all or nothing.
+    pub quantity: Quantity,
 }
 
 /// What the batch did for one purchase.
@@ -29,6 +31,9 @@ pub enum Sale {
     Sold,
     /// No unit was left for it (or the voucher has no sale).
     SoldOut,
+    /// Fewer units than it asked for were left for it: this many, after
+    /// the batch.
+    Short(i32),
     /// The user already holds this order for the voucher.
     Held(OrderId),
     /// The fencing token is older than the user's last one: the lock it
@@ -52,7 +57,8 @@ pub struct BatchSale {
 
 /// The batch sale, in one statement (so one transaction).
 ///
-/// - `req`: the purchases, numbered in arrival order.
+/// - `req`: the purchases, numbered in arrival order, each asking for
+///   `quantity` units (`$7`).
 /// - `fence`: each user's token (of their lock for this voucher) is stored,
 ///   in user order (so two batches lock fence rows alike), if it is not
 ///   smaller than the one stored; only those users may buy. A request
@@ -67,23 +73,34 @@ pub struct BatchSale {
 /// - `maxed`: users who have `$6` (the voucher's `max_orders_per_user`)
 ///   orders of it already, whatever their status: counted in the index on
 ///   (user, voucher), at most `$6` rows read per user.
-/// - `eligible`: the rest, ranked by arrival.
+/// - `eligible`: the rest, ranked by arrival, with the units asked so far
+///   (`asked`, a running sum).
 /// - `locked`: the voucher's row, locked, as the last committed writer left
 ///   it (a row lock wait in READ COMMITTED re-reads the newest version), so
-///   `granted` = min(stock, eligible) is exact; `taken` decrements by it.
-/// - `placed`: the first `granted` eligible purchases become `unpaid`
-///   orders, due `pay_within_seconds` after their creation time.
+///   what it grants is exact.
+/// - `fits`: all or nothing, in arrival order while the stock covers the
+///   asks; one that it cannot cover does not stop a later, smaller one
+///   (3 left, asks of 2, 2, 1: the first and the third). When the stock
+///   covers every ask (`asked` of the last), all are granted without
+///   walking them; otherwise `walk` takes them one by one from arrays (each
+///   step reads one element, so a batch costs its length, not its square),
+///   and stops once no unit is left.
+/// - `taken` decrements by the units granted; `placed`: the granted
+///   purchases become `unpaid` orders of their quantity, due
+///   `pay_within_seconds` after their creation time.
 ///
-/// The CHECKs and the unique indexes still hold behind it: an order that a
-/// concurrent batch committed after this statement's snapshot (a lapsed
-/// lease on another instance) fails the whole statement, and the caller
-/// runs it again, when `held` sees it. (`loadtest` runs this same text
-/// through pgbench: keep them equal.)
+/// A purchase that was eligible but not granted is `short` while units
+/// are left after the batch (fewer than it asked), `sold_out` when none
+/// are. The CHECKs and the unique indexes still hold behind it: an order
+/// that a concurrent batch committed after this statement's snapshot (a
+/// lapsed lease on another instance) fails the whole statement, and the
+/// caller runs it again, when `held` sees it. (`loadtest` runs this same
+/// text through pgbench: keep them equal.)
 pub const SELL_BATCH: &str = "\
-WITH req AS (
-    SELECT r.order_id, r.user_id, r.fence, r.at, r.pos
-    FROM unnest($2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[])
-         WITH ORDINALITY AS r(order_id, user_id, fence, at, pos)
+WITH RECURSIVE req AS (
+    SELECT r.order_id, r.user_id, r.fence, r.at, r.quantity, r.pos
+    FROM unnest($2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[], $7::int[])
+         WITH ORDINALITY AS r(order_id, user_id, fence, at, quantity, pos)
 ), fence AS (
     INSERT INTO user_fences (user_id, voucher_id, token)
     SELECT user_id, $1, fence FROM req WHERE fence IS NOT NULL ORDER BY user_id
@@ -113,7 +130,9 @@ WITH req AS (
     ) c
     WHERE c.n >= $6
 ), eligible AS (
-    SELECT r.pos, r.order_id, r.user_id, r.at, row_number() OVER (ORDER BY r.pos) AS rank
+    SELECT r.pos, r.order_id, r.user_id, r.at, r.quantity,
+           row_number() OVER (ORDER BY r.pos) AS rank,
+           sum(r.quantity) OVER (ORDER BY r.pos) AS asked
     FROM req r
     WHERE (r.fence IS NULL OR r.user_id IN (SELECT user_id FROM fence))
       AND r.user_id NOT IN (SELECT user_id FROM held)
@@ -123,19 +142,38 @@ WITH req AS (
     SELECT v.stock, v.pay_within_seconds FROM seckill_vouchers v
     WHERE v.voucher_id = $1 AND EXISTS (SELECT 1 FROM eligible)
     FOR UPDATE
+), asks AS (
+    SELECT array_agg(quantity ORDER BY rank) AS q, count(*)::int AS n,
+           coalesce(max(asked), 0) AS total
+    FROM eligible
+), walk AS (
+    SELECT 0 AS i, (SELECT stock FROM locked) AS left_after, false AS granted
+    WHERE (SELECT total FROM asks) > (SELECT stock FROM locked)
+    UNION ALL
+    SELECT w.i + 1,
+           CASE WHEN a.q[w.i + 1] <= w.left_after THEN w.left_after - a.q[w.i + 1]
+                ELSE w.left_after END,
+           a.q[w.i + 1] <= w.left_after
+    FROM walk w, asks a
+    WHERE w.i < a.n AND w.left_after > 0
+), fits AS (
+    SELECT e.rank, e.quantity FROM eligible e
+    WHERE (SELECT total FROM asks) <= (SELECT stock FROM locked)
+    UNION ALL
+    SELECT e.rank, e.quantity FROM walk w JOIN eligible e ON e.rank = w.i WHERE w.granted
 ), granted AS (
-    SELECT least(stock, (SELECT count(*) FROM eligible)::int) AS n, pay_within_seconds FROM locked
+    SELECT coalesce((SELECT sum(quantity) FROM fits), 0)::int AS n, stock, pay_within_seconds
+    FROM locked
 ), taken AS (
     UPDATE seckill_vouchers v SET stock = v.stock - g.n
     FROM granted g
     WHERE v.voucher_id = $1 AND g.n > 0
     RETURNING v.stock, v.initial_stock, v.returned
 ), placed AS (
-    INSERT INTO voucher_orders (id, user_id, voucher_id, created_at, status, pay_by)
+    INSERT INTO voucher_orders (id, user_id, voucher_id, created_at, status, pay_by, quantity)
     SELECT e.order_id, e.user_id, $1, e.at, 'unpaid',
-           e.at + make_interval(secs => g.pay_within_seconds)
-    FROM eligible e, granted g
-    WHERE e.rank <= g.n
+           e.at + make_interval(secs => g.pay_within_seconds), e.quantity
+    FROM eligible e JOIN fits f ON f.rank = e.rank, granted g
     RETURNING id
 )
 SELECT
@@ -145,10 +183,12 @@ SELECT
         WHEN h.id IS NOT NULL THEN 'held'
         WHEN u.id IS NOT NULL THEN 'id_taken'
         WHEN r.user_id IN (SELECT user_id FROM maxed) THEN 'too_many'
-        WHEN e.rank <= (SELECT n FROM granted) THEN 'sold'
+        WHEN e.rank IN (SELECT rank FROM fits) THEN 'sold'
+        WHEN (SELECT stock - n FROM granted) > 0 THEN 'short'
         ELSE 'sold_out'
     END AS outcome,
     CASE WHEN u.user_id = r.user_id AND u.voucher_id = $1 THEN u.id ELSE h.id END AS held_id,
+    (SELECT stock - n FROM granted) AS left_units,
     (SELECT stock FROM taken) AS stock,
     (SELECT initial_stock FROM taken) AS initial_stock,
     (SELECT returned FROM taken) AS returned,
@@ -166,6 +206,8 @@ struct Row {
     stock: Option<i32>,
     initial_stock: Option<i32>,
     returned: Option<i64>,
+    /// Units left after the batch (none when nobody in it was eligible).
+    left_units: Option<i32>,
     placed: i64,
 }
 
@@ -176,16 +218,24 @@ impl Row {
         Ok(match (self.outcome.as_str(), self.held_id) {
             ("sold", _) => Sale::Sold,
             ("sold_out", _) => Sale::SoldOut,
+            ("short", _) => match self.left_units {
+                Some(left) if left > 0 => Sale::Short(left),
+                _ => return Err(self.unexpected()),
+            },
             ("held", Some(id)) => Sale::Held(id),
             ("fenced", _) => Sale::Fenced,
             ("too_many", _) => Sale::TooMany,
             ("id_taken", _) => Sale::IdTaken,
-            (other, held) => {
-                return Err(StoreError::Other(sqlx::Error::Protocol(format!(
-                    "the batch statement answered {other:?} (held order {held:?})"
-                ))))
-            }
+            _ => return Err(self.unexpected()),
         })
+    }
+
+    /// A word the statement never writes, or one without what it needs.
+    fn unexpected(&self) -> StoreError {
+        StoreError::Other(sqlx::Error::Protocol(format!(
+            "the batch statement answered {:?} (held order {:?}, units left {:?})",
+            self.outcome, self.held_id, self.left_units
+        )))
     }
 }
 
@@ -208,6 +258,7 @@ impl Store {
             .map(|r| r.fence.map(FencingToken::get))
             .collect();
         let times: Vec<DateTime<Utc>> = batch.iter().map(|r| r.at).collect();
+        let quantities: Vec<i32> = batch.iter().map(|r| r.quantity.get()).collect();
         let rows: Vec<Row> = self
             .sale
             .run(move |c, persistent| {
@@ -219,6 +270,7 @@ impl Store {
                         .bind(fences)
                         .bind(times)
                         .bind(i64::from(max_orders))
+                        .bind(quantities)
                         .persistent(persistent)
                         .fetch_all(c),
                 )
@@ -251,6 +303,7 @@ mod tests {
             stock: None,
             initial_stock: None,
             returned: None,
+            left_units: None,
             placed: 0,
         }
     }

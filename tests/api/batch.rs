@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use seckill::domain::{FencingToken, OrderId, UserId, VoucherId};
+use seckill::domain::{FencingToken, OrderId, Quantity, UserId, VoucherId};
 use seckill::store::{Sale, SaleRequest, Store};
 use tokio::task::JoinSet;
 
@@ -47,6 +47,7 @@ fn requests(users: impl IntoIterator<Item = i64>, first_id: i64) -> Vec<SaleRequ
             user_id: UserId::new(user_id).unwrap(),
             fence: Some(FencingToken::new(1_000)),
             at: chrono::Utc::now(),
+            quantity: Quantity::ONE,
         })
         .collect()
 }
@@ -92,6 +93,57 @@ async fn a_batch_larger_than_the_stock_sells_the_stock_first_come_first_served()
         .unwrap();
     assert_eq!(after.sales, [Sale::SoldOut]);
     assert_eq!(after.level, None);
+}
+
+/// `requests` for these users, each asking for its number of units.
+fn asking(asks: &[(i64, i32)], first_id: i64) -> Vec<SaleRequest> {
+    let mut batch = requests(asks.iter().map(|(user, _)| *user), first_id);
+    for (request, (_, units)) in batch.iter_mut().zip(asks) {
+        request.quantity = Quantity::within(i64::from(*units), Quantity::MAX).unwrap();
+    }
+    batch
+}
+
+#[tokio::test]
+async fn a_batch_serves_asks_whole_in_arrival_order_and_one_it_cannot_cover_does_not_stop_a_smaller_one(
+) {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(3).await;
+    let store = store(&app);
+    let id = VoucherId::new(voucher).unwrap();
+    // 3 left, asks of 2, 2 and 1: the first and the third, all or nothing.
+    let sold = store
+        .sell_batch(id, 3, &asking(&[(1, 2), (2, 2), (3, 1)], 11 << 40))
+        .await
+        .unwrap();
+    assert_eq!(sold.sales, [Sale::Sold, Sale::SoldOut, Sale::Sold]);
+    assert_eq!(sold.level.unwrap().stock, 0);
+    let units: Vec<(i64, i32)> = sqlx::query_as(
+        "SELECT user_id, quantity FROM voucher_orders WHERE voucher_id = $1 ORDER BY user_id",
+    )
+    .bind(voucher)
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(units, [(1, 2), (3, 1)], "nobody got part of an ask");
+
+    // Some left, fewer than asked: `short`, with what is left after the
+    // batch; a buyer who fits is still served.
+    let voucher = app.open_voucher(4).await;
+    let id = VoucherId::new(voucher).unwrap();
+    let sold = store
+        .sell_batch(id, 3, &asking(&[(1, 3), (2, 3), (3, 2)], 12 << 40))
+        .await
+        .unwrap();
+    assert_eq!(sold.sales, [Sale::Sold, Sale::Short(1), Sale::Short(1)]);
+    assert_eq!(sold.level.unwrap().stock, 1);
+    // Asking again for what is left is served; then none is left.
+    let again = store
+        .sell_batch(id, 3, &asking(&[(2, 1), (3, 1)], 13 << 40))
+        .await
+        .unwrap();
+    assert_eq!(again.sales, [Sale::Sold, Sale::SoldOut]);
+    assert_eq!(app.check_invariants(voucher).await, 2, "orders of 3 and 1");
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis_locks::{Acquired, Lock, LockClient, LockGuard};
 use reqwest::StatusCode;
-use seckill::domain::{FencingToken, OrderId, UserId, VoucherId};
+use seckill::domain::{FencingToken, OrderId, Quantity, UserId, VoucherId};
 use seckill::id::IdGenerator;
 use seckill::kv::Kv;
 use seckill::store::{Sale, SaleRequest, Store};
@@ -70,6 +70,7 @@ impl Holders {
             user_id: UserId::new(self.user).unwrap(),
             fence: Some(FencingToken::new(fence)),
             at: chrono::Utc::now(),
+            quantity: Quantity::ONE,
         };
         let target = VoucherId::new(target).unwrap();
         let sold = self.store.sell_batch(target, 3, &[request]).await.unwrap();

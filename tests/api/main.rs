@@ -34,4 +34,5 @@ mod room;
 mod sentinel;
 mod shed;
 mod streams;
+mod units;
 mod validation;

@@ -42,9 +42,9 @@ async fn the_batch_sale_looks_orders_and_fences_up_by_index_on_a_new_database() 
     let mut conn = app.db.acquire().await.unwrap();
     let plan = generic_plan(
         &mut conn,
-        "bigint, bigint[], bigint[], bigint[], timestamptz[], bigint",
+        "bigint, bigint[], bigint[], bigint[], timestamptz[], bigint, int[]",
         seckill::store::SELL_BATCH,
-        "1, '{1}', '{1}', '{1}', ARRAY[now()], 3",
+        "1, '{1}', '{1}', '{1}', ARRAY[now()], 3, '{1}'",
     )
     .await;
     for table in ["voucher_orders", "user_fences", "seckill_vouchers"] {

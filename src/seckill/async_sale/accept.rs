@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{AsyncSales, SaleKeys, PENDING_TTL_SECS};
-use crate::domain::{OrderId, UserId, VoucherId};
+use crate::domain::{OrderId, Quantity, UserId, VoucherId};
 use crate::seckill::error::{Result, SeckillError};
 use crate::seckill::metric;
 use crate::seckill::workers::Unanswered;
@@ -34,6 +34,8 @@ pub(super) enum Verdict {
     NotStarted,
     Ended,
     SoldOut,
+    /// Fewer units than asked were left at its turn: this many.
+    Short(i32),
     /// The user holds this order already.
     Held(Option<OrderId>),
     /// The sale is not loaded in Redis (lost, or being reconciled).
@@ -46,12 +48,13 @@ pub(super) enum Verdict {
 pub(super) struct Request {
     user_id: UserId,
     order_id: OrderId,
+    quantity: Quantity,
     reply: oneshot::Sender<Result<Verdict>>,
 }
 
 impl AsyncSales {
-    /// Redis's verdict on `user_id` buying one unit of `voucher_id` under
-    /// `order_id`, from the voucher's next call. Waits at most twice the
+    /// Redis's verdict on `user_id` buying `quantity` units of
+    /// `voucher_id` under `order_id`, from the voucher's next call. Waits at most twice the
     /// Redis deadline (the call ahead of it, then its own); a purchase
     /// whose verdict is late is answered 503 and may still have been
     /// accepted, as a single call that timed out may have been: a retry
@@ -62,6 +65,7 @@ impl AsyncSales {
         max_orders: i32,
         user_id: UserId,
         order_id: OrderId,
+        quantity: Quantity,
     ) -> Result<Verdict> {
         let verdict = self
             .inner
@@ -71,6 +75,7 @@ impl AsyncSales {
                 |reply| Request {
                     user_id,
                     order_id,
+                    quantity,
                     reply,
                 },
                 Some(self.inner.redis.timeout() * 2),
@@ -117,7 +122,10 @@ impl AsyncSales {
             if lookups_in_script {
                 invocation.key(self.pending_key(request.order_id));
             }
-            invocation.arg(request.user_id).arg(request.order_id);
+            invocation
+                .arg(request.user_id)
+                .arg(request.order_id)
+                .arg(request.quantity.get());
         }
         let answers: Vec<Vec<String>> = inner.redis.invoke(&invocation).await?;
         if answers.len() != batch.len() {
@@ -182,6 +190,10 @@ fn verdict(answer: &[String]) -> Result<Verdict> {
         (Some(-4), 2) => Verdict::Held(number(1).and_then(OrderId::from_stored)),
         (Some(-5), 1) => Verdict::Paused,
         (Some(-6), 1) => Verdict::TooMany,
+        (Some(-7), 2) => match number(1).and_then(|left| i32::try_from(left).ok()) {
+            Some(left) if left > 0 => Verdict::Short(left),
+            _ => return Err(unexpected(answer)),
+        },
         _ => return Err(unexpected(answer)),
     })
 }
@@ -217,6 +229,7 @@ mod tests {
         assert_eq!(answer(&["-4", "garbage"]).unwrap(), Verdict::Held(None));
         assert_eq!(answer(&["-5"]).unwrap(), Verdict::Paused);
         assert_eq!(answer(&["-6"]).unwrap(), Verdict::TooMany);
+        assert_eq!(answer(&["-7", "2"]).unwrap(), Verdict::Short(2));
         for odd in [
             &[][..],
             &["1"],
@@ -225,6 +238,9 @@ mod tests {
             &["0"],
             &["2", "1"],
             &["-3", "1"],
+            &["-7"],
+            &["-7", "0"],
+            &["-7", "many"],
             &["x"],
         ] {
             assert!(

@@ -32,7 +32,7 @@ use super::clock::SaleClock;
 use super::error::{Result, SeckillError};
 use super::workers::{Background, Queue, Workers};
 use super::SeckillSettings;
-use crate::domain::{Order, OrderId, UserId, Voucher, VoucherId};
+use crate::domain::{Order, OrderId, Quantity, UserId, Voucher, VoucherId};
 use crate::id::IdGenerator;
 use crate::kv::{AsyncSaleKeys as SaleKeys, Keys, Kv};
 use crate::seckill::metric;
@@ -53,6 +53,24 @@ const PENDING_TTL_SECS: u64 = 2 * 86_400;
 const PENDING_SHARDS_ON_CLUSTER: i64 = 16;
 /// How often each instance looks for async vouchers to write.
 const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
+
+/// An order Redis accepted, as its stream entry holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Accepted {
+    pub(super) order_id: OrderId,
+    pub(super) user_id: UserId,
+    pub(super) quantity: Quantity,
+}
+
+/// The units of an accepted order's stream entry: its `units` field, or
+/// one for an entry written before orders had units; `None` when the field
+/// is there and not a quantity.
+fn entry_units(entry: &redis::streams::StreamId) -> Option<Quantity> {
+    match entry.map.get("units") {
+        None => Some(Quantity::ONE),
+        Some(_) => Quantity::within(entry.get("units")?, Quantity::MAX),
+    }
+}
 
 /// The consumer group that writes every voucher's stream.
 const GROUP: &str = "writers";
@@ -161,18 +179,24 @@ impl AsyncSales {
 
     /// Accepts one unit of `voucher` for `user_id` in Redis: once this
     /// returns, the order is in the voucher's stream and will be written.
-    pub(super) async fn purchase(&self, voucher: &Voucher, user_id: UserId) -> Result<OrderId> {
+    pub(super) async fn purchase(
+        &self,
+        voucher: &Voucher,
+        user_id: UserId,
+        quantity: Quantity,
+    ) -> Result<OrderId> {
         let inner = &self.inner;
         let order_id = inner.ids.next_id().await?;
         let max_orders = voucher.terms.max_orders_per_user;
         let at_ms = match self
-            .accept(voucher.id, max_orders, user_id, order_id)
+            .accept(voucher.id, max_orders, user_id, order_id, quantity)
             .await?
         {
             Verdict::Accepted { at_ms } => at_ms,
             Verdict::NotStarted => return Err(SeckillError::NotStarted),
             Verdict::Ended => return Err(SeckillError::Ended),
             Verdict::SoldOut => return Err(SeckillError::SoldOut),
+            Verdict::Short(stock) => return Err(SeckillError::NotEnoughStock { stock }),
             Verdict::Held(order_id) => return Err(SeckillError::AlreadyPurchased { order_id }),
             Verdict::TooMany => return Err(SeckillError::TooManyOrders(max_orders)),
             Verdict::Paused => {
@@ -190,7 +214,7 @@ impl AsyncSales {
             remember
                 .key(self.pending_key(order_id))
                 .arg(order_id)
-                .arg(PendingLookup::new(voucher.id, user_id, at_ms).encode())
+                .arg(PendingLookup::new(voucher.id, user_id, at_ms, quantity).encode())
                 .arg(PENDING_TTL_SECS);
             if let Err(error) = inner.redis.invoke::<i64>(&remember).await {
                 tracing::warn!(%order_id, error = %Chain(&error), "could not record a pending order's lookup");
@@ -219,9 +243,8 @@ impl AsyncSales {
     }
 
     /// The orders Redis accepted for `voucher_id` that its stream still
-    /// holds (written ones are deleted from it), as (order id, user id) in
-    /// stream order.
-    pub(super) async fn accepted(&self, voucher_id: VoucherId) -> Result<Vec<(OrderId, UserId)>> {
+    /// holds (written ones are deleted from it), in stream order.
+    pub(super) async fn accepted(&self, voucher_id: VoucherId) -> Result<Vec<Accepted>> {
         let keys = self.keys(voucher_id);
         let stream: redis::streams::StreamRangeReply = self
             .inner
@@ -232,8 +255,11 @@ impl AsyncSales {
             .ids
             .iter()
             .filter_map(|entry| {
-                let order = OrderId::from_stored(entry.get("order")?)?;
-                Some((order, UserId::new(entry.get("user")?)?))
+                Some(Accepted {
+                    order_id: OrderId::from_stored(entry.get("order")?)?,
+                    user_id: UserId::new(entry.get("user")?)?,
+                    quantity: entry_units(entry)?,
+                })
             })
             .collect())
     }
@@ -251,7 +277,7 @@ impl AsyncSales {
         let mut give = self.inner.give_back.prepare_invoke();
         give.key(&keys.sale).key(&keys.buyers).key(&keys.returned);
         for r in returns {
-            give.arg(r.order_id).arg(r.user_id);
+            give.arg(r.order_id).arg(r.user_id).arg(r.quantity);
         }
         let given: i64 = self.inner.redis.invoke(&give).await?;
         if given < 0 {

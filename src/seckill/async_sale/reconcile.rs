@@ -23,7 +23,7 @@ use std::sync::LazyLock;
 use redis::{self, Script, ToRedisArgs};
 use serde::Serialize;
 
-use super::{writer, AsyncSales, SaleKeys};
+use super::{writer, Accepted, AsyncSales, SaleKeys};
 use crate::domain::SaleMode;
 use crate::domain::{OrderId, UserId, VoucherId};
 use crate::seckill::batch::raise_id_counter;
@@ -73,8 +73,8 @@ pub enum Reconciliation {
 #[derive(Debug, Clone, Serialize)]
 pub struct Reconciled {
     pub voucher_id: VoucherId,
-    /// The stock Redis sells from now: Postgres's, less the accepted
-    /// orders still waiting in the stream.
+    /// The stock Redis sells from now: Postgres's, less the units of the
+    /// accepted orders still waiting in the stream.
     pub stock: i64,
     /// Accepted orders not yet in Postgres (left in the stream for the
     /// writers).
@@ -201,22 +201,26 @@ impl AsyncSales {
         let accepted = self.accepted(voucher_id).await?;
         let snapshot = inner
             .store
-            .sale_snapshot(
-                voucher_id,
-                accepted.iter().map(|(order, _)| *order).collect(),
-            )
+            .sale_snapshot(voucher_id, accepted.iter().map(|a| a.order_id).collect())
             .await?
             .ok_or(SeckillError::NotFound("voucher"))?;
         let stored: HashSet<OrderId> = snapshot.stored.iter().copied().collect();
         let mut buyers: HashMap<UserId, OrderId> = snapshot.buyers.iter().copied().collect();
         let mut pending = 0;
-        for (order_id, user_id) in &accepted {
+        let mut pending_units = 0;
+        for Accepted {
+            order_id,
+            user_id,
+            quantity,
+        } in &accepted
+        {
             if !stored.contains(order_id) && !buyers.contains_key(user_id) {
                 buyers.insert(*user_id, *order_id);
                 pending += 1;
+                pending_units += i64::from(quantity.get());
             }
         }
-        let stock = (i64::from(snapshot.voucher.level.stock) - pending).max(0);
+        let stock = (i64::from(snapshot.voucher.level.stock) - pending_units).max(0);
         self.raise_id_counter_past(&accepted).await?;
 
         // The buyers are rebuilt aside, and replace the live ones as the
@@ -271,14 +275,14 @@ impl AsyncSales {
     /// A Redis that lost the sale lost the day's id counter too: it would
     /// hand out ids that orders hold already. Raised past those stored and
     /// those `accepted` before the sale reopens.
-    async fn raise_id_counter_past(&self, accepted: &[(OrderId, UserId)]) -> Result<()> {
+    async fn raise_id_counter_past(&self, accepted: &[Accepted]) -> Result<()> {
         let inner = &self.inner;
         let today = inner.clock.now();
         let day = crate::domain::day_range(today);
         let accepted_today = accepted
             .iter()
-            .filter(|(order, _)| day.as_ref().is_some_and(|d| d.contains(&order.get())))
-            .map(|(order, _)| *order)
+            .map(|a| a.order_id)
+            .filter(|order| day.as_ref().is_some_and(|d| d.contains(&order.get())))
             .map(OrderId::sequence)
             .max()
             .unwrap_or(0);

@@ -5,8 +5,8 @@
 
 use redis::streams::StreamId;
 
-use super::super::{AsyncSales, SaleKeys, GROUP};
-use crate::domain::{OrderId, UserId, VoucherId};
+use super::super::{entry_units, AsyncSales, SaleKeys, GROUP};
+use crate::domain::{OrderId, Quantity, UserId, VoucherId};
 use crate::kv::KvError;
 use crate::seckill::batch::{raise_id_counter, sell_batch};
 use crate::seckill::metric;
@@ -18,6 +18,7 @@ pub(super) struct Entry {
     stream_id: String,
     order_id: OrderId,
     user_id: UserId,
+    quantity: Quantity,
     at_ms: i64,
 }
 
@@ -41,7 +42,8 @@ impl Refusal {
             Sale::Sold => None,
             Sale::Held(id) if id == order_id => None,
             Sale::Held(_) => Some(Self::AlreadyPurchased),
-            Sale::SoldOut => Some(Self::SoldOut),
+            // Postgres had fewer units left than Redis sold: as sold out.
+            Sale::SoldOut | Sale::Short(_) => Some(Self::SoldOut),
             Sale::IdTaken => Some(Self::IdTaken),
             Sale::Fenced => Some(Self::Fenced),
             // Not asked of a stream's entries (no bound is passed).
@@ -91,13 +93,14 @@ pub(super) fn parse(id: &StreamId) -> Parsed {
     let fields = || {
         let order_id = OrderId::from_stored(number("order")?)?;
         let user_id = UserId::new(number("user")?)?;
-        Some((order_id, user_id, number("at")?))
+        Some((order_id, user_id, entry_units(id)?, number("at")?))
     };
     match fields() {
-        Some((order_id, user_id, at_ms)) => Ok(Entry {
+        Some((order_id, user_id, quantity, at_ms)) => Ok(Entry {
             stream_id: id.id.clone(),
             order_id,
             user_id,
+            quantity,
             at_ms,
         }),
         None => Err(Malformed(id.id.clone())),
@@ -176,6 +179,7 @@ async fn store(
                 order_id: e.order_id,
                 user_id: e.user_id,
                 fence: None,
+                quantity: e.quantity,
                 // Created when Redis accepted it: the deadline counts from
                 // the same clock as the sale's window.
                 at: chrono::DateTime::from_timestamp_millis(e.at_ms)
@@ -249,6 +253,7 @@ mod tests {
             stream_id: format!("{order_id}-0"),
             order_id: order(order_id),
             user_id: UserId::new(user_id).unwrap(),
+            quantity: Quantity::ONE,
             at_ms: 0,
         }
     }
