@@ -4,10 +4,14 @@
 //! These designs are statements and process memory, not HTTP: the driver
 //! plays the instances itself (each with its own connections and its own
 //! memory) on scratch tables of the lab's database (`lablife_*`), so every
-//! anomaly counted below is read back from Postgres rows. As in the rest of
-//! the lab, the one artificial thing is a fixed stall at the point where a
-//! real system pauses (a slow call to the payment provider, a GC pause
-//! between a sweeper's read and its write), so that races happen on demand.
+//! anomaly counted below is read back from Postgres rows. The artificial
+//! things are the clock and a pause where a real system pauses (a slow call
+//! to the payment provider, a GC pause between a sweeper's read and its
+//! write): there, where the rest of the lab stalls for a fixed time, each
+//! actor here waits until the actors it races have read too, and the lab
+//! moves an order's deadline rather than wait for it. So the races happen
+//! on every run, in the order each scenario states, however busy the
+//! machine; a design that does not race shows it in its row.
 //!
 //! - `payment_meets_expiry`: a payment and the expiry sweeper both read the
 //!   order as `unpaid`, then write their status by primary key. Naive: the
@@ -27,10 +31,9 @@
 //!   epoch is ignored (what the service does, with Redis as the shared place).
 
 mod flag;
+mod pause;
 mod rows;
 mod transitions;
-
-use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::{json, Value};
@@ -39,9 +42,6 @@ use sqlx::postgres::PgPoolOptions;
 use crate::table::Table;
 use flag::soldout_flag;
 use transitions::{payment_meets_expiry, timeout_twice};
-
-/// The pause between a read and the write that trusts it.
-const STALL: Duration = Duration::from_millis(100);
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS lablife_vouchers (

@@ -10,9 +10,9 @@ use super::{LifeRow, Scenario};
 
 pub(super) type Sql<T> = Result<T, sqlx::Error>;
 
-/// A sold-out voucher of `orders` units, each held by an unpaid order due
-/// `due_ms` from now.
-pub(super) async fn sold_out_sale(pool: &PgPool, orders: i64, due_ms: i64) -> Sql<i64> {
+/// A sold-out voucher of `orders` units, each held by an unpaid order whose
+/// deadline is a quarter of an hour away until [`deadline_passes`].
+pub(super) async fn sold_out_sale(pool: &PgPool, orders: i64) -> Sql<i64> {
     let (voucher,): (i64,) = sqlx::query_as(
         "INSERT INTO lablife_vouchers (initial_stock, stock) VALUES ($1, 0) RETURNING id",
     )
@@ -21,14 +21,24 @@ pub(super) async fn sold_out_sale(pool: &PgPool, orders: i64, due_ms: i64) -> Sq
     .await?;
     sqlx::query(
         "INSERT INTO lablife_orders (voucher_id, user_id, status, pay_by)
-         SELECT $1, u, 'unpaid', now() + make_interval(secs => $3::float8 / 1000) FROM generate_series(1, $2) u",
+         SELECT $1, u, 'unpaid', now() + interval '15 minutes' FROM generate_series(1, $2) u",
     )
     .bind(voucher)
     .bind(orders)
-    .bind(due_ms as f64)
     .execute(pool)
     .await?;
     Ok(voucher)
+}
+
+/// The deadline of every order of `voucher` passes now: the lab moves it
+/// rather than waits for it, so that what must land before it does, however
+/// late the machine runs it.
+pub(super) async fn deadline_passes(pool: &PgPool, voucher: i64) -> Sql<()> {
+    sqlx::query("UPDATE lablife_orders SET pay_by = now() WHERE voucher_id = $1")
+        .bind(voucher)
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// Closes an unpaid order as `status` and returns its unit, in one
