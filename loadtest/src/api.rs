@@ -42,6 +42,8 @@ pub struct Stats {
     pub stock: i64,
     /// Live orders: unpaid + paid.
     pub orders: i64,
+    /// Units of the live orders, pending ones of an async sale too.
+    pub units: i64,
     pub distinct_users: i64,
     /// Async: accepted by Redis, not yet stored.
     pub pending: i64,
@@ -52,10 +54,11 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// The conservation law, at the moment of the snapshot:
-    /// `stock + pending + unpaid + paid = initial_stock`, stock never below 0.
+    /// The conservation law, at the moment of the snapshot: `stock +
+    /// units = initial_stock` (units of the pending, unpaid and paid
+    /// orders), stock never below 0.
     pub fn conserved(&self) -> bool {
-        self.stock >= 0 && self.stock + self.pending + self.unpaid + self.paid == self.initial_stock
+        self.stock >= 0 && self.stock + self.units == self.initial_stock
     }
 }
 
@@ -68,6 +71,8 @@ pub struct NewSale {
     pub hours: i64,
     pub price_cents: i64,
     pub pay_within_seconds: i64,
+    /// Most units one order may take.
+    pub max_units_per_user: i64,
 }
 
 impl NewSale {
@@ -79,6 +84,15 @@ impl NewSale {
             hours,
             price_cents: 0,
             pay_within_seconds: 900,
+            max_units_per_user: 1,
+        }
+    }
+
+    /// The same sale, allowing up to `units` units per order.
+    pub fn allowing(self, units: i64) -> Self {
+        Self {
+            max_units_per_user: units,
+            ..self
         }
     }
 }
@@ -90,6 +104,8 @@ pub struct OrderLine {
     pub user_id: i64,
     /// `unpaid`, `paid`, `cancelled` or `expired`.
     pub status: String,
+    /// Units it holds.
+    pub quantity: i64,
 }
 
 /// What a lab voucher's rows say.
@@ -199,6 +215,7 @@ impl<'a> Admin<'a> {
             "end_time": now + chrono::Duration::hours(sale.hours),
             "price_cents": sale.price_cents,
             "pay_within_seconds": sale.pay_within_seconds,
+            "max_units_per_user": sale.max_units_per_user,
         });
         self.create_voucher_from(body).await
     }
@@ -303,11 +320,13 @@ impl<'a> Admin<'a> {
                     o["order_id"].as_str(),
                     o["user_id"].as_i64(),
                     o["status"].as_str(),
+                    o["quantity"].as_i64(),
                 ) {
-                    (Some(id), Some(user), Some(status)) => Ok(OrderLine {
+                    (Some(id), Some(user), Some(status), Some(quantity)) => Ok(OrderLine {
                         order_id: id.to_owned(),
                         user_id: user,
                         status: status.to_owned(),
+                        quantity,
                     }),
                     _ => Err(anyhow::anyhow!("malformed order {o}")),
                 }

@@ -77,6 +77,10 @@ pub(crate) struct CrowdArgs {
     /// Connections of the flash crowd.
     #[arg(long, default_value_t = 1_000)]
     pub flash_connections: usize,
+    /// Units each user of the flash crowd asks for: a number, or a range
+    /// such as `1-3` (each user its own ask; the voucher allows the most).
+    #[arg(long, default_value = "1")]
+    pub quantity: crate::units::Quantities,
 }
 
 #[derive(Subcommand)]
@@ -167,6 +171,10 @@ pub(crate) struct FlashArgs {
     pub per_user: usize,
     #[arg(long, default_value_t = 1_000)]
     pub connections: usize,
+    /// Units each user asks for: a number, or a range such as `1-3` (each
+    /// user its own ask; the voucher allows the most).
+    #[arg(long, default_value = "1")]
+    pub quantity: crate::units::Quantities,
 }
 
 #[derive(Args, Clone)]

@@ -9,20 +9,25 @@ use std::time::Duration;
 use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
-use crate::api::{Admin, SaleMode};
+use crate::api::{Admin, NewSale, SaleMode};
 use crate::drive::{drive, Plan, Request};
 use crate::invariants::check;
 use crate::service::Target;
-use crate::{ceilings, round, scrape, FlashArgs, HammerArgs, Report, TimedArgs};
+use crate::{ceilings, round, scrape, units, FlashArgs, HammerArgs, Report, TimedArgs};
 
 pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> anyhow::Result<Report> {
     let admin = Admin::new(target);
-    let voucher = admin.create_voucher(SaleMode::Sync, args.stock, 2).await?;
+    let quantities = args.quantity;
+    let sale = NewSale::free(SaleMode::Sync, args.stock, 2).allowing(quantities.high());
+    let voucher = admin.create_sale(sale).await?;
     eprintln!("flash: minting {} tokens", args.users);
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
-    let mut plan: Vec<Request> = tokens
-        .iter()
-        .flat_map(|t| std::iter::repeat_n(Request::purchase(voucher, t.clone()), args.per_user))
+    let mut plan: Vec<Request> = (1..)
+        .zip(&tokens)
+        .flat_map(|(user, t)| {
+            let request = Request::purchase(voucher, t.clone()).asking(quantities.ask(user));
+            std::iter::repeat_n(request, args.per_user)
+        })
         .collect();
     plan.shuffle(&mut rand::rng());
     let started = chrono::Utc::now().timestamp();
@@ -34,15 +39,12 @@ pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> anyhow::Result<R
         (Some(before), Some(after)) => Some(after - before),
         _ => None,
     };
-    let check = check(
-        target,
-        voucher,
-        &tally,
-        started,
-        Some(args.stock.min(args.users)),
-        0,
-    )
-    .await?;
+    // With one unit each the orders are exactly the stock (or the users);
+    // with more, the units are judged instead.
+    let expected = quantities.ones().then(|| args.stock.min(args.users));
+    let mut check = check(target, voucher, &tally, started, expected, 0).await?;
+    let judged = units::check(&admin, voucher, quantities, 1..args.users + 1, args.stock);
+    check.problems.extend(judged.await?);
     // The HTTP ceiling at the same concurrency and request count.
     let health_plan = vec![Request::get("/healthz"); usize::try_from(tally.requests).unwrap_or(0)];
     let health = target
@@ -57,6 +59,7 @@ pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> anyhow::Result<R
             "users": args.users,
             "stock": args.stock,
             "per_user": args.per_user,
+            "quantity": format!("{}", quantities),
             "connections": args.connections,
             "healthz_rps": round(health.rps()),
             "healthz_p99_ms": round(health.ms(0.99)),

@@ -23,6 +23,8 @@ pub struct Request {
     /// trusts that header from the driver's loopback address when told
     /// to, and tells clients apart by it (its limits per address).
     pub from: Option<Arc<str>>,
+    /// A JSON body (a purchase's `{"quantity": k}`); none is sent without.
+    pub body: Option<Arc<str>>,
 }
 
 impl Request {
@@ -33,6 +35,7 @@ impl Request {
             token: Some(token),
             base: None,
             from: None,
+            body: None,
         }
     }
 
@@ -43,6 +46,7 @@ impl Request {
             token: None,
             base: None,
             from: None,
+            body: None,
         }
     }
 
@@ -54,7 +58,15 @@ impl Request {
             token: Some(token),
             base: Some(base),
             from: None,
+            body: None,
         }
+    }
+
+    /// The same purchase, asking for `units` units (one: no body, as a
+    /// buyer of one unit sends it).
+    pub fn asking(self, units: i64) -> Self {
+        let body = (units != 1).then(|| format!("{{\"quantity\":{units}}}").into());
+        Self { body, ..self }
     }
 
     /// The same request, claiming to come from `address`.
@@ -350,6 +362,11 @@ pub async fn exchange(client: &reqwest::Client, base: &str, request: &Request) -
     }
     if let Some(address) = &request.from {
         builder = builder.header("x-forwarded-for", &**address);
+    }
+    if let Some(body) = &request.body {
+        builder = builder
+            .header("content-type", "application/json")
+            .body(body.to_string());
     }
     let sent = Instant::now();
     let result = builder.send().await;

@@ -46,14 +46,11 @@ impl Check {
 pub fn judge(o: &Observed) -> Check {
     let stats = o.stats;
     let mut problems = Vec::new();
-    if stats.orders + stats.pending + stats.stock != stats.initial_stock {
+    if !stats.conserved() {
         problems.push(format!(
-            "orders {} + pending {} + stock {} != initial stock {}",
-            stats.orders, stats.pending, stats.stock, stats.initial_stock
+            "units {} (of {} orders, {} pending) + stock {} != initial stock {}",
+            stats.units, stats.orders, stats.pending, stats.stock, stats.initial_stock
         ));
-    }
-    if stats.stock < 0 {
-        problems.push(format!("stock below zero: {}", stats.stock));
     }
     if stats.orders != o.orders.len() as i64 {
         problems.push(format!(
@@ -115,7 +112,7 @@ pub fn judge(o: &Observed) -> Check {
     Check {
         orders: stats.orders,
         stock_left: stats.stock,
-        oversold: (stats.orders - stats.initial_stock).max(0) + (-stats.stock).max(0),
+        oversold: (stats.units - stats.initial_stock).max(0) + (-stats.stock).max(0),
         duplicate_users,
         problems,
     }
@@ -155,19 +152,21 @@ pub(crate) async fn check(
 async fn sql_check(url: &str, voucher: i64) -> anyhow::Result<Vec<String>> {
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(url).await?;
-    let (initial, stock, orders, users, ids): (i32, i32, i64, i64, i64) = sqlx::query_as(
-        "SELECT s.initial_stock, s.stock, count(o.id), count(DISTINCT o.user_id), count(DISTINCT o.id)
+    let (initial, stock, orders, units, users, ids): (i32, i32, i64, i64, i64, i64) =
+        sqlx::query_as(
+            "SELECT s.initial_stock, s.stock, count(o.id), coalesce(sum(o.quantity), 0)::bigint,
+                count(DISTINCT o.user_id), count(DISTINCT o.id)
          FROM seckill_vouchers s LEFT JOIN voucher_orders o
            ON o.voucher_id = s.voucher_id AND o.status IN ('unpaid', 'paid')
          WHERE s.voucher_id = $1 GROUP BY s.initial_stock, s.stock",
-    )
-    .bind(voucher)
-    .fetch_one(&mut conn)
-    .await?;
+        )
+        .bind(voucher)
+        .fetch_one(&mut conn)
+        .await?;
     let mut problems = Vec::new();
-    if orders + i64::from(stock) != i64::from(initial) || stock < 0 {
+    if units + i64::from(stock) != i64::from(initial) || stock < 0 {
         problems.push(format!(
-            "SQL: orders {orders} + stock {stock} != initial {initial}"
+            "SQL: units {units} + stock {stock} != initial {initial}"
         ));
     }
     if users != orders || ids != orders {
@@ -198,6 +197,7 @@ mod tests {
             initial_stock: 3,
             stock: 0,
             orders: 3,
+            units: 3,
             distinct_users: 3,
             pending: 0,
             unpaid: 3,
@@ -242,6 +242,7 @@ mod tests {
             initial_stock: 3,
             stock: -1,
             orders: 4,
+            units: 4,
             distinct_users: 4,
             pending: 0,
             unpaid: 4,

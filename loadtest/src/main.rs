@@ -29,6 +29,7 @@ mod service;
 mod speed;
 mod summary;
 mod table;
+mod units;
 mod userlocks;
 mod waitingroom;
 mod webhooks;
@@ -196,6 +197,7 @@ async fn run(
                     stock: 100,
                     per_user: 3,
                     connections: 1_000,
+                    quantity: Default::default(),
                 },
             )
             .await?,

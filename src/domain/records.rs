@@ -122,4 +122,5 @@ pub struct OrderLine {
     pub id: OrderId,
     pub user_id: UserId,
     pub status: OrderStatus,
+    pub quantity: i32,
 }

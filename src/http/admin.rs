@@ -288,6 +288,9 @@ pub struct OrderLine {
     order_id: String,
     user_id: i64,
     status: OrderStatus,
+    /// Units it holds.
+    #[schema(minimum = 1, maximum = 100)]
+    quantity: i32,
 }
 
 /// Every order of a voucher, oldest first.
@@ -319,6 +322,7 @@ pub async fn voucher_orders(
             order_id: line.id.to_string(),
             user_id: line.user_id.get(),
             status: line.status,
+            quantity: line.quantity,
         })
         .collect();
     Ok(Json(Orders { orders }))

@@ -96,7 +96,7 @@ from_row! {
         max_orders_per_user, max_units_per_user, admit_per_second, queue_proof_bits,
     }
     Order { id, user_id, voucher_id, quantity, created_at, status, pay_by, paid_at, user_ref }
-    OrderLine { id, user_id, status }
+    OrderLine { id, user_id, status, quantity }
     StockLevel { stock, initial_stock, returned }
 }
 

@@ -387,7 +387,7 @@ impl Store {
     /// Every order of a voucher, oldest first.
     pub async fn orders_for_voucher(&self, voucher_id: VoucherId) -> Result<Vec<OrderLine>> {
         const SQL: &str =
-            "SELECT id, user_id, status FROM voucher_orders WHERE voucher_id = $1 ORDER BY id";
+            "SELECT id, user_id, status, quantity FROM voucher_orders WHERE voucher_id = $1 ORDER BY id";
         self.db.rows_by_id(SQL, voucher_id).await
     }
 

@@ -720,7 +720,6 @@ async fn every_instance_killed_while_deadlines_pass_loses_no_expiry() {
     }
     first.kill();
     second.kill();
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
     let db = sqlx::PgPool::connect(&db_url).await.unwrap();
     let unpaid = || async {
         sqlx::query_scalar::<_, i64>(
@@ -731,7 +730,16 @@ async fn every_instance_killed_while_deadlines_pass_loses_no_expiry() {
         .await
         .unwrap()
     };
-    assert_eq!(unpaid().await, 40, "nothing expires while no instance runs");
+    // On a busy machine the first orders may fall due, and be expired,
+    // before the last is sold: what is left unpaid at the kill stays so.
+    let at_kill = unpaid().await;
+    assert!(at_kill > 0, "every order expired before the instances died");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        unpaid().await,
+        at_kill,
+        "nothing expires while no instance runs"
+    );
     let third = Process::start(&db_url, &redis_url(), &prefix, &[]).await;
     let ready = std::time::Instant::now();
     while unpaid().await > 0 {

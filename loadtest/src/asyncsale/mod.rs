@@ -20,12 +20,12 @@ use clap::Args;
 use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
-use crate::api::{Admin, SaleMode};
+use crate::api::{Admin, NewSale, SaleMode};
 use crate::cpu::Usage;
-use crate::drive::Tally;
+use crate::drive::{Request, Tally};
 use crate::invariants::{check, Check};
 use crate::service::Target;
-use crate::{round, CrowdArgs, Report};
+use crate::{round, units, CrowdArgs, Report};
 use confirms::{confirm_histogram, Histogram};
 pub(crate) use drain::{drain, Drain};
 pub(crate) use goals::{print_goals, Goal};
@@ -255,13 +255,16 @@ impl Accepted {
 /// is accepted and, once written, stored.
 async fn flash(target: &Target, args: &AsyncArgs) -> anyhow::Result<(Tally, Check, Drain)> {
     let admin = Admin::new(target);
-    let voucher = admin
-        .create_voucher(SaleMode::Async, args.crowd.flash_stock, 2)
-        .await?;
-    let tokens: Vec<Arc<str>> = admin
-        .shared_tokens(args.users + 1, args.crowd.flash_users)
-        .await?;
-    let mut plan = target.purchases(voucher, &tokens, 3);
+    let quantities = args.crowd.quantity;
+    let stock = args.crowd.flash_stock;
+    let sale = NewSale::free(SaleMode::Async, stock, 2).allowing(quantities.high());
+    let voucher = admin.create_sale(sale).await?;
+    let first = args.users + 1;
+    let tokens: Vec<Arc<str>> = admin.shared_tokens(first, args.crowd.flash_users).await?;
+    let mut plan: Vec<Request> = (first..)
+        .zip(target.purchases(voucher, &tokens, 1))
+        .flat_map(|(user, request)| std::iter::repeat_n(request.asking(quantities.ask(user)), 3))
+        .collect();
     plan.shuffle(&mut rand::rng());
     let started = chrono::Utc::now().timestamp();
     let clock = Instant::now();
@@ -270,12 +273,20 @@ async fn flash(target: &Target, args: &AsyncArgs) -> anyhow::Result<(Tally, Chec
         .await;
     let accepted = tally.count("202");
     let drain = drain(&admin, voucher, accepted, clock, args.drain_timeout).await?;
-    let expected = args.crowd.flash_stock.min(args.crowd.flash_users);
-    let mut check = check(target, voucher, &tally, started, Some(expected), 0).await?;
-    if accepted != expected as u64 {
-        check
-            .problems
-            .push(format!("{accepted} purchases accepted of {expected} units"));
+    let users = first..first + args.crowd.flash_users;
+    if quantities.ones() {
+        let expected = stock.min(args.crowd.flash_users);
+        let mut check = check(target, voucher, &tally, started, Some(expected), 0).await?;
+        if accepted != expected as u64 {
+            check
+                .problems
+                .push(format!("{accepted} purchases accepted of {expected} units"));
+        }
+        return Ok((tally, check, drain));
     }
+    let mut check = check(target, voucher, &tally, started, None, 0).await?;
+    check
+        .problems
+        .extend(units::check(&admin, voucher, quantities, users, stock).await?);
     Ok((tally, check, drain))
 }

@@ -39,11 +39,9 @@ const PRICE_CENTS: i64 = 1999;
 /// paid within `pay_within_seconds`.
 fn priced_sale(mode: SaleMode, stock: i64, pay_within_seconds: i64) -> NewSale {
     NewSale {
-        mode,
-        stock,
-        hours: 2,
         price_cents: PRICE_CENTS,
         pay_within_seconds,
+        ..NewSale::free(mode, stock, 2)
     }
 }
 

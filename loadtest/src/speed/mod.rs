@@ -304,6 +304,7 @@ async fn flash_rounds(target: &Target, args: &SpeedArgs) -> anyhow::Result<Flash
                 stock: 100,
                 per_user: 3,
                 connections: 1_000,
+                quantity: Default::default(),
             },
         )
         .await?;
