@@ -23,7 +23,7 @@ pub(super) async fn lateness(stage: &Stage<'_>) -> anyhow::Result<Part> {
     let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new("lateness");
     let voucher = admin
-        .create_sale(priced_sale(SaleMode::Sync, i64::from(i32::MAX), 1))
+        .create_sale(priced_sale(SaleMode::Sync, i64::from(i32::MAX), 1, 1))
         .await?;
     let users = i64::try_from(args.seconds).unwrap_or(1) * 2_000;
     let tokens = admin.shared_tokens(stage.first_user, users).await?;
@@ -121,12 +121,12 @@ async fn lateness_ms(url: &str, voucher: i64, due_by: DateTime<Utc>) -> anyhow::
 pub(super) async fn mass_expiry(stage: &Stage<'_>) -> anyhow::Result<Part> {
     let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new("mass-expiry");
-    let caller = Caller::new(target, "", 16);
+    let caller = Caller::new(target, "", 16, 1);
     let url = target
         .database_url
         .as_deref()
         .context("mass-expiry needs the service's database")?;
-    let new_sale = |stock| priced_sale(SaleMode::Sync, stock, 86_400);
+    let new_sale = |stock| priced_sale(SaleMode::Sync, stock, 1, 86_400);
     let expiring = admin.create_sale(new_sale(args.expiring)).await?;
     let other = admin.create_sale(new_sale(i64::from(i32::MAX))).await?;
     eprintln!("mass-expiry: minting {} tokens", args.expiring);

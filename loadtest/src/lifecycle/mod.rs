@@ -35,13 +35,14 @@ use rebuys::rebuys;
 /// What every lifecycle voucher costs, in cents.
 const PRICE_CENTS: i64 = 1999;
 
-/// A two-hour sale of `stock` units at the lifecycle's price, each order
-/// paid within `pay_within_seconds`.
-fn priced_sale(mode: SaleMode, stock: i64, pay_within_seconds: i64) -> NewSale {
+/// A two-hour sale for `orders` orders of `units` units each at the
+/// lifecycle's price a unit, each order paid within `pay_within_seconds`.
+fn priced_sale(mode: SaleMode, orders: i64, units: i64, pay_within_seconds: i64) -> NewSale {
+    let stock = orders.saturating_mul(units).min(i64::from(i32::MAX));
     NewSale {
         price_cents: PRICE_CENTS,
         pay_within_seconds,
-        ..NewSale::free(mode, stock, 2)
+        ..NewSale::free(mode, stock, 2).allowing(units)
     }
 }
 
@@ -83,6 +84,10 @@ pub struct LifecycleArgs {
     /// Connections of each crowd.
     #[arg(long, default_value_t = 200)]
     pub connections: usize,
+    /// Units every order of the races and rebuys asks for (and pays, and
+    /// gives back when it closes).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..=100))]
+    pub quantity: i64,
 }
 
 /// One part of the run: its figures and every broken promise.
@@ -239,15 +244,18 @@ struct Caller {
     bases: Arc<[String]>,
     admin_token: Arc<str>,
     secret: Arc<str>,
+    /// Units each purchase asks for (and each payment pays for).
+    units: i64,
 }
 
 impl Caller {
-    fn new(target: &Target, secret: &str, connections: usize) -> Self {
+    fn new(target: &Target, secret: &str, connections: usize, units: i64) -> Self {
         Self {
             client: drive::client(connections),
             bases: target.bases.clone().into(),
             admin_token: target.admin_token.as_str().into(),
             secret: secret.into(),
+            units,
         }
     }
 
@@ -286,9 +294,9 @@ impl Caller {
     }
 
     async fn notify_once(&self, i: usize, payment_id: &str, order_id: &str) -> Answer {
-        let body =
-            json!({ "payment_id": payment_id, "order_id": order_id, "amount_cents": PRICE_CENTS })
-                .to_string();
+        let amount = PRICE_CENTS * self.units;
+        let body = json!({ "payment_id": payment_id, "order_id": order_id, "amount_cents": amount })
+            .to_string();
         let signature = seckill::http::signature_header(self.secret.as_bytes(), body.as_bytes());
         let url = format!("{}/payments/notify", self.bases[i % self.bases.len()]);
         self.until_settled(|| {
@@ -323,10 +331,15 @@ impl Caller {
         answer
     }
 
-    /// A purchase by `token`'s user on instance `i`: its status code.
+    /// A purchase of [`Caller::units`] by `token`'s user on instance `i`:
+    /// its status code.
     async fn buy(&self, i: usize, voucher: i64, token: &str) -> (u16, Value) {
         let url = format!("{}/seckill/{voucher}", self.bases[i % self.bases.len()]);
-        match self.client.post(url).bearer_auth(token).send().await {
+        let mut request = self.client.post(url).bearer_auth(token);
+        if self.units != 1 {
+            request = request.json(&json!({ "quantity": self.units }));
+        }
+        match request.send().await {
             Ok(r) => {
                 let code = r.status().as_u16();
                 (code, r.json().await.unwrap_or(Value::Null))
@@ -336,8 +349,8 @@ impl Caller {
     }
 }
 
-/// Conservation sampled until `stop`: `stock + pending + unpaid + paid =
-/// initial_stock` in every snapshot, taken from both instances in turn.
+/// Conservation sampled until `stop`: `stock + units = initial_stock`
+/// (units of the pending, unpaid and paid orders) in every snapshot, taken from both instances in turn.
 async fn sample_conservation(
     target: &Target,
     vouchers: &[i64],
@@ -435,7 +448,8 @@ async fn paced(caller: &Caller, voucher: i64, tokens: &[Arc<str>], rate: u32) ->
     for (i, token) in tokens.iter().enumerate() {
         let client = caller.client.clone();
         let base: Arc<str> = caller.bases[i % caller.bases.len()].as_str().into();
-        let request = drive::Request::post_to(base.clone(), path.clone(), token.clone());
+        let request = drive::Request::post_to(base.clone(), path.clone(), token.clone())
+            .asking(caller.units);
         let at =
             tokio::time::Instant::from_std(started) + every * u32::try_from(i).unwrap_or(u32::MAX);
         set.spawn(async move {
@@ -456,7 +470,7 @@ async fn paced(caller: &Caller, voucher: i64, tokens: &[Arc<str>], rate: u32) ->
     tally
 }
 
-/// The books in SQL: every closed order gave exactly one unit back, every
+/// The books in SQL: every closed order gave its units back once, every
 /// paid order has exactly one accepted payment and no other order has one,
 /// no return is left in the outbox.
 async fn books(url: &str, voucher: i64) -> anyhow::Result<Vec<String>> {
@@ -472,8 +486,10 @@ async fn books(url: &str, voucher: i64) -> anyhow::Result<Vec<String>> {
         i64,
     ) = sqlx::query_as(
         "SELECT s.initial_stock, s.stock, s.returned,
-            (SELECT count(*) FROM voucher_orders WHERE voucher_id = $1 AND status IN ('unpaid', 'paid')),
-            (SELECT count(*) FROM voucher_orders WHERE voucher_id = $1 AND status IN ('cancelled', 'expired')),
+            (SELECT coalesce(sum(quantity), 0)::bigint FROM voucher_orders
+               WHERE voucher_id = $1 AND status IN ('unpaid', 'paid')),
+            (SELECT coalesce(sum(quantity), 0)::bigint FROM voucher_orders
+               WHERE voucher_id = $1 AND status IN ('cancelled', 'expired')),
             (SELECT count(*) FROM voucher_orders o WHERE o.voucher_id = $1
                AND (o.status = 'paid') <> EXISTS (SELECT 1 FROM payments p WHERE p.order_id = o.id AND NOT p.refund)),
             (SELECT count(*) FROM (SELECT p.order_id FROM payments p JOIN voucher_orders o ON o.id = p.order_id
@@ -487,12 +503,12 @@ async fn books(url: &str, voucher: i64) -> anyhow::Result<Vec<String>> {
     let mut problems = Vec::new();
     if returned != closed {
         problems.push(format!(
-            "SQL: {closed} orders closed, {returned} units returned"
+            "SQL: closed orders held {closed} units, {returned} units returned"
         ));
     }
     if i64::from(stock) + live != i64::from(initial) {
         problems.push(format!(
-            "SQL: stock {stock} + live {live} != initial {initial}"
+            "SQL: stock {stock} + live units {live} != initial {initial}"
         ));
     }
     if paid_mismatch != 0 || double_paid != 0 {

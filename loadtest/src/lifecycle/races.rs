@@ -228,9 +228,9 @@ fn judge_race(o: &RaceOutcome, last: &str, faults: &mut Faults, tally: &mut BTre
 pub(super) async fn races(stage: &Stage<'_>, secret: &str, mode: SaleMode) -> anyhow::Result<Part> {
     let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new(format!("races-{}", mode.name()));
-    let caller = Caller::new(target, secret, 1_000);
+    let caller = Caller::new(target, secret, 1_000, args.quantity);
     let voucher = admin
-        .create_sale(priced_sale(mode, args.races, args.pay_within))
+        .create_sale(priced_sale(mode, args.races, args.quantity, args.pay_within))
         .await?;
     eprintln!("{}: minting {} tokens", part.name, args.races);
     let tokens = admin.shared_tokens(stage.first_user, args.races).await?;
@@ -257,6 +257,7 @@ pub(super) async fn races(stage: &Stage<'_>, secret: &str, mode: SaleMode) -> an
     if let Some(url) = &target.database_url {
         part.problems.extend(books(url, voucher).await?);
     }
+    // Orders closed: each gave its units back, and is bought again whole.
     let returned = closed.cancelled + closed.expired;
     buy_again(
         &mut part,
@@ -390,16 +391,19 @@ async fn buy_again(
     let second: Arc<str> = target.bases[target.bases.len() - 1].as_str().into();
     let plan = rebuyers
         .iter()
-        .map(|t| drive::Request::post_to(second.clone(), format!("/seckill/{voucher}"), t.clone()))
+        .map(|t| {
+            let path = format!("/seckill/{voucher}");
+            drive::Request::post_to(second.clone(), path, t.clone()).asking(args.quantity)
+        })
         .collect();
     let again = target.send_each(plan, args.connections, "buy again").await;
     let sold_again = again.count("200") + again.count("202");
-    part.fact("returned_units", returned);
+    part.fact("returned_units", returned * args.quantity);
     part.fact("bought_again", sold_again);
     part.fact("buy_again_statuses", json!(again.statuses));
     if sold_again != u64::try_from(returned).unwrap_or(0) {
         part.problems.push(format!(
-            "{returned} units came back but {sold_again} were sold again"
+            "{returned} orders' units came back but {sold_again} orders were sold again"
         ));
     }
     let end = wait_stored(

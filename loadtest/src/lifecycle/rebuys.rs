@@ -16,8 +16,10 @@ use super::{priced_sale, sampled, wait_stored, Caller, Part, Stage};
 pub(super) async fn rebuys(stage: &Stage<'_>, mode: SaleMode) -> anyhow::Result<Part> {
     let (target, admin, args) = (stage.target, &stage.admin, stage.args);
     let mut part = Part::new(format!("rebuy-{}", mode.name()));
-    let caller = Caller::new(target, "", 16);
-    let voucher = admin.create_sale(priced_sale(mode, 1, 900)).await?;
+    let caller = Caller::new(target, "", 16, args.quantity);
+    let voucher = admin
+        .create_sale(priced_sale(mode, 1, args.quantity, 900))
+        .await?;
     let count = i64::try_from(args.rebuys).unwrap_or(0) + 1;
     let tokens = admin.tokens(stage.first_user, count).await?;
     let (code, body) = caller.buy(0, voucher, &tokens[0]).await;
