@@ -5,6 +5,9 @@
 //! named where `http` counts them.
 
 pub const PURCHASES: &str = "seckill_purchases_total";
+/// Units taken by purchases that went through (stored, or accepted by an
+/// async sale): with one unit per order, the ordered and accepted ones.
+pub const UNITS_SOLD: &str = "seckill_units_sold_total";
 pub const LOCK_CONTENDED: &str = "seckill_lock_contended_total";
 pub const LOCK_ACQUIRE_SECONDS: &str = "seckill_lock_acquire_seconds";
 pub const GATE_WAITS: &str = "seckill_gate_waits_total";
@@ -50,6 +53,7 @@ pub use super::async_sale::UNSTORED_REASONS;
 /// Counters that count events, each at 0 from start-up: a dashboard panel
 /// over a fresh instance shows 0, not "No data", until the first event.
 pub const EVENT_COUNTERS: &[&str] = &[
+    UNITS_SOLD,
     LOCK_CONTENDED,
     GATE_WAITS,
     ID_COUNTER_RECOVERIES,

@@ -351,8 +351,12 @@ impl Seckill {
                     .await
                     .map(Purchase::Pending),
             };
-            if roomed && bought.is_ok() {
-                metrics::counter!(metric::QUEUE_ADMISSIONS_USED).increment(1);
+            if bought.is_ok() {
+                let units = u64::try_from(quantity.get()).unwrap_or(0);
+                metrics::counter!(metric::UNITS_SOLD).increment(units);
+                if roomed {
+                    metrics::counter!(metric::QUEUE_ADMISSIONS_USED).increment(1);
+                }
             }
             bought
         };

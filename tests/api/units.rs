@@ -251,20 +251,28 @@ async fn a_payment_brings_the_price_times_the_quantity_and_the_events_carry_the_
         (Some("paid"), Some(false))
     );
 
-    let (status, feed) = app.admin_get("/admin/events?limit=100").await;
-    assert_eq!(status, StatusCode::OK, "{feed}");
-    let events: Vec<(String, i64)> = feed["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["order"]["order_id"] == order.as_str())
-        .map(|e| {
-            (
-                e["type"].as_str().unwrap().to_owned(),
-                e["order"]["quantity"].as_i64().unwrap(),
-            )
-        })
-        .collect();
+    // An event shows in the feed once every older transaction has ended.
+    let events = poll_until(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "both events of the order in the feed",
+        || async {
+            let (status, feed) = app.admin_get("/admin/events?limit=100").await;
+            assert_eq!(status, StatusCode::OK, "{feed}");
+            feed["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["order"]["order_id"] == order.as_str())
+                .map(|e| {
+                    let kind = e["type"].as_str().unwrap().to_owned();
+                    (kind, e["order"]["quantity"].as_i64().unwrap())
+                })
+                .collect::<Vec<(String, i64)>>()
+        },
+        |events| events.len() >= 2,
+    )
+    .await;
     assert_eq!(
         events,
         [

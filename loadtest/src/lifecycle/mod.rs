@@ -295,8 +295,9 @@ impl Caller {
 
     async fn notify_once(&self, i: usize, payment_id: &str, order_id: &str) -> Answer {
         let amount = PRICE_CENTS * self.units;
-        let body = json!({ "payment_id": payment_id, "order_id": order_id, "amount_cents": amount })
-            .to_string();
+        let body =
+            json!({ "payment_id": payment_id, "order_id": order_id, "amount_cents": amount })
+                .to_string();
         let signature = seckill::http::signature_header(self.secret.as_bytes(), body.as_bytes());
         let url = format!("{}/payments/notify", self.bases[i % self.bases.len()]);
         self.until_settled(|| {
@@ -448,8 +449,8 @@ async fn paced(caller: &Caller, voucher: i64, tokens: &[Arc<str>], rate: u32) ->
     for (i, token) in tokens.iter().enumerate() {
         let client = caller.client.clone();
         let base: Arc<str> = caller.bases[i % caller.bases.len()].as_str().into();
-        let request = drive::Request::post_to(base.clone(), path.clone(), token.clone())
-            .asking(caller.units);
+        let request =
+            drive::Request::post_to(base.clone(), path.clone(), token.clone()).asking(caller.units);
         let at =
             tokio::time::Instant::from_std(started) + every * u32::try_from(i).unwrap_or(u32::MAX);
         set.spawn(async move {

@@ -230,7 +230,12 @@ pub(super) async fn races(stage: &Stage<'_>, secret: &str, mode: SaleMode) -> an
     let mut part = Part::new(format!("races-{}", mode.name()));
     let caller = Caller::new(target, secret, 1_000, args.quantity);
     let voucher = admin
-        .create_sale(priced_sale(mode, args.races, args.quantity, args.pay_within))
+        .create_sale(priced_sale(
+            mode,
+            args.races,
+            args.quantity,
+            args.pay_within,
+        ))
         .await?;
     eprintln!("{}: minting {} tokens", part.name, args.races);
     let tokens = admin.shared_tokens(stage.first_user, args.races).await?;
