@@ -175,6 +175,10 @@ pub(crate) struct FlashArgs {
     /// user its own ask; the voucher allows the most).
     #[arg(long, default_value = "1")]
     pub quantity: crate::units::Quantities,
+    /// Instances of the service this driver starts (with `--url`, the one
+    /// given); the users are dealt to them in turn.
+    #[arg(long, default_value_t = 1)]
+    pub instances: usize,
 }
 
 #[derive(Args, Clone)]

@@ -23,10 +23,9 @@ pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> anyhow::Result<R
     eprintln!("flash: minting {} tokens", args.users);
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
     let mut plan: Vec<Request> = (1..)
-        .zip(&tokens)
-        .flat_map(|(user, t)| {
-            let request = Request::purchase(voucher, t.clone()).asking(quantities.ask(user));
-            std::iter::repeat_n(request, args.per_user)
+        .zip(target.purchases(voucher, &tokens, 1))
+        .flat_map(|(user, request)| {
+            std::iter::repeat_n(request.asking(quantities.ask(user)), args.per_user)
         })
         .collect();
     plan.shuffle(&mut rand::rng());
@@ -61,6 +60,7 @@ pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> anyhow::Result<R
             "per_user": args.per_user,
             "quantity": format!("{}", quantities),
             "connections": args.connections,
+            "instances": target.bases.len(),
             "healthz_rps": round(health.rps()),
             "healthz_p99_ms": round(health.ms(0.99)),
             "locks_taken": steps.map(|s| s.locks),

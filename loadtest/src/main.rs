@@ -89,7 +89,13 @@ async fn on_one_service(cli: &Cli) -> anyhow::Result<bool> {
             target.database_url = cli.target.database_url.clone();
             target
         }
-        None => Target::start(cli.target.launch(1, Vec::new())).await?,
+        None => {
+            let instances = match &cli.scenario {
+                Scenario::Flash(args) => args.instances,
+                _ => 1,
+            };
+            Target::start(cli.target.launch(instances, Vec::new())).await?
+        }
     };
     let result = run(&cli.scenario, &target, cli.target.pgbench_seconds).await;
     target.stop().await;
@@ -198,6 +204,7 @@ async fn run(
                     per_user: 3,
                     connections: 1_000,
                     quantity: Default::default(),
+                    instances: 1,
                 },
             )
             .await?,

@@ -323,6 +323,16 @@ impl Seckill {
         quantity: Option<i64>,
         ticket: Option<&str>,
     ) -> Result<Purchase> {
+        // A quantity no voucher allows is bad input whoever asks; one this
+        // voucher does not allow is known once the voucher is read.
+        if let Some(units) = quantity {
+            Quantity::within(units, Quantity::MAX).ok_or_else(|| {
+                SeckillError::Invalid(format!(
+                    "quantity must be 1 to {}, not {units}",
+                    Quantity::MAX
+                ))
+            })?;
+        }
         let holders = &self.inner.holders;
         let purchase = async {
             // Held until this purchase ends: the user's duplicates are

@@ -141,6 +141,12 @@ async fn a_voucher_says_how_many_units_an_order_may_take_and_a_quantity_outside_
         StatusCode::OK
     );
     assert_eq!(app.check_invariants(plain).await, 3);
+    // A buyer who holds an order is told so, but a quantity no voucher
+    // allows is bad input first.
+    let (status, body) = buy_units(&app, &token, plain, 1).await;
+    assert_eq!(body["error"], "already_purchased", "{status} {body}");
+    let (status, body) = buy_units(&app, &token, plain, 0).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 }
 
 /// The same story in both modes: all or nothing, `not_enough_stock` with

@@ -305,6 +305,7 @@ async fn flash_rounds(target: &Target, args: &SpeedArgs) -> anyhow::Result<Flash
                 per_user: 3,
                 connections: 1_000,
                 quantity: Default::default(),
+                instances: 1,
             },
         )
         .await?;
