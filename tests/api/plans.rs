@@ -18,6 +18,18 @@ async fn generic_plan(
     sql: &str,
     args: &str,
 ) -> String {
+    planned(conn, types, sql, args, "EXPLAIN").await
+}
+
+/// The generic plan of `sql` for `args` as `explain` (an `EXPLAIN` with
+/// its options) shows it.
+async fn planned(
+    conn: &mut PoolConnection<Postgres>,
+    types: &str,
+    sql: &str,
+    args: &str,
+    explain: &str,
+) -> String {
     sqlx::query("SET plan_cache_mode = force_generic_plan")
         .execute(&mut **conn)
         .await
@@ -26,7 +38,7 @@ async fn generic_plan(
         .execute(&mut **conn)
         .await
         .unwrap();
-    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN EXECUTE planned({args})"))
+    let plan: Vec<String> = sqlx::query_scalar(&format!("{explain} EXECUTE planned({args})"))
         .fetch_all(&mut **conn)
         .await
         .unwrap();
@@ -61,6 +73,52 @@ async fn the_batch_sale_looks_orders_and_fences_up_by_index_on_a_new_database() 
         plan.contains("Index Scan using voucher_orders_user_voucher"),
         "{plan}"
     );
+}
+
+/// Rows each join of `plan` (an `EXPLAIN ANALYZE`) read and threw away.
+fn rows_removed_by_joins(plan: &str) -> Vec<u64> {
+    plan.lines()
+        .filter_map(|line| line.trim().strip_prefix("Rows Removed by Join Filter: "))
+        .map(|n| n.trim().parse().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_batch_sale_costs_its_length_not_its_square_whether_the_stock_covers_it_or_not() {
+    let app = spawn_app().await;
+    let batch = 300;
+    let arrays =
+        |base: i64| format!("(SELECT array_agg({base} + g) FROM generate_series(1, {batch}) g)");
+    for (stock, case) in [(1_000, "the stock covers the batch"), (150, "it does not")] {
+        let voucher = app.open_voucher(stock).await;
+        let mut conn = app.db.acquire().await.unwrap();
+        let args = format!(
+            "{voucher}, {}, {}, (SELECT array_agg(NULL::bigint) FROM generate_series(1, {batch})), \
+             (SELECT array_agg(now()) FROM generate_series(1, {batch})), 3, \
+             (SELECT array_agg(1 + g % 2) FROM generate_series(1, {batch}) g)",
+            arrays(stock << 40),
+            arrays(stock * 10_000),
+        );
+        let plan = planned(
+            &mut conn,
+            "bigint, bigint[], bigint[], bigint[], timestamptz[], bigint, int[]",
+            seckill::store::SELL_BATCH,
+            &args,
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF)",
+        )
+        .await;
+        // A join of two of the statement's CTEs by a nested loop compares
+        // every pair: 300 x 300 rows for one batch.
+        let removed = rows_removed_by_joins(&plan);
+        assert!(
+            removed.iter().all(|n| *n <= batch),
+            "{case}: a join threw away {removed:?} rows:\n{plan}"
+        );
+        assert!(
+            app.check_invariants(voucher).await > 0,
+            "{case}: nothing sold"
+        );
+    }
 }
 
 #[tokio::test]
