@@ -8,6 +8,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::extract::{AdminToken, SignIn};
 use super::limit::Limits;
+use super::monitor::Monitor;
 use super::shed;
 use crate::auth::Authenticator;
 use crate::events::Events;
@@ -52,6 +53,10 @@ pub struct AppParts {
     /// `/metrics` is served on the public address (no
     /// `SECKILL_METRICS_ADDR`).
     pub public_metrics: bool,
+    /// `serve --demo`: the `/demo/*` routes answer.
+    pub demo: bool,
+    /// Every purchase answer per voucher, for the sale monitor.
+    pub monitor: Monitor,
 }
 
 impl SignIn for AppState {

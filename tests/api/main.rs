@@ -33,5 +33,6 @@ mod redlock;
 mod room;
 mod sentinel;
 mod shed;
+mod storefront;
 mod streams;
 mod validation;
