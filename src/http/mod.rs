@@ -21,6 +21,7 @@ pub mod serve;
 pub mod shed;
 mod shop;
 mod state;
+mod tally;
 
 use std::any::Any;
 
@@ -39,9 +40,9 @@ use tracing::Level;
 pub use error::ApiError;
 pub use extract::{voucher_id, Admin, AdminToken, AppJson, User, VoucherIdPath};
 pub use limit::{Limits, RouteClass};
-pub use monitor::Monitor;
 pub use payments::signature_header;
 pub use state::{AppParts, AppState};
+pub use tally::Monitor;
 
 use screen::REQUEST_ID;
 
@@ -117,7 +118,10 @@ pub fn router(
         ))
         // Outside the limits, so that the sale monitor counts their
         // refusals of purchases too.
-        .layer(middleware::from_fn_with_state(state, monitor::record))
+        .layer(middleware::from_fn_with_state(
+            state,
+            tally::record::<AppState>,
+        ))
         .layer(middleware::from_fn_with_state(classes, routes::classify))
 }
 

@@ -8,8 +8,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::extract::{AdminToken, SignIn};
 use super::limit::Limits;
-use super::monitor::Monitor;
 use super::shed;
+use super::tally::Monitor;
 use crate::auth::Authenticator;
 use crate::events::Events;
 use crate::seckill::Seckill;
@@ -72,6 +72,12 @@ impl SignIn for AppState {
 impl AsRef<Limits> for AppState {
     fn as_ref(&self) -> &Limits {
         &self.limits
+    }
+}
+
+impl AsRef<Monitor> for AppState {
+    fn as_ref(&self) -> &Monitor {
+        &self.monitor
     }
 }
 

@@ -121,6 +121,7 @@
     if (id !== state.voucherId) state.samples = [];
     state.voucherId = id;
     history.replaceState(null, "", "#/vouchers/" + id);
+    S.say("Watching voucher " + id + ".", "");
     state.generation += 1;
     clearTimeout(state.timer);
     read(state.generation);

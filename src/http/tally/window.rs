@@ -8,9 +8,9 @@ use std::time::Duration;
 use super::super::error::ErrorCode;
 
 /// Seconds kept: the p99's window and the last complete second.
-pub(super) const SECONDS: usize = 16;
+pub(in crate::http) const SECONDS: usize = 16;
 /// The p99 is read over this many seconds (the current one included).
-pub(super) const P99_SECONDS: u64 = 10;
+pub(in crate::http) const P99_SECONDS: u64 = 10;
 /// Latency buckets: bucket `i` holds answers up to `FIRST_BOUND * 2^(i/4)`,
 /// the last one everything longer.
 const BUCKETS: usize = 72;
@@ -49,17 +49,17 @@ pub(super) struct Window {
 
 /// A window read at one second.
 #[derive(Debug, Default, PartialEq)]
-pub(super) struct Reading {
+pub(in crate::http) struct Reading {
     /// Orders answered in the last complete second.
-    pub(super) orders_per_second: u64,
+    pub(in crate::http) orders_per_second: u64,
     /// Refusals in the last complete second, by error code.
-    pub(super) refusals_per_second: Vec<(Option<ErrorCode>, u64)>,
+    pub(in crate::http) refusals_per_second: Vec<(Option<ErrorCode>, u64)>,
     /// The 99th percentile of the answers' latency over the last
     /// [`P99_SECONDS`] seconds, in milliseconds (the upper bound of its
     /// bucket); `None` without answers.
-    pub(super) p99_ms: Option<f64>,
+    pub(in crate::http) p99_ms: Option<f64>,
     /// Answers the p99 was read from.
-    pub(super) answers: u64,
+    pub(in crate::http) answers: u64,
 }
 
 impl Window {
