@@ -8,6 +8,7 @@
 mod abuse;
 mod async_sale;
 mod batch;
+mod browser;
 mod cache;
 mod cluster;
 mod dashboard;
