@@ -9,7 +9,8 @@
 # For the tests (SECKILL_TEST_TOOLS=1) it also makes sure that `redis-server`
 # and `pgbouncer` exist (the tests start private ones of their own),
 # Patroni, etcd and haproxy (the Postgres failover tests, scripts/ha.sh),
-# Chromium (tests load the API page and the guide in it, headless),
+# Chromium and its WebDriver (tests load the API page, the guide and the
+# storefront in it, headless),
 # Prometheus (a test runs the dashboard's queries against it), openssl
 # (the JWT tests make RSA keys with it), and npm and
 # Python's venv (a test builds the guide with scripts/guide.sh).
@@ -101,6 +102,8 @@ if [ "${SECKILL_TEST_TOOLS:-0}" = 1 ]; then
     command -v etcd >/dev/null || apt_install etcd-server
     [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || apt_install haproxy
     command -v chromium >/dev/null || apt_install chromium
+    # The storefront's browser tests drive Chromium over WebDriver.
+    command -v chromedriver >/dev/null || apt_install chromium-driver
     # The shipped front (deploy/nginx.conf) is tested with the real nginx.
     [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || apt_install nginx
     command -v prometheus >/dev/null || apt_install prometheus

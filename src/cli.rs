@@ -34,12 +34,11 @@ enum Command<E: Args> {
 
 #[derive(Args)]
 struct Serve<E: Args> {
+    /// With `--demo` (see [`Settings::demo`]), also creates a demo voucher
+    /// (stock 100, on sale for an hour) and prints a user token, the
+    /// command that buys it and the storefront's address.
     #[command(flatten)]
     settings: Settings,
-    /// Create a demo voucher (stock 100, on sale for an hour) and print a
-    /// user token and the command that buys it.
-    #[arg(long)]
-    demo: bool,
     #[command(flatten)]
     extension: E,
 }
@@ -124,14 +123,15 @@ pub async fn main_with<E: Extension>() -> ExitCode {
 
 async fn run<E: Extension>(mut serve: Serve<E>) -> Result<(), Box<dyn Error>> {
     serve.extension.check()?;
-    if serve.demo {
+    let is_demo = serve.settings.demo;
+    if is_demo {
         demo_secrets(&mut serve.settings);
     }
     let mut app = Application::build(serve.settings).await?;
     if let Some(mount) = serve.extension.mount(&app).await? {
         app.mount(mount);
     }
-    if serve.demo {
+    if is_demo {
         demo(&app).await?;
     }
     app.run_until(shutdown_signal()).await?;
@@ -189,7 +189,9 @@ async fn demo(app: &Application) -> Result<(), Box<dyn Error>> {
     println!(
         "\nDemo voucher {voucher_id}: stock 100, on sale for the next hour.\n\
          Buy it as user {user_id}:\n\n  curl -s -X POST -H 'Authorization: Bearer {token}' {base}/seckill/{voucher_id}\n\n\
-         See the stock:\n\n  curl -s {base}/vouchers/{voucher_id}\n"
+         See the stock:\n\n  curl -s {base}/vouchers/{voucher_id}\n\n\
+         Or open the storefront in a browser (sign in, buy, pay):\n\n  {base}/shop/\n\n\
+         and watch the sale from the monitor (it asks for the admin token):\n\n  {base}/shop/monitor\n"
     );
     Ok(())
 }

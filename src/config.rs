@@ -255,6 +255,13 @@ pub struct Settings {
           value_parser = clap::value_parser!(u32).range(1..=3650))]
     pub event_retention_days: u32,
 
+    /// The demo: a voucher on sale, the secrets made up where none are set,
+    /// and the demo's routes (`/demo/users` hands out users,
+    /// `/demo/orders/{order_id}/pay` pays as the demo payment provider);
+    /// without it those routes answer `404`.
+    #[arg(long)]
+    pub demo: bool,
+
     /// Fault injection for tests: pretend this host's clock is off by this
     /// many milliseconds (the sale window still follows Redis's clock).
     #[arg(

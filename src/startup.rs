@@ -133,6 +133,8 @@ impl Application {
             .delaying_refusals(settings.limit_delay),
             shedder: Shedder::new(settings.shed_delay, settings.limit_delay),
             public_metrics: metrics_listener.is_none(),
+            demo: settings.demo,
+            monitor: Default::default(),
         });
         let listener = bind(&settings.addr).await?;
         // Once the address is ours: an instance that cannot serve (its port

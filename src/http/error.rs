@@ -213,6 +213,8 @@ impl IntoResponse for ApiError {
                 .into_response(),
             None => (status, Json(self.body(code))).into_response(),
         };
+        // For the middleware that watches answers (the sale monitor).
+        response.extensions_mut().insert(code);
         if let Self::RateLimited(seconds) = self {
             response
                 .headers_mut()

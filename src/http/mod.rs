@@ -3,11 +3,13 @@
 
 mod admin;
 mod cache;
+mod demo;
 mod error;
 mod events;
 mod extract;
 mod handlers;
 pub mod limit;
+mod monitor;
 pub mod openapi;
 pub mod ops;
 mod payments;
@@ -17,7 +19,9 @@ mod routes;
 mod screen;
 pub mod serve;
 pub mod shed;
+mod shop;
 mod state;
+mod tally;
 
 use std::any::Any;
 
@@ -38,6 +42,7 @@ pub use extract::{voucher_id, Admin, AdminToken, AppJson, User, VoucherIdPath};
 pub use limit::{Limits, RouteClass};
 pub use payments::signature_header;
 pub use state::{AppParts, AppState};
+pub use tally::Monitor;
 
 use screen::REQUEST_ID;
 
@@ -82,7 +87,8 @@ pub fn router(
     // Innermost first. The user's limit refuses before a route does any
     // work; the shedder, when the instance is saturated, before anything
     // but the address's limit, which refuses before anything at all (its
-    // refusals are counted in seckill_rate_limited_total only); outermost,
+    // refusals are counted in seckill_rate_limited_total, and by the sale
+    // monitor's count of purchase answers, only); outermost,
     // the route table classifies the request for all three.
     api.layer(middleware::from_fn(screen::screen))
         .layer(middleware::from_fn_with_state(
@@ -107,8 +113,14 @@ pub fn router(
             shed::shed::<AppState>,
         ))
         .layer(middleware::from_fn_with_state(
-            state,
+            state.clone(),
             limit::limit_address::<AppState>,
+        ))
+        // Outside the limits, so that the sale monitor counts their
+        // refusals of purchases too.
+        .layer(middleware::from_fn_with_state(
+            state,
+            tally::record::<AppState>,
         ))
         .layer(middleware::from_fn_with_state(classes, routes::classify))
 }

@@ -34,6 +34,7 @@ use crate::domain::{OrderStatus, SaleMode};
         (name = "orders", description = "After the grab: pay before the deadline (the provider's signed notification), or cancel"),
         (name = "admin", description = "Needs the admin token (SECKILL_ADMIN_TOKEN)"),
         (name = "ops", description = "Liveness, readiness and metrics"),
+        (name = "demo", description = "Only with `serve --demo` (else 404): users for the storefront's sign-in, and the demo payment provider"),
     )
 )]
 struct ApiDoc;

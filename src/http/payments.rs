@@ -22,7 +22,7 @@ use crate::events::body::OrderBody;
 use crate::seckill::Payment;
 
 /// The header that carries a notification's signature.
-const SIGNATURE_HEADER: &str = "x-signature";
+pub(super) const SIGNATURE_HEADER: &str = "x-signature";
 /// Longest payment id a provider may send.
 const PAYMENT_ID_MAX_CHARS: usize = 64;
 

@@ -18,7 +18,7 @@ use super::limit::RouteClass;
 use super::openapi::{self, DocumentJson};
 use super::shed::Criticality;
 use super::state::AppState;
-use super::{admin, events, handlers, ops, payments, queue};
+use super::{admin, demo, events, handlers, monitor, ops, payments, queue, shop};
 
 /// A route's class: the limits' and the shedder's view of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,12 +105,15 @@ pub fn table(public_metrics: bool, mounted: Option<Mounted>) -> Table {
         .documented(Class::of(Admin), routes!(admin::create_voucher))
         .documented(Class::of(Admin), routes!(admin::voucher_orders))
         .documented(Class::of(Admin), routes!(admin::voucher_stats))
+        .documented(Class::of(Admin), routes!(monitor::monitor))
         .documented(Class::of(Admin), routes!(admin::restock))
         .documented(Class::of(Admin), routes!(admin::reconcile))
         .documented(Class::of(Admin), routes!(admin::mint_tokens))
         .documented(Class::of(Admin), routes!(events::feed))
         .documented(Class::of(Admin), routes!(events::failed))
         .documented(Class::of(Admin), routes!(events::retry))
+        .documented(Class::of(Reads), routes!(demo::new_user))
+        .documented(Class::of(Orders), routes!(demo::pay))
         .documented(Class::probe(), routes!(ops::healthz))
         .documented(Class::of(RouteClass::Ops), routes!(ops::readyz));
     table = if public_metrics {
@@ -123,6 +126,15 @@ pub fn table(public_metrics: bool, mounted: Option<Mounted>) -> Table {
         .plain(ops, "/docs", get(openapi::docs))
         .plain(ops, "/docs/", get(openapi::docs))
         .plain(ops, "/docs/{*file}", get(openapi::docs_file));
+    // The storefront and the monitor: pages, not API (outside the
+    // description), shed first like any read.
+    let pages = Class::of(Reads);
+    table = table
+        .plain(pages, "/shop", get(shop::shop_root))
+        .plain(pages, "/shop/", get(shop::buyer))
+        .plain(pages, "/shop/vouchers/{id}", get(shop::buyer_voucher))
+        .plain(pages, "/shop/monitor", get(shop::monitor))
+        .plain(pages, "/shop/assets/{file}", get(shop::asset));
     if let Some((routes, classes)) = mounted {
         table = table.mounted(routes, classes);
     }
@@ -215,6 +227,10 @@ mod tests {
         assert_eq!(limit("/payments/notify"), RouteClass::Payments);
         assert_eq!(limit("/readyz"), RouteClass::Ops);
         assert_eq!(limit("/docs/index.css"), RouteClass::Ops);
+        assert_eq!(limit("/shop/"), RouteClass::Reads);
+        assert_eq!(limit("/shop/assets/shop.js"), RouteClass::Reads);
+        assert_eq!(limit("/admin/vouchers/1/monitor"), RouteClass::Admin);
+        assert_eq!(limit("/demo/orders/7/pay"), RouteClass::Orders);
         let shed = |path| classes.of(path).shed;
         assert_eq!(shed("/seckill/1"), Some(Criticality::Sale));
         assert_eq!(shed("/vouchers/1/queue"), Some(Criticality::Sale));

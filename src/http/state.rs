@@ -9,6 +9,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use super::extract::{AdminToken, SignIn};
 use super::limit::Limits;
 use super::shed;
+use super::tally::Monitor;
 use crate::auth::Authenticator;
 use crate::events::Events;
 use crate::seckill::Seckill;
@@ -52,6 +53,10 @@ pub struct AppParts {
     /// `/metrics` is served on the public address (no
     /// `SECKILL_METRICS_ADDR`).
     pub public_metrics: bool,
+    /// `serve --demo`: the `/demo/*` routes answer.
+    pub demo: bool,
+    /// Every purchase answer per voucher, for the sale monitor.
+    pub monitor: Monitor,
 }
 
 impl SignIn for AppState {
@@ -67,6 +72,12 @@ impl SignIn for AppState {
 impl AsRef<Limits> for AppState {
     fn as_ref(&self) -> &Limits {
         &self.limits
+    }
+}
+
+impl AsRef<Monitor> for AppState {
+    fn as_ref(&self) -> &Monitor {
+        &self.monitor
     }
 }
 

@@ -53,7 +53,8 @@ pub use lifecycle::PaymentAnswer;
 pub use reads::{PoolUsage, Stats};
 use room::Rooms;
 pub use room::{
-    challenge, proof_holds, ticket_key, QueueState, QueueStatus, TicketKey, ADMISSION_WINDOW,
+    challenge, proof_holds, ticket_key, QueueState, QueueStatus, RoomCounter, TicketKey,
+    ADMISSION_WINDOW,
 };
 use user_lock::Lockers;
 pub use user_lock::{lock_of, UserGuard, UserLocks};

@@ -8,6 +8,7 @@
 mod abuse;
 mod async_sale;
 mod batch;
+mod browser;
 mod cache;
 mod cluster;
 mod dashboard;
@@ -33,6 +34,7 @@ mod redlock;
 mod room;
 mod sentinel;
 mod shed;
+mod storefront;
 mod streams;
 mod units;
 mod validation;

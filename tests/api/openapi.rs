@@ -11,7 +11,7 @@ use crate::helpers::spawn_app;
 
 /// Every (method, path) the router serves for clients, as the contract has
 /// them.
-const OPERATIONS: [(&str, &str); 20] = [
+const OPERATIONS: [(&str, &str); 23] = [
     ("post", "/admin/vouchers"),
     ("get", "/vouchers"),
     ("get", "/vouchers/{id}"),
@@ -32,6 +32,9 @@ const OPERATIONS: [(&str, &str); 20] = [
     ("get", "/admin/events"),
     ("get", "/admin/webhooks/failed"),
     ("post", "/admin/webhooks/retry"),
+    ("get", "/admin/vouchers/{id}/monitor"),
+    ("post", "/demo/users"),
+    ("post", "/demo/orders/{order_id}/pay"),
 ];
 
 #[tokio::test]

@@ -69,6 +69,19 @@ pub struct QueueState {
     pub retry_after_seconds: u64,
 }
 
+/// A room's counter as an operator watches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoomCounter {
+    /// Places up to this one are admitted.
+    pub serving: i64,
+    /// Places handed out so far (0 before the start).
+    pub placed: i64,
+    /// Places handed out and not yet admitted.
+    pub waiting: i64,
+    /// Places admitted per second.
+    pub admit_per_second: i32,
+}
+
 /// The rooms of this instance's vouchers.
 pub(super) struct Rooms {
     redis: Kv,
@@ -178,6 +191,46 @@ impl Rooms {
                 .await?
         };
         Ok(self.state(voucher, rate, ticket.user_id, placing))
+    }
+
+    /// The room's counter: as last read (at most [`SERVED_REFRESH`] ago,
+    /// the same read the polls share), else from the script, moving it on.
+    async fn counter(
+        &self,
+        voucher: &Voucher,
+        rate: i32,
+        now: DateTime<Utc>,
+        sold_out: bool,
+        async_sale: Option<String>,
+    ) -> Result<RoomCounter> {
+        if now < voucher.terms.begin_time {
+            // The pre-queue is placed at the start: nobody has a place yet.
+            return Ok(RoomCounter {
+                serving: 0,
+                placed: 0,
+                waiting: 0,
+                admit_per_second: rate,
+            });
+        }
+        let served = self
+            .served
+            .try_get_with(voucher.id, async {
+                self.call(voucher, rate, None, sold_out, async_sale)
+                    .await
+                    .map(|p| Served {
+                        serving: p.serving,
+                        placed: p.placed,
+                        sold_out: p.sold_out,
+                    })
+            })
+            .await
+            .map_err(|error| (*error).clone())?;
+        Ok(RoomCounter {
+            serving: served.serving,
+            placed: served.placed,
+            waiting: (served.placed - served.serving).max(0),
+            admit_per_second: rate,
+        })
     }
 
     /// One run of the room's script for `user_id` (joining them if need
@@ -369,6 +422,22 @@ impl super::Seckill {
             .rooms
             .poll(&voucher, rate, &ticket, now, sold_out, async_sale)
             .await
+    }
+
+    /// `voucher_id`'s waiting room counter (`None`: it has no room): one
+    /// Redis round trip at most per room and refresh, shared with the polls.
+    pub async fn room_counter(&self, voucher_id: VoucherId) -> Result<Option<RoomCounter>> {
+        let voucher = self.selling(voucher_id).await?;
+        let Some(rate) = voucher.terms.admit_per_second else {
+            return Ok(None);
+        };
+        let (sold_out, async_sale) = self.sale_state(&voucher).await?;
+        let now = self.inner.clock.now();
+        self.inner
+            .rooms
+            .counter(&voucher, rate, now, sold_out, async_sale)
+            .await
+            .map(Some)
     }
 
     /// A voucher with a room, and the room's pace.

@@ -1,0 +1,160 @@
+// The sale monitor: one voucher's sale read once a second from one admin
+// route, GET /admin/vouchers/{id}/monitor, and the stock drawn as it
+// drains.
+"use strict";
+
+(function () {
+  const S = window.Seckill;
+  const $ = (id) => document.getElementById(id);
+  const ADMIN_KEY = "seckill.admin";
+  const EVERY_MS = 1000;
+  // Two minutes of readings.
+  const KEPT = 120;
+  const SVG = "http://www.w3.org/2000/svg";
+
+  const state = { voucherId: null, timer: null, samples: [], generation: 0 };
+
+  function adminToken() {
+    return sessionStorage.getItem(ADMIN_KEY) || "";
+  }
+
+  function setText(id, text) {
+    const node = $(id);
+    if (node.textContent !== text) node.textContent = text;
+  }
+
+  function refusalsText(refusals) {
+    const codes = Object.keys(refusals || {});
+    if (codes.length === 0) return "none";
+    return codes.map((code) => code + " " + refusals[code] + "/s").join(", ");
+  }
+
+  function show(body) {
+    setText("live-voucher", "· " + body.title + " (" + body.voucher_id + ")");
+    setText("live-stock", String(body.stock));
+    setText("live-sold", body.sold + " of " + body.initial_stock);
+    setText("live-orders-per-second", String(body.orders_per_second));
+    const room = body.waiting_room;
+    setText("live-serving", room ? String(room.serving) : "no waiting room");
+    setText("live-waiting", room ? room.waiting + " (" + room.admit_per_second + " admitted a second)" : "–");
+    const refusals = $("live-refusals");
+    setText("live-refusals", refusalsText(body.refusals_per_second));
+    refusals.dataset.codes = Object.keys(body.refusals_per_second || {}).join(" ");
+    setText("live-p99-ms", body.purchase_p99_ms === null ? "–" : String(body.purchase_p99_ms));
+    state.samples.push({ at: Date.now(), stock: body.stock, initial: body.initial_stock });
+    if (state.samples.length > KEPT) state.samples.shift();
+    draw();
+  }
+
+  function node(name, attributes) {
+    const element = document.createElementNS(SVG, name);
+    for (const key of Object.keys(attributes)) element.setAttribute(key, String(attributes[key]));
+    return element;
+  }
+
+  // The stock against time, scaled to the initial stock: an axis, the
+  // line, and the last value.
+  function draw() {
+    const svg = $("stock-chart");
+    const width = 600;
+    const height = 200;
+    const pad = 24;
+    const samples = state.samples;
+    const top = Math.max(1, ...samples.map((s) => Math.max(s.initial, s.stock)));
+    const x = (i) => pad + ((width - 2 * pad) * i) / Math.max(1, KEPT - 1);
+    const y = (stock) => height - pad - ((height - 2 * pad) * stock) / top;
+    const parts = [
+      node("line", { x1: pad, y1: height - pad, x2: width - pad, y2: height - pad, class: "axis" }),
+      node("line", { x1: pad, y1: pad, x2: pad, y2: height - pad, class: "axis" }),
+    ];
+    const label = node("text", { x: 2, y: pad - 8, class: "label" });
+    label.textContent = String(top);
+    parts.push(label);
+    if (samples.length > 0) {
+      const offset = KEPT - samples.length;
+      const points = samples.map((s, i) => x(offset + i).toFixed(1) + "," + y(s.stock).toFixed(1));
+      parts.push(node("polyline", { points: points.join(" "), class: "line" }));
+      const last = samples[samples.length - 1];
+      const now = node("text", { x: width - pad - 4, y: Math.max(pad, y(last.stock) - 6), class: "label end" });
+      now.textContent = String(last.stock);
+      parts.push(now);
+    }
+    svg.replaceChildren(...parts);
+    svg.dataset.samples = String(samples.length);
+  }
+
+  // One reading, then the next a second after this one began (never two
+  // at once from one page).
+  async function read(generation) {
+    if (generation !== state.generation || state.voucherId === null) return;
+    const began = Date.now();
+    const answer = await S.call("GET", "/admin/vouchers/" + state.voucherId + "/monitor", {
+      token: adminToken(),
+    });
+    if (generation !== state.generation) return;
+    if (answer.status === 200) {
+      if ($("message").dataset.error) S.say("", "");
+      show(answer.body);
+    } else {
+      S.sayError(answer);
+    }
+    const wait = answer.status === 200 ? EVERY_MS : Math.max(EVERY_MS, (answer.retryAfter || 1) * 1000);
+    state.timer = setTimeout(() => read(generation), Math.max(0, wait - (Date.now() - began)));
+  }
+
+  function watch() {
+    const typed = $("admin-token").value.trim();
+    if (typed) {
+      sessionStorage.setItem(ADMIN_KEY, typed);
+      $("admin-token").value = "";
+      $("admin-token").placeholder = "saved for this tab";
+    }
+    const id = Number.parseInt($("monitor-voucher").value, 10);
+    if (!Number.isInteger(id) || id < 1) {
+      S.say("Choose a voucher to watch.", "");
+      return;
+    }
+    if (!adminToken()) {
+      S.say("Enter the admin token.", "");
+      return;
+    }
+    if (id !== state.voucherId) state.samples = [];
+    state.voucherId = id;
+    history.replaceState(null, "", "#/vouchers/" + id);
+    S.say("Watching voucher " + id + ".", "");
+    state.generation += 1;
+    clearTimeout(state.timer);
+    read(state.generation);
+  }
+
+  // The vouchers on sale and coming, to pick from.
+  async function offer() {
+    const answer = await S.call("GET", "/vouchers");
+    if (answer.status !== 200) return;
+    const list = $("voucher-ids");
+    list.replaceChildren(
+      ...answer.body.vouchers.map((v) => {
+        const option = document.createElement("option");
+        option.value = String(v.id);
+        option.label = v.title;
+        return option;
+      }),
+    );
+    if (!$("monitor-voucher").value && answer.body.vouchers.length > 0 && state.voucherId === null) {
+      $("monitor-voucher").value = String(answer.body.vouchers[0].id);
+    }
+  }
+
+  $("setup").addEventListener("submit", (event) => {
+    event.preventDefault();
+    watch();
+  });
+  $("monitor-voucher").addEventListener("change", watch);
+  if (adminToken()) $("admin-token").placeholder = "saved for this tab";
+  const wanted = /^#\/vouchers\/(\d+)$/.exec(location.hash);
+  if (wanted) $("monitor-voucher").value = wanted[1];
+  draw();
+  offer().then(() => {
+    if (adminToken() && $("monitor-voucher").value) watch();
+  });
+})();

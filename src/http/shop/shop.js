@@ -1,0 +1,489 @@
+// The buyer's page: the vouchers on sale and coming, one voucher with its
+// countdown on the server's clock, the waiting room, the purchase, and the
+// order as it changes (pay in the demo, cancel).
+"use strict";
+
+(function () {
+  const S = window.Seckill;
+  const $ = (id) => document.getElementById(id);
+  const DEMO = document.body.dataset.demo === "true";
+  const TOKEN_KEY = "seckill.token";
+  const USER_KEY = "seckill.user";
+  const ORDER_KEY = "seckill.order.";
+  // How often the list and the voucher are read again (each read also
+  // measures the server's clock again).
+  const REFRESH_MS = 2000;
+  // How often a pending order is asked after (well under the per-user
+  // limit of the order routes).
+  const ORDER_POLL_MS = 700;
+
+  const state = {
+    vouchers: [],
+    voucherId: null,
+    voucher: null,
+    queue: null,
+    queueTimer: null,
+    order: null,
+    orderTimer: null,
+    blockedUntil: 0,
+    busy: false,
+  };
+
+  function token() {
+    return sessionStorage.getItem(TOKEN_KEY);
+  }
+
+  // The user a token names, where it says: a v1 token's second field, or a
+  // JWT's `sub`.
+  function userOf(value) {
+    const parts = value.split(".");
+    if (parts[0] === "v1" && parts.length === 4) return parts[1];
+    if (parts.length === 3) {
+      try {
+        const json = atob(parts[1].replace(/-/g, "+").replace(/_/g, "/"));
+        return JSON.parse(json).sub || null;
+      } catch (e) {
+        return null;
+      }
+    }
+    return null;
+  }
+
+  function showAccount() {
+    const signedIn = Boolean(token());
+    const user = sessionStorage.getItem(USER_KEY);
+    $("who").textContent = signedIn
+      ? "Signed in" + (user ? " as user " + user : "") + "."
+      : "Not signed in.";
+    $("sign-in").hidden = !DEMO || signedIn;
+    $("paste").hidden = signedIn;
+    $("paste").open = !DEMO && !signedIn;
+    $("sign-out").hidden = !signedIn;
+    updateButtons();
+  }
+
+  function signedIn(value, user) {
+    sessionStorage.setItem(TOKEN_KEY, value);
+    if (user) sessionStorage.setItem(USER_KEY, String(user));
+    else sessionStorage.removeItem(USER_KEY);
+    showAccount();
+    S.say("Signed in.", "");
+    if (state.voucherId) loadOrder();
+  }
+
+  async function demoSignIn() {
+    const answer = await S.call("POST", "/demo/users");
+    if (answer.status !== 200) return S.sayError(answer);
+    signedIn(answer.body.token, answer.body.user_id);
+  }
+
+  function pasteSignIn(event) {
+    event.preventDefault();
+    const value = $("token-input").value.trim();
+    if (!value) return;
+    $("token-input").value = "";
+    signedIn(value, userOf(value));
+  }
+
+  function signOut() {
+    sessionStorage.removeItem(TOKEN_KEY);
+    sessionStorage.removeItem(USER_KEY);
+    stopQueue();
+    stopOrder();
+    state.queue = null;
+    state.order = null;
+    showQueue();
+    showOrder();
+    showAccount();
+    S.say("Signed out.", "");
+  }
+
+  // ---- the vouchers -------------------------------------------------
+
+  async function loadList() {
+    const answer = await S.call("GET", "/vouchers");
+    if (answer.status !== 200) {
+      S.sayError(answer);
+      return false;
+    }
+    S.clock.sync(answer.body.server_time, answer.sentAt, answer.receivedAt);
+    state.vouchers = answer.body.vouchers || [];
+    return true;
+  }
+
+  function phase(v, now) {
+    const begin = Date.parse(v.begin_time);
+    const end = Date.parse(v.end_time);
+    if (now < begin) return { word: "coming", left: begin - now };
+    if (now < end) return { word: "on sale", left: 0 };
+    return { word: "ended", left: 0 };
+  }
+
+  function cardFacts(v, now) {
+    const p = phase(v, now);
+    return S.money(v.price_cents) + " · " + v.stock + " left · " +
+      (p.word === "coming" ? "starts in " + S.duration(p.left) : p.word);
+  }
+
+  // The cards: made again only when the vouchers change (a focused link
+  // keeps its focus), their facts rewritten in place.
+  function renderList() {
+    const list = $("vouchers");
+    const now = S.clock.now();
+    const shown = Array.from(list.children).map((card) => card.dataset.voucherId);
+    const ids = state.vouchers.map((v) => String(v.id));
+    if (shown.join(",") === ids.join(",")) {
+      state.vouchers.forEach((v, i) => {
+        list.children[i].querySelector("p").textContent = cardFacts(v, now);
+      });
+      return;
+    }
+    list.replaceChildren();
+    for (const v of state.vouchers) {
+      const item = document.createElement("li");
+      item.className = "card";
+      item.setAttribute("data-testid", "voucher-card");
+      item.setAttribute("data-voucher-id", String(v.id));
+      const link = document.createElement("a");
+      link.href = "/shop/#/vouchers/" + v.id;
+      link.textContent = v.title;
+      const title = document.createElement("h3");
+      title.append(link);
+      const facts = document.createElement("p");
+      facts.textContent = cardFacts(v, now);
+      item.append(title, facts);
+      list.append(item);
+    }
+    $("list-empty").hidden = state.vouchers.length > 0;
+  }
+
+  async function loadVoucher() {
+    const id = state.voucherId;
+    await loadList();
+    let v = state.vouchers.find((x) => x.id === id);
+    if (!v) {
+      // Ended, or unknown: the voucher's own route says which.
+      const answer = await S.call("GET", "/vouchers/" + id);
+      if (answer.status !== 200) {
+        S.sayError(answer);
+        return;
+      }
+      v = answer.body;
+    }
+    if (state.voucherId !== id) return;
+    state.voucher = v;
+    renderVoucher();
+  }
+
+  function maxUnits() {
+    const v = state.voucher;
+    const max = v && Number.isInteger(v.max_units_per_user) ? v.max_units_per_user : 1;
+    return Math.max(1, max);
+  }
+
+  function renderVoucher() {
+    const v = state.voucher;
+    if (!v) return;
+    $("v-title").textContent = v.title;
+    $("v-price").textContent = S.money(v.price_cents);
+    $("v-stock").textContent = String(v.stock);
+    const max = maxUnits();
+    $("v-limits").textContent =
+      (max > 1 ? "up to " + max + " units an order, " : "one unit an order, ") +
+      v.max_orders_per_user + " orders at most";
+    $("quantity-box").hidden = max <= 1;
+    $("quantity").max = String(max);
+    $("room").hidden = !v.waiting_room;
+    tick();
+  }
+
+  // Once a second: the countdown, on the server's clock.
+  function tick() {
+    const v = state.voucher;
+    if (!v || $("voucher-view").hidden) return;
+    const p = phase(v, S.clock.now());
+    $("v-countdown").textContent = S.duration(p.left);
+    $("v-countdown").dataset.seconds = String(Math.ceil(p.left / 1000));
+    $("v-when-label").textContent = p.word === "coming" ? "Starts in" : "Started";
+    $("v-phase").textContent =
+      p.word === "coming" ? "Coming soon." : p.word === "on sale" ? "On sale now." : "The sale is over.";
+    updateButtons();
+  }
+
+  // ---- the waiting room ---------------------------------------------
+
+  function stopQueue() {
+    clearTimeout(state.queueTimer);
+    state.queueTimer = null;
+  }
+
+  function showQueue() {
+    const q = state.queue;
+    $("join-queue").hidden = Boolean(q);
+    if (!q) {
+      $("queue-place").textContent = "not in the room";
+      $("queue-detail").textContent = "";
+      return;
+    }
+    $("queue-place").textContent = q.place === null ? "to be drawn at the start" : String(q.place);
+    let detail = "· now serving " + q.serving;
+    if (q.status === "admitted" && q.admitted_until) {
+      detail += " · admitted: buy before " + S.clockTime(Date.parse(q.admitted_until) - S.clock.offset);
+    } else if (q.status === "waiting") {
+      detail += q.ahead === null || q.ahead === undefined ? " · waiting" : " · " + q.ahead + " ahead";
+    } else if (q.status === "sold_out") {
+      detail += " · sold out";
+    }
+    $("queue-detail").textContent = detail;
+  }
+
+  function queued(answer) {
+    state.queue = answer.body;
+    showQueue();
+    updateButtons();
+    if (answer.body.status === "sold_out") S.say(S.MESSAGES.sold_out, "sold_out");
+    else if (answer.body.status === "admitted") S.say("You are admitted: buy now.", "");
+    // Exactly when the service says to ask again.
+    const wait = (answer.retryAfter === null ? 1 : answer.retryAfter) * 1000;
+    stopQueue();
+    if (answer.body.status !== "admitted") state.queueTimer = setTimeout(pollQueue, wait);
+  }
+
+  async function joinQueue() {
+    const id = state.voucherId;
+    const answer = await S.call("POST", "/vouchers/" + id + "/queue", { token: token() });
+    if (state.voucherId !== id) return;
+    if (answer.status !== 202) return refused(answer);
+    S.say("You joined the waiting room.", "");
+    queued(answer);
+  }
+
+  async function pollQueue() {
+    const id = state.voucherId;
+    const q = state.queue;
+    if (!q) return;
+    const answer = await S.call("GET", "/vouchers/" + id + "/queue", {
+      token: token(),
+      headers: { "X-Queue-Ticket": q.ticket },
+    });
+    if (state.voucherId !== id || state.queue !== q) return;
+    if (answer.status !== 200) {
+      refused(answer);
+      stopQueue();
+      state.queueTimer = setTimeout(pollQueue, (answer.retryAfter || 2) * 1000);
+      return;
+    }
+    queued(answer);
+  }
+
+  function admitted() {
+    const q = state.queue;
+    return Boolean(q && q.status === "admitted" && Date.parse(q.admitted_until) > S.clock.now());
+  }
+
+  // ---- the purchase ---------------------------------------------------
+
+  function updateButtons() {
+    const v = state.voucher;
+    const buy = $("buy");
+    if (!v) return;
+    const p = phase(v, S.clock.now());
+    const live = state.order && ["pending", "unpaid", "paid"].includes(state.order.status);
+    let hint = "";
+    if (!token()) hint = DEMO ? "Sign in to buy." : "Sign in with your token to buy.";
+    else if (p.word === "coming") hint = "The button opens when the sale starts.";
+    else if (p.word === "ended") hint = "The sale is over.";
+    else if (v.waiting_room && !admitted()) hint = "Join the waiting room; you can buy once admitted.";
+    else if (live) hint = "You hold an order for this voucher.";
+    else if (Date.now() < state.blockedUntil) hint = "Wait before trying again.";
+    buy.disabled = hint !== "" || state.busy;
+    $("buy-hint").textContent = hint;
+    $("join-queue").disabled = !token() || p.word === "ended";
+  }
+
+  function quantity() {
+    const value = Number.parseInt($("quantity").value, 10);
+    if (!Number.isInteger(value) || value < 1) return 1;
+    return Math.min(value, maxUnits());
+  }
+
+  // An error answer: its message, and what it changes on the page.
+  function refused(answer) {
+    const said = S.sayError(answer);
+    if (said.code === "rate_limited" || said.code === "unavailable") {
+      state.blockedUntil = Date.now() + (answer.retryAfter || 1) * 1000;
+      setTimeout(updateButtons, (answer.retryAfter || 1) * 1000 + 50);
+    }
+    if (said.code === "unauthorized") {
+      sessionStorage.removeItem(TOKEN_KEY);
+      showAccount();
+    }
+    updateButtons();
+    return said;
+  }
+
+  async function buy(event) {
+    event.preventDefault();
+    const id = state.voucherId;
+    const k = quantity();
+    const headers = {};
+    if (state.queue && state.queue.ticket) headers["X-Queue-Ticket"] = state.queue.ticket;
+    state.busy = true;
+    updateButtons();
+    // No body for one unit: the service takes that as 1 (and a body is
+    // only understood where units are sold).
+    const answer = await S.call("POST", "/seckill/" + id, {
+      token: token(),
+      headers: headers,
+      body: k > 1 ? { quantity: k } : undefined,
+    });
+    state.busy = false;
+    if (state.voucherId !== id) return;
+    if (answer.status === 200 || answer.status === 202) {
+      S.say(answer.status === 202 ? "Accepted: your order is being stored." : "Bought.", "");
+      setOrder({ order_id: answer.body.order_id, status: answer.body.status || "unpaid" });
+      loadOrder();
+    } else {
+      const said = refused(answer);
+      if (said.code === "already_purchased" && answer.body.order_id) {
+        setOrder({ order_id: answer.body.order_id, status: "" });
+        loadOrder();
+      }
+    }
+    updateButtons();
+    loadVoucher();
+  }
+
+  // ---- the order ------------------------------------------------------
+
+  function stopOrder() {
+    clearTimeout(state.orderTimer);
+    state.orderTimer = null;
+  }
+
+  function setOrder(order) {
+    state.order = order;
+    if (order) sessionStorage.setItem(ORDER_KEY + state.voucherId, order.order_id);
+    showOrder();
+  }
+
+  function showOrder() {
+    const o = state.order;
+    $("order").hidden = !o;
+    if (!o) return;
+    $("order-id").textContent = o.order_id;
+    $("order-status").textContent = o.status;
+    let detail = "";
+    if (o.status === "pending") detail = "Accepted; being stored. This updates by itself.";
+    else if (o.status === "unpaid" && o.pay_by)
+      detail = "Pay before " + S.clockTime(Date.parse(o.pay_by) - S.clock.offset) + ", or it expires.";
+    else if (o.status === "paid" && o.paid_at) detail = "Paid at " + S.clockTime(Date.parse(o.paid_at) - S.clock.offset) + ".";
+    else if (o.status === "cancelled" || o.status === "expired") detail = "Its units went back on sale.";
+    $("order-detail").textContent = detail;
+    $("pay").hidden = !DEMO || !["pending", "unpaid"].includes(o.status);
+    $("cancel").hidden = !["pending", "unpaid"].includes(o.status);
+    updateButtons();
+  }
+
+  // Reads the order (the one bought here, kept for the tab), and again
+  // while it is pending: an async sale stores it a moment later.
+  async function loadOrder() {
+    stopOrder();
+    const id = state.voucherId;
+    const orderId = (state.order && state.order.order_id) || sessionStorage.getItem(ORDER_KEY + id);
+    if (!orderId || !token()) return;
+    const answer = await S.call("GET", "/orders/" + orderId, { token: token() });
+    if (state.voucherId !== id) return;
+    if (answer.status === 200) {
+      setOrder(answer.body);
+      if (answer.body.status === "pending") state.orderTimer = setTimeout(loadOrder, ORDER_POLL_MS);
+    } else if (answer.status === 404) {
+      sessionStorage.removeItem(ORDER_KEY + id);
+      state.order = null;
+      showOrder();
+    } else {
+      refused(answer);
+      state.orderTimer = setTimeout(loadOrder, (answer.retryAfter || 1) * 1000);
+    }
+  }
+
+  async function pay() {
+    const o = state.order;
+    if (!o) return;
+    $("pay").disabled = true;
+    const answer = await S.call("POST", "/demo/orders/" + o.order_id + "/pay", { token: token() });
+    $("pay").disabled = false;
+    if (answer.status !== 200) {
+      refused(answer);
+    } else if (answer.body.refund) {
+      S.say("The order could not take this payment (" + answer.body.status + "): it is refunded.", "");
+    } else {
+      S.say("Paid.", "");
+    }
+    loadOrder();
+  }
+
+  async function cancel() {
+    const o = state.order;
+    if (!o) return;
+    $("cancel").disabled = true;
+    const answer = await S.call("POST", "/orders/" + o.order_id + "/cancel", { token: token() });
+    $("cancel").disabled = false;
+    if (answer.status !== 200) {
+      refused(answer);
+    } else {
+      S.say("Cancelled: the units went back on sale.", "");
+      setOrder(answer.body);
+    }
+    loadVoucher();
+  }
+
+  // ---- where the page is ---------------------------------------------
+
+  // `/shop/#/vouchers/{id}` or `/shop/vouchers/{id}`: that voucher;
+  // anything else: the list.
+  function route() {
+    const fromHash = /^#\/vouchers\/(\d+)$/.exec(location.hash);
+    const fromPath = /^\/shop\/vouchers\/(\d+)\/?$/.exec(location.pathname);
+    const match = fromHash || (location.hash.length > 1 ? null : fromPath);
+    const id = match ? Number(match[1]) : null;
+    if (id !== state.voucherId) {
+      stopQueue();
+      stopOrder();
+      state.queue = null;
+      state.order = null;
+      state.voucher = null;
+      showQueue();
+      showOrder();
+      S.say("", "");
+    }
+    state.voucherId = id;
+    $("list-view").hidden = id !== null;
+    $("voucher-view").hidden = id === null;
+    if (id === null) {
+      document.title = "Flash sale";
+      loadList().then(renderList);
+    } else {
+      document.title = "Voucher " + id + " · Flash sale";
+      loadVoucher().then(loadOrder);
+    }
+  }
+
+  function refresh() {
+    if (state.voucherId === null) loadList().then(renderList);
+    else loadVoucher();
+  }
+
+  $("sign-in").addEventListener("click", demoSignIn);
+  $("token-form").addEventListener("submit", pasteSignIn);
+  $("sign-out").addEventListener("click", signOut);
+  $("join-queue").addEventListener("click", joinQueue);
+  $("buy-form").addEventListener("submit", buy);
+  $("pay").addEventListener("click", pay);
+  $("cancel").addEventListener("click", cancel);
+  window.addEventListener("hashchange", route);
+  setInterval(tick, 250);
+  setInterval(refresh, REFRESH_MS);
+  showAccount();
+  route();
+})();

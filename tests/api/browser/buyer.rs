@@ -1,0 +1,198 @@
+//! The buyer's whole path in a real browser: sign in (demo), watch the
+//! countdown reach zero on the server's clock, join the waiting room, be
+//! admitted, buy an async sale's last unit (`pending`, then `unpaid`), pay
+//! and see `paid`; the next buyer is told `sold_out`. And a browser whose
+//! clock is ten minutes ahead counts down to the same moment.
+
+use chrono::{Duration, Utc};
+use serde_json::json;
+
+use super::driver::Browser;
+use crate::storefront::spawn_demo;
+
+/// Signs in as a fresh demo user on the page that is open.
+async fn sign_in(browser: &Browser) {
+    browser.click("sign-in").await;
+    browser
+        .wait_for(
+            "signed in as a demo user",
+            || browser.run("return document.getElementById('who').textContent"),
+            |who| {
+                who.as_str()
+                    .is_some_and(|w| w.starts_with("Signed in as user"))
+            },
+        )
+        .await;
+}
+
+/// The countdown's seconds left, as the page shows them.
+async fn seconds_left(browser: &Browser) -> Option<i64> {
+    browser
+        .attribute("countdown", "data-seconds")
+        .await
+        .and_then(|s| s.parse().ok())
+}
+
+#[tokio::test]
+async fn a_buyer_counts_down_queues_buys_and_pays_and_the_next_finds_it_sold_out_needs_chromium() {
+    let app = spawn_demo().await;
+    let browser = Browser::start(1280).await;
+    browser.goto(&app.url("/shop/")).await;
+    sign_in(&browser).await;
+
+    // The sale starts a few seconds from now: one unit, async, behind a
+    // waiting room.
+    let begin = Utc::now() + Duration::seconds(4);
+    let voucher = app
+        .create_voucher_from(json!({
+            "title": "Last unit",
+            "stock": 1,
+            "begin_time": begin,
+            "end_time": begin + Duration::hours(1),
+            "sale_mode": "async",
+            "price_cents": 250,
+            "waiting_room": { "admit_per_second": 100 },
+        }))
+        .await;
+    browser
+        .goto(&app.url(&format!("/shop/#/vouchers/{voucher}")))
+        .await;
+    browser
+        .wait_for(
+            "the voucher card's page",
+            || browser.text("stock"),
+            |stock| stock.as_deref() == Some("1"),
+        )
+        .await;
+    let before = browser
+        .wait_for(
+            "a countdown before the start",
+            || seconds_left(&browser),
+            |left| left.is_some(),
+        )
+        .await
+        .unwrap();
+    // Whatever this machine's pace, the countdown said some time left
+    // before the start, with the buy button shut: unless the start passed
+    // already while the page loaded.
+    let server_left = (begin - Utc::now()).num_milliseconds();
+    if before > 0 && server_left > 500 {
+        assert!(
+            !browser.enabled("buy").await,
+            "buy is open before the start"
+        );
+        assert!(
+            before <= 5,
+            "the countdown counts to the server's start: {before}"
+        );
+    }
+    browser.screenshot("shop-countdown.png").await;
+
+    // Into the room before the start: placed at the start, then admitted.
+    browser.click("join-queue").await;
+    browser.wait_text("countdown", "0:00:00").await;
+    browser
+        .wait_for(
+            "a place in the room",
+            || browser.text("queue-place"),
+            |place| place.as_deref().is_some_and(|p| p.parse::<i64>().is_ok()),
+        )
+        .await;
+    browser
+        .wait_for(
+            "the buy button open",
+            || browser.enabled("buy"),
+            |open| *open,
+        )
+        .await;
+    browser.click("buy").await;
+    browser.wait_text("order-status", "unpaid").await;
+    browser.screenshot("shop-unpaid.png").await;
+    browser.click("pay").await;
+    browser.wait_text("order-status", "paid").await;
+    assert_eq!(
+        browser.attribute("message", "data-error").await.as_deref(),
+        Some("")
+    );
+
+    // The next buyer in this tab: signed out, a fresh demo user, the room
+    // or the purchase says sold out.
+    browser
+        .run("document.getElementById('sign-out').click()")
+        .await;
+    sign_in(&browser).await;
+    browser.click("join-queue").await;
+    let outcome = browser
+        .wait_for(
+            "sold out, or admitted",
+            || async {
+                let error = browser.attribute("message", "data-error").await;
+                (error, browser.enabled("buy").await)
+            },
+            |(error, open)| error.as_deref() == Some("sold_out") || *open,
+        )
+        .await;
+    if outcome.0.as_deref() != Some("sold_out") {
+        browser.click("buy").await;
+    }
+    browser
+        .wait_for(
+            "the message sold_out",
+            || browser.attribute("message", "data-error"),
+            |error| error.as_deref() == Some("sold_out"),
+        )
+        .await;
+    let message = browser.text("message").await.unwrap_or_default();
+    assert!(message.starts_with("Sold out"), "{message}");
+    browser.screenshot("shop-sold-out.png").await;
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn a_browser_whose_clock_is_ten_minutes_ahead_counts_down_to_the_same_start_needs_chromium() {
+    let app = spawn_demo().await;
+    let begin = Utc::now() + Duration::minutes(20);
+    let voucher = app
+        .create_voucher_from(json!({
+            "title": "Later",
+            "stock": 5,
+            "begin_time": begin,
+            "end_time": begin + Duration::hours(1),
+        }))
+        .await;
+    let browser = Browser::start(390).await;
+    browser.goto(&app.url("/shop/")).await;
+    // The browser's clock, ten minutes ahead from here on; then the
+    // voucher's page, reached without a reload (the page measures the
+    // server's clock as it loads it).
+    browser
+        .run(
+            "const real = Date.now.bind(Date); \
+             Date.now = () => real() + 600000; \
+             location.hash = '#/vouchers/__ID__';"
+                .replace("__ID__", &voucher.to_string())
+                .as_str(),
+        )
+        .await;
+    let left = browser
+        .wait_for(
+            "the countdown",
+            || seconds_left(&browser),
+            |left| left.is_some_and(|s| s > 0),
+        )
+        .await
+        .unwrap();
+    let truth = (begin - Utc::now()).num_seconds();
+    // The browser's own clock would say ten minutes less.
+    assert!(
+        (truth - 30..=truth + 2).contains(&left),
+        "the countdown says {left} s, the server's clock {truth} s"
+    );
+    let shown = browser.text("countdown").await.unwrap();
+    assert!(
+        shown.starts_with("0:19:") || shown.starts_with("0:20:"),
+        "{shown}"
+    );
+    assert!(!browser.enabled("buy").await);
+    browser.close().await;
+}

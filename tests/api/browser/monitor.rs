@@ -1,0 +1,160 @@
+//! The sale monitor in a real browser, watching a sale under load: the
+//! numbers come alive (orders per second, the room's serving number,
+//! refusals by code, purchase p99) and the stock drains to 0 on the
+//! chart.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use super::driver::Browser;
+use crate::helpers::{answer, spawn_app, TestApp, ADMIN_TOKEN};
+
+/// Joins the room as `token` and waits to be admitted: the ticket.
+async fn admitted_ticket(app: &TestApp, voucher: i64, token: &str) -> Option<String> {
+    let url = app.url(&format!("/vouchers/{voucher}/queue"));
+    let (status, mut body) = answer(app.client.post(&url).bearer_auth(token)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    for _ in 0..600 {
+        match body["status"].as_str() {
+            Some("admitted") => return body["ticket"].as_str().map(str::to_owned),
+            Some("sold_out") => return None,
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let ticket = body["ticket"].as_str().unwrap().to_owned();
+        body = answer(
+            app.client
+                .get(&url)
+                .bearer_auth(token)
+                .header("x-queue-ticket", ticket),
+        )
+        .await
+        .1;
+    }
+    panic!("not admitted within 30 s: {body}");
+}
+
+/// The load: buyers through the room, slowly until the test has seen
+/// orders on the monitor (`orders_seen`), then as fast as they come until
+/// the stock is gone; then purchases that are refused, until `done`.
+async fn load(
+    app: Arc<TestApp>,
+    voucher: i64,
+    orders_seen: Arc<AtomicBool>,
+    done: Arc<AtomicBool>,
+) {
+    let tokens = app.tokens(1..=400).await;
+    let mut users = tokens.values();
+    let purchase = app.url(&format!("/seckill/{voucher}"));
+    while !done.load(Ordering::Relaxed) {
+        let Some(token) = users.next() else { break };
+        let Some(ticket) = admitted_ticket(&app, voucher, token).await else {
+            break;
+        };
+        let (status, body) = answer(
+            app.client
+                .post(&purchase)
+                .bearer_auth(token)
+                .header("x-queue-ticket", ticket),
+        )
+        .await;
+        if status == StatusCode::CONFLICT && body["error"] == "sold_out" {
+            break;
+        }
+        if !orders_seen.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    }
+    // Sold out: the crowd keeps pressing (without tickets the room no
+    // longer hands out), and is refused.
+    let token = tokens.values().next().unwrap();
+    while !done.load(Ordering::Relaxed) {
+        let _ = app.client.post(&purchase).bearer_auth(token).send().await;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+}
+
+fn number(text: &Option<String>) -> Option<f64> {
+    text.as_deref().and_then(|t| t.parse().ok())
+}
+
+#[tokio::test]
+async fn the_monitor_shows_a_sale_drain_to_zero_with_live_numbers_needs_chromium() {
+    let app = Arc::new(spawn_app().await);
+    let voucher = app
+        .open_voucher_with(
+            30,
+            json!({ "title": "Monitored", "waiting_room": { "admit_per_second": 1000 } }),
+        )
+        .await;
+    let browser = Browser::start(1280).await;
+    browser.goto(&app.url("/shop/monitor")).await;
+    browser.type_into("admin-token", ADMIN_TOKEN).await;
+    browser
+        .type_into("monitor-voucher", &voucher.to_string())
+        .await;
+    browser
+        .run("document.getElementById('watch').click()")
+        .await;
+    browser.wait_text("live-stock", "30").await;
+    let stored = browser
+        .run("return sessionStorage.getItem('seckill.admin')")
+        .await;
+    assert_eq!(stored, Value::String(ADMIN_TOKEN.into()));
+
+    let orders_seen = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
+    let crowd = tokio::spawn(load(
+        app.clone(),
+        voucher,
+        orders_seen.clone(),
+        done.clone(),
+    ));
+    browser
+        .wait_for(
+            "orders per second above 0",
+            || browser.text("live-orders-per-second"),
+            |rate| number(rate) > Some(0.0),
+        )
+        .await;
+    orders_seen.store(true, Ordering::Relaxed);
+    browser.wait_text("live-stock", "0").await;
+    browser
+        .wait_for(
+            "refusals by code",
+            || browser.attribute("live-refusals", "data-codes"),
+            |codes| codes.as_deref().is_some_and(|c| !c.is_empty()),
+        )
+        .await;
+    let p99 = browser.text("live-p99-ms").await;
+    assert!(number(&p99) > Some(0.0), "p99 {p99:?}");
+    let serving = browser.text("live-serving").await;
+    assert!(number(&serving) > Some(0.0), "serving {serving:?}");
+    let refusals = browser.text("live-refusals").await.unwrap();
+    assert!(refusals.contains("/s"), "{refusals}");
+    // The chart drew the stock's readings, down to the last one, 0.
+    let chart = browser
+        .run(
+            "const svg = document.querySelector('[data-testid=\"stock-chart\"]'); \
+             const line = svg.querySelector('polyline'); \
+             return { samples: Number(svg.dataset.samples), points: line ? line.getAttribute('points').split(' ').length : 0, \
+                      last: svg.querySelector('text.end') ? svg.querySelector('text.end').textContent : null };",
+        )
+        .await;
+    assert!(chart["samples"].as_i64() >= Some(2), "{chart}");
+    assert_eq!(chart["points"], chart["samples"], "{chart}");
+    assert_eq!(chart["last"], "0", "{chart}");
+    browser.screenshot("monitor.png").await;
+    done.store(true, Ordering::Relaxed);
+    crowd.await.unwrap();
+    let stats = app.stats(voucher).await;
+    assert_eq!(
+        (stats["stock"].as_i64(), stats["orders"].as_i64()),
+        (Some(0), Some(30))
+    );
+    browser.close().await;
+}
