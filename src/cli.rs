@@ -172,7 +172,8 @@ async fn demo(app: &Application) -> Result<(), Box<dyn Error>> {
             price_cents: 0,
             pay_within_seconds: crate::seckill::DEFAULT_PAY_WITHIN_SECONDS,
             max_orders_per_user: crate::seckill::DEFAULT_MAX_ORDERS_PER_USER,
-            max_units_per_user: 1,
+            // "Limit 2 per customer": the storefront shows its quantity.
+            max_units_per_user: 2,
             admit_per_second: None,
             queue_proof_bits: 0,
         })

@@ -15,8 +15,11 @@ impl Quantity {
 
     /// `units`, if it is 1 to `allowed` (itself at most [`Quantity::MAX`]).
     pub fn within(units: i64, allowed: i32) -> Option<Self> {
-        let allowed = i64::from(allowed.clamp(1, Self::MAX));
-        (1..=allowed).contains(&units).then(|| Self(units as i32))
+        let allowed = allowed.clamp(1, Self::MAX);
+        i32::try_from(units)
+            .ok()
+            .filter(|units| (1..=allowed).contains(units))
+            .map(Self)
     }
 
     pub const fn get(self) -> i32 {

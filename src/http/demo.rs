@@ -17,8 +17,6 @@ use super::extract::{NoBody, OrderIdPath, User};
 use super::payments::{self, signature_header, PaymentReceipt};
 use super::responses::{OrderNotFound, TooLarge, Unauthorized, Unavailable};
 use super::state::AppState;
-use crate::domain::Order;
-use crate::events::body::OrderBody;
 use crate::seckill::SeckillError;
 
 /// How long a demo user's token lasts.
@@ -95,7 +93,10 @@ pub async fn pay(
         return Err(ApiError::NotFound("order not found".into()));
     }
     let voucher = state.seckill.voucher(order.voucher_id).await?;
-    let amount_cents = voucher.terms.price_cents.saturating_mul(units(order));
+    let amount_cents = voucher
+        .terms
+        .price_cents
+        .saturating_mul(i64::from(order.quantity));
     let body = serde_json::json!({
         "payment_id": format!("demo-{order_id}"),
         "order_id": order_id.to_string(),
@@ -110,13 +111,4 @@ pub async fn pay(
         .map_err(|_| ApiError::Seckill(SeckillError::internal("a signature that is no header")))?;
     headers.insert(payments::SIGNATURE_HEADER, signature);
     payments::notify(State(state.clone()), headers, Body::from(body)).await
-}
-
-/// The units an order holds, as the API shows it: its `quantity`, or 1
-/// for an order that carries none.
-fn units(order: Order) -> i64 {
-    serde_json::to_value(OrderBody::from(order))
-        .ok()
-        .and_then(|body| body.get("quantity").and_then(serde_json::Value::as_i64))
-        .unwrap_or(1)
 }
