@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
-use crate::helpers::{answer, notify, poll_until, spawn_app, TestApp};
+use crate::helpers::{answer, notify, poll_until, spawn_app, spawn_app_on_own_redis, TestApp};
 
 /// Sends a purchase of `voucher` as `token`'s user with `body` (none: no
 /// body at all); the status and the JSON answer.
@@ -366,4 +366,43 @@ async fn a_sync_crowd_asking_for_one_to_three_units_sells_every_unit_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_async_crowd_asking_for_one_to_three_units_sells_every_unit_once() {
     mixed_crowd("async").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciliation_after_redis_lost_the_sale_counts_the_orders_units_not_their_number() {
+    let (mut redis, app) = spawn_app_on_own_redis(None).await;
+    let voucher = units_voucher(&app, "async", 10, 3, 0).await;
+    let tokens = app.tokens(1..=5).await;
+    let mut orders = Vec::new();
+    for (user, units) in [(1, 3), (2, 3), (3, 2)] {
+        let (status, body) = buy_units(&app, &tokens[&user], voucher, units).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        orders.push(order_of(&body));
+    }
+    for order in &orders {
+        stored_order(&app, order).await;
+    }
+
+    // Redis comes back empty: rebuilt from Postgres, 8 of 10 units sold.
+    redis.stop();
+    redis.restart();
+    let (status, report) = app.reconcile(voucher).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(
+        (report["stock"].as_i64(), report["buyers"].as_i64()),
+        (Some(2), Some(3)),
+        "{report}"
+    );
+    let (status, body) = buy_units(&app, &tokens[&4], voucher, 3).await;
+    assert_eq!(
+        (status, body["error"].as_str(), body["stock"].as_i64()),
+        (StatusCode::CONFLICT, Some("not_enough_stock"), Some(2)),
+        "{body}"
+    );
+    let (status, body) = buy_units(&app, &tokens[&4], voucher, 2).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    stored_order(&app, &order_of(&body)).await;
+    let (_, body) = buy_units(&app, &tokens[&5], voucher, 1).await;
+    assert_eq!(body["error"], "sold_out", "{body}");
+    assert_eq!(app.check_invariants(voucher).await, 4);
 }
