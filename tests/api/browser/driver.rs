@@ -157,7 +157,16 @@ impl Browser {
         self.client()
             .execute(script, Vec::new())
             .await
-            .unwrap_or_else(|error| panic!("{script}: {error}"))
+            .unwrap_or_else(|error| panic!("{}: {error}", opening(script)))
+    }
+
+    /// Runs `script` in the page asynchronously: what it hands to its last
+    /// argument, the callback.
+    pub async fn run_async(&self, script: &str) -> Value {
+        self.client()
+            .execute_async(script, Vec::new())
+            .await
+            .unwrap_or_else(|error| panic!("{}: {error}", opening(script)))
     }
 
     /// The text of the element `testid` names (`None` while there is none
@@ -247,6 +256,16 @@ impl Browser {
         let path = PathBuf::from(dir).join(name);
         std::fs::write(&path, png).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
+}
+
+/// A script's first 200 characters, to name it in a failure (axe-core's
+/// is half a megabyte).
+fn opening(script: &str) -> &str {
+    let end = script
+        .char_indices()
+        .nth(200)
+        .map_or(script.len(), |(at, _)| at);
+    &script[..end]
 }
 
 impl Drop for Browser {

@@ -105,6 +105,7 @@ async fn the_monitor_shows_a_sale_drain_to_zero_with_live_numbers_needs_chromium
         .run("return sessionStorage.getItem('seckill.admin')")
         .await;
     assert_eq!(stored, Value::String(ADMIN_TOKEN.into()));
+    browser.assert_accessible("the monitor").await;
 
     let orders_seen = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicBool::new(false));
