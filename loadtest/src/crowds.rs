@@ -22,12 +22,7 @@ pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> anyhow::Result<R
     let voucher = admin.create_sale(sale).await?;
     eprintln!("flash: minting {} tokens", args.users);
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
-    let mut plan: Vec<Request> = (1..)
-        .zip(target.purchases(voucher, &tokens, 1))
-        .flat_map(|(user, request)| {
-            std::iter::repeat_n(request.asking(quantities.ask(user)), args.per_user)
-        })
-        .collect();
+    let mut plan = quantities.purchases(target, voucher, &tokens, 1, args.per_user);
     plan.shuffle(&mut rand::rng());
     let started = chrono::Utc::now().timestamp();
     let before = sale_steps(target).await;

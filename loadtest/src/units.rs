@@ -4,8 +4,11 @@
 //! out to the unit when it asked for more than the stock.
 
 use std::str::FromStr;
+use std::sync::Arc;
 
 use crate::api::Admin;
+use crate::drive::Request;
+use crate::service::Target;
 
 /// The units each user of a crowd asks for: one number, or a range `a-b`
 /// (1 to 100), dealt to users by their id.
@@ -50,6 +53,26 @@ impl Quantities {
         // A multiplicative hash: neighbouring ids ask for different units.
         let mixed = (user as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
         self.low + (mixed % span as u64) as i64
+    }
+
+    /// [`Target::purchases`] of `voucher`, `per_user` for each of `tokens`
+    /// (the users from `first_user` on, in order), each asking for its
+    /// user's units.
+    pub fn purchases(
+        &self,
+        target: &Target,
+        voucher: i64,
+        tokens: &[Arc<str>],
+        first_user: i64,
+        per_user: usize,
+    ) -> Vec<Request> {
+        let per_user = per_user.max(1);
+        target
+            .purchases(voucher, tokens, per_user)
+            .into_iter()
+            .enumerate()
+            .map(|(i, request)| request.asking(self.ask(first_user + (i / per_user) as i64)))
+            .collect()
     }
 
     /// Whether every user asks for one unit: the crowd of before units.

@@ -65,22 +65,25 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        // The usual case, an HTTP/1 request whose head says it has no body
-        // (`Content-Length: 0`, or neither a length nor a transfer
-        // coding), is known without reading one: hyper frames the body by
-        // these same headers.
-        if req.version() <= Version::HTTP_11 && says_no_body(req.headers()) {
-            return Ok(Self);
-        }
-        let body = Bytes::from_request(req, state)
-            .await
-            .map_err(body_rejection)?;
-        if body.is_empty() {
-            Ok(Self)
-        } else {
-            Err(ApiError::BadRequest("this route takes no body".into()))
+        match body_if_any(req, state).await? {
+            None => Ok(Self),
+            Some(_) => Err(ApiError::BadRequest("this route takes no body".into())),
         }
     }
+}
+
+/// The request's body, or `None` when it has none (or an empty one). The
+/// usual case, an HTTP/1 request whose head says it has no body
+/// (`Content-Length: 0`, or neither a length nor a transfer coding), is
+/// known without reading one: hyper frames the body by these same headers.
+async fn body_if_any<S: Send + Sync>(req: Request, state: &S) -> Result<Option<Bytes>, ApiError> {
+    if req.version() <= Version::HTTP_11 && says_no_body(req.headers()) {
+        return Ok(None);
+    }
+    let body = Bytes::from_request(req, state)
+        .await
+        .map_err(body_rejection)?;
+    Ok((!body.is_empty()).then_some(body))
 }
 
 /// A body that may be absent: `None` for no body (or an empty one), else
@@ -96,12 +99,9 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        if req.version() <= Version::HTTP_11 && says_no_body(req.headers()) {
+        let Some(body) = body_if_any(req, state).await? else {
             return Ok(Self(None));
-        }
-        let body = Bytes::from_request(req, state)
-            .await
-            .map_err(body_rejection)?;
+        };
         if body.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self(None));
         }

@@ -75,15 +75,15 @@ use workers::Background;
 
 pub use crate::domain::Payment;
 
-/// The units a purchase of `voucher` asks for: `asked`, or one when it says
-/// nothing; refused when outside 1 to the voucher's `max_units_per_user`.
-fn units_asked(asked: Option<i64>, voucher: &Voucher) -> Result<Quantity> {
-    let allowed = voucher.terms.max_units_per_user;
+/// The units a purchase asks for: `asked`, or one when it says nothing;
+/// refused when outside 1 to `allowed` (`bound` names where that comes
+/// from, for the message).
+fn units_asked(asked: Option<i64>, allowed: i32, bound: &str) -> Result<Quantity> {
     match asked {
         None => Ok(Quantity::ONE),
         Some(units) => Quantity::within(units, allowed).ok_or_else(|| {
             SeckillError::Invalid(format!(
-                "quantity must be 1 to {allowed} (this voucher's max_units_per_user), not {units}"
+                "quantity must be 1 to {allowed}{bound}, not {units}"
             ))
         }),
     }
@@ -326,14 +326,7 @@ impl Seckill {
     ) -> Result<Purchase> {
         // A quantity no voucher allows is bad input whoever asks; one this
         // voucher does not allow is known once the voucher is read.
-        if let Some(units) = quantity {
-            Quantity::within(units, Quantity::MAX).ok_or_else(|| {
-                SeckillError::Invalid(format!(
-                    "quantity must be 1 to {}, not {units}",
-                    Quantity::MAX
-                ))
-            })?;
-        }
+        units_asked(quantity, Quantity::MAX, "")?;
         let holders = &self.inner.holders;
         let purchase = async {
             // Held until this purchase ends: the user's duplicates are
@@ -342,7 +335,8 @@ impl Seckill {
                 return Err(SeckillError::InProgress);
             };
             let voucher = self.selling(voucher_id).await?;
-            let quantity = units_asked(quantity, &voucher)?;
+            let limit = " (this voucher's max_units_per_user)";
+            let quantity = units_asked(quantity, voucher.terms.max_units_per_user, limit)?;
             let roomed = voucher.terms.admit_per_second.is_some();
             if roomed {
                 let now = self.inner.clock.now();

@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 
 use crate::api::{Admin, NewSale, SaleMode};
 use crate::cpu::Usage;
-use crate::drive::{Request, Tally};
+use crate::drive::Tally;
 use crate::invariants::{check, Check};
 use crate::service::Target;
 use crate::{round, units, CrowdArgs, Report};
@@ -261,10 +261,7 @@ async fn flash(target: &Target, args: &AsyncArgs) -> anyhow::Result<(Tally, Chec
     let voucher = admin.create_sale(sale).await?;
     let first = args.users + 1;
     let tokens: Vec<Arc<str>> = admin.shared_tokens(first, args.crowd.flash_users).await?;
-    let mut plan: Vec<Request> = (first..)
-        .zip(target.purchases(voucher, &tokens, 1))
-        .flat_map(|(user, request)| std::iter::repeat_n(request.asking(quantities.ask(user)), 3))
-        .collect();
+    let mut plan = quantities.purchases(target, voucher, &tokens, first, 3);
     plan.shuffle(&mut rand::rng());
     let started = chrono::Utc::now().timestamp();
     let clock = Instant::now();

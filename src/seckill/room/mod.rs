@@ -160,20 +160,9 @@ impl Rooms {
             let placing = Placing::waiting(-1, 0, now_ms, 0);
             return Ok(self.state(voucher, rate, ticket.user_id, placing));
         }
-        let sale = async_sale.clone();
         let served = self
-            .served
-            .try_get_with(voucher.id, async {
-                self.call(voucher, rate, None, sold_out, sale)
-                    .await
-                    .map(|p| Served {
-                        serving: p.serving,
-                        placed: p.placed,
-                        sold_out: p.sold_out,
-                    })
-            })
-            .await
-            .map_err(|error| (*error).clone())?;
+            .served(voucher, rate, sold_out, async_sale.clone())
+            .await?;
         let window = i64::try_from(ADMISSION_WINDOW.as_millis()).unwrap_or(i64::MAX);
         let placing = if ticket.admitted_until_ms > now_ms {
             Placing {
@@ -212,8 +201,26 @@ impl Rooms {
                 admit_per_second: rate,
             });
         }
-        let served = self
-            .served
+        let served = self.served(voucher, rate, sold_out, async_sale).await?;
+        Ok(RoomCounter {
+            serving: served.serving,
+            placed: served.placed,
+            waiting: (served.placed - served.serving).max(0),
+            admit_per_second: rate,
+        })
+    }
+
+    /// The room's counter as last read (at most [`SERVED_REFRESH`] ago),
+    /// else from the script, moving it on: one read per room and refresh,
+    /// which every caller in between shares.
+    async fn served(
+        &self,
+        voucher: &Voucher,
+        rate: i32,
+        sold_out: bool,
+        async_sale: Option<String>,
+    ) -> Result<Served> {
+        self.served
             .try_get_with(voucher.id, async {
                 self.call(voucher, rate, None, sold_out, async_sale)
                     .await
@@ -224,13 +231,7 @@ impl Rooms {
                     })
             })
             .await
-            .map_err(|error| (*error).clone())?;
-        Ok(RoomCounter {
-            serving: served.serving,
-            placed: served.placed,
-            waiting: (served.placed - served.serving).max(0),
-            admit_per_second: rate,
-        })
+            .map_err(|error| (*error).clone())
     }
 
     /// One run of the room's script for `user_id` (joining them if need
