@@ -633,6 +633,7 @@ async fn an_async_sale_whose_redis_restarts_with_returns_in_flight_sells_each_re
         "returns made while Redis is down wait in the outbox"
     );
     redis.restart();
+    app.wait_ready().await;
     for i in 5..7 {
         cancel(i).await;
     }
