@@ -18,6 +18,12 @@
 -- Returns {1, holds, token}  acquired
 --         {0, wake_ms, 0}    not this owner's turn: retry in at most wake_ms
 --                            (or on the lock's release message)
+-- The token in a fencing-token key's value ('token' or 'token request',
+-- see lock_acquire.lua); 0 for none.
+local function token_in(value)
+    return tonumber(string.match(value or '', '^%d+') or '0')
+end
+
 local time = redis.call('time')
 local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local now = math.floor(now_us / 1000)
@@ -35,7 +41,7 @@ end
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
     local holds = redis.call('hincrby', KEYS[1], ARGV[2], 1)
     redis.call('pexpire', KEYS[1], ARGV[1])
-    return {1, holds, tonumber(redis.call('get', KEYS[2]) or '0')}
+    return {1, holds, token_in(redis.call('get', KEYS[2]))}
 end
 
 local first = redis.call('lindex', KEYS[3], 0)
@@ -44,7 +50,7 @@ if redis.call('exists', KEYS[1]) == 0 and (first == false or first == ARGV[2]) t
         redis.call('lpop', KEYS[3])
         redis.call('zrem', KEYS[4], ARGV[2])
     end
-    local last = tonumber(redis.call('get', KEYS[2]) or '0')
+    local last = token_in(redis.call('get', KEYS[2]))
     local token = math.max(last + 1, now_us)
     redis.call('set', KEYS[2], string.format('%d', token), 'PX', ARGV[3])
     redis.call('hincrby', KEYS[1], ARGV[2], 1)

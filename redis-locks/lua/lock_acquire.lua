@@ -8,6 +8,11 @@
 -- of this lock: max(last token + 1, Redis's clock in microseconds). The
 -- last token lives in its own key (same hash slot), which outlives the
 -- lock; should it ever expire, the clock alone still moves the tokens on.
+-- Its value is the token, followed, after a last release, by that
+-- release's request id (see lock_release.lua). The clock's value is
+-- written and the old one read in one SET ... GET; only when the clock has
+-- not passed the last token (it went back, or two holds within one
+-- microsecond) is the token raised past it in a second SET.
 -- A reentrant acquisition keeps the holder's token.
 --
 -- Idempotent per request id: a request resent after a timeout (its first
@@ -38,6 +43,12 @@
 local token_life = ARGV[#ARGV]
 local now
 
+-- The token in a fencing-token key's value ('token' or 'token request');
+-- 0 for none.
+local function token_in(value)
+    return tonumber(string.match(value or '', '^%d+') or '0')
+end
+
 local function acquire(lock, fence, lease, owner, request)
     local record = 'req:' .. owner
 
@@ -46,14 +57,18 @@ local function acquire(lock, fence, lease, owner, request)
             local time = redis.call('time')
             now = tonumber(time[1]) * 1000000 + tonumber(time[2])
         end
-        local last = tonumber(redis.call('get', fence) or '0')
-        local token = math.max(last + 1, now)
         -- '%d' (a 64-bit integer in Redis's Lua): tostring() would write
         -- large numbers as 1.7e+15, and '%.0f' takes glibc's slower path
         -- for floating point. Strings, not numbers, go to redis.call: a
         -- number would be formatted again there.
+        local token = now
         local text = string.format('%d', token)
-        redis.call('set', fence, text, 'PX', token_life)
+        local last = token_in(redis.call('set', fence, text, 'PX', token_life, 'GET'))
+        if last >= token then
+            token = last + 1
+            text = string.format('%d', token)
+            redis.call('set', fence, text, 'PX', token_life)
+        end
         redis.call('hset', lock, owner, '1', record, '1 ' .. text .. ' ' .. request)
         redis.call('pexpire', lock, lease)
         return {1, 1, token}
@@ -70,7 +85,7 @@ local function acquire(lock, fence, lease, owner, request)
     -- The holder's token: in its record since it took the lock, unless the
     -- fair lock's script (which writes no record) took it.
     if token == nil or token == '' then
-        token = string.format('%d', tonumber(redis.call('get', fence) or '0'))
+        token = string.format('%d', token_in(redis.call('get', fence)))
     end
     holds = redis.call('hincrby', lock, owner, 1)
     redis.call('hset', lock, record, holds .. ' ' .. token .. ' ' .. request)

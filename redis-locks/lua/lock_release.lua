@@ -12,26 +12,28 @@
 -- first answer again instead of giving back a second hold. While holds
 -- remain, the answer is the owner's record in the lock's hash (see
 -- lock_acquire.lua); the last release deletes the hash, so its answer is
--- kept in a key of its own, named after the request, which expires.
+-- kept after the token in the lock's fencing-token key, which outlives the
+-- lock ('token request'): no key of its own per release. It is kept until
+-- the lock is next taken; a resend that arrives after that is told the
+-- owner no longer holds the lock, which is true.
 --
 -- For the i-th lock (i = 1, 2, ...):
 -- KEYS[3i-2]  the lock's key
 -- KEYS[3i-1]  the lock's channel
--- KEYS[3i]    where the answer of a last release is kept (one key per request)
+-- KEYS[3i]    the lock's fencing-token key
 -- ARGV[3i-2]  the lease in milliseconds, renewed while holds remain
 -- ARGV[3i-1]  the owner
 -- ARGV[3i]    the request id
--- and last, ARGV[#ARGV]: how long the answer of a last release is kept, in
--- milliseconds.
+-- and last, ARGV[#ARGV]: lifetime of the fencing-token keys in milliseconds.
 --
 -- Returns one answer per lock, in order:
 --         -1  the owner does not hold the lock (never did, or its lease
 --             ran out): nothing was changed
 --          0  the last hold was released, the key deleted, waiters told
 --         >0  holds still left to this owner; the lease was renewed
-local memory = ARGV[#ARGV]
+local token_life = ARGV[#ARGV]
 
-local function release(lock, channel, answer, lease, owner, request)
+local function release(lock, channel, fence, lease, owner, request)
     local record = 'req:' .. owner
     local found = redis.call('hmget', lock, owner, record)
     local holds, token, id = string.match(found[2] or '', '^(%d+) (%d*) (.*)$')
@@ -40,7 +42,8 @@ local function release(lock, channel, answer, lease, owner, request)
     end
     if not found[1] then
         -- Not held: unless this very request released the last hold.
-        if redis.call('exists', answer) == 1 then
+        local last = redis.call('get', fence)
+        if last and string.match(last, '^%d+ (.*)$') == request then
             return 0
         end
         return -1
@@ -56,7 +59,12 @@ local function release(lock, channel, answer, lease, owner, request)
     end
     redis.call('del', lock)
     redis.call('publish', channel, 'released')
-    redis.call('set', answer, '0', 'PX', memory)
+    -- A hold the fair lock's script took has no token in a record: the
+    -- fencing-token key has it.
+    if token == nil or token == '' then
+        token = string.match(redis.call('get', fence) or '', '^%d+') or '0'
+    end
+    redis.call('set', fence, token .. ' ' .. request, 'PX', token_life)
     return 0
 end
 

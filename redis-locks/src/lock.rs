@@ -42,11 +42,6 @@ impl Lock {
         &self.key
     }
 
-    /// Where a last release's answer is kept for a resend.
-    pub(super) fn released_key(&self, request_id: &str) -> String {
-        format!("{}:release:{request_id}", self.key)
-    }
-
     /// The key holding this lock's last fencing token.
     pub(super) fn fence_key(&self) -> String {
         format!("{}:fence", self.key)
@@ -290,7 +285,7 @@ pub(super) trait ChangeKind {
     fn script(shared: &Shared) -> (&Script, u64);
     fn lease(&self) -> Duration;
     /// Adds the keys that follow the lock's own.
-    fn add_keys(lock: &Lock, request_id: &str, invocation: &mut ScriptInvocation<'_>);
+    fn add_keys(lock: &Lock, invocation: &mut ScriptInvocation<'_>);
     fn answer(
         &self,
         lock: &Lock,
@@ -311,7 +306,7 @@ impl<'a, K: ChangeKind> HoldChange<'a, K> {
 
     pub(super) fn add(&self, invocation: &mut ScriptInvocation<'_>) {
         invocation.key(&*self.lock.key);
-        K::add_keys(self.lock, &self.request_id, invocation);
+        K::add_keys(self.lock, invocation);
         invocation
             .arg(lease_ms(self.kind.lease()))
             .arg(self.owner.as_str())
@@ -339,7 +334,7 @@ impl ChangeKind for Take {
         self.0.lease
     }
 
-    fn add_keys(lock: &Lock, _: &str, invocation: &mut ScriptInvocation<'_>) {
+    fn add_keys(lock: &Lock, invocation: &mut ScriptInvocation<'_>) {
         invocation.key(lock.fence_key());
     }
 
@@ -367,17 +362,15 @@ impl ChangeKind for GiveBack {
     type Output = Released;
 
     fn script(shared: &Shared) -> (&Script, u64) {
-        (&shared.release, RELEASE_MEMORY_MS)
+        (&shared.release, FENCE_KEY_TTL_MS)
     }
 
     fn lease(&self) -> Duration {
         self.0
     }
 
-    fn add_keys(lock: &Lock, request_id: &str, invocation: &mut ScriptInvocation<'_>) {
-        invocation
-            .key(lock.channel())
-            .key(lock.released_key(request_id));
+    fn add_keys(lock: &Lock, invocation: &mut ScriptInvocation<'_>) {
+        invocation.key(lock.channel()).key(lock.fence_key());
     }
 
     fn answer(&self, lock: &Lock, owner: &Owner, left: Option<i64>) -> Result<Released, LockError> {
@@ -429,9 +422,6 @@ where
         }
     }
 }
-
-/// How long a last release's answer is kept: longer than any resend.
-const RELEASE_MEMORY_MS: u64 = 60_000;
 
 /// Lifetime of a fencing-token key (tokens still grow with Redis's clock).
 pub(super) const FENCE_KEY_TTL_MS: u64 = 7 * 86_400_000;
