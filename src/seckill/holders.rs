@@ -71,11 +71,15 @@ impl Holders {
         }
     }
 
+    /// A change read from the feed. Most created orders are known already
+    /// (this instance sold them, or read them before): a lookup, not a
+    /// second insert, which costs the cache a write and its upkeep.
     fn apply(&self, change: &HolderChange) {
+        let (voucher_id, user, order_id) = (change.voucher_id, change.user_id, change.order_id);
         if change.closed {
-            self.let_go(change.voucher_id, change.user_id, change.order_id);
-        } else {
-            self.hold(change.voucher_id, change.user_id, change.order_id);
+            self.let_go(voucher_id, user, order_id);
+        } else if self.holder(voucher_id, user) != Some(order_id) {
+            self.hold(voucher_id, user, order_id);
         }
     }
 }
@@ -154,5 +158,32 @@ mod tests {
         holders.let_go(v, u, second);
         assert_eq!(holders.holder(v, u), None);
         assert_eq!(holders.holder(VoucherId::new(2).unwrap(), u), None);
+    }
+
+    #[test]
+    fn the_feed_adds_what_is_new_and_closes_what_it_says() {
+        let holders = Holders::new();
+        let (v, u, first) = ids(1, 7, 100);
+        let (_, _, second) = ids(1, 7, 101);
+        let change = |order_id, closed| HolderChange {
+            at: crate::domain::EventId::default(),
+            order_id,
+            user_id: u,
+            voucher_id: v,
+            closed,
+        };
+        holders.apply(&change(first, false));
+        assert_eq!(holders.holder(v, u), Some(first));
+        // Read again (this instance sold it, then read its event).
+        holders.apply(&change(first, false));
+        assert_eq!(holders.holder(v, u), Some(first));
+        // A newer order of the user replaces the one known.
+        holders.apply(&change(second, false));
+        assert_eq!(holders.holder(v, u), Some(second));
+        // The first's close, read late, leaves the newer one held.
+        holders.apply(&change(first, true));
+        assert_eq!(holders.holder(v, u), Some(second));
+        holders.apply(&change(second, true));
+        assert_eq!(holders.holder(v, u), None);
     }
 }
