@@ -32,15 +32,18 @@ fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// Commands clients sent per purchase.
+/// Commands clients sent per purchase, and those their scripts ran.
 pub(super) struct Sent {
     pub per_purchase: f64,
     pub by_name: BTreeMap<String, f64>,
+    /// Commands run inside scripts per purchase, by name: where a script
+    /// call's cost goes.
+    pub scripts_by_name: BTreeMap<String, f64>,
 }
 
 /// Sends one purchase per token while `MONITOR` watches Redis, and counts
-/// the commands clients sent (not those scripts ran: MONITOR marks those
-/// `[0 lua]`), per purchase made.
+/// per purchase made the commands clients sent and, apart, those scripts
+/// ran (MONITOR marks them `[0 lua]`).
 pub(super) async fn count_client_commands(
     target: &Target,
     voucher: i64,
@@ -52,21 +55,21 @@ pub(super) async fn count_client_commands(
     let mut lines = monitor.into_on_message::<String>();
     let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
     let counter = tokio::spawn(async move {
-        let mut by_name = BTreeMap::<String, u64>::new();
+        let (mut sent, mut scripts) = (BTreeMap::<String, u64>::new(), BTreeMap::new());
         loop {
             tokio::select! {
                 _ = &mut stopped => break,
                 line = lines.next() => match line {
-                    Some(line) => {
-                        if let Some(name) = client_command(&line) {
-                            *by_name.entry(name).or_default() += 1;
-                        }
-                    }
+                    Some(line) => match monitored(&line) {
+                        Some((Source::Client, name)) => *sent.entry(name).or_default() += 1,
+                        Some((Source::Script, name)) => *scripts.entry(name).or_default() += 1,
+                        None => {}
+                    },
                     None => break,
                 },
             }
         }
-        by_name
+        (sent, scripts)
     });
     // Let MONITOR start before the purchases do.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -83,28 +86,41 @@ pub(super) async fn count_client_commands(
     // let the last of its commands reach MONITOR.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let _ = stop.send(());
-    let by_name = counter.await?;
+    let (sent, scripts) = counter.await?;
     let purchases = (tally.count("200") + tally.count("202")).max(1) as f64;
-    let per_purchase = by_name.values().sum::<u64>() as f64 / purchases;
-    Ok(Sent {
-        per_purchase,
-        by_name: by_name
+    let per_purchase = |counts: BTreeMap<String, u64>| -> BTreeMap<String, f64> {
+        counts
             .into_iter()
             .map(|(name, n)| (name, round(n as f64 / purchases)))
-            .collect(),
+            .collect()
+    };
+    Ok(Sent {
+        per_purchase: sent.values().sum::<u64>() as f64 / purchases,
+        by_name: per_purchase(sent),
+        scripts_by_name: per_purchase(scripts),
     })
 }
 
-/// The command of a MONITOR line (`<time> [0 127.0.0.1:5555] "EVALSHA" ...`)
-/// sent by a client, lower case; `None` for one a script ran (`[0 lua]`).
-fn client_command(line: &str) -> Option<String> {
+/// Who ran a command MONITOR saw.
+#[derive(Debug, PartialEq)]
+enum Source {
+    Client,
+    /// A script (`[0 lua]`).
+    Script,
+}
+
+/// The source and command of a MONITOR line (`<time> [0 127.0.0.1:5555]
+/// "EVALSHA" ...`), the command lower case.
+fn monitored(line: &str) -> Option<(Source, String)> {
     let (_, rest) = line.split_once('[')?;
     let (source, rest) = rest.split_once(']')?;
-    if source.ends_with("lua") {
-        return None;
-    }
-    let command = rest.trim().split('"').nth(1)?;
-    Some(command.to_ascii_lowercase())
+    let command = rest.trim().split('"').nth(1)?.to_ascii_lowercase();
+    let source = if source.ends_with("lua") {
+        Source::Script
+    } else {
+        Source::Client
+    };
+    Some((source, command))
 }
 
 #[cfg(test)]
@@ -121,18 +137,19 @@ mod tests {
     }
 
     #[test]
-    fn monitor_lines_name_client_commands_and_skip_scripts_own() {
+    fn monitor_lines_tell_client_commands_from_scripts_own() {
         assert_eq!(
-            client_command(r#"1700000000.123456 [0 127.0.0.1:50000] "EVALSHA" "abc" "1" "k""#),
-            Some("evalsha".to_owned())
+            monitored(r#"1700000000.123456 [0 127.0.0.1:50000] "EVALSHA" "abc" "1" "k""#),
+            Some((Source::Client, "evalsha".to_owned()))
         );
         assert_eq!(
-            client_command(r#"1700000000.123456 [0 lua] "HINCRBY" "k" "f" "1""#),
-            None
+            monitored(r#"1700000000.123456 [0 lua] "HINCRBY" "k" "f" "1""#),
+            Some((Source::Script, "hincrby".to_owned()))
         );
         assert_eq!(
-            client_command(r#"1700000000.1 [0 unix:/tmp/redis.sock] "PING""#),
-            Some("ping".to_owned())
+            monitored(r#"1700000000.1 [0 unix:/tmp/redis.sock] "PING""#),
+            Some((Source::Client, "ping".to_owned()))
         );
+        assert_eq!(monitored("OK"), None);
     }
 }

@@ -190,6 +190,8 @@ fn reports(
             "async": round(async_sent.per_purchase),
             "sync_by_name": sync_sent.by_name,
             "async_by_name": async_sent.by_name,
+            "sync_scripts_by_name": sync_sent.scripts_by_name,
+            "async_scripts_by_name": async_sent.scripts_by_name,
         },
         "flash_p99_ratios": flash.ratios,
         "flash_locks_taken": flash.locks,
@@ -261,6 +263,14 @@ fn print_sent_and_flash([sync_sent, async_sent]: [&Sent; 2], flash: &FlashRounds
     eprintln!(
         "                                          async {:?}",
         async_sent.by_name
+    );
+    eprintln!(
+        "Redis commands run by scripts per purchase, by name: sync {:?}",
+        sync_sent.scripts_by_name
+    );
+    eprintln!(
+        "                                                     async {:?}",
+        async_sent.scripts_by_name
     );
     eprintln!(
         "flash crowd p99 / /healthz p99 of each round: {:?}",
