@@ -71,9 +71,17 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("{0}")]
     PayloadTooLarge(String),
-    /// Over a rate limit; the client may retry after this many seconds.
+    /// Over the client address's rate limit; the client may retry after
+    /// this many seconds.
     #[error("too many requests from this client; retry after the time in Retry-After")]
     RateLimited(u64),
+    /// Over the user's rate limit (whatever the address): the same code
+    /// and header as [`ApiError::RateLimited`], a message that says whose.
+    #[error(
+        "too many requests from this user (the per-user limit, whatever the address); \
+         retry after the time in Retry-After"
+    )]
+    UserRateLimited(u64),
     /// Shed: the instance is saturated and refuses this request's class
     /// for now (see `shed`).
     #[error("the instance is saturated and sheds requests like this one; retry shortly")]
@@ -109,7 +117,9 @@ impl ApiError {
             }
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, C::MethodNotAllowed),
             Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, C::PayloadTooLarge),
-            Self::RateLimited(_) => (StatusCode::TOO_MANY_REQUESTS, C::RateLimited),
+            Self::RateLimited(_) | Self::UserRateLimited(_) => {
+                (StatusCode::TOO_MANY_REQUESTS, C::RateLimited)
+            }
             Self::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, C::Unavailable),
             Self::Seckill(S::NotStarted) => (StatusCode::CONFLICT, C::NotStarted),
             Self::Seckill(S::Ended) => (StatusCode::CONFLICT, C::Ended),
@@ -139,21 +149,27 @@ const RETRY_AFTER_SECS: &str = "1";
 /// must not grow with what a client sends.
 const MAX_MESSAGE_CHARS: usize = 200;
 
-/// The bodies of the refusals a crowd gets by the thousand, serialized
-/// once (their text never changes): a sold-out voucher's flood then costs
-/// no formatting and no JSON writer per request.
-static FIXED_BODIES: LazyLock<[(ErrorCode, Bytes); 5]> = LazyLock::new(|| {
+/// The refusals a crowd gets by the thousand, whose text never changes
+/// (a rate limit's `seconds` is a header, not in the body).
+fn fixed_errors() -> [ApiError; 6] {
     [
         ApiError::Seckill(SeckillError::SoldOut),
         ApiError::Seckill(SeckillError::Ended),
         ApiError::Seckill(SeckillError::NotStarted),
         ApiError::Seckill(SeckillError::InProgress),
         ApiError::RateLimited(1),
+        ApiError::UserRateLimited(1),
     ]
-    .map(|error| {
+}
+
+/// The bodies of [`fixed_errors`], serialized once, in its order: a
+/// sold-out voucher's flood then costs no formatting and no JSON writer
+/// per request.
+static FIXED_BODIES: LazyLock<[Bytes; 6]> = LazyLock::new(|| {
+    fixed_errors().map(|error| {
         let (_, code) = error.status_and_code();
         let body = serde_json::to_vec(&error.body(code)).expect("an error body serializes");
-        (code, Bytes::from(body))
+        Bytes::from(body)
     })
 });
 
@@ -191,20 +207,26 @@ impl ApiError {
         }
     }
 
-    /// The serialized body of an error with `code` when it is one of the
-    /// fixed ones (each of their codes stands for that one error alone).
-    fn fixed_body(code: ErrorCode) -> Option<Bytes> {
-        FIXED_BODIES
-            .iter()
-            .find(|(fixed, _)| *fixed == code)
-            .map(|(_, body)| body.clone())
+    /// The serialized body of this error when it is one of
+    /// [`fixed_errors`] (the place in that list, matched here).
+    fn fixed_body(&self) -> Option<Bytes> {
+        let at = match self {
+            Self::Seckill(SeckillError::SoldOut) => 0,
+            Self::Seckill(SeckillError::Ended) => 1,
+            Self::Seckill(SeckillError::NotStarted) => 2,
+            Self::Seckill(SeckillError::InProgress) => 3,
+            Self::RateLimited(_) => 4,
+            Self::UserRateLimited(_) => 5,
+            _ => return None,
+        };
+        Some(FIXED_BODIES[at].clone())
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        let mut response = match Self::fixed_body(code) {
+        let mut response = match self.fixed_body() {
             Some(body) => (
                 status,
                 [(header::CONTENT_TYPE, HeaderValue::from_static(JSON))],
@@ -215,7 +237,7 @@ impl IntoResponse for ApiError {
         };
         // For the middleware that watches answers (the sale monitor).
         response.extensions_mut().insert(code);
-        if let Self::RateLimited(seconds) = self {
+        if let Self::RateLimited(seconds) | Self::UserRateLimited(seconds) = self {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
@@ -281,5 +303,35 @@ mod tests {
             .filter(|o| !seen.contains(o))
             .collect();
         assert_eq!(rest, [Outcome::Ordered, Outcome::Accepted, Outcome::Error]);
+    }
+
+    /// Each body served from [`FIXED_BODIES`] is the one its error would
+    /// be given if it were written afresh: the list and the match in
+    /// `fixed_body` agree.
+    #[test]
+    fn a_fixed_body_is_its_own_errors_body() {
+        for error in fixed_errors() {
+            let (_, code) = error.status_and_code();
+            let fresh = serde_json::to_vec(&error.body(code)).unwrap();
+            assert_eq!(error.fixed_body().as_deref(), Some(&fresh[..]), "{error:?}");
+        }
+        // The two limits' refusals say whose allowance ran out.
+        assert!(ApiError::UserRateLimited(7)
+            .to_string()
+            .contains("this user"));
+        assert!(ApiError::RateLimited(7).to_string().contains("this client"));
+        // Both are `429 rate_limited` with their own Retry-After.
+        for refused in [ApiError::RateLimited(7), ApiError::UserRateLimited(7)] {
+            let response = refused.into_response();
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(response.headers()[header::RETRY_AFTER], "7");
+            assert_eq!(
+                response.extensions().get::<ErrorCode>(),
+                Some(&ErrorCode::RateLimited)
+            );
+        }
+        assert!(ApiError::Seckill(SeckillError::TooManyOrders(3))
+            .fixed_body()
+            .is_none());
     }
 }

@@ -330,13 +330,18 @@ pub async fn limit_user<S: SignIn + AsRef<Limits>>(
 }
 
 /// `429 rate_limited` with `Retry-After` in whole seconds, rounded up,
-/// after the refusals' delay.
+/// after the refusals' delay; its message names the limit (this client's
+/// address, or this user).
 async fn too_many(limits: &Limits, refused: Refused) -> Response {
     let seconds = refused.wait.as_secs() + u64::from(refused.wait.subsec_nanos() > 0);
     if !limits.delay.is_zero() {
         tokio::time::sleep(limits.delay).await;
     }
-    ApiError::RateLimited(seconds).into_response()
+    match refused.limit {
+        Limit::Address => ApiError::RateLimited(seconds),
+        Limit::User => ApiError::UserRateLimited(seconds),
+    }
+    .into_response()
 }
 
 #[cfg(test)]

@@ -62,6 +62,10 @@ async fn an_address_over_its_limit_is_refused_with_retry_after_and_others_are_no
     assert!((1..=1).contains(&wait), "Retry-After {wait}");
     let body: Value = refused.json().await.unwrap();
     assert_eq!(body["error"], "rate_limited", "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("this client"),
+        "{body}"
+    );
     // Another client behind the same proxy has its own allowance; so has
     // the proxy itself, for what it sends without the header.
     assert_eq!(
@@ -108,6 +112,11 @@ async fn a_user_over_their_limit_is_refused_and_other_users_are_not() {
     let (status, body) = order(&tokens[&1]).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
     assert_eq!(body["error"], "rate_limited");
+    // The refusal names the user's limit, not the client address's.
+    assert!(
+        body["message"].as_str().unwrap().contains("this user"),
+        "{body}"
+    );
     // Its purchases too: the user's allowance covers every user route.
     let (status, code) = buy(&app.client, &app.base, &tokens[&1], voucher).await;
     assert_eq!(
