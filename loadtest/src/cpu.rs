@@ -175,7 +175,13 @@ fn listening_inode(row: &str, port: u16) -> Option<u64> {
 
 /// `used_cpu_sys + used_cpu_user` of the Redis at `REDIS_URL`.
 async fn redis_seconds() -> Option<f64> {
-    let client = redis::Client::open(crate::service::redis_url()).ok()?;
+    redis_seconds_at(&crate::service::redis_url()).await
+}
+
+/// CPU seconds (user + system) the Redis at `url` has spent, from its own
+/// `INFO cpu`.
+pub async fn redis_seconds_at(url: &str) -> Option<f64> {
+    let client = redis::Client::open(url).ok()?;
     let mut conn = client.get_multiplexed_async_connection().await.ok()?;
     let info: String = redis::cmd("INFO")
         .arg("cpu")

@@ -27,6 +27,12 @@ pub struct LockArgs {
     /// Wake-up samples.
     #[arg(long, default_value_t = 200)]
     pub wakeups: usize,
+    /// Lock cycles (acquire, then the last release) gathered
+    /// `redis_locks::LOCKS_PER_CALL` a script call each way, as the
+    /// service's purchases go, on a redis-server of their own: Redis's CPU
+    /// per cycle (0: skip).
+    #[arg(long, default_value_t = 60_000)]
+    pub gathered_cycles: usize,
     /// Sequential RedLock lock+unlock rounds over five redis-server nodes
     /// of its own, all up and then two frozen (0: skip).
     #[arg(long, default_value_t = 2_000)]
@@ -56,6 +62,10 @@ pub async fn run(args: &LockArgs, launch: &Launch) -> anyhow::Result<Value> {
     .await;
 
     let wake = wakeups(&locks, args.wakeups).await?;
+    let per_cycle = match args.gathered_cycles {
+        0 => None,
+        cycles => Some(gathered(cycles).await?),
+    };
     let _ = locks.shutdown(Duration::from_secs(5)).await;
     // Fencing-token keys outlive their locks on purpose; the benchmark's
     // need not.
@@ -74,6 +84,9 @@ pub async fn run(args: &LockArgs, launch: &Launch) -> anyhow::Result<Value> {
             "raw EVALSHA acquire calls/s", "n/a"
         ),
     }
+    if let Some(us) = per_cycle {
+        println!("{:<34} {:>12.2}", "Redis CPU µs per gathered cycle", us);
+    }
     println!(
         "{:<34} {:>9.2} ms p50, {:.2} ms p99, {:.2} ms max",
         "waiter wake-up after unlock",
@@ -91,6 +104,10 @@ pub async fn run(args: &LockArgs, launch: &Launch) -> anyhow::Result<Value> {
         "wake_max_ms": wake.max() as f64 / 1000.0,
         "invariants_ok": true,
     });
+    if let Some(us) = per_cycle {
+        out["gathered_cycles"] = json!(args.gathered_cycles);
+        out["redis_us_per_gathered_cycle"] = json!((us * 100.0).round() / 100.0);
+    }
     if args.redlock_rounds > 0 || args.redlock_purchase_seconds > 0 {
         out["redlock"] = redlock(args, launch).await?;
     }
@@ -101,6 +118,52 @@ pub async fn run(args: &LockArgs, launch: &Launch) -> anyhow::Result<Value> {
             json!({ "pairs_vs_evalsha": ((pairs_per_sec / rate) * 100.0).round() / 100.0 });
     }
     Ok(out)
+}
+
+/// Redis's CPU per lock cycle (an acquire and the release that frees the
+/// lock) when `cycles` locks, each of its own owner as a purchase's is, are
+/// taken and given back `LOCKS_PER_CALL` a script call, as the service's
+/// gathered purchases do; on a redis-server of its own, so that nothing
+/// else counts.
+async fn gathered(cycles: usize) -> anyhow::Result<f64> {
+    eprintln!("lock: {cycles} lock cycles gathered on a redis-server of their own");
+    let redis = testkit::OwnRedis::try_start_with(&[]).map_err(anyhow::Error::msg)?;
+    let locks = LockClient::new(redis::Client::open(redis.url())?, "bench:");
+    let lease = redis_locks::Lease::Fixed(Duration::from_secs(10));
+    let spent = || async {
+        crate::cpu::redis_seconds_at(&redis.url())
+            .await
+            .context("cannot read the bench Redis's INFO cpu")
+    };
+    let before = spent().await?;
+    for first in (0..cycles).step_by(redis_locks::LOCKS_PER_CALL) {
+        let last = cycles.min(first + redis_locks::LOCKS_PER_CALL);
+        let held: Vec<_> = (first..last)
+            .map(|i| {
+                (
+                    locks.lock(&format!("user:{i}")),
+                    locks.owner(format!("purchase-{i}")),
+                )
+            })
+            .collect();
+        let tries: Vec<_> = held
+            .iter()
+            .map(|(lock, owner)| (lock, owner, lease))
+            .collect();
+        let mut guards = Vec::with_capacity(tries.len());
+        for answer in locks.try_acquire_all(&tries).await {
+            match answer? {
+                Acquired::Yes(guard) => guards.push(guard),
+                Acquired::HeldByOther { .. } => anyhow::bail!("a fresh lock was held"),
+            }
+        }
+        for released in locks.unlock_all(guards).await {
+            released?;
+        }
+    }
+    let after = spent().await?;
+    let _ = locks.shutdown(Duration::from_secs(5)).await;
+    Ok((after - before) / cycles as f64 * 1e6)
 }
 
 /// Uncontended: each of `args.tasks` tasks takes and releases a lock of
