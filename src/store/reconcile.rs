@@ -1,7 +1,7 @@
 //! What an async sale reads from Postgres: the vouchers whose streams may
 //! still hold orders, and, for reconciliation, one snapshot of a voucher's
-//! stock, its buyers, its closed orders and which of a list of order ids
-//! are stored.
+//! stock, its buyers, its closed orders, how many orders each user has of
+//! it and which of a list of order ids are stored.
 
 use chrono::{DateTime, Utc};
 use sqlx::FromRow;
@@ -21,6 +21,9 @@ pub struct SaleSnapshot {
     pub closed: Vec<OrderId>,
     /// Those of the asked order ids that are stored (for any voucher).
     pub stored: Vec<OrderId>,
+    /// How many orders of the voucher each user has, of every status (what
+    /// `max_orders_per_user` bounds).
+    pub orders_per_user: Vec<(UserId, i64)>,
 }
 
 #[derive(FromRow)]
@@ -31,6 +34,8 @@ struct Row {
     orders: Option<Vec<OrderId>>,
     closed: Option<Vec<OrderId>>,
     stored: Option<Vec<OrderId>>,
+    counted_users: Option<Vec<UserId>>,
+    counts: Option<Vec<i64>>,
 }
 
 impl Store {
@@ -52,9 +57,9 @@ impl Store {
             .await
     }
 
-    /// The voucher, its buyers and which of `order_ids` are stored, in one
-    /// statement, so one snapshot: an order committed meanwhile is in all
-    /// three or in none.
+    /// The voucher, its buyers, its users' order counts and which of
+    /// `order_ids` are stored, in one statement, so one snapshot: an order
+    /// committed meanwhile is in all of them or in none.
     pub async fn sale_snapshot(
         &self,
         voucher_id: VoucherId,
@@ -75,7 +80,15 @@ impl Store {
                             WHERE o.voucher_id = s.voucher_id
                               AND o.status IN ('cancelled', 'expired')) AS closed,
                            (SELECT array_agg(o.id) FROM voucher_orders o
-                            WHERE o.id = ANY($2)) AS stored
+                            WHERE o.id = ANY($2)) AS stored,
+                           (SELECT array_agg(n.user_id ORDER BY n.user_id) FROM
+                              (SELECT o.user_id FROM voucher_orders o
+                               WHERE o.voucher_id = s.voucher_id GROUP BY o.user_id) n
+                           ) AS counted_users,
+                           (SELECT array_agg(n.orders ORDER BY n.user_id) FROM
+                              (SELECT o.user_id, count(*) AS orders FROM voucher_orders o
+                               WHERE o.voucher_id = s.voucher_id GROUP BY o.user_id) n
+                           ) AS counts
                          FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id
                          WHERE v.id = $1"
                     ))
@@ -96,6 +109,12 @@ impl Store {
                 .collect(),
             closed: row.closed.unwrap_or_default(),
             stored: row.stored.unwrap_or_default(),
+            orders_per_user: row
+                .counted_users
+                .unwrap_or_default()
+                .into_iter()
+                .zip(row.counts.unwrap_or_default())
+                .collect(),
         }))
     }
 }

@@ -13,7 +13,7 @@ use seckill::config::Settings;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    command_calls, redis_conn, redis_url, send_purchase, spawn_app, spawn_app_on_own_redis,
+    answer, command_calls, redis_conn, redis_url, send_purchase, spawn_app, spawn_app_on_own_redis,
     spawn_app_with, OwnRedis, Process, TestApp, ADMIN_TOKEN,
 };
 use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy, Proxy};
@@ -435,6 +435,75 @@ async fn an_instance_killed_mid_batch_loses_none_of_its_accepted_orders() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciliation_after_redis_lost_the_sale_keeps_each_users_order_count() {
+    let (mut redis, app) = spawn_app_on_own_redis(None).await;
+    let voucher = app
+        .open_voucher_with(
+            10,
+            json!({ "sale_mode": "async", "max_orders_per_user": 2 }),
+        )
+        .await;
+    let tokens = app.tokens(1..=2).await;
+    // A purchase after a cancel: until the cancelled unit and its buyer are
+    // back in Redis (the relay, within a second), it names the old order.
+    let buy_again = |token: String| {
+        let app = &app;
+        async move {
+            let started = Instant::now();
+            loop {
+                let (status, body) = post(app, &app.base, &token, voucher).await;
+                if body["error"] != "already_purchased" {
+                    return (status, body);
+                }
+                assert!(started.elapsed() < Duration::from_secs(10), "{body}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    // User 1 buys and cancels twice: two orders, the most this voucher
+    // allows, neither of them live.
+    for _ in 0..2 {
+        let (status, body) = buy_again(tokens[&1].clone()).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        let order = order_of(&body);
+        app.wait_confirmed(std::slice::from_ref(&order)).await;
+        let url = app.url(&format!("/orders/{order}/cancel"));
+        let started = Instant::now();
+        loop {
+            let (status, body) = answer(app.client.post(&url).bearer_auth(&tokens[&1])).await;
+            if status == StatusCode::OK {
+                break;
+            }
+            // A cancel that meets a writer's batch on the row: retried.
+            assert_eq!(body["error"], "unavailable", "{body}");
+            assert!(started.elapsed() < Duration::from_secs(10), "{body}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    // Redis comes back empty, and the sale is rebuilt from Postgres: with
+    // the count of each user's orders, not only the live ones.
+    redis.stop();
+    redis.restart();
+    app.wait_ready().await;
+    let (status, report) = app.reconcile(voucher).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(
+        (report["stock"].as_i64(), report["buyers"].as_i64()),
+        (Some(10), Some(0)),
+        "{report}"
+    );
+    let (status, body) = buy_again(tokens[&1].clone()).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("too_many_orders")),
+        "{body}"
+    );
+    let (status, body) = post(&app, &app.base, &tokens[&2], voucher).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

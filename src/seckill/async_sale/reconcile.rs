@@ -1,5 +1,6 @@
 //! Reconciliation: Postgres is the truth. Redis's side of an async sale
-//! (stock, buyers, the orders whose units were given back) is rebuilt from
+//! (stock, buyers, the orders whose units were given back, each user's
+//! count of orders for `max_orders_per_user`) is rebuilt from
 //! one Postgres snapshot plus the stream's orders not yet written, while
 //! the sale is paused.
 //!
@@ -89,6 +90,7 @@ pub struct Reconciled {
 struct Staged {
     buyers: String,
     returned: String,
+    orders_per_user: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -156,6 +158,7 @@ impl AsyncSales {
         let staged = Staged {
             buyers: format!("{}:{token}", keys.buyers),
             returned: format!("{}:{token}", keys.returned),
+            orders_per_user: format!("{}:{token}", keys.orders_per_user),
         };
         let rebuilt = self.rebuild(voucher_id, &keys, &token, &staged).await;
         if rebuilt.is_err() {
@@ -165,6 +168,7 @@ impl AsyncSales {
             release
                 .key(&staged.buyers)
                 .key(&staged.returned)
+                .key(&staged.orders_per_user)
                 .arg(&token);
             if let Err(error) = inner.redis.invoke::<i64>(&release).await {
                 tracing::warn!(%voucher_id, error = %Chain(&error), "could not release a failed reconciliation");
@@ -206,6 +210,8 @@ impl AsyncSales {
             .ok_or(SeckillError::NotFound("voucher"))?;
         let stored: HashSet<OrderId> = snapshot.stored.iter().copied().collect();
         let mut buyers: HashMap<UserId, OrderId> = snapshot.buyers.iter().copied().collect();
+        let mut orders_per_user: HashMap<UserId, i64> =
+            snapshot.orders_per_user.iter().copied().collect();
         let mut pending = 0;
         let mut pending_units = 0;
         for Accepted {
@@ -216,6 +222,7 @@ impl AsyncSales {
         {
             if !stored.contains(order_id) && !buyers.contains_key(user_id) {
                 buyers.insert(*user_id, *order_id);
+                *orders_per_user.entry(*user_id).or_default() += 1;
                 pending += 1;
                 pending_units += i64::from(quantity.get());
             }
@@ -231,6 +238,10 @@ impl AsyncSales {
         // a return of one of them still queued for Redis changes nothing.
         self.stage("SADD", &staged.returned, &snapshot.closed)
             .await?;
+        // What max_orders_per_user bounds: every order of each user, stored
+        // (of any status) or accepted and still to be written.
+        let counts: Vec<(UserId, i64)> = orders_per_user.into_iter().collect();
+        self.stage("HSET", &staged.orders_per_user, &counts).await?;
         if !writer::ensure_group(self, keys).await {
             return Err(SeckillError::redis_unavailable(
                 "cannot create the sale's consumer group",
@@ -251,6 +262,8 @@ impl AsyncSales {
                     .key(&keys.reconciling)
                     .key(&keys.returned)
                     .key(&staged.returned)
+                    .key(&keys.orders_per_user)
+                    .key(&staged.orders_per_user)
                     .arg(token)
                     .arg(stock)
                     .arg(begin_ms)
