@@ -1367,3 +1367,201 @@ fn a_quoted_setting_that_differs_from_the_code_is_caught() {
     assert_eq!(quotes.len(), 1);
     assert_eq!(quotes[0].prose, Value::Millis(2_000));
 }
+
+// ---------------------------------------------------------------------------
+// The exercises' answers: each `<details>` block of exercises.md names what
+// it is checked against (`<!-- check: grid <strategy> | <column> -->`, a
+// cell of the recorded lab grid; `<!-- check: error <code> -->`, the
+// service's answer for that error), and must say what that source says.
+
+/// The recorded lab grid's cells: (strategy, column) -> the cell without
+/// its bold.
+fn lab_grid(markdown: &str) -> BTreeMap<(String, String), String> {
+    let cells = |line: &str| -> Vec<String> {
+        line.trim()
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().replace("**", ""))
+            .collect()
+    };
+    let mut lines = markdown
+        .lines()
+        .skip_while(|l| !l.starts_with("| strategy"));
+    let header = cells(lines.next().unwrap_or(""));
+    let mut grid = BTreeMap::new();
+    for row in lines.skip(1).take_while(|l| l.starts_with('|')) {
+        let row = cells(row);
+        let strategy = row[0].trim_matches('`').to_owned();
+        for (column, cell) in header.iter().zip(&row).skip(1) {
+            grid.insert((strategy.clone(), column.clone()), cell.clone());
+        }
+    }
+    grid
+}
+
+/// The status and error code the service answers for the error `code`.
+fn answer_for(code: &str) -> Option<(u16, String)> {
+    use axum::response::IntoResponse;
+    use seckill::http::ApiError;
+    use seckill::seckill::SeckillError;
+    let error = match code {
+        "purchase_in_progress" => ApiError::Seckill(SeckillError::InProgress),
+        "sold_out" => ApiError::Seckill(SeckillError::SoldOut),
+        "already_purchased" => ApiError::Seckill(SeckillError::AlreadyPurchased { order_id: None }),
+        _ => return None,
+    };
+    let response = error.into_response();
+    let status = response.status().as_u16();
+    let body = futures::executor::block_on(axum::body::to_bytes(response.into_body(), 1 << 16))
+        .expect("an error body");
+    let body: serde_json::Value = serde_json::from_slice(&body).expect("a JSON error body");
+    Some((status, body["error"].as_str()?.to_owned()))
+}
+
+/// Why the answers of an exercises page disagree with their sources.
+fn wrong_answers(page: &str, grid: &BTreeMap<(String, String), String>) -> Answers {
+    let mut wrong = Vec::new();
+    let blocks: Vec<&str> = page
+        .split("<details>")
+        .skip(1)
+        .map(|b| b.split("</details>").next().unwrap_or(""))
+        .collect();
+    let mut checked = 0;
+    for (i, block) in blocks.iter().enumerate() {
+        let n = i + 1;
+        let checks: Vec<&str> = block
+            .match_indices("<!-- check:")
+            .map(|(at, _)| {
+                let rest = &block[at + "<!-- check:".len()..];
+                rest[..rest.find("-->").unwrap_or(rest.len())].trim()
+            })
+            .collect();
+        if checks.is_empty() {
+            wrong.push(format!("answer {n} names no source to check it against"));
+        }
+        // The answer as the reader sees it, without the check comments.
+        let said = block
+            .split("<!--")
+            .enumerate()
+            .map(|(j, part)| {
+                if j == 0 {
+                    part
+                } else {
+                    part.split_once("-->").map_or("", |p| p.1)
+                }
+            })
+            .collect::<String>()
+            // Its words as they read, whatever line they wrap onto.
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        for check in checks {
+            if let Some(cell) = check.strip_prefix("grid ") {
+                let (strategy, column) = cell.split_once(" | ").unwrap_or((cell, ""));
+                let (strategy, column) = (strategy.trim(), column.trim());
+                match grid.get(&(strategy.to_owned(), column.to_owned())) {
+                    None => wrong.push(format!(
+                        "answer {n}: the grid has no cell {strategy} | {column}"
+                    )),
+                    Some(cell) if cell == "·" => wrong.push(format!(
+                        "answer {n}: {strategy} does not run {column}"
+                    )),
+                    Some(cell) if !(said.contains(cell.as_str()) && said.contains(strategy)) => {
+                        wrong.push(format!(
+                            "answer {n}: the grid's {strategy} | {column} reads {cell:?}, which the answer does not say"
+                        ))
+                    }
+                    Some(_) => checked += 1,
+                }
+            } else if let Some(code) = check.strip_prefix("error ") {
+                let code = code.trim();
+                let Some((status, answered)) = answer_for(code) else {
+                    wrong.push(format!("answer {n}: no way to check the error {code}"));
+                    continue;
+                };
+                let expected = format!("`{status} {answered}`");
+                if answered != code || !said.contains(&expected) {
+                    wrong.push(format!(
+                        "answer {n}: the service answers {expected} for {code}, which the answer does not say"
+                    ));
+                } else {
+                    checked += 1;
+                }
+            } else {
+                wrong.push(format!("answer {n}: unknown check {check:?}"));
+            }
+        }
+    }
+    Answers {
+        blocks: blocks.len(),
+        checked,
+        wrong,
+    }
+}
+
+/// What the check of an exercises page found.
+struct Answers {
+    /// `<details>` blocks.
+    blocks: usize,
+    /// Facts checked and found right.
+    checked: usize,
+    wrong: Vec<String>,
+}
+
+#[test]
+fn every_exercise_answer_is_the_grids_or_the_codes() {
+    let root = root();
+    let guide = root.join("docs/guide/src");
+    let page = std::fs::read_to_string(guide.join("exercises.md")).expect("exercises.md");
+    let recorded = std::fs::read_to_string(guide.join("measured/lab.md")).expect("the grid");
+    let grid = lab_grid(&recorded);
+    assert!(
+        grid.get(&("fenced".to_owned(), "2 instances, stall: sale".to_owned()))
+            == Some(&"holds".to_owned()),
+        "the grid was read: {grid:?}"
+    );
+    let answers = wrong_answers(&page, &grid);
+    let exercises = page.lines().filter(|l| l.starts_with("## ")).count();
+    assert!(
+        (4..=6).contains(&exercises) && answers.blocks == exercises,
+        "{exercises} exercises, {} answers",
+        answers.blocks
+    );
+    assert!(answers.wrong.is_empty(), "{}", answers.wrong.join("\n"));
+    assert!(
+        answers.checked >= exercises,
+        "only {} facts checked",
+        answers.checked
+    );
+    let summary = std::fs::read_to_string(guide.join("SUMMARY.md")).unwrap();
+    assert!(
+        summary.contains("(exercises.md)"),
+        "SUMMARY.md links the exercises"
+    );
+}
+
+#[test]
+fn an_answer_the_grid_or_the_code_contradicts_is_caught() {
+    let grid = lab_grid(
+        "| strategy | 1 instance, stall: none | 1 instance, stall: crash |\n|---|---|---|\n\
+         | `naive` | **oversold 3-5** | · |\n| `fenced` | holds | · |\n",
+    );
+    let page = |answer: &str| format!("## 1. Q\n\n<details>\n{answer}\n</details>\n");
+    let good = page(
+        "<!-- check: grid naive | 1 instance, stall: none -->\n`naive`: oversold 3-5; \
+         <!-- check: error purchase_in_progress -->`429 purchase_in_progress`",
+    );
+    let found = wrong_answers(&good, &grid);
+    assert_eq!((found.blocks, found.checked), (1, 2), "{:?}", found.wrong);
+    assert!(found.wrong.is_empty(), "{:?}", found.wrong);
+    for bad in [
+        "<!-- check: grid naive | 1 instance, stall: none -->`naive`: oversold 3-6",
+        "<!-- check: grid naive | 1 instance, stall: crash -->`naive`: nothing",
+        "<!-- check: grid naive | 2 instances, stall: none -->`naive`: oversold 3-5",
+        "<!-- check: error purchase_in_progress -->`409 purchase_in_progress`",
+        "no source named: `naive` oversold 3-5",
+    ] {
+        let found = wrong_answers(&page(bad), &grid);
+        assert_eq!(found.wrong.len(), 1, "{bad}: {:?}", found.wrong);
+    }
+}
