@@ -17,7 +17,7 @@ window.Seckill = (function () {
     not_started: "The sale has not started yet.",
     ended: "The sale is over.",
     sold_out: "Sold out: no units left.",
-    not_enough_stock: "Not that many left: only {stock} units remain.",
+    not_enough_stock: "Not that many left: only {stock} remain.",
     already_purchased: "You already hold an order for this voucher.",
     already_paid: "This order is paid: it cannot be cancelled.",
     order_expired: "This order expired unpaid: its units went back on sale.",
@@ -126,7 +126,7 @@ window.Seckill = (function () {
       .replace("{detail}", body.message || "")
       .replace("{retry}", String(retry))
       .replace("{at}", clockTime(Date.now() + retry * 1000))
-      .replace("{stock}", body.stock === undefined ? "a few" : String(body.stock));
+      .replace("{stock}", body.stock === undefined ? "a few units" : unitsText(body.stock));
     return { code: code, text: text };
   }
 
@@ -145,6 +145,11 @@ window.Seckill = (function () {
     return described;
   }
 
+  // "1 unit", "3 units".
+  function unitsText(n) {
+    return n + (n === 1 ? " unit" : " units");
+  }
+
   function money(cents) {
     if (!cents) return "free";
     return (cents / 100).toFixed(2);
@@ -160,5 +165,6 @@ window.Seckill = (function () {
     say: say,
     sayError: sayError,
     money: money,
+    unitsText: unitsText,
   };
 })();

@@ -187,6 +187,7 @@
     $("v-title").textContent = v.title;
     $("v-price").textContent = S.money(v.price_cents);
     $("v-stock").textContent = String(v.stock);
+    $("v-stock-word").textContent = v.stock === 1 ? "unit" : "units";
     const max = maxUnits();
     $("v-limits").textContent =
       (max > 1 ? "up to " + max + " units an order, " : "one unit an order, ") +
