@@ -100,9 +100,11 @@ pub enum StallAt {
     /// lets a second request of the user buy in between.
     Sale,
     /// After the sale, just before the guard is given back (for
-    /// `setnx_owner`, between its `GET` and its delete; for `for_update`,
-    /// whose guard is the row lock, before the commit): the pause that
-    /// lets a release land on someone else's lock.
+    /// `setnx_owner`, between its `GET` and its delete; for
+    /// `lock_before_commit`, before it gives its mutex back, inside its
+    /// transaction; for `for_update`, whose guard is the row lock, before
+    /// the commit): the pause that lets a release land on someone else's
+    /// lock.
     Release,
     /// The Redis-stock designs only: the process "dies" right after the
     /// Redis step (the request answers 503 and does nothing more); for
