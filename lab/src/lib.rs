@@ -1,7 +1,8 @@
-//! The lab: eleven purchase strategies, from the naive one that oversells to
-//! the fenced one that holds in every case, then the Redis-stock designs
-//! ([`redis_stock`]), run side by side on the lab's own tables so that each
-//! one's failure lands in real rows (LAB.md).
+//! The lab: thirteen purchase strategies, from the naive one that oversells
+//! to the fenced one that holds in every case and the row lock of
+//! `SELECT ... FOR UPDATE`, then the Redis-stock designs ([`redis_stock`]),
+//! run side by side on the lab's own tables so that each one's failure
+//! lands in real rows (LAB.md).
 //!
 //! Each strategy is a small, honest implementation of one design; the only
 //! artificial thing is the [`Stall`] a request may ask for, which pauses it
@@ -11,7 +12,9 @@
 //!
 //! Every strategy that guards the user does the same work under its guard:
 //! "already bought?", then the `stock > 0` sale; the strategies differ only
-//! in the guard (and `fenced` in the sale's fence).
+//! in the guard (and `fenced` in the sale's fence). `lock_before_commit`
+//! does that work in one transaction and gives its guard back before the
+//! commit; `for_update` needs no guard outside the transaction.
 //!
 //! The lab is its own crate, built on the service's public API: [`mount`]
 //! puts its routes ([`routes`]) and tables ([`store`]) on a built
@@ -36,10 +39,19 @@ use seckill::kv::Kv;
 use seckill::seckill::workers::{Background, Workers};
 use seckill::seckill::{stock_units, Result, SeckillError};
 use seckill::startup::{Application, Mount, StartupError};
-use store::{Decrement, LabSale, LabStats, LabStore};
+use store::{has_order_on, lock_stock_on, sell_on, Decrement, LabSale, LabStats, LabStore};
 
 /// Longest stall a request may ask for.
 pub const MAX_STALL: Duration = Duration::from_secs(60);
+
+/// `lock_before_commit`'s window: how long after giving its lock back its
+/// transaction commits. In the course's code it is the way back from the
+/// method to the `@Transactional` proxy, then the `COMMIT`'s round trip
+/// and flush: well under a millisecond to a few, or as long as a GC pause
+/// or a slow disk makes it. The lab holds it open for this long every
+/// time, so that the race it allows happens on every run rather than on a
+/// lucky one; the interleaving is the same at any length.
+pub const COMMIT_WINDOW: Duration = Duration::from_millis(5);
 
 /// The lab's options, beside the service's (`seckill-lab serve --help`).
 #[derive(clap::Args, Debug, Clone)]
@@ -124,8 +136,9 @@ struct Inner {
     redis: Kv,
     /// The service's own lock library, for `reentrant` and `fenced`.
     locks: LockClient,
-    /// `process_mutex`'s per-user mutexes: in this process only, which is
-    /// its flaw. Entries idle for ten minutes go (no hold lasts that long).
+    /// `process_mutex`'s per-user mutexes (and `lock_before_commit`'s): in
+    /// this process only, which is their flaw. Entries idle for ten
+    /// minutes go (no hold lasts that long).
     mutexes: moka::sync::Cache<(i64, i64), Arc<tokio::sync::Mutex<()>>>,
     settings: LabSettings,
     /// Ids of this process's `SET NX` lock owners.
@@ -216,6 +229,10 @@ impl Lab {
                 self.unguarded(attempt).await.map(LabOrder::Stored)
             }
             Strategy::ProcessMutex => self.process_mutex(attempt).await.map(LabOrder::Stored),
+            Strategy::LockBeforeCommit => {
+                self.lock_before_commit(attempt).await.map(LabOrder::Stored)
+            }
+            Strategy::ForUpdate => self.for_update(attempt).await.map(LabOrder::Stored),
             Strategy::Setnx | Strategy::SetnxOwner => {
                 self.setnx(attempt).await.map(LabOrder::Stored)
             }
@@ -301,14 +318,18 @@ impl Lab {
         }
     }
 
+    /// The mutex of this user and voucher in this process.
+    fn mutex(&self, user_id: i64, voucher_id: i64) -> Arc<tokio::sync::Mutex<()>> {
+        self.inner
+            .mutexes
+            .get_with((voucher_id, user_id), Default::default)
+    }
+
     /// `process_mutex`: a mutex per user and voucher in this process. Sound
     /// on one instance; a second instance has mutexes of its own.
     async fn process_mutex(&self, attempt: Attempt) -> Result<i64> {
         let (_, user_id, voucher_id, stall) = attempt.parts();
-        let mutex = self
-            .inner
-            .mutexes
-            .get_with((voucher_id, user_id), Default::default);
+        let mutex = self.mutex(user_id, voucher_id);
         let Ok(held) = mutex.try_lock() else {
             return Err(SeckillError::InProgress);
         };
@@ -316,6 +337,122 @@ impl Lab {
         pause(stall, StallAt::Release).await;
         drop(held);
         result
+    }
+
+    /// `lock_before_commit`: the course's own code, where the lock sits
+    /// inside the transaction,
+    ///
+    /// ```text
+    /// @Transactional createVoucherOrder(..) {
+    ///     synchronized (userId.toString().intern()) { check; decrement; insert }
+    /// }   // the proxy commits here, after the lock is given back
+    /// ```
+    ///
+    /// with `process_mutex`'s mutex, waited for as `synchronized` waits.
+    /// The transaction begins before the lock, as the proxy's does (so a
+    /// holder of the mutex always has its connection, and waiters cannot
+    /// starve it of one); the lock is given back, then, [`COMMIT_WINDOW`]
+    /// later, the transaction commits. The user's next request, woken by
+    /// the unlock, checks in between: READ COMMITTED shows it no order, and
+    /// its sale waits only for the stock row's lock, then sells again.
+    async fn lock_before_commit(&self, attempt: Attempt) -> Result<i64> {
+        let (strategy, user_id, voucher_id, stall) = attempt.parts();
+        let mutex = self.mutex(user_id, voucher_id);
+        let answer = self
+            .inner
+            .store
+            .db()
+            .run(move |c, persistent| {
+                Box::pin(async move {
+                    let mut tx = sqlx::Connection::begin(c).await?;
+                    let held = mutex.lock().await;
+                    let answer = if has_order_on(&mut tx, persistent, user_id, voucher_id).await? {
+                        Err(SeckillError::AlreadyPurchased { order_id: None })
+                    } else {
+                        pause(stall, StallAt::Sale).await;
+                        let name = strategy.name();
+                        sell_on(
+                            &mut tx,
+                            persistent,
+                            name,
+                            user_id,
+                            voucher_id,
+                            Decrement::IfLeft,
+                        )
+                        .await?
+                        .ok_or(SeckillError::SoldOut)
+                    };
+                    pause(stall, StallAt::Release).await;
+                    // `synchronized` ends here: the lock is given back ...
+                    drop(held);
+                    if answer.is_ok() {
+                        // ... and the order is committed only now.
+                        tokio::time::sleep(COMMIT_WINDOW).await;
+                        tx.commit().await?;
+                    } else {
+                        tx.rollback().await?;
+                    }
+                    Ok(answer)
+                })
+            })
+            .await?;
+        answer
+    }
+
+    /// `for_update`: one transaction, and no lock but the voucher's row:
+    /// `SELECT stock ... FOR UPDATE` locks it, then the stock and "already
+    /// bought?" are checked, the stock decremented and the order inserted,
+    /// and the commit lets the next buyer of the voucher in. Under READ
+    /// COMMITTED each statement after the lock sees every order committed
+    /// before it, and every earlier buyer of the voucher has committed or
+    /// rolled back by then: correct on any number of instances, and every
+    /// purchase of the voucher waits in one line, its round trips and its
+    /// commit included.
+    async fn for_update(&self, attempt: Attempt) -> Result<i64> {
+        let (strategy, user_id, voucher_id, stall) = attempt.parts();
+        let answer = self
+            .inner
+            .store
+            .db()
+            .run(move |c, persistent| {
+                Box::pin(async move {
+                    let mut tx = sqlx::Connection::begin(c).await?;
+                    let answer = match lock_stock_on(&mut tx, persistent, voucher_id).await? {
+                        None => Err(SeckillError::NotFound("lab voucher")),
+                        Some(stock) if stock <= 0 => Err(SeckillError::SoldOut),
+                        Some(_)
+                            if has_order_on(&mut tx, persistent, user_id, voucher_id).await? =>
+                        {
+                            Err(SeckillError::AlreadyPurchased { order_id: None })
+                        }
+                        Some(_) => {
+                            pause(stall, StallAt::Sale).await;
+                            // The row is ours and its stock positive: a
+                            // plain decrement.
+                            let name = strategy.name();
+                            sell_on(
+                                &mut tx,
+                                persistent,
+                                name,
+                                user_id,
+                                voucher_id,
+                                Decrement::Always,
+                            )
+                            .await?
+                            .ok_or(SeckillError::SoldOut)
+                        }
+                    };
+                    if answer.is_ok() {
+                        pause(stall, StallAt::Release).await;
+                        tx.commit().await?;
+                    } else {
+                        tx.rollback().await?;
+                    }
+                    Ok(answer)
+                })
+            })
+            .await?;
+        answer
     }
 
     /// `setnx` and `setnx_owner`: `SET key owner NX PX lease`, and a release

@@ -3,6 +3,7 @@
 //! variants of the sale statement that the lab's strategies compare.
 
 use seckill::store::{Db, Result, StoreError};
+use sqlx::PgConnection;
 
 /// The condition under which a strategy's sale decrements the stock. The
 /// three lock-free strategies differ in this alone.
@@ -84,17 +85,7 @@ sqlx::query_scalar(
 
     pub async fn has_order(&self, user_id: i64, voucher_id: i64) -> Result<bool> {
         self.db
-            .run(|c, persistent| {
-                Box::pin(
-sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM lab_orders WHERE voucher_id = $1 AND user_id = $2)",
-        )
-        .bind(voucher_id)
-        .bind(user_id)
-        .persistent(persistent)
-                .fetch_one(c),
-            )
-            })
+            .run(|c, persistent| Box::pin(has_order_on(c, persistent, user_id, voucher_id)))
             .await
     }
 
@@ -108,34 +99,21 @@ sqlx::query_scalar(
         voucher_id: i64,
         decrement: Decrement,
     ) -> Result<Option<i64>> {
-        let condition = match decrement {
-            Decrement::Always => "",
-            Decrement::IfUnchanged(_) => "AND stock = $4",
-            Decrement::IfLeft => "AND stock > 0",
-        };
-        let sql = format!(
-            "WITH taken AS (
-                 UPDATE lab_vouchers SET stock = stock - 1 WHERE id = $1 {condition} RETURNING id
-             )
-             INSERT INTO lab_orders (voucher_id, user_id, strategy)
-             SELECT id, $2, $3 FROM taken
-             RETURNING id"
-        );
         let strategy = strategy.to_owned();
         self.db
             .run(move |c, persistent| {
                 Box::pin(async move {
-                    let mut query = sqlx::query_scalar::<_, i64>(&sql)
-                        .bind(voucher_id)
-                        .bind(user_id)
-                        .bind(strategy);
-                    if let Decrement::IfUnchanged(seen) = decrement {
-                        query = query.bind(seen);
-                    }
-                    query.persistent(persistent).fetch_optional(c).await
+                    sell_on(c, persistent, &strategy, user_id, voucher_id, decrement).await
                 })
             })
             .await
+    }
+
+    /// Postgres under the store's deadline, for the designs that hold a
+    /// transaction open across steps of their own (`lock_before_commit`,
+    /// `for_update`): the whole transaction runs within one deadline.
+    pub fn db(&self) -> &Db {
+        &self.db
     }
 
     /// The `stock > 0` sale behind a fence: refused when `token` is smaller
@@ -282,4 +260,72 @@ sqlx::query(
             })
             .await
     }
+}
+
+/// The sale statement of [`LabStore::sell`], on a connection that may be
+/// inside a transaction: decrements the stock under `decrement`'s condition
+/// and inserts the order; `None` when the condition refused.
+pub async fn sell_on(
+    c: &mut PgConnection,
+    persistent: bool,
+    strategy: &str,
+    user_id: i64,
+    voucher_id: i64,
+    decrement: Decrement,
+) -> Result<Option<i64>, sqlx::Error> {
+    let condition = match decrement {
+        Decrement::Always => "",
+        Decrement::IfUnchanged(_) => "AND stock = $4",
+        Decrement::IfLeft => "AND stock > 0",
+    };
+    let sql = format!(
+        "WITH taken AS (
+             UPDATE lab_vouchers SET stock = stock - 1 WHERE id = $1 {condition} RETURNING id
+         )
+         INSERT INTO lab_orders (voucher_id, user_id, strategy)
+         SELECT id, $2, $3 FROM taken
+         RETURNING id"
+    );
+    let mut query = sqlx::query_scalar::<_, i64>(&sql)
+        .bind(voucher_id)
+        .bind(user_id)
+        .bind(strategy);
+    if let Decrement::IfUnchanged(seen) = decrement {
+        query = query.bind(seen);
+    }
+    query.persistent(persistent).fetch_optional(c).await
+}
+
+/// "Already bought?" on a connection that may be inside a transaction: it
+/// sees what was committed when the statement began (READ COMMITTED), and
+/// the transaction's own writes.
+pub async fn has_order_on(
+    c: &mut PgConnection,
+    persistent: bool,
+    user_id: i64,
+    voucher_id: i64,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM lab_orders WHERE voucher_id = $1 AND user_id = $2)",
+    )
+    .bind(voucher_id)
+    .bind(user_id)
+    .persistent(persistent)
+    .fetch_one(c)
+    .await
+}
+
+/// `for_update`'s first statement: the voucher's stock, read with its row
+/// locked until the transaction ends (`None`: no such voucher). Every other
+/// transaction that asks for the row waits here until this one ends.
+pub async fn lock_stock_on(
+    c: &mut PgConnection,
+    persistent: bool,
+    voucher_id: i64,
+) -> Result<Option<i32>, sqlx::Error> {
+    sqlx::query_scalar("SELECT stock FROM lab_vouchers WHERE id = $1 FOR UPDATE")
+        .bind(voucher_id)
+        .persistent(persistent)
+        .fetch_optional(c)
+        .await
 }

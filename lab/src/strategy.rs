@@ -14,6 +14,13 @@ pub enum Strategy {
     Version,
     /// `stock > 0` in the UPDATE, no guard per user: one user buys twice.
     StockGtZero,
+    /// The course's own code: the per-user mutex of `process_mutex`, taken
+    /// inside the transaction that checks and sells and given back before
+    /// that transaction commits (`synchronized` in a method called from a
+    /// `@Transactional` one). The user's next request, waiting for the
+    /// mutex, checks before the first order is committed: one user buys
+    /// twice on one instance.
+    LockBeforeCommit,
     /// A mutex per user in this process: fails with two instances.
     ProcessMutex,
     /// `SET NX PX` and a plain delete: deletes someone else's lock.
@@ -24,6 +31,10 @@ pub enum Strategy {
     Reentrant,
     /// `reentrant` plus a fencing token that Postgres checks.
     Fenced,
+    /// No lock outside Postgres: one transaction takes the voucher's row
+    /// with `SELECT ... FOR UPDATE`, checks the stock and the user, sells,
+    /// commits. Correct anywhere; every buyer of the voucher waits in line.
+    ForUpdate,
     /// Stock in Redis: `GET` it, `DECR` it, then insert the order: goes
     /// below zero, and a crash between the two loses the order.
     RedisDecr,
@@ -36,15 +47,17 @@ pub enum Strategy {
 }
 
 impl Strategy {
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 13] = [
         Self::Naive,
         Self::Version,
         Self::StockGtZero,
+        Self::LockBeforeCommit,
         Self::ProcessMutex,
         Self::Setnx,
         Self::SetnxOwner,
         Self::Reentrant,
         Self::Fenced,
+        Self::ForUpdate,
         Self::RedisDecr,
         Self::RedisLua,
         Self::RedisStream,
@@ -56,11 +69,13 @@ impl Strategy {
             Self::Naive => "naive",
             Self::Version => "version",
             Self::StockGtZero => "stock_gt_zero",
+            Self::LockBeforeCommit => "lock_before_commit",
             Self::ProcessMutex => "process_mutex",
             Self::Setnx => "setnx",
             Self::SetnxOwner => "setnx_owner",
             Self::Reentrant => "reentrant",
             Self::Fenced => "fenced",
+            Self::ForUpdate => "for_update",
             Self::RedisDecr => "redis_decr",
             Self::RedisLua => "redis_lua",
             Self::RedisStream => "redis_stream",
@@ -85,8 +100,11 @@ pub enum StallAt {
     /// lets a second request of the user buy in between.
     Sale,
     /// After the sale, just before the guard is given back (for
-    /// `setnx_owner`, between its `GET` and its delete): the pause that
-    /// lets a release land on someone else's lock.
+    /// `setnx_owner`, between its `GET` and its delete; for
+    /// `lock_before_commit`, before it gives its mutex back, inside its
+    /// transaction; for `for_update`, whose guard is the row lock, before
+    /// the commit): the pause that lets a release land on someone else's
+    /// lock.
     Release,
     /// The Redis-stock designs only: the process "dies" right after the
     /// Redis step (the request answers 503 and does nothing more); for

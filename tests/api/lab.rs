@@ -264,6 +264,16 @@ async fn lab_rejects_bad_input_and_changes_nothing() {
             "not_found",
         ),
         (
+            format!("/lab/lock_before_commit/seckill/{}", voucher + 1),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            format!("/lab/for_update/seckill/{}", voucher + 1),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
             "/lab/naive/seckill/abc".to_owned(),
             StatusCode::BAD_REQUEST,
             "bad_request",
@@ -320,7 +330,7 @@ async fn lab_rejects_bad_input_and_changes_nothing() {
     assert_eq!(vouchers, 1);
     let (status, info) = app.admin_get("/lab").await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(info["strategies"].as_array().unwrap().len(), 11);
+    assert_eq!(info["strategies"].as_array().unwrap().len(), 13);
     assert_eq!(info["lease_ms"], LEASE_MS);
 }
 
@@ -359,6 +369,44 @@ async fn stock_gt_zero_never_oversells_but_sells_one_user_twice() {
     sells_out_exactly(&app, &bases, "stock_gt_zero", 3).await;
     // Plenty of stock, each user's requests at once: some user buys twice.
     sells_one_user_twice(&app, &bases, "stock_gt_zero", "a user buying twice").await;
+}
+
+#[tokio::test]
+async fn lock_before_commit_sells_one_user_twice_on_one_instance() {
+    let app = lab_app().await;
+    let one = [app.base.clone()];
+    // `stock > 0` under the row lock: the stock stays right.
+    sells_out_exactly(&app, &one, "lock_before_commit", 2).await;
+    // Each user's requests at once, on one instance: the next one takes
+    // the mutex as the first gives it back, before the first commits.
+    let seen = until_seen(
+        5,
+        || crowd(&app, &one, "lock_before_commit", 50, 4, 1_000),
+        |r| r.duplicates() > 0,
+        "a user buying twice on one instance",
+    )
+    .await;
+    assert!(seen.iter().all(|r| r.oversold() == 0), "{seen:?}");
+    // The same crowd with the lock held past the commit: nobody twice.
+    let rows = crowd(&app, &one, "process_mutex", 50, 4, 1_000).await;
+    assert_eq!(rows.duplicates(), 0, "process_mutex: {rows:?}");
+}
+
+#[tokio::test]
+async fn for_update_sells_each_unit_once_and_each_user_once_under_a_crowd() {
+    let app = lab_app().await;
+    let one = [app.base.clone()];
+    holds_without_a_stall(&app, &one, "for_update").await;
+    let two = [app.base.clone(), app.spawn_instance().await];
+    holds_without_a_stall(&app, &two, "for_update").await;
+    // A crowd of 200 for 20 units, each user asking twice at once.
+    let rows = crowd(&app, &two, "for_update", 200, 2, 20).await;
+    rows.assert_consistent();
+    assert_eq!(
+        (rows.orders, rows.users, rows.stock),
+        (20, 20, 0),
+        "{rows:?}"
+    );
 }
 
 #[tokio::test]

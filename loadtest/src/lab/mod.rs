@@ -14,6 +14,7 @@
 
 mod cell;
 mod grid;
+mod rates;
 mod report;
 mod row;
 #[cfg(test)]
@@ -30,15 +31,17 @@ use grid::{cells, grid, table, CellRuns};
 use row::Row;
 
 /// The strategies, in the order LAB.md tells them.
-pub const STRATEGIES: [&str; 11] = [
+pub const STRATEGIES: [&str; 13] = [
     "naive",
     "version",
     "stock_gt_zero",
+    "lock_before_commit",
     "process_mutex",
     "setnx",
     "setnx_owner",
     "reentrant",
     "fenced",
+    "for_update",
     "redis_decr",
     "redis_lua",
     "redis_stream",
@@ -48,6 +51,27 @@ pub const STRATEGIES: [&str; 11] = [
 /// crowd in which every other request crashes between Redis and Postgres.
 fn redis_stock(strategy: &str) -> bool {
     strategy.starts_with("redis_")
+}
+
+/// The designs whose guard is held inside an open Postgres transaction:
+/// their rows are a crowd only. A stall there would hold a pooled
+/// connection (and for `for_update` the voucher's row) for 1.7 leases per
+/// pair, so 50 pairs would queue past the service's deadline on the pool
+/// and the row: the cell would measure the queue, not the design. Neither
+/// holds a lease for a stall to outlive.
+fn in_transaction(strategy: &str) -> bool {
+    ["lock_before_commit", "for_update"].contains(&strategy)
+}
+
+/// The scenarios a strategy runs, in the grid's order.
+fn stalls(strategy: &str) -> Vec<Stall> {
+    if redis_stock(strategy) {
+        vec![Stall::None, Stall::Crash]
+    } else if in_transaction(strategy) {
+        vec![Stall::None]
+    } else {
+        vec![Stall::None, Stall::Sale, Stall::Release]
+    }
 }
 
 #[derive(clap::Args, Clone)]
@@ -74,8 +98,16 @@ pub struct LabArgs {
     /// Only this strategy (repeatable; all when not given).
     #[arg(long)]
     pub strategy: Vec<String>,
+    /// Seconds of each run of the rates (orders/s of `for_update`,
+    /// `stock_gt_zero` and the service's group commit, one instance,
+    /// `--repeat` rounds); 0 leaves them out.
+    #[arg(long, default_value_t = 5)]
+    pub rate_seconds: u64,
+    /// Distinct users of each run of the rates (each buys once).
+    #[arg(long, default_value_t = 100_000)]
+    pub rate_users: i64,
     /// Runs of each cell (a fresh voucher each); the grid shows each
-    /// anomaly's min-max over them.
+    /// anomaly's min-max over them. Rounds of the rates, too.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeat: u32,
 }
@@ -122,6 +154,10 @@ pub fn expect(strategy: &str, instances: usize, stall: Stall) -> Expect {
     match (strategy, instances, stall) {
         ("redis_decr", _, _) | ("redis_lua", _, Stall::Crash) => Breaks,
         ("redis_lua" | "redis_stream", _, _) => Holds,
+        // The lock is given back before the commit: the user's next
+        // request checks in between, on one instance as on two.
+        ("lock_before_commit", _, _) => Breaks,
+        ("for_update", _, _) => Holds,
         ("naive" | "version" | "stock_gt_zero", _, Stall::None) => Breaks,
         ("naive" | "version" | "stock_gt_zero", _, _) => Nothing,
         ("process_mutex", 1, _) => Holds,
@@ -164,6 +200,12 @@ pub async fn run(target: &TargetArgs, args: &LabArgs) -> anyhow::Result<bool> {
     };
     let target = Target::start(launch).await?;
     let result = run_grid(&target, args).await;
+    let rates = match &result {
+        Ok(_) if args.rate_seconds > 0 && args.strategy.is_empty() => {
+            rates::run(&target, args).await
+        }
+        _ => Ok(Vec::new()),
+    };
     let life = match (&result, &target.database_url) {
         (Ok(_), Some(url)) => {
             let prefix = format!("lablife:{}:", uuid::Uuid::new_v4().simple());
@@ -173,8 +215,9 @@ pub async fn run(target: &TargetArgs, args: &LabArgs) -> anyhow::Result<bool> {
     };
     target.stop().await;
     let rows = result?;
+    let rates = rates?;
     let life = life.transpose()?.unwrap_or_default();
-    Ok(report::finish(args, &rows, &life))
+    Ok(report::finish(args, &rows, &rates, &life))
 }
 
 /// Runs every row against `target` (started with the lab on, two
@@ -199,13 +242,6 @@ async fn run_grid(target: &Target, args: &LabArgs) -> anyhow::Result<Vec<Row>> {
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, users).await?;
     let bases: Vec<Arc<str>> = target.bases.iter().map(|b| Arc::from(b.as_str())).collect();
 
-    let stalls = |strategy: &str| {
-        if redis_stock(strategy) {
-            vec![Stall::None, Stall::Crash]
-        } else {
-            vec![Stall::None, Stall::Sale, Stall::Release]
-        }
-    };
     let repeat = args.repeat.max(1);
     let total: usize = strategies
         .iter()

@@ -3,6 +3,7 @@
 
 use serde_json::json;
 
+use super::rates::{self, Run};
 use super::{cells, grid, table, CellRuns, LabArgs, Row};
 use crate::lablife::{self, LifeRow};
 use crate::report::{self, Bars};
@@ -10,10 +11,15 @@ use crate::table as tables;
 
 /// Prints and saves everything the lab found; whether every design kept
 /// the guarantees it gives.
-pub(super) fn finish(args: &LabArgs, rows: &[Row], life: &[LifeRow]) -> bool {
+pub(super) fn finish(args: &LabArgs, rows: &[Row], rates: &[Run], life: &[LifeRow]) -> bool {
     print!("{}", table(rows).text());
     let grid = grid(rows);
     tables::record("lab", "", &grid);
+    let rates_table = rates::table(rates);
+    if !rates.is_empty() {
+        print!("\n{}", rates_table.text());
+        tables::record("lab-rates", "", &rates_table);
+    }
     let life_table = lablife::table(life);
     print!("\n{}", life_table.text());
     tables::record("lab-lifecycle", "", &life_table);
@@ -26,12 +32,13 @@ pub(super) fn finish(args: &LabArgs, rows: &[Row], life: &[LifeRow]) -> bool {
             &[],
             &[
                 ("Each design in each scenario", grid.html()),
+                ("One hot voucher: orders per second", rates_table.html()),
                 ("After the grab: the lifecycle's designs", life_table.html()),
             ],
             &charts(&cells, repeat),
         ),
     );
-    let ok = print_failures(rows, life, repeat);
+    let ok = print_failures(rows, life, repeat) && rates.iter().all(|r| r.ok);
     println!(
         "{}",
         json!({
@@ -45,6 +52,8 @@ pub(super) fn finish(args: &LabArgs, rows: &[Row], life: &[LifeRow]) -> bool {
             "ok": ok,
             "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
             "cells": cells.iter().map(CellRuns::json).collect::<Vec<_>>(),
+            "rate_seconds": args.rate_seconds,
+            "rates": rates::json(rates),
             "lifecycle_rows": life.iter().map(LifeRow::json).collect::<Vec<_>>(),
         })
     );

@@ -73,7 +73,31 @@ fn the_claims_match_the_lab_text() {
         for stall in [Stall::None, Stall::Sale, Stall::Release] {
             assert_eq!(expect("fenced", instances, stall), Expect::Holds);
         }
+        // The lock given back before the commit breaks on one instance as
+        // on two; the row lock held to the commit holds on both.
+        assert_eq!(
+            expect("lock_before_commit", instances, Stall::None),
+            Expect::Breaks
+        );
+        assert_eq!(expect("for_update", instances, Stall::None), Expect::Holds);
     }
+}
+
+#[test]
+fn every_strategy_runs_its_scenarios() {
+    assert_eq!(STRATEGIES.len(), 13);
+    assert_eq!(stalls("for_update"), [Stall::None]);
+    assert_eq!(stalls("lock_before_commit"), [Stall::None]);
+    assert_eq!(stalls("redis_lua"), [Stall::None, Stall::Crash]);
+    assert_eq!(
+        stalls("process_mutex"),
+        [Stall::None, Stall::Sale, Stall::Release]
+    );
+    // One user with two orders fails `for_update`, not `lock_before_commit`.
+    let dup = stats(100, 98, 2, 1, 0);
+    assert!(row("for_update", 1, Stall::None, dup).failed());
+    let broke = row("lock_before_commit", 1, Stall::None, dup);
+    assert_eq!(broke.verdict(), "as expected");
 }
 
 /// A run's anomalies from its counts, in `Row::anomalies`' order:
