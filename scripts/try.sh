@@ -5,7 +5,8 @@
 #   source scripts/try.sh
 #
 # BASE is the service's address (default http://127.0.0.1:8080). Needs curl,
-# python3 and GNU date.
+# python3 and GNU date. tests/guide_try_it.rs runs every "Try it" section
+# with these helpers.
 
 BASE="${BASE:-http://127.0.0.1:8080}"
 if [ -z "${ADMIN:-}" ]; then
@@ -34,4 +35,20 @@ voucher() {
         -H 'Content-Type: application/json' \
         -d "{\"title\": \"Try it\", \"begin_time\": \"$begin\", \"end_time\": \"$end\", $1}" |
         json '["id"]'
+}
+
+# Runs the command "$2"... once a second until what it prints contains $1,
+# 20 times at most; prints the last answer, and fails saying so if $1 never
+# came: `until_has '"status":"unpaid"' curl -s $BASE/orders/$O ...`.
+until_has() {
+    local want="$1" out="" _
+    shift
+    for _ in $(seq 20); do
+        out="$("$@")" || true
+        case "$out" in *"$want"*) echo "$out"; return 0 ;; esac
+        sleep 1
+    done
+    echo "$out"
+    echo "until_has: no $want in 20 s: $*" >&2
+    return 1
 }
