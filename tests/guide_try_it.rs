@@ -1,0 +1,505 @@
+//! The guide's "Try it" sections, run as a reader runs them: each page's
+//! `sh` blocks under its `## Try it` heading, exactly as written and in
+//! order, in one `bash` from the repository's root, against a `seckill`
+//! started for the page as `scripts/run.sh` starts it (`serve --demo`, the
+//! default limits) on a free port, with a database and a Redis key prefix
+//! of its own, and `ADMIN` and `BASE` exported, as the page tells the
+//! reader to set them (the page's `ADMIN=<...>` line is the one line not
+//! run). Two settings differ from `scripts/run.sh`: the shedder is off
+//! (`SECKILL_SHED_DELAY_MS=0`), so that a busy machine does not turn an
+//! answer into `503`, and the logs say only warnings.
+//!
+//! Every block runs under `set -e`: a command that fails fails the test,
+//! with the command. Where a `text` block follows a `sh` block (nothing
+//! but blank lines between), what the block printed (stdout and stderr)
+//! must be that text, where `...` stands for anything that changes from run
+//! to run (ids, tickets, times, headers). A wait of the page (`until_has`
+//! of `scripts/try.sh`) is bounded, and so is every block here.
+//!
+//! The tests need `bash`, `curl` and `python3` (the helpers pick fields out
+//! of the JSON with it); where one is missing they fail, naming it.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+/// Printed after each block, with the block's exit status.
+const MARK: &str = "@@guide-try-it: block done, status";
+/// Longest a block may take: the longest wait of a page is `until_has`'s
+/// 20 s, on a machine busy with other builds.
+const BLOCK_LIMIT: Duration = Duration::from_secs(45);
+/// Longest the service may take to answer `/readyz` (it creates and
+/// migrates its database first).
+const READY_LIMIT: Duration = Duration::from_secs(60);
+/// The line of the page's first block that the test sets for the reader.
+const ADMIN_LINE: &str = "ADMIN=<the admin token run.sh printed>";
+
+/// A `sh` block and what the page says it prints.
+#[derive(Debug)]
+struct Block {
+    /// The line of its opening fence in the page, from 1.
+    line: usize,
+    shell: String,
+    expected: Option<String>,
+}
+
+/// The fenced blocks of `markdown` from its `## Try it` heading to the
+/// next `## ` heading: (line of the opening fence, info string, body, line
+/// of the closing fence), lines counted in the whole page.
+fn fences(page: &str, markdown: &str) -> Vec<(usize, String, String, usize)> {
+    let mut found = Vec::new();
+    let mut open: Option<(usize, String, String)> = None;
+    let mut inside = false;
+    for (i, line) in markdown.lines().enumerate() {
+        let trimmed = line.trim_start();
+        match open.take() {
+            None => {
+                if line.starts_with("## ") {
+                    inside = line.trim_end() == "## Try it";
+                } else if let Some(info) = trimmed.strip_prefix("```") {
+                    open = Some((i, info.trim().to_owned(), String::new()));
+                }
+            }
+            Some((start, info, mut body)) => {
+                if trimmed.trim_end() == "```" {
+                    if inside {
+                        found.push((start + 1, info, body, i + 1));
+                    }
+                } else {
+                    body.push_str(line);
+                    body.push('\n');
+                    open = Some((start, info, body));
+                }
+            }
+        }
+    }
+    assert!(open.is_none(), "{page}: a fenced block is never closed");
+    found
+}
+
+fn blocks(page: &str, markdown: &str) -> Vec<Block> {
+    let lines: Vec<&str> = markdown.lines().collect();
+    let fenced = fences(page, markdown);
+    let mut blocks = Vec::new();
+    for (k, (line, info, body, end)) in fenced.iter().enumerate() {
+        if info != "sh" {
+            continue;
+        }
+        // The next fence is this block's output if only blank lines part them.
+        let expected = fenced.get(k + 1).and_then(|(next, info, body, _)| {
+            let between = &lines[*end..*next - 1];
+            (info == "text" && between.iter().all(|l| l.trim().is_empty())).then(|| body.clone())
+        });
+        blocks.push(Block {
+            line: *line,
+            shell: body.clone(),
+            expected,
+        });
+    }
+    blocks
+}
+
+/// Carriage returns (of the headers `curl -i` shows) and trailing blanks go.
+fn normalized(text: &str) -> String {
+    text.replace('\r', "")
+        .lines()
+        .map(str::trim_end)
+        .collect::<Vec<_>>()
+        .join("\n")
+        .trim()
+        .to_owned()
+}
+
+/// Whether `got` is `want`, where each `...` of `want` stands for any text
+/// (none, or several lines).
+fn matches(want: &str, got: &str) -> bool {
+    let pieces: Vec<&str> = want.split("...").collect();
+    let (first, last) = (pieces[0], pieces[pieces.len() - 1]);
+    if pieces.len() == 1 {
+        return got == want;
+    }
+    if !got.starts_with(first) || got.len() < first.len() + last.len() {
+        return false;
+    }
+    let mut rest = &got[first.len()..];
+    for piece in &pieces[1..pieces.len() - 1] {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
+/// Fails the test, naming the tool, when `tool` is not on the PATH.
+fn require(tool: &str, why: &str) {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let skip = if tool == "bash" {
+        String::new()
+    } else {
+        format!("; `cargo test -- --skip needs_{tool}` leaves these tests out")
+    };
+    assert!(
+        found,
+        "{tool} is not on the PATH: the \"Try it\" sections need it ({why}){skip}"
+    );
+}
+
+/// A `seckill` as `scripts/run.sh` starts it, with a database and a key
+/// prefix of its own; on drop it is stopped, its database dropped and its
+/// keys deleted.
+struct Service {
+    child: Child,
+    addr: String,
+    admin: String,
+    db_name: String,
+    prefix: String,
+    log: PathBuf,
+}
+
+impl Service {
+    fn start(name: &str) -> Self {
+        let tag = format!("tryit_{name}_{}", std::process::id());
+        let db_name = format!("seckill_{tag}");
+        let prefix = format!("{tag}:");
+        let addr = format!(
+            "127.0.0.1:{}",
+            testkit::free_port().expect("a free loopback port")
+        );
+        let mut random = [0u8; 24];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut random))
+            .expect("/dev/urandom reads");
+        let admin: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let log = std::env::temp_dir().join(format!("seckill-{tag}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_seckill"))
+            .args(["serve", "--demo"])
+            .env(
+                "DATABASE_URL",
+                format!("{}/{db_name}", testkit::pg_server()),
+            )
+            .env("REDIS_URL", testkit::redis_url())
+            .env("SECKILL_REDIS_PREFIX", &prefix)
+            .env("SECKILL_ADMIN_TOKEN", &admin)
+            .env("SECKILL_ADDR", &addr)
+            .env("SECKILL_SHED_DELAY_MS", "0")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).expect("the log is created"))
+            .stderr(Stdio::from(
+                std::fs::File::options()
+                    .append(true)
+                    .open(&log)
+                    .expect("the log opens"),
+            ))
+            .spawn()
+            .expect("the seckill binary starts");
+        let mut service = Self {
+            child,
+            addr,
+            admin,
+            db_name,
+            prefix,
+            log,
+        };
+        let started = Instant::now();
+        while !service.ready() {
+            if let Some(status) = service.child.try_wait().expect("the process is there") {
+                panic!(
+                    "seckill exited ({status}) before it was ready; its log ends:\n{}",
+                    service.log_tail()
+                );
+            }
+            assert!(
+                started.elapsed() < READY_LIMIT,
+                "seckill did not answer /readyz within {READY_LIMIT:?}; its log ends:\n{}",
+                service.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        service
+    }
+
+    /// `GET /readyz` answers `200`.
+    fn ready(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(&self.addr) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let request = format!(
+            "GET /readyz HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.addr
+        );
+        if stream.write_all(request.as_bytes()).is_err() {
+            return false;
+        }
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer.starts_with("HTTP/1.1 200")
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        // SIGTERM, as Ctrl-C stops scripts/run.sh; SIGKILL if it lingers.
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+        let (db_name, prefix) = (self.db_name.clone(), self.prefix.clone());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime for the clean-up");
+        runtime.block_on(async move {
+            use sqlx::Connection;
+            let server = testkit::pg_server();
+            if let Ok(mut conn) = sqlx::PgConnection::connect(&format!("{server}/postgres")).await {
+                let _ = sqlx::query(&format!(
+                    "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
+                ))
+                .execute(&mut conn)
+                .await;
+            }
+            testkit::delete_keys(&testkit::redis_url(), &prefix).await;
+        });
+    }
+}
+
+/// The bash that runs the page's blocks, in a process group of its own
+/// (whatever a block leaves running goes with it), and its output (stdout
+/// and stderr in one stream, as a terminal shows them) as it comes.
+struct Session {
+    child: Child,
+    lines: Receiver<String>,
+}
+
+impl Session {
+    fn start(root: &Path, script: &Path, service: &Service) -> Self {
+        let mut child = Command::new("bash")
+            .arg("--noprofile")
+            .arg("--norc")
+            .arg(script)
+            .current_dir(root)
+            .env("ADMIN", &service.admin)
+            .env("BASE", format!("http://{}", service.addr))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("bash runs");
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().expect("piped");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// What the next block printed and its exit status (`None` if bash
+    /// ended in it), or `Err` with what it printed if it did not end within
+    /// `limit`.
+    fn next_block(&self, limit: Duration) -> Result<(String, Option<i32>), String> {
+        let deadline = Instant::now() + limit;
+        let mut printed = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(status) = line.strip_prefix(MARK) {
+                        return Ok((printed, status.trim().parse().ok()));
+                    }
+                    eprintln!("  > {line}");
+                    printed.push_str(&line);
+                    printed.push('\n');
+                }
+                Err(RecvTimeoutError::Timeout) => return Err(printed),
+                Err(RecvTimeoutError::Disconnected) => return Ok((printed, None)),
+            }
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the "Try it" section of the guide's `page` and checks it.
+fn run_try_it(page: &str) {
+    require("bash", "the blocks run in one bash");
+    require("curl", "every request is a curl");
+    require("python3", "scripts/try.sh's json picks fields with it");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let path = format!("docs/guide/src/{page}");
+    let markdown = std::fs::read_to_string(root.join(&path)).expect("the page is there");
+    let mut blocks = blocks(&path, &markdown);
+    assert!(
+        blocks.len() >= 2,
+        "{path}: {} sh blocks under \"## Try it\"; the section was rewritten?",
+        blocks.len()
+    );
+    assert!(
+        blocks.iter().all(|b| b.expected.is_some()),
+        "{path}: every block of \"Try it\" shows what it prints (a text block under it)"
+    );
+    // The reader sets ADMIN to the token run.sh printed: here the
+    // environment does, and that line is the one not run.
+    let first = &mut blocks[0];
+    assert!(
+        first.shell.lines().next() == Some(ADMIN_LINE)
+            && first.shell.lines().nth(1) == Some("source scripts/try.sh"),
+        "{path}, line {}: the first block starts with `{ADMIN_LINE}` and \
+         `source scripts/try.sh`:\n{}",
+        first.line,
+        first.shell
+    );
+    first.shell = first.shell.replacen(&format!("{ADMIN_LINE}\n"), "", 1);
+
+    let service = Service::start(page.trim_end_matches(".md").replace('-', "_").as_str());
+    // One script: stderr with stdout, every failing command fatal (and
+    // named), each block followed by its mark.
+    let mut script =
+        String::from("exec 2>&1\nset -e\ntrap 'echo \"failed ($?): $BASH_COMMAND\"' ERR\n");
+    for block in &blocks {
+        script.push_str(&block.shell);
+        script.push_str(&format!("\nprintf '\\n%s %s\\n' '{MARK}' \"$?\"\n"));
+    }
+    let script_path = std::env::temp_dir().join(format!(
+        "seckill-try-it-{}-{}.sh",
+        page.trim_end_matches(".md"),
+        std::process::id()
+    ));
+    std::fs::File::create(&script_path)
+        .and_then(|mut f| f.write_all(script.as_bytes()))
+        .expect("the script is written");
+
+    let session = Session::start(&root, &script_path, &service);
+    let mut failures = Vec::new();
+    let mut timings = Vec::new();
+    for block in &blocks {
+        eprintln!("{path}: the block at line {}:", block.line);
+        let started = Instant::now();
+        let outcome = session.next_block(BLOCK_LIMIT);
+        let _ = std::fs::remove_file(&script_path);
+        let (printed, status) = match outcome {
+            Ok(done) => done,
+            Err(printed) => panic!(
+                "{path}: the block at line {} did not end within {BLOCK_LIMIT:?}; it \
+                 printed:\n{printed}\nthe service's log ends:\n{}",
+                block.line,
+                service.log_tail()
+            ),
+        };
+        timings.push((block.line, started.elapsed()));
+        assert_eq!(
+            status,
+            Some(0),
+            "{path}: the block at line {} failed; it printed:\n{printed}\nthe service's log \
+             ends:\n{}",
+            block.line,
+            service.log_tail()
+        );
+        if let Some(expected) = &block.expected {
+            // The mark's printf starts with a newline: the last line of a
+            // block that printed no newline of its own ends there.
+            if !matches(&normalized(expected), &normalized(&printed)) {
+                failures.push(format!(
+                    "the block at line {} printed\n{printed}\nwhere the page says\n{expected}",
+                    block.line
+                ));
+            }
+        }
+    }
+    for (line, took) in &timings {
+        eprintln!(
+            "{path}: the block at line {line}: {:.2} s",
+            took.as_secs_f64()
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{path}'s \"Try it\" does not print what the page says:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn the_waiting_rooms_try_it_runs_as_written_needs_curl_needs_python3() {
+    run_try_it("waiting-room.md");
+}
+
+#[test]
+fn the_async_sales_try_it_runs_as_written_needs_curl_needs_python3() {
+    run_try_it("async.md");
+}
+
+#[test]
+fn the_lifecycles_try_it_runs_as_written_needs_curl_needs_python3() {
+    run_try_it("lifecycle.md");
+}
+
+#[test]
+fn the_units_try_it_runs_as_written_needs_curl_needs_python3() {
+    run_try_it("units.md");
+}
+
+#[test]
+fn the_abuse_pages_try_it_runs_as_written_needs_curl_needs_python3() {
+    run_try_it("abuse.md");
+}
+
+#[test]
+fn try_it_blocks_and_their_outputs_are_read_as_the_page_lays_them_out() {
+    let page = "# P\n```sh\necho before\n```\n## Try it\n```sh\necho a\n```\n\n```text\na\n```\n\n```sh\necho b\n```\nprose\n```text\nnot b's\n```\n## Next\n```sh\necho after\n```\n";
+    let found = blocks("p.md", page);
+    assert_eq!(found.len(), 2, "only the blocks under Try it: {found:?}");
+    assert_eq!(found[0].line, 6);
+    assert_eq!(found[0].shell, "echo a\n");
+    assert_eq!(found[0].expected.as_deref(), Some("a\n"));
+    assert_eq!(found[1].expected, None, "prose between: not its output");
+    assert!(matches("a", "a"));
+    assert!(!matches("a", "ab"));
+    assert!(matches(
+        "{\"id\":\"...\",\"x\":1}",
+        "{\"id\":\"123\",\"x\":1}"
+    ));
+    assert!(!matches(
+        "{\"id\":\"...\",\"x\":1}",
+        "{\"id\":\"123\",\"x\":2}"
+    ));
+    assert!(matches(
+        "HTTP/1.1 202\n...\nbody",
+        "HTTP/1.1 202\ndate: x\nid: y\n\nbody"
+    ));
+    assert!(!matches("a...a", "a"), "the two ends do not overlap");
+    assert_eq!(normalized("x\r\ny  \n\n"), "x\ny");
+}
