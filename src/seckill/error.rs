@@ -22,7 +22,7 @@ pub enum SeckillError {
     #[error("no stock left")]
     SoldOut,
     /// Some units are left, fewer than the purchase asked for: this many.
-    #[error("only {stock} units left, fewer than asked for")]
+    #[error("only {stock} {} left, fewer than asked for", if *.stock == 1 { "unit" } else { "units" })]
     NotEnoughStock { stock: i32 },
     /// The user's order, when it is known: a client that lost the answer
     /// of its purchase learns the order from its retry.
@@ -195,5 +195,17 @@ impl From<IdError> for SeckillError {
             // day) can.
             e => Self::redis_unavailable(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_units_left_are_counted_in_words_that_agree() {
+        let left = |stock| SeckillError::NotEnoughStock { stock }.to_string();
+        assert_eq!(left(1), "only 1 unit left, fewer than asked for");
+        assert_eq!(left(2), "only 2 units left, fewer than asked for");
     }
 }
