@@ -283,3 +283,62 @@ async fn a_room_that_asks_for_proof_of_work_admits_only_solved_joins() {
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     assert_eq!(body["place"], 1, "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_that_redis_lost_lets_admitted_tickets_buy_and_places_returning_buyers_anew() {
+    let (mut redis, app) = crate::helpers::spawn_app_on_own_redis(None).await;
+    let voucher = room_voucher(&app, 10, 2, chrono::Duration::seconds(-1)).await;
+    let tokens = app.tokens(1..=3).await;
+    let mut tickets = HashMap::new();
+    for user in 1..=3 {
+        let (status, body) = join(&app, voucher, &tokens[&user]).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        tickets.insert(user, ticket(&body).to_owned());
+    }
+    let admitted = |user: i64, ticket: String| {
+        let app = &app;
+        let token = tokens[&user].clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut ticket = ticket;
+            loop {
+                let (status, body) = poll(app, voucher, &token, &ticket).await;
+                assert_eq!(status, StatusCode::OK, "user {user}: {body}");
+                ticket = self::ticket(&body).to_owned();
+                if body["status"] == "admitted" {
+                    return ticket;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "user {user} never admitted: {body}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let first = admitted(1, tickets[&1].clone()).await;
+
+    // Redis comes back empty: the room's lists, counter and admissions are
+    // gone.
+    redis.stop();
+    redis.restart();
+    app.wait_ready().await;
+    // An admitted ticket is checked without Redis: it still buys.
+    let (status, body) = buy_with(&app, voucher, &tokens[&1], Some(&first)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // A waiting buyer who joins again is placed anew, admitted at the
+    // room's pace, and buys.
+    let (status, body) = join(&app, voucher, &tokens[&3]).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let again = admitted(3, ticket(&body).to_owned()).await;
+    let (status, body) = buy_with(&app, voucher, &tokens[&3], Some(&again)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Without an admission, still nothing.
+    let (status, body) = buy_with(&app, voucher, &tokens[&2], None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::FORBIDDEN, Some("not_admitted")),
+        "{body}"
+    );
+    assert_eq!(app.check_invariants(voucher).await, 2);
+}
