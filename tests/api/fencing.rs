@@ -162,3 +162,42 @@ async fn a_stalled_holder_is_refused_even_after_the_next_holders_order_was_cance
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(app.check_invariants(voucher).await, 1);
 }
+
+/// A Redis failover that lost the user's fencing-token key, onto a master
+/// whose clock is behind: the tokens Postgres holds for the user are ahead
+/// of any the new master hands out. Shown here by writing the stored token
+/// ahead of Redis's clock (as the old master's would be). The user's next
+/// purchase is refused as a stale holder's, `429 purchase_in_progress`,
+/// and nothing is sold twice: the weakness the guide's failure matrix
+/// names ("a user's newest attempt wins" may not hold across such a
+/// failover), not a loss of one live order per user.
+#[tokio::test]
+async fn a_stored_token_ahead_of_redis_clock_refuses_the_users_next_purchase() {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(5).await;
+    let token = app.token(44).await;
+    let ahead_us = (chrono::Utc::now().timestamp_micros()) + 3_600_000_000;
+    sqlx::query("INSERT INTO user_fences (user_id, voucher_id, token) VALUES ($1, $2, $3)")
+        .bind(44_i64)
+        .bind(voucher)
+        .bind(ahead_us)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let (status, answer) = buy(&app.client, &app.base, &token, voucher).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+    assert!(answer.contains("purchase_in_progress"), "{answer}");
+    assert_eq!(app.check_invariants(voucher).await, 0);
+
+    // Once Redis's tokens pass the stored one (here: the stored one moved
+    // back, as the new master's clock catching up would), the user buys.
+    sqlx::query("UPDATE user_fences SET token = 1 WHERE user_id = $1 AND voucher_id = $2")
+        .bind(44_i64)
+        .bind(voucher)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let (status, answer) = buy(&app.client, &app.base, &token, voucher).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(app.check_invariants(voucher).await, 1);
+}
