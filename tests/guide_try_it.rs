@@ -27,6 +27,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use testkit::guide::shell_blocks;
+
 /// Printed after each block, with the block's exit status.
 const MARK: &str = "@@guide-try-it: block done, status";
 /// Longest a block may take: the longest wait of a page is `until_has`'s
@@ -37,71 +39,6 @@ const BLOCK_LIMIT: Duration = Duration::from_secs(45);
 const READY_LIMIT: Duration = Duration::from_secs(60);
 /// The line of the page's first block that the test sets for the reader.
 const ADMIN_LINE: &str = "ADMIN=<the admin token run.sh printed>";
-
-/// A `sh` block and what the page says it prints.
-#[derive(Debug)]
-struct Block {
-    /// The line of its opening fence in the page, from 1.
-    line: usize,
-    shell: String,
-    expected: Option<String>,
-}
-
-/// The fenced blocks of `markdown` from its `## Try it` heading to the
-/// next `## ` heading: (line of the opening fence, info string, body, line
-/// of the closing fence), lines counted in the whole page.
-fn fences(page: &str, markdown: &str) -> Vec<(usize, String, String, usize)> {
-    let mut found = Vec::new();
-    let mut open: Option<(usize, String, String)> = None;
-    let mut inside = false;
-    for (i, line) in markdown.lines().enumerate() {
-        let trimmed = line.trim_start();
-        match open.take() {
-            None => {
-                if line.starts_with("## ") {
-                    inside = line.trim_end() == "## Try it";
-                } else if let Some(info) = trimmed.strip_prefix("```") {
-                    open = Some((i, info.trim().to_owned(), String::new()));
-                }
-            }
-            Some((start, info, mut body)) => {
-                if trimmed.trim_end() == "```" {
-                    if inside {
-                        found.push((start + 1, info, body, i + 1));
-                    }
-                } else {
-                    body.push_str(line);
-                    body.push('\n');
-                    open = Some((start, info, body));
-                }
-            }
-        }
-    }
-    assert!(open.is_none(), "{page}: a fenced block is never closed");
-    found
-}
-
-fn blocks(page: &str, markdown: &str) -> Vec<Block> {
-    let lines: Vec<&str> = markdown.lines().collect();
-    let fenced = fences(page, markdown);
-    let mut blocks = Vec::new();
-    for (k, (line, info, body, end)) in fenced.iter().enumerate() {
-        if info != "sh" {
-            continue;
-        }
-        // The next fence is this block's output if only blank lines part them.
-        let expected = fenced.get(k + 1).and_then(|(next, info, body, _)| {
-            let between = &lines[*end..*next - 1];
-            (info == "text" && between.iter().all(|l| l.trim().is_empty())).then(|| body.clone())
-        });
-        blocks.push(Block {
-            line: *line,
-            shell: body.clone(),
-            expected,
-        });
-    }
-    blocks
-}
 
 /// Carriage returns (of the headers `curl -i` shows) and trailing blanks go.
 fn normalized(text: &str) -> String {
@@ -361,7 +298,7 @@ fn run_try_it(page: &str) {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let path = format!("docs/guide/src/{page}");
     let markdown = std::fs::read_to_string(root.join(&path)).expect("the page is there");
-    let mut blocks = blocks(&path, &markdown);
+    let mut blocks = shell_blocks(&path, &markdown, Some("## Try it"));
     assert!(
         blocks.len() >= 2,
         "{path}: {} sh blocks under \"## Try it\"; the section was rewritten?",
@@ -477,15 +414,10 @@ fn the_abuse_pages_try_it_runs_as_written_needs_curl_needs_python3() {
     run_try_it("abuse.md");
 }
 
+/// How a page's output is compared (how its blocks are read is
+/// `testkit::guide`'s, tested there).
 #[test]
-fn try_it_blocks_and_their_outputs_are_read_as_the_page_lays_them_out() {
-    let page = "# P\n```sh\necho before\n```\n## Try it\n```sh\necho a\n```\n\n```text\na\n```\n\n```sh\necho b\n```\nprose\n```text\nnot b's\n```\n## Next\n```sh\necho after\n```\n";
-    let found = blocks("p.md", page);
-    assert_eq!(found.len(), 2, "only the blocks under Try it: {found:?}");
-    assert_eq!(found[0].line, 6);
-    assert_eq!(found[0].shell, "echo a\n");
-    assert_eq!(found[0].expected.as_deref(), Some("a\n"));
-    assert_eq!(found[1].expected, None, "prose between: not its output");
+fn try_it_outputs_match_where_dots_stand_for_what_changes() {
     assert!(matches("a", "a"));
     assert!(!matches("a", "ab"));
     assert!(matches(

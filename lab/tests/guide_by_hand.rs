@@ -16,6 +16,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use testkit::guide::shell_blocks;
+
 const PAGE: &str = "docs/guide/src/lab-by-hand.md";
 /// Printed after each block, with the block's exit status.
 const MARK: &str = "@@guide-by-hand: block done, status";
@@ -23,65 +25,6 @@ const MARK: &str = "@@guide-by-hand: block done, status";
 /// time (and may wait for another build's lock); the rest are seconds.
 const BUILD_LIMIT: Duration = Duration::from_secs(60 * 60);
 const BLOCK_LIMIT: Duration = Duration::from_secs(180);
-
-/// A `sh` block and what the page says it prints.
-#[derive(Debug)]
-struct Block {
-    /// The line of its opening fence, from 1.
-    line: usize,
-    shell: String,
-    expected: Option<String>,
-}
-
-/// The page's fenced blocks: (line of the opening fence, info string,
-/// body, line of the closing fence).
-fn fences(markdown: &str) -> Vec<(usize, String, String, usize)> {
-    let mut found = Vec::new();
-    let mut open: Option<(usize, String, String)> = None;
-    for (i, line) in markdown.lines().enumerate() {
-        let trimmed = line.trim_start();
-        match open.take() {
-            None => {
-                if let Some(info) = trimmed.strip_prefix("```") {
-                    open = Some((i, info.trim().to_owned(), String::new()));
-                }
-            }
-            Some((start, info, mut body)) => {
-                if trimmed.trim_end() == "```" {
-                    found.push((start + 1, info, body, i + 1));
-                } else {
-                    body.push_str(line);
-                    body.push('\n');
-                    open = Some((start, info, body));
-                }
-            }
-        }
-    }
-    assert!(open.is_none(), "{PAGE}: a fenced block is never closed");
-    found
-}
-
-fn blocks(markdown: &str) -> Vec<Block> {
-    let lines: Vec<&str> = markdown.lines().collect();
-    let fenced = fences(markdown);
-    let mut blocks = Vec::new();
-    for (k, (line, info, body, end)) in fenced.iter().enumerate() {
-        if info != "sh" {
-            continue;
-        }
-        // The next fence is this block's output if only blank lines part them.
-        let expected = fenced.get(k + 1).and_then(|(next, info, body, _)| {
-            let between = &lines[*end..*next - 1];
-            (info == "text" && between.iter().all(|l| l.trim().is_empty())).then(|| body.clone())
-        });
-        blocks.push(Block {
-            line: *line,
-            shell: body.clone(),
-            expected,
-        });
-    }
-    blocks
-}
 
 /// `"order_id":"123"` becomes `"order_id":"N"`; trailing blanks go.
 fn normalized(text: &str) -> String {
@@ -199,7 +142,7 @@ fn the_race_by_hand_runs_as_written_and_prints_what_the_page_says() {
         .expect("the lab crate sits in the repository")
         .to_path_buf();
     let page = std::fs::read_to_string(root.join(PAGE)).expect("the page is there");
-    let blocks = blocks(&page);
+    let blocks = shell_blocks(PAGE, &page, None);
     assert!(
         blocks.len() >= 5,
         "{PAGE}: {} sh blocks; the page was rewritten?",
@@ -277,7 +220,7 @@ fn the_race_by_hand_runs_as_written_and_prints_what_the_page_says() {
 #[test]
 fn blocks_and_their_outputs_are_read_as_the_page_lays_them_out() {
     let page = "intro\n```sh\necho a\n```\n\n```text\na\n```\n\n```sh\necho b\n```\nprose\n```text\nnot b's\n```\n";
-    let found = blocks(page);
+    let found = shell_blocks(PAGE, page, None);
     assert_eq!(found.len(), 2);
     assert_eq!(found[0].shell, "echo a\n");
     assert_eq!(found[0].expected.as_deref(), Some("a\n"));
