@@ -81,15 +81,13 @@ impl Store {
                               AND o.status IN ('cancelled', 'expired')) AS closed,
                            (SELECT array_agg(o.id) FROM voucher_orders o
                             WHERE o.id = ANY($2)) AS stored,
-                           (SELECT array_agg(n.user_id ORDER BY n.user_id) FROM
-                              (SELECT o.user_id FROM voucher_orders o
-                               WHERE o.voucher_id = s.voucher_id GROUP BY o.user_id) n
-                           ) AS counted_users,
-                           (SELECT array_agg(n.orders ORDER BY n.user_id) FROM
-                              (SELECT o.user_id, count(*) AS orders FROM voucher_orders o
-                               WHERE o.voucher_id = s.voucher_id GROUP BY o.user_id) n
-                           ) AS counts
+                           c.counted_users, c.counts
                          FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id
+                         CROSS JOIN LATERAL
+                           (SELECT array_agg(n.user_id ORDER BY n.user_id) AS counted_users,
+                                   array_agg(n.orders ORDER BY n.user_id) AS counts
+                            FROM (SELECT o.user_id, count(*) AS orders FROM voucher_orders o
+                                  WHERE o.voucher_id = s.voucher_id GROUP BY o.user_id) n) c
                          WHERE v.id = $1"
                     ))
                     .bind(voucher_id)
