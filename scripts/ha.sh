@@ -11,6 +11,8 @@
 #   scripts/ha.sh status        # patronictl list
 #   scripts/ha.sh kill-primary  # SIGKILL to the leader's postmaster; returns at once
 #   scripts/ha.sh switchover    # planned switchover to the synchronous standby
+#   scripts/ha.sh stop-replicas # stops every standby (its Patroni and its Postgres),
+#                               # the leader left running alone
 #   scripts/ha.sh down          # stops everything and removes HA_DIR
 # `up` on an HA_DIR whose cluster is healthy prints its URL again; on one
 # left by an earlier run it stops that run's processes and starts afresh.
@@ -76,10 +78,14 @@ install_missing() {
 # path in the command line (patroni, the postmasters, etcd, haproxy), or a
 # Postgres process working in it (backends, whose titles name no path).
 # Never this script's own, nor a shell that merely stands in HA_DIR.
-ha_pids() {
-    "$PY" - "$HA_DIR" "$$" <<'EOF'
+# With a node's name, that node's only: its Patroni (HA_DIR/<node>.yml)
+# and its Postgres (HA_DIR/<node>/).
+ha_pids() { # [node]
+    "$PY" - "$HA_DIR" "$$" "${1:-}" <<'EOF'
 import os, sys
 home, me = sys.argv[1] + "/", {sys.argv[2], str(os.getpid()), str(os.getppid())}
+node = sys.argv[3]
+marks = [home + node + "/", home + node + ".yml"] if node else [home]
 for pid in filter(str.isdigit, os.listdir("/proc")):
     if pid in me:
         continue
@@ -90,9 +96,14 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
         cwd = os.readlink(f"/proc/{pid}/cwd") + "/" if comm == "postgres" else ""
     except OSError:
         continue
-    if home in cmdline or cwd.startswith(home):
+    if any(mark in cmdline or cwd.startswith(mark) for mark in marks):
         print(pid, cmdline)
 EOF
+}
+
+nodes_pids() { # node...: ha_pids of each
+    local node
+    for node in "$@"; do ha_pids "$node"; done
 }
 
 # Stops this HA_DIR's processes: haproxy and the Patroni nodes first
@@ -435,11 +446,40 @@ switchover() {
     as_owner patronictl -c "$HA_DIR/node0.yml" switchover --leader "$leader" --candidate "$standby" --force "$SCOPE"
 }
 
+# Stops every node but the leader as stop_all stops them all: SIGTERM to
+# its Patroni (which, if its node is the synchronous standby, first waits
+# for the leader to release it, then stops its Postgres), then SIGKILL to
+# whatever did not stop within a bounded wait. The leader goes on alone:
+# with synchronous_mode_strict false it commits without a standby.
+stop_replicas() {
+    load_ports
+    local leader node pids replicas=()
+    leader="$(member_with_role leader)"
+    [ -n "$leader" ] || die "no running leader to leave running: $(members | tr '\n' ';')"
+    for node in "${NODES[@]}"; do
+        [ "$node" = "$leader" ] || replicas+=("$node")
+    done
+    pids="$(nodes_pids "${replicas[@]}" | awk '$3 ~ /(^|\/)patroni$/ { print $1 }')"
+    [ -n "$pids" ] && kill -TERM $pids 2>/dev/null || true
+    for _ in $(seq 1 100); do
+        [ -z "$(nodes_pids "${replicas[@]}")" ] && break
+        sleep 0.2
+    done
+    pids="$(nodes_pids "${replicas[@]}" | awk '{ print $1 }')"
+    if [ -n "$pids" ]; then
+        say "killing what did not stop: $pids"
+        kill -KILL $pids 2>/dev/null || true
+        sleep 0.2
+    fi
+    say "stopped ${replicas[*]}; $leader runs alone"
+}
+
 case "${1:-}" in
     up) up ;;
     down) down ;;
     status) status ;;
     kill-primary) kill_primary ;;
     switchover) switchover ;;
-    *) die "usage: scripts/ha.sh up|down|status|kill-primary|switchover (HA_DIR, default target/ha)" ;;
+    stop-replicas) stop_replicas ;;
+    *) die "usage: scripts/ha.sh up|down|status|kill-primary|switchover|stop-replicas (HA_DIR, default target/ha)" ;;
 esac

@@ -87,6 +87,22 @@ impl Cluster {
                 .any(|l| l.contains("Leader") && l.contains("running"))
         })
     }
+
+    /// A leader running with no standby, as `patronictl list` shows the
+    /// cluster: no member is the synchronous standby, and no other member
+    /// runs or streams (a stopped one stays listed, `stopped`, until its
+    /// key expires).
+    pub fn leads_alone(&self) -> bool {
+        self.run("status").is_ok_and(|table| {
+            let members: Vec<&str> = table.lines().filter(|l| l.contains("127.0.0.1:")).collect();
+            let up = |l: &&str| l.contains("running") || l.contains("streaming");
+            members
+                .iter()
+                .any(|l| l.contains("Leader") && l.contains("running"))
+                && !members.iter().any(|l| l.contains("Sync Standby"))
+                && !members.iter().any(|l| !l.contains("Leader") && up(l))
+        })
+    }
 }
 
 impl Drop for Cluster {

@@ -4,6 +4,8 @@
 //! over as planned, while many distinct buyers buy: every purchase answered
 //! 200 is in the new leader's database, the invariants hold, the sale
 //! resumes by itself, and the failover costs answers 503, never a 500.
+//! With every standby stopped instead, the primary sells on alone, every
+//! purchase answered 200.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
@@ -682,5 +684,107 @@ async fn a_killed_primary_rejoins_as_a_replica_while_the_sale_goes_on_needs_patr
          all on the rejoined node",
         purchases.len(),
         answered.len()
+    );
+}
+
+/// Every standby stopped under a sale (`scripts/ha.sh stop-replicas`, with
+/// `synchronous_mode_strict` false): the leader goes on alone. Patroni
+/// reports it alone, with no synchronous standby, and its Postgres waits
+/// for none (`synchronous_standby_names` empty) and streams to nobody;
+/// every purchase is answered 200, before, while and after the standbys
+/// go, by the same primary, and every order answered is in its database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_standby_stopped_leaves_a_lone_primary_that_answers_200_needs_patroni() {
+    let (_one, cluster, mut app) = cluster_and_app().await;
+    let (_, leader_before) = cluster.primary("postgres").await;
+    let voucher = app.open_voucher(1_000_000).await;
+
+    let sale = Sale::start(&app, voucher, StatusCode::OK);
+    warm_up(&sale.committed, "the sale committed").await;
+    let (stopped, script_done) = sale.disrupt(&cluster, "stop-replicas").await;
+
+    // Patroni's view and the primary's own, within a bound: no standby.
+    let alone = loop {
+        let patroni = cluster.clone();
+        let patroni_alone = tokio::task::spawn_blocking(move || patroni.leads_alone())
+            .await
+            .unwrap();
+        let (pool, _) = cluster.primary("postgres").await;
+        let postgres: Result<(String, i64), _> = sqlx::query_as(
+            "SELECT current_setting('synchronous_standby_names'), \
+             (SELECT count(*) FROM pg_stat_replication)",
+        )
+        .fetch_one(&pool)
+        .await;
+        pool.close().await;
+        if patroni_alone
+            && postgres
+                .as_ref()
+                .is_ok_and(|(names, n)| names.is_empty() && *n == 0)
+        {
+            break Instant::now();
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(30),
+            "the primary is not alone 30 s after the standbys were stopped ({postgres:?}):\n{}",
+            cluster.status()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    // Selling on alone.
+    tokio::time::sleep(AFTER).await;
+    let purchases = sale.finish().await;
+
+    // Every purchase answered 200: the standbys' going cost the buyers
+    // nothing.
+    assert_answered_only(&purchases, &[StatusCode::OK]);
+    let sold_alone = purchases.iter().filter(|p| p.sent >= alone).count();
+    assert!(
+        sold_alone > 0,
+        "no purchase was sent once the primary was alone"
+    );
+
+    // The same node leads, alone still, and holds every order answered.
+    let (pool, leader_after) = cluster.primary(&app.db_name).await;
+    assert_eq!(
+        leader_before,
+        leader_after,
+        "the leader changed:\n{}",
+        cluster.status()
+    );
+    let (streaming,): (i64,) = sqlx::query_as("SELECT count(*) FROM pg_stat_replication")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(streaming, 0, "the primary streams to a standby again");
+    let stored: Vec<(i64,)> = sqlx::query_as("SELECT id FROM voucher_orders WHERE voucher_id = $1")
+        .bind(voucher)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let stored: HashSet<String> = stored.iter().map(|(id,)| id.to_string()).collect();
+    let answered = answered_ids(&purchases, StatusCode::OK);
+    let missing = answered.difference(&stored).count();
+    assert_eq!(
+        missing, 0,
+        "orders answered 200 not in the lone primary's database"
+    );
+    app.db = pool;
+    app.check_invariants(voucher).await;
+
+    let mut answers: Vec<Instant> = purchases.iter().map(|p| p.answered).collect();
+    answers.sort();
+    let longest_gap = answers
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    eprintln!(
+        "every standby stopped: the script took {:?}, Patroni and Postgres reported the primary \
+         alone {:?} after it began; {} purchases, all answered 200 ({sold_alone} sent once alone), \
+         all stored; longest stretch without an answer {longest_gap:?}",
+        script_done - stopped,
+        alone - stopped,
+        purchases.len()
     );
 }
