@@ -1,7 +1,8 @@
 //! The guide's "Try it" sections, run as a reader runs them: each page's
-//! `sh` blocks under its `## Try it` heading, exactly as written and in
-//! order, in one `bash` from the repository's root, against a `seckill`
-//! started for the page as `scripts/run.sh` starts it (`serve --demo`, the
+//! `sh` blocks under its `## Try it` heading (the reference page
+//! `http-api.md`: under `## Examples`), exactly as written and in order, in
+//! one `bash` from the repository's root, against a `seckill` started for
+//! the page as `scripts/run.sh` starts it (`serve --demo`, the
 //! default limits) on a free port, with a database and a Redis key prefix
 //! of its own, and `ADMIN` and `BASE` exported, as the page tells the
 //! reader to set them (the page's `ADMIN=<...>` line is the one line not
@@ -292,21 +293,27 @@ impl Drop for Session {
 
 /// Runs the "Try it" section of the guide's `page` and checks it.
 fn run_try_it(page: &str) {
+    run_section(page, "## Try it");
+}
+
+/// Runs the section of the guide's `page` under the heading `section` (a
+/// `## ` line, as written) and checks it.
+fn run_section(page: &str, section: &str) {
     require("bash", "the blocks run in one bash");
     require("curl", "every request is a curl");
     require("python3", "scripts/try.sh's json picks fields with it");
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let path = format!("docs/guide/src/{page}");
     let markdown = std::fs::read_to_string(root.join(&path)).expect("the page is there");
-    let mut blocks = shell_blocks(&path, &markdown, Some("## Try it"));
+    let mut blocks = shell_blocks(&path, &markdown, Some(section));
     assert!(
         blocks.len() >= 2,
-        "{path}: {} sh blocks under \"## Try it\"; the section was rewritten?",
+        "{path}: {} sh blocks under \"{section}\"; the section was rewritten?",
         blocks.len()
     );
     assert!(
         blocks.iter().all(|b| b.expected.is_some()),
-        "{path}: every block of \"Try it\" shows what it prints (a text block under it)"
+        "{path}: every block under \"{section}\" shows what it prints (a text block under it)"
     );
     // The reader sets ADMIN to the token run.sh printed: here the
     // environment does, and that line is the one not run.
@@ -384,7 +391,7 @@ fn run_try_it(page: &str) {
     }
     assert!(
         failures.is_empty(),
-        "{path}'s \"Try it\" does not print what the page says:\n{}",
+        "{path}'s \"{section}\" does not print what the page says:\n{}",
         failures.join("\n")
     );
 }
@@ -412,6 +419,14 @@ fn the_units_try_it_runs_as_written_needs_curl_needs_python3() {
 #[test]
 fn the_abuse_pages_try_it_runs_as_written_needs_curl_needs_python3() {
     run_try_it("abuse.md");
+}
+
+/// The reference page's examples: a voucher read with its cache headers
+/// and a `304`, a purchase and `already_purchased`, an order read by its
+/// user and by another, and refusals of the contract's shape.
+#[test]
+fn the_http_api_pages_examples_run_as_written_needs_curl_needs_python3() {
+    run_section("http-api.md", "## Examples");
 }
 
 /// How a page's output is compared (how its blocks are read is
