@@ -1,6 +1,7 @@
 //! The one place that turns errors into HTTP statuses and JSON bodies
 //! `{"error": "<code>", "message": "<text>"}`.
 
+use std::io::Write as _;
 use std::sync::LazyLock;
 
 use axum::body::Bytes;
@@ -221,12 +222,38 @@ impl ApiError {
         };
         Some(FIXED_BODIES[at].clone())
     }
+
+    /// A holder's refusal, the one a bot asking again gets by the thousand:
+    /// the body of `already_purchased` without an order, serialized once,
+    /// with the order's id put in before its closing brace.
+    fn holder_body(&self) -> Option<Bytes> {
+        let Self::Seckill(SeckillError::AlreadyPurchased {
+            order_id: Some(order_id),
+        }) = self
+        else {
+            return None;
+        };
+        let open = HOLDER_BODY.strip_suffix(b"}")?;
+        let mut body = Vec::with_capacity(open.len() + 36);
+        body.extend_from_slice(open);
+        // An order id is a positive integer: nothing in it to escape.
+        write!(body, r#","order_id":"{order_id}"}}"#).ok()?;
+        Some(Bytes::from(body))
+    }
 }
+
+/// The body of `already_purchased` without an order id, serialized once
+/// ([`ApiError::holder_body`] adds the id).
+static HOLDER_BODY: LazyLock<Vec<u8>> = LazyLock::new(|| {
+    let error = ApiError::Seckill(SeckillError::AlreadyPurchased { order_id: None });
+    let (_, code) = error.status_and_code();
+    serde_json::to_vec(&error.body(code)).expect("an error body serializes")
+});
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        let mut response = match self.fixed_body() {
+        let mut response = match self.fixed_body().or_else(|| self.holder_body()) {
             Some(body) => (
                 status,
                 [(header::CONTENT_TYPE, HeaderValue::from_static(JSON))],
@@ -333,5 +360,26 @@ mod tests {
         assert!(ApiError::Seckill(SeckillError::TooManyOrders(3))
             .fixed_body()
             .is_none());
+    }
+
+    /// A holder's refusal, put together from its serialized prefix, is
+    /// byte for byte what serializing its body says, for the smallest and
+    /// the largest order ids; without an order it is serialized whole.
+    #[test]
+    fn a_holders_refusal_is_the_body_serde_writes() {
+        for id in [1, 42, i64::MAX] {
+            let order_id = crate::domain::OrderId::from_stored(id).unwrap();
+            let error = ApiError::Seckill(SeckillError::AlreadyPurchased {
+                order_id: Some(order_id),
+            });
+            let (_, code) = error.status_and_code();
+            let serialized = serde_json::to_vec(&error.body(code)).unwrap();
+            assert_eq!(error.holder_body().unwrap(), serialized);
+            let body: serde_json::Value = serde_json::from_slice(&serialized).unwrap();
+            assert_eq!(body["error"], "already_purchased");
+            assert_eq!(body["order_id"], id.to_string());
+        }
+        let unknown = ApiError::Seckill(SeckillError::AlreadyPurchased { order_id: None });
+        assert!(unknown.holder_body().is_none());
     }
 }
