@@ -8,7 +8,10 @@
 //! reader to set them (the page's `ADMIN=<...>` line is the one line not
 //! run). Two settings differ from `scripts/run.sh`: the shedder is off
 //! (`SECKILL_SHED_DELAY_MS=0`), so that a busy machine does not turn an
-//! answer into `503`, and the logs say only warnings.
+//! answer into `503`, and the logs say only warnings. A page whose "Try
+//! it" tells the reader to start the service with variables (a line
+//! `NAME=value ... scripts/run.sh` in a block that is not `sh`, so not
+//! run) gets its service started with them.
 //!
 //! Every block runs under `set -e`: a command that fails fails the test,
 //! with the command. Where a `text` block follows a `sh` block (nothing
@@ -105,7 +108,7 @@ struct Service {
 }
 
 impl Service {
-    fn start(name: &str) -> Self {
+    fn start(name: &str, environment: &[(String, String)]) -> Self {
         let tag = format!("tryit_{name}_{}", std::process::id());
         let db_name = format!("seckill_{tag}");
         let prefix = format!("{tag}:");
@@ -131,6 +134,7 @@ impl Service {
             .env("SECKILL_ADDR", &addr)
             .env("SECKILL_SHED_DELAY_MS", "0")
             .env("RUST_LOG", "warn")
+            .envs(environment.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).expect("the log is created"))
             .stderr(Stdio::from(
@@ -291,6 +295,36 @@ impl Drop for Session {
     }
 }
 
+/// The variables the "Try it" section of `markdown` has the reader start
+/// `scripts/run.sh` with: those of a line `NAME=value ... scripts/run.sh`.
+fn start_environment(markdown: &str) -> Vec<(String, String)> {
+    let section = markdown
+        .lines()
+        .skip_while(|l| l.trim_end() != "## Try it")
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "));
+    for line in section {
+        let Some(assignments) = line.trim().strip_suffix("scripts/run.sh") else {
+            continue;
+        };
+        let pairs: Option<Vec<(String, String)>> = assignments
+            .split_whitespace()
+            .map(|word| {
+                let (name, value) = word.split_once('=')?;
+                let named = name.starts_with(|c: char| c.is_ascii_uppercase())
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+                named.then(|| (name.to_owned(), value.to_owned()))
+            })
+            .collect();
+        if let Some(pairs) = pairs.filter(|p| !p.is_empty()) {
+            return pairs;
+        }
+    }
+    Vec::new()
+}
+
 /// Runs the "Try it" section of the guide's `page` and checks it.
 fn run_try_it(page: &str) {
     run_section(page, "## Try it");
@@ -328,7 +362,10 @@ fn run_section(page: &str, section: &str) {
     );
     first.shell = first.shell.replacen(&format!("{ADMIN_LINE}\n"), "", 1);
 
-    let service = Service::start(page.trim_end_matches(".md").replace('-', "_").as_str());
+    let service = Service::start(
+        page.trim_end_matches(".md").replace('-', "_").as_str(),
+        &start_environment(&markdown),
+    );
     // One script: stderr with stdout, every failing command fatal (and
     // named), each block followed by its mark.
     let mut script =
@@ -417,6 +454,11 @@ fn the_units_try_it_runs_as_written_needs_curl_needs_python3() {
 }
 
 #[test]
+fn the_shop_pages_try_it_runs_as_written_needs_curl_needs_python3() {
+    run_try_it("shop.md");
+}
+
+#[test]
 fn the_abuse_pages_try_it_runs_as_written_needs_curl_needs_python3() {
     run_try_it("abuse.md");
 }
@@ -449,4 +491,22 @@ fn try_it_outputs_match_where_dots_stand_for_what_changes() {
     ));
     assert!(!matches("a...a", "a"), "the two ends do not overlap");
     assert_eq!(normalized("x\r\ny  \n\n"), "x\ny");
+}
+
+/// Which variables a page's service is started with.
+#[test]
+fn a_pages_start_command_gives_its_service_its_variables() {
+    let page = "## Try it\n```console\nA_B2=1 C=x/y scripts/run.sh\n```\n";
+    assert_eq!(
+        start_environment(page),
+        vec![
+            ("A_B2".to_owned(), "1".to_owned()),
+            ("C".to_owned(), "x/y".to_owned())
+        ]
+    );
+    assert!(start_environment("## Try it\nrun scripts/run.sh\n").is_empty());
+    assert!(
+        start_environment("A=1 scripts/run.sh\n## Try it\n").is_empty(),
+        "only the Try it section's"
+    );
 }
