@@ -92,6 +92,7 @@ async fn on_one_service(cli: &Cli) -> anyhow::Result<bool> {
         None => {
             let instances = match &cli.scenario {
                 Scenario::Flash(args) => args.instances,
+                Scenario::Async(args) => args.instances,
                 _ => 1,
             };
             Target::start(cli.target.launch(instances, Vec::new())).await?

@@ -44,6 +44,11 @@ pub struct AsyncArgs {
     pub connections: usize,
     #[command(flatten)]
     pub crowd: CrowdArgs,
+    /// Instances of the service this driver starts for the runs before
+    /// the kill (with `--url`, the one given); requests are dealt to them
+    /// in turn. The kill takes two instances of its own.
+    #[arg(long, default_value_t = 1)]
+    pub instances: usize,
     /// How long the writers may take, after the load, to store every
     /// accepted order before the run says some were lost.
     #[arg(long, default_value_t = 120)]
