@@ -23,18 +23,14 @@
 //! The tests need `bash`, `curl` and `python3` (the helpers pick fields out
 //! of the JSON with it); where one is missing they fail, naming it.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use testkit::guide::shell_blocks;
+use testkit::guide::{shell_blocks, Session};
 
-/// Printed after each block, with the block's exit status.
-const MARK: &str = "@@guide-try-it: block done, status";
 /// Longest a block may take: the longest wait of a page is `until_has`'s
 /// 20 s, on a machine busy with other builds.
 const BLOCK_LIMIT: Duration = Duration::from_secs(45);
@@ -228,73 +224,6 @@ impl Drop for Service {
     }
 }
 
-/// The bash that runs the page's blocks, in a process group of its own
-/// (whatever a block leaves running goes with it), and its output (stdout
-/// and stderr in one stream, as a terminal shows them) as it comes.
-struct Session {
-    child: Child,
-    lines: Receiver<String>,
-}
-
-impl Session {
-    fn start(root: &Path, script: &Path, service: &Service) -> Self {
-        let mut child = Command::new("bash")
-            .arg("--noprofile")
-            .arg("--norc")
-            .arg(script)
-            .current_dir(root)
-            .env("ADMIN", &service.admin)
-            .env("BASE", format!("http://{}", service.addr))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("bash runs");
-        let (tx, lines) = mpsc::channel();
-        let stdout = child.stdout.take().expect("piped");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Self { child, lines }
-    }
-
-    /// What the next block printed and its exit status (`None` if bash
-    /// ended in it), or `Err` with what it printed if it did not end within
-    /// `limit`.
-    fn next_block(&self, limit: Duration) -> Result<(String, Option<i32>), String> {
-        let deadline = Instant::now() + limit;
-        let mut printed = String::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some(status) = line.strip_prefix(MARK) {
-                        return Ok((printed, status.trim().parse().ok()));
-                    }
-                    eprintln!("  > {line}");
-                    printed.push_str(&line);
-                    printed.push('\n');
-                }
-                Err(RecvTimeoutError::Timeout) => return Err(printed),
-                Err(RecvTimeoutError::Disconnected) => return Ok((printed, None)),
-            }
-        }
-    }
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        let group = format!("-{}", self.child.id());
-        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
-        let _ = self.child.wait();
-    }
-}
-
 /// The variables the "Try it" section of `markdown` has the reader start
 /// `scripts/run.sh` with: those of a line `NAME=value ... scripts/run.sh`.
 fn start_environment(markdown: &str) -> Vec<(String, String)> {
@@ -367,30 +296,20 @@ fn run_section(page: &str, section: &str) {
         &start_environment(&markdown),
     );
     // One script: stderr with stdout, every failing command fatal (and
-    // named), each block followed by its mark.
-    let mut script =
-        String::from("exec 2>&1\nset -e\ntrap 'echo \"failed ($?): $BASH_COMMAND\"' ERR\n");
-    for block in &blocks {
-        script.push_str(&block.shell);
-        script.push_str(&format!("\nprintf '\\n%s %s\\n' '{MARK}' \"$?\"\n"));
-    }
-    let script_path = std::env::temp_dir().join(format!(
-        "seckill-try-it-{}-{}.sh",
-        page.trim_end_matches(".md"),
-        std::process::id()
-    ));
-    std::fs::File::create(&script_path)
-        .and_then(|mut f| f.write_all(script.as_bytes()))
-        .expect("the script is written");
-
-    let session = Session::start(&root, &script_path, &service);
+    // named); ADMIN and BASE as the reader sets them.
+    let prelude = "exec 2>&1\nset -e\ntrap 'echo \"failed ($?): $BASH_COMMAND\"' ERR\n";
+    let env = [
+        ("ADMIN".to_owned(), service.admin.clone()),
+        ("BASE".to_owned(), format!("http://{}", service.addr)),
+    ];
+    let name = format!("try-it-{}", page.trim_end_matches(".md"));
+    let session = Session::start(&root, &name, prelude, &blocks, &env);
     let mut failures = Vec::new();
     let mut timings = Vec::new();
     for block in &blocks {
         eprintln!("{path}: the block at line {}:", block.line);
         let started = Instant::now();
         let outcome = session.next_block(BLOCK_LIMIT);
-        let _ = std::fs::remove_file(&script_path);
         let (printed, status) = match outcome {
             Ok(done) => done,
             Err(printed) => panic!(

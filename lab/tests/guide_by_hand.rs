@@ -8,19 +8,12 @@
 //! first block) too: a wait of the page that gives up, an answer that is
 //! not the page's, a block that never ends.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use testkit::guide::shell_blocks;
+use testkit::guide::{shell_blocks, Session};
 
 const PAGE: &str = "docs/guide/src/lab-by-hand.md";
-/// Printed after each block, with the block's exit status.
-const MARK: &str = "@@guide-by-hand: block done, status";
 /// Longest a block may take: the build compiles every dependency the first
 /// time (and may wait for another build's lock); the rest are seconds.
 const BUILD_LIMIT: Duration = Duration::from_secs(60 * 60);
@@ -49,91 +42,6 @@ fn normalized(text: &str) -> String {
         .to_owned()
 }
 
-/// The bash that runs the page, in a process group of its own (the
-/// instances the page starts are in it too), and its output as it comes.
-struct Session {
-    child: Child,
-    lines: Receiver<String>,
-    stderr: Arc<Mutex<Vec<String>>>,
-}
-
-impl Session {
-    fn start(root: &Path, script: &Path) -> Self {
-        let mut child = Command::new("bash")
-            .arg("--noprofile")
-            .arg("--norc")
-            .arg(script)
-            .current_dir(root)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .expect("bash runs");
-        let (tx, lines) = mpsc::channel();
-        let stdout = child.stdout.take().expect("piped");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let errors = child.stderr.take().expect("piped");
-        let kept = stderr.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(errors).lines().map_while(Result::ok) {
-                eprintln!("  | {line}");
-                kept.lock().unwrap().push(line);
-            }
-        });
-        Self {
-            child,
-            lines,
-            stderr,
-        }
-    }
-
-    /// What the next block printed and its exit status, or `None` if it
-    /// did not end within `limit`.
-    fn next_block(&self, limit: Duration) -> Option<(String, i32)> {
-        let deadline = Instant::now() + limit;
-        let mut printed = String::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some(status) = line.strip_prefix(MARK) {
-                        return Some((printed, status.trim().parse().unwrap_or(-1)));
-                    }
-                    eprintln!("  > {line}");
-                    printed.push_str(&line);
-                    printed.push('\n');
-                }
-                Err(RecvTimeoutError::Timeout) => return None,
-                // bash ended before the block did.
-                Err(RecvTimeoutError::Disconnected) => return Some((printed, -1)),
-            }
-        }
-    }
-
-    fn stderr_tail(&self) -> String {
-        let lines = self.stderr.lock().unwrap();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-}
-
-impl Drop for Session {
-    /// Whatever the page left running (on a failure, its instances) stops
-    /// with the group.
-    fn drop(&mut self) {
-        let group = format!("-{}", self.child.id());
-        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn the_race_by_hand_runs_as_written_and_prints_what_the_page_says() {
     // The repository's root, where the reader stands.
@@ -158,27 +66,15 @@ fn the_race_by_hand_runs_as_written_and_prints_what_the_page_says() {
         "{PAGE}: the page states what its races print"
     );
 
-    // One script, each block followed by its mark: one shell, as the page asks.
-    let mut script = String::new();
-    for block in &blocks {
-        script.push_str(&block.shell);
-        script.push_str(&format!("\nprintf '\\n%s %s\\n' '{MARK}' \"$?\"\n"));
-    }
-    let path =
-        std::env::temp_dir().join(format!("seckill-guide-by-hand-{}.sh", std::process::id()));
-    std::fs::File::create(&path)
-        .and_then(|mut f| f.write_all(script.as_bytes()))
-        .expect("the script is written");
-
-    let session = Session::start(&root, &path);
+    // One shell, as the page asks.
+    let session = Session::start(&root, "by-hand", "", &blocks, &[]);
     let mut failures = Vec::new();
     let mut timings = Vec::new();
     for (i, block) in blocks.iter().enumerate() {
         let limit = if i == 0 { BUILD_LIMIT } else { BLOCK_LIMIT };
         eprintln!("block at line {}:", block.line);
         let started = Instant::now();
-        let Some((printed, status)) = session.next_block(limit) else {
-            let _ = std::fs::remove_file(&path);
+        let Ok((printed, status)) = session.next_block(limit) else {
             panic!(
                 "{PAGE}: the block at line {} did not end within {limit:?}; stderr ends:\n{}",
                 block.line,
@@ -186,11 +82,10 @@ fn the_race_by_hand_runs_as_written_and_prints_what_the_page_says() {
             );
         };
         timings.push((block.line, started.elapsed()));
-        if i == 0 && status != 0 {
-            let _ = std::fs::remove_file(&path);
+        if i == 0 && status != Some(0) {
             panic!(
-                "{PAGE}, line {}: the lab binary's build failed (exit status {status}), so the \
-                 page cannot run; stderr ends:\n{}",
+                "{PAGE}, line {}: the lab binary's build failed (exit status {status:?}), so \
+                 the page cannot run; stderr ends:\n{}",
                 block.line,
                 session.stderr_tail()
             );
@@ -205,7 +100,6 @@ fn the_race_by_hand_runs_as_written_and_prints_what_the_page_says() {
             }
         }
     }
-    let _ = std::fs::remove_file(&path);
     for (line, took) in &timings {
         eprintln!("block at line {line}: {:.2} s", took.as_secs_f64());
     }
