@@ -11,7 +11,8 @@
 //! answer into `503`, and the logs say only warnings. A page whose "Try
 //! it" tells the reader to start the service with variables (a line
 //! `NAME=value ... scripts/run.sh` in a block that is not `sh`, so not
-//! run) gets its service started with them.
+//! run) gets its service started with them. The failover page's runs on a Patroni
+//! cluster of the test's own, as the page has the reader bring one up.
 //!
 //! Every block runs under `set -e`: a command that fails fails the test,
 //! with the command. Where a `text` block follows a `sh` block (nothing
@@ -98,13 +99,15 @@ struct Service {
     child: Child,
     addr: String,
     admin: String,
+    /// The Postgres server of its database, as a URL without a database.
+    server: String,
     db_name: String,
     prefix: String,
     log: PathBuf,
 }
 
 impl Service {
-    fn start(name: &str, environment: &[(String, String)]) -> Self {
+    fn start(name: &str, server: &str, environment: &[(String, String)]) -> Self {
         let tag = format!("tryit_{name}_{}", std::process::id());
         let db_name = format!("seckill_{tag}");
         let prefix = format!("{tag}:");
@@ -120,10 +123,7 @@ impl Service {
         let log = std::env::temp_dir().join(format!("seckill-{tag}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_seckill"))
             .args(["serve", "--demo"])
-            .env(
-                "DATABASE_URL",
-                format!("{}/{db_name}", testkit::pg_server()),
-            )
+            .env("DATABASE_URL", format!("{server}/{db_name}"))
             .env("REDIS_URL", testkit::redis_url())
             .env("SECKILL_REDIS_PREFIX", &prefix)
             .env("SECKILL_ADMIN_TOKEN", &admin)
@@ -145,6 +145,7 @@ impl Service {
             child,
             addr,
             admin,
+            server: server.to_owned(),
             db_name,
             prefix,
             log,
@@ -204,14 +205,17 @@ impl Drop for Service {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.log);
-        let (db_name, prefix) = (self.db_name.clone(), self.prefix.clone());
+        let (server, db_name, prefix) = (
+            self.server.clone(),
+            self.db_name.clone(),
+            self.prefix.clone(),
+        );
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("a runtime for the clean-up");
         runtime.block_on(async move {
             use sqlx::Connection;
-            let server = testkit::pg_server();
             if let Ok(mut conn) = sqlx::PgConnection::connect(&format!("{server}/postgres")).await {
                 let _ = sqlx::query(&format!(
                     "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
@@ -256,12 +260,14 @@ fn start_environment(markdown: &str) -> Vec<(String, String)> {
 
 /// Runs the "Try it" section of the guide's `page` and checks it.
 fn run_try_it(page: &str) {
-    run_section(page, "## Try it");
+    run_section(page, "## Try it", None);
 }
 
 /// Runs the section of the guide's `page` under the heading `section` (a
-/// `## ` line, as written) and checks it.
-fn run_section(page: &str, section: &str) {
+/// `## ` line, as written) and checks it; with a Patroni `cluster`, the
+/// service's database is on it and `HA_DIR` names it to the page's
+/// `scripts/ha.sh` commands.
+fn run_section(page: &str, section: &str, cluster: Option<&testkit::ha::Cluster>) {
     require("bash", "the blocks run in one bash");
     require("curl", "every request is a curl");
     require("python3", "scripts/try.sh's json picks fields with it");
@@ -291,17 +297,22 @@ fn run_section(page: &str, section: &str) {
     );
     first.shell = first.shell.replacen(&format!("{ADMIN_LINE}\n"), "", 1);
 
+    let server = cluster.map_or_else(testkit::pg_server, |c| c.server.clone());
     let service = Service::start(
         page.trim_end_matches(".md").replace('-', "_").as_str(),
+        &server,
         &start_environment(&markdown),
     );
     // One script: stderr with stdout, every failing command fatal (and
     // named); ADMIN and BASE as the reader sets them.
     let prelude = "exec 2>&1\nset -e\ntrap 'echo \"failed ($?): $BASH_COMMAND\"' ERR\n";
-    let env = [
+    let mut env = vec![
         ("ADMIN".to_owned(), service.admin.clone()),
         ("BASE".to_owned(), format!("http://{}", service.addr)),
     ];
+    if let Some(cluster) = cluster {
+        env.push(("HA_DIR".to_owned(), cluster.dir().display().to_string()));
+    }
     let name = format!("try-it-{}", page.trim_end_matches(".md"));
     let session = Session::start(&root, &name, prelude, &blocks, &env);
     let mut failures = Vec::new();
@@ -377,6 +388,15 @@ fn the_shop_pages_try_it_runs_as_written_needs_curl_needs_python3() {
     run_try_it("shop.md");
 }
 
+/// The failover page's, on a Patroni cluster of the test's own (the page
+/// has the reader bring one up with `scripts/ha.sh up`).
+#[test]
+fn the_failover_pages_try_it_runs_as_written_needs_curl_needs_python3_needs_patroni() {
+    require("patroni", "the page kills a Patroni cluster's primary");
+    let cluster = testkit::ha::Cluster::up().expect("a Patroni cluster comes up");
+    run_section("failover.md", "## Try it", Some(&cluster));
+}
+
 #[test]
 fn the_abuse_pages_try_it_runs_as_written_needs_curl_needs_python3() {
     run_try_it("abuse.md");
@@ -387,7 +407,7 @@ fn the_abuse_pages_try_it_runs_as_written_needs_curl_needs_python3() {
 /// user and by another, and refusals of the contract's shape.
 #[test]
 fn the_http_api_pages_examples_run_as_written_needs_curl_needs_python3() {
-    run_section("http-api.md", "## Examples");
+    run_section("http-api.md", "## Examples", None);
 }
 
 /// How a page's output is compared (how its blocks are read is

@@ -70,6 +70,12 @@ impl Cluster {
         }
     }
 
+    /// The cluster's directory: `HA_DIR` for `scripts/ha.sh` commands run
+    /// by hand on it.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// `patronictl list`, for the messages of failures.
     pub fn status(&self) -> String {
         self.run("status").unwrap_or_else(|failed| failed)
