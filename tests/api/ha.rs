@@ -5,7 +5,9 @@
 //! 200 is in the new leader's database, the invariants hold, the sale
 //! resumes by itself, and the failover costs answers 503, never a 500.
 //! With every standby stopped instead, the primary sells on alone, every
-//! purchase answered 200.
+//! purchase answered 200; its Postgres killed then, nobody is promoted: its
+//! own Patroni restarts it in place, purchases answered 503 meanwhile, then
+//! 200 from the same node, every answered order still there.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
@@ -687,24 +689,12 @@ async fn a_killed_primary_rejoins_as_a_replica_while_the_sale_goes_on_needs_patr
     );
 }
 
-/// Every standby stopped under a sale (`scripts/ha.sh stop-replicas`, with
-/// `synchronous_mode_strict` false): the leader goes on alone. Patroni
-/// reports it alone, with no synchronous standby, and its Postgres waits
-/// for none (`synchronous_standby_names` empty) and streams to nobody;
-/// every purchase is answered 200, before, while and after the standbys
-/// go, by the same primary, and every order answered is in its database.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_standby_stopped_leaves_a_lone_primary_that_answers_200_needs_patroni() {
-    let (_one, cluster, mut app) = cluster_and_app().await;
-    let (_, leader_before) = cluster.primary("postgres").await;
-    let voucher = app.open_voucher(1_000_000).await;
-
-    let sale = Sale::start(&app, voucher, StatusCode::OK);
-    warm_up(&sale.committed, "the sale committed").await;
-    let (stopped, script_done) = sale.disrupt(&cluster, "stop-replicas").await;
-
-    // Patroni's view and the primary's own, within a bound: no standby.
-    let alone = loop {
+/// Waits until Patroni reports the leader alone (`Cluster::leads_alone`)
+/// and the primary's own Postgres waits for no standby and streams to
+/// none, within 30 s of `stopped` (when `stop-replicas` began): when it
+/// first saw both.
+async fn alone_since(cluster: &Arc<Cluster>, stopped: Instant) -> Instant {
+    loop {
         let patroni = cluster.clone();
         let patroni_alone = tokio::task::spawn_blocking(move || patroni.leads_alone())
             .await
@@ -722,7 +712,7 @@ async fn every_standby_stopped_leaves_a_lone_primary_that_answers_200_needs_patr
                 .as_ref()
                 .is_ok_and(|(names, n)| names.is_empty() && *n == 0)
         {
-            break Instant::now();
+            return Instant::now();
         }
         assert!(
             stopped.elapsed() < Duration::from_secs(30),
@@ -730,7 +720,26 @@ async fn every_standby_stopped_leaves_a_lone_primary_that_answers_200_needs_patr
             cluster.status()
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    }
+}
+
+/// Every standby stopped under a sale (`scripts/ha.sh stop-replicas`, with
+/// `synchronous_mode_strict` false): the leader goes on alone. Patroni
+/// reports it alone, with no synchronous standby, and its Postgres waits
+/// for none (`synchronous_standby_names` empty) and streams to nobody;
+/// every purchase is answered 200, before, while and after the standbys
+/// go, by the same primary, and every order answered is in its database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_standby_stopped_leaves_a_lone_primary_that_answers_200_needs_patroni() {
+    let (_one, cluster, mut app) = cluster_and_app().await;
+    let (_, leader_before) = cluster.primary("postgres").await;
+    let voucher = app.open_voucher(1_000_000).await;
+
+    let sale = Sale::start(&app, voucher, StatusCode::OK);
+    warm_up(&sale.committed, "the sale committed").await;
+    let (stopped, script_done) = sale.disrupt(&cluster, "stop-replicas").await;
+
+    let alone = alone_since(&cluster, stopped).await;
     // Selling on alone.
     tokio::time::sleep(AFTER).await;
     let purchases = sale.finish().await;
@@ -786,5 +795,186 @@ async fn every_standby_stopped_leaves_a_lone_primary_that_answers_200_needs_patr
         script_done - stopped,
         alone - stopped,
         purchases.len()
+    );
+}
+
+/// The Postgres timeline of the primary behind `pool`: each promotion
+/// starts a new one.
+async fn timeline(pool: &PgPool) -> i64 {
+    let (file,): (String,) = sqlx::query_as("SELECT pg_walfile_name(pg_current_wal_lsn())")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    i64::from_str_radix(&file[..8], 16).unwrap()
+}
+
+/// The lone primary's Postgres killed (`kill -9`) under a sale, once every
+/// standby was stopped and it had sold alone. With no synchronous standby
+/// nobody may be promoted, so Patroni, still running on that node and
+/// still holding the leader key, restarts its Postgres in place (crash
+/// recovery, started read-only, promoted again by itself: one new
+/// timeline). Meanwhile purchases are answered 503, never anything but 200
+/// or 503, and Patroni, polled all along, lists no other member leading or
+/// running; then the same node answers 200 again and holds every order
+/// answered 200, before the kill and after it; the invariants hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_primary_killed_answers_503_until_its_patroni_restarts_it_in_place_needs_patroni() {
+    let (_one, cluster, mut app) = cluster_and_app().await;
+    let (_, leader_before) = cluster.primary("postgres").await;
+    let voucher = app.open_voucher(1_000_000).await;
+
+    let sale = Sale::start(&app, voucher, StatusCode::OK);
+    warm_up(&sale.committed, "the sale committed").await;
+    let stopped = Instant::now();
+    cluster.run_ok("stop-replicas").await;
+    let alone = alone_since(&cluster, stopped).await;
+
+    // Selling alone: some orders committed once nothing streams.
+    let committed_alone = sale.committed.load(Ordering::Relaxed);
+    while alone.elapsed() < Duration::from_millis(500)
+        || sale.committed.load(Ordering::Relaxed) < committed_alone + 20
+    {
+        assert!(
+            alone.elapsed() < Duration::from_secs(15),
+            "the lone primary committed {} orders in 15 s",
+            sale.committed.load(Ordering::Relaxed) - committed_alone
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (pool, _) = cluster.primary("postgres").await;
+    let timeline_before = timeline(&pool).await;
+    pool.close().await;
+
+    let (killed, kill_sent) = sale.disrupt(&cluster, "kill-primary").await;
+    // Until an order is committed for a purchase sent after the kill,
+    // Patroni lists no other member leading or running.
+    let leader_host = format!("127.0.0.1:{leader_before}");
+    while !sale.resumed.load(Ordering::Relaxed) {
+        let patroni = cluster.clone();
+        let status = tokio::task::spawn_blocking(move || patroni.status())
+            .await
+            .unwrap();
+        let members: Vec<&str> = status
+            .lines()
+            .filter(|l| l.contains("127.0.0.1:"))
+            .collect();
+        if !members.is_empty() {
+            let elsewhere = members.iter().any(|l| {
+                !l.contains(&leader_host)
+                    && (l.contains("Leader") || l.contains("running") || l.contains("streaming"))
+            });
+            assert!(
+                !elsewhere,
+                "another member leads or runs after the kill:\n{status}"
+            );
+        }
+        assert!(
+            killed.elapsed() < RESUME_BOUND,
+            "no order committed within {RESUME_BOUND:?} of the kill of the lone primary:\n{status}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    tokio::time::sleep(AFTER).await;
+    let purchases = sale.finish().await;
+
+    assert_answered_only(
+        &purchases,
+        &[StatusCode::OK, StatusCode::SERVICE_UNAVAILABLE],
+    );
+    let ok = |p: &&Purchase| p.status == StatusCode::OK;
+    let unavailable = |p: &&Purchase| p.status == StatusCode::SERVICE_UNAVAILABLE;
+    // Alone and alive, the primary answered every purchase 200.
+    let before_kill: Vec<&Purchase> = purchases.iter().filter(|p| p.answered < killed).collect();
+    assert!(
+        before_kill.iter().all(ok),
+        "a purchase answered before the kill was not answered 200"
+    );
+    let sold_alone = before_kill.iter().filter(|p| p.sent >= alone).count();
+    assert!(
+        sold_alone > 0,
+        "no purchase was sent once the primary was alone"
+    );
+    // The outage: from the kill to the first 200 for a purchase sent after
+    // it; the buyers heard 503 then.
+    let returned = purchases
+        .iter()
+        .filter(|p| p.status == StatusCode::OK && p.sent >= kill_sent)
+        .map(|p| p.answered)
+        .min()
+        .expect("a purchase sent after the kill was answered 200");
+    let in_outage = |p: &&Purchase| p.answered >= kill_sent && p.answered < returned;
+    let refused = purchases
+        .iter()
+        .filter(in_outage)
+        .filter(unavailable)
+        .count();
+    let answered_ok_in_outage = purchases.iter().filter(in_outage).filter(ok).count();
+    assert!(refused > 0, "no purchase was answered 503 after the kill");
+    let sold_after = purchases
+        .iter()
+        .filter(|p| p.status == StatusCode::OK && p.answered > returned)
+        .count();
+    assert!(
+        sold_after > 0,
+        "no other purchase answered 200 once the primary returned"
+    );
+
+    // The same node leads, alone, promoted once more by itself.
+    let (pool, leader_after) = cluster.primary(&app.db_name).await;
+    assert_eq!(
+        leader_before,
+        leader_after,
+        "another node leads after the kill:\n{}",
+        cluster.status()
+    );
+    let patroni = cluster.clone();
+    let still_alone = tokio::task::spawn_blocking(move || patroni.leads_alone())
+        .await
+        .unwrap();
+    assert!(
+        still_alone,
+        "the restarted primary is not alone:\n{}",
+        cluster.status()
+    );
+    let timeline_after = timeline(&pool).await;
+    assert_eq!(
+        timeline_after,
+        timeline_before + 1,
+        "the restarted primary's timeline: one promotion, its own"
+    );
+
+    // Every order answered 200, before the kill and after, is on it.
+    let stored: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT id, user_id FROM voucher_orders WHERE voucher_id = $1")
+            .bind(voucher)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let stored_ids: HashSet<String> = stored.iter().map(|(id, _)| id.to_string()).collect();
+    let stored_users: HashSet<i64> = stored.iter().map(|&(_, user)| user).collect();
+    let answered = answered_ids(&purchases, StatusCode::OK);
+    let missing = answered.difference(&stored_ids).count();
+    assert_eq!(
+        missing, 0,
+        "orders answered 200 not in the restarted primary's database"
+    );
+    let stored_unanswered = purchases
+        .iter()
+        .filter(unavailable)
+        .filter(|p| stored_users.contains(&p.user))
+        .count();
+    app.db = pool;
+    app.check_invariants(voucher).await;
+    eprintln!(
+        "the lone primary killed: {} purchases; {sold_alone} sent once it was alone, {} answered 200 \
+         before the kill, all stored; answered 503 from the kill until the first order committed \
+         {:?} after it ({refused} answered 503, {answered_ok_in_outage} answered 200 in that time \
+         for purchases sent before it, {sold_after} after it); {} answered 200 in all, all stored on the same node \
+         (timeline {timeline_before} -> {timeline_after}); stored though answered 503: \
+         {stored_unanswered}",
+        purchases.len(),
+        before_kill.len(),
+        returned - killed,
+        answered.len()
     );
 }
