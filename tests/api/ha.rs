@@ -44,6 +44,7 @@ const RESUME_BOUND: Duration = Duration::from_secs(40);
 trait Drive {
     async fn run_ok(&self, command: &'static str);
     async fn primary(&self, database: &str) -> (PgPool, i32);
+    async fn alone(&self) -> bool;
 }
 
 impl Drive for Arc<Cluster> {
@@ -57,6 +58,14 @@ impl Drive for Arc<Cluster> {
         if let Err(failed) = done {
             panic!("{failed}\n{}", self.status());
         }
+    }
+
+    /// `Cluster::leads_alone`, on a blocking thread.
+    async fn alone(&self) -> bool {
+        let cluster = self.clone();
+        tokio::task::spawn_blocking(move || cluster.leads_alone())
+            .await
+            .unwrap()
     }
 
     /// A pool on `database` through haproxy, once haproxy leads to a
@@ -278,6 +287,22 @@ fn assert_answered_only(purchases: &[Purchase], allowed: &[StatusCode]) {
     );
 }
 
+/// The voucher's stored orders, as (order id, user id), read from `db`.
+async fn stored_orders<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    voucher: i64,
+) -> sqlx::Result<Vec<(i64, i64)>> {
+    sqlx::query_as("SELECT id, user_id FROM voucher_orders WHERE voucher_id = $1")
+        .bind(voucher)
+        .fetch_all(db)
+        .await
+}
+
+/// The ids of `stored` orders as the API answers them.
+fn order_ids(stored: &[(i64, i64)]) -> HashSet<String> {
+    stored.iter().map(|(id, _)| id.to_string()).collect()
+}
+
 /// The ids of the orders answered `status` (200, or 202 in an async sale).
 fn answered_ids(purchases: &[Purchase], status: StatusCode) -> HashSet<String> {
     purchases
@@ -334,13 +359,8 @@ async fn sale_through(disruption: &'static str) -> Report {
         "`{disruption}` left the same node leading:\n{}",
         cluster.status()
     );
-    let stored: Vec<(i64, i64)> =
-        sqlx::query_as("SELECT id, user_id FROM voucher_orders WHERE voucher_id = $1")
-            .bind(voucher)
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    let stored_ids: HashSet<String> = stored.iter().map(|(id, _)| id.to_string()).collect();
+    let stored = stored_orders(&pool, voucher).await.unwrap();
+    let stored_ids = order_ids(&stored);
     let stored_users: HashSet<i64> = stored.iter().map(|&(_, user)| user).collect();
     // The outbox through the failover: one order.created per stored
     // order, and none for an order that is not stored (the event is
@@ -471,13 +491,7 @@ async fn a_primary_killed_under_async_writers_loses_no_accepted_order_needs_patr
     let waited = Instant::now();
     let missing = loop {
         let (pool, _) = cluster.primary(&app.db_name).await;
-        let stored: Vec<(i64,)> =
-            sqlx::query_as("SELECT id FROM voucher_orders WHERE voucher_id = $1")
-                .bind(voucher)
-                .fetch_all(&pool)
-                .await
-                .unwrap_or_default();
-        let stored: HashSet<String> = stored.iter().map(|(id,)| id.to_string()).collect();
+        let stored = order_ids(&stored_orders(&pool, voucher).await.unwrap_or_default());
         let missing: Vec<&String> = accepted_ids.difference(&stored).collect();
         if missing.is_empty() || waited.elapsed() > Duration::from_secs(60) {
             app.db = pool;
@@ -654,17 +668,8 @@ async fn a_killed_primary_rejoins_as_a_replica_while_the_sale_goes_on_needs_patr
     let direct = format!("postgres://postgres@{host}/{}", app.db_name);
     let caught_up = Instant::now();
     loop {
-        let stored: HashSet<String> = match PgConnection::connect(&direct).await {
-            Ok(mut conn) => {
-                sqlx::query_as::<_, (i64,)>("SELECT id FROM voucher_orders WHERE voucher_id = $1")
-                    .bind(voucher)
-                    .fetch_all(&mut conn)
-                    .await
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(id,)| id.to_string())
-                    .collect()
-            }
+        let stored = match PgConnection::connect(&direct).await {
+            Ok(mut conn) => order_ids(&stored_orders(&mut conn, voucher).await.unwrap_or_default()),
             Err(_) => HashSet::new(),
         };
         let missing = answered.difference(&stored).count();
@@ -695,10 +700,7 @@ async fn a_killed_primary_rejoins_as_a_replica_while_the_sale_goes_on_needs_patr
 /// first saw both.
 async fn alone_since(cluster: &Arc<Cluster>, stopped: Instant) -> Instant {
     loop {
-        let patroni = cluster.clone();
-        let patroni_alone = tokio::task::spawn_blocking(move || patroni.leads_alone())
-            .await
-            .unwrap();
+        let patroni_alone = cluster.alone().await;
         let (pool, _) = cluster.primary("postgres").await;
         let postgres: Result<(String, i64), _> = sqlx::query_as(
             "SELECT current_setting('synchronous_standby_names'), \
@@ -766,12 +768,7 @@ async fn every_standby_stopped_leaves_a_lone_primary_that_answers_200_needs_patr
         .await
         .unwrap();
     assert_eq!(streaming, 0, "the primary streams to a standby again");
-    let stored: Vec<(i64,)> = sqlx::query_as("SELECT id FROM voucher_orders WHERE voucher_id = $1")
-        .bind(voucher)
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    let stored: HashSet<String> = stored.iter().map(|(id,)| id.to_string()).collect();
+    let stored = order_ids(&stored_orders(&pool, voucher).await.unwrap());
     let answered = answered_ids(&purchases, StatusCode::OK);
     let missing = answered.difference(&stored).count();
     assert_eq!(
@@ -927,12 +924,8 @@ async fn a_lone_primary_killed_answers_503_until_its_patroni_restarts_it_in_plac
         "another node leads after the kill:\n{}",
         cluster.status()
     );
-    let patroni = cluster.clone();
-    let still_alone = tokio::task::spawn_blocking(move || patroni.leads_alone())
-        .await
-        .unwrap();
     assert!(
-        still_alone,
+        cluster.alone().await,
         "the restarted primary is not alone:\n{}",
         cluster.status()
     );
@@ -944,13 +937,8 @@ async fn a_lone_primary_killed_answers_503_until_its_patroni_restarts_it_in_plac
     );
 
     // Every order answered 200, before the kill and after, is on it.
-    let stored: Vec<(i64, i64)> =
-        sqlx::query_as("SELECT id, user_id FROM voucher_orders WHERE voucher_id = $1")
-            .bind(voucher)
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    let stored_ids: HashSet<String> = stored.iter().map(|(id, _)| id.to_string()).collect();
+    let stored = stored_orders(&pool, voucher).await.unwrap();
+    let stored_ids = order_ids(&stored);
     let stored_users: HashSet<i64> = stored.iter().map(|&(_, user)| user).collect();
     let answered = answered_ids(&purchases, StatusCode::OK);
     let missing = answered.difference(&stored_ids).count();
