@@ -2,14 +2,17 @@
 # The oha scripts (loadtest/oha/) against a service of their own: one user
 # hammering (exactly one order) and a sold-out flood (still one order). Each
 # script checks its voucher's orders through the admin API and fails if an
-# invariant broke. Installs oha (crates.io) if it is missing.
+# invariant broke. Installs oha (crates.io) if it is missing: a debug build
+# under target/test-tools (a few thousand requests need no optimiser, and
+# the release build took seven minutes on a slow two-core machine).
 #   REQUESTS (2000), DURATION (3s), CONNECTIONS (100)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
+export PATH="$PWD/target/test-tools/oha/bin:$PATH"
 if ! command -v oha >/dev/null; then
-    echo "oha: installing it (cargo install --locked oha)" >&2
-    cargo install --locked --quiet oha
+    echo "oha: installing it (cargo install --locked --debug oha)" >&2
+    cargo install --locked --quiet --debug --root target/test-tools/oha oha
 fi
 source scripts/service.sh
 start_service

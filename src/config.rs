@@ -75,7 +75,8 @@ pub struct Settings {
 
     /// Addresses or networks (comma-separated, `10.0.0.0/8` or
     /// `127.0.0.1`) of the proxies whose `X-Forwarded-For` names the client;
-    /// its last hop is then the client's address. Unset: the socket's peer.
+    /// its last hop that is not one of them is then the client's address.
+    /// Unset: the socket's peer.
     #[arg(long, env = "SECKILL_TRUSTED_PROXIES", value_delimiter = ',', value_parser = proxy_net)]
     pub trusted_proxies: Vec<IpNet>,
 

@@ -123,6 +123,10 @@ pub(crate) enum Scenario {
     /// bot farm, slow bodies), on instances of its own with limits on;
     /// what a refused request costs beside /healthz.
     Abuse(abuse::AbuseArgs),
+    /// The botnet's reads from a process of their own (`loadtest abuse`
+    /// starts it for the rows through the front).
+    #[command(hide = true)]
+    Flood(abuse::FloodArgs),
     /// A sale behind a waiting room on instances of its own: a crowd
     /// joining before the start, another after it, bots joining again and
     /// again, everyone polling as told; fairness, pace, no purchase without

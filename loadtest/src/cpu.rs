@@ -47,6 +47,17 @@ impl Usage {
         Self { parts, postgres }
     }
 
+    /// The same reading with `part` added: the CPU of process `pid` and of
+    /// its children (nginx's master and its workers, say).
+    pub fn with_process(mut self, part: &'static str, pid: u32) -> Self {
+        let tick = clock_ticks();
+        let mut pids = children_of(pid);
+        pids.push(pid);
+        let seconds: f64 = pids.iter().filter_map(|p| process_seconds(*p, tick)).sum();
+        self.parts.insert(part, seconds);
+        self
+    }
+
     /// The CPU spent between `earlier` and this reading, per part, in
     /// microseconds per unit of work (`units` requests, say).
     pub fn micros_per(&self, earlier: &Usage, units: u64) -> BTreeMap<&'static str, f64> {
@@ -92,6 +103,44 @@ fn stat_seconds(stat: &str, tick: f64) -> Option<f64> {
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
     Some((utime + stime) / tick)
+}
+
+/// The processes whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // After the command name: the state, then the parent's pid.
+                stat.rfind(')')
+                    .and_then(|end| stat[end + 2..].split(' ').nth(1)?.parse::<u32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
+/// The Postgres backends serving `database` (by their process titles,
+/// `postgres: ... user database host(port) state`).
+pub fn backends_of(database: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| {
+                let title = String::from_utf8_lossy(&line);
+                title.starts_with("postgres: ")
+                    && title.split_whitespace().any(|word| word == database)
+            })
+        })
+        .collect()
 }
 
 /// Every process named `postgres` (the server and its backends), by pid.

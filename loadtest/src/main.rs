@@ -62,6 +62,7 @@ async fn main() -> ExitCode {
         Scenario::Userlocks(args) => userlocks::run(target, args).await,
         Scenario::Groupcommit(args) => groupcommit::run(target, args).await,
         Scenario::Abuse(args) => abuse::run(target, args).await,
+        Scenario::Flood(args) => abuse::flood_process(args).await,
         Scenario::Waitingroom(args) => waitingroom::run(target, args).await,
         Scenario::Failover(args) => failover::run(target, args).await,
         Scenario::Webhooks(args) => webhooks::run(target, args).await,
@@ -189,6 +190,7 @@ async fn run(
         | Scenario::Groupcommit(_)
         | Scenario::Lifecycle(_)
         | Scenario::Abuse(_)
+        | Scenario::Flood(_)
         | Scenario::Waitingroom(_)
         | Scenario::Userlocks(_)
         | Scenario::Failover(_)

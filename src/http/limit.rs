@@ -2,9 +2,10 @@
 //! every route, per user on the routes that buy, read orders or queue.
 //! GCRA (`governor`): one atomic state per key, idle keys evicted.
 //!
-//! The client is the socket's peer, or the last `X-Forwarded-For` hop when
-//! the peer is a trusted proxy (the hop that proxy appended; earlier hops
-//! are whatever the client wrote). IPv6 clients count by their /64: one
+//! The client is the socket's peer, or, when the peer is a trusted proxy,
+//! the last `X-Forwarded-For` hop that is not one (read from the right:
+//! each trusted proxy appended the hop before it; hops left of the first
+//! untrusted one are whatever the client wrote). IPv6 clients count by their /64: one
 //! subscriber gets a whole /64 and could otherwise rotate through it.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -89,20 +90,29 @@ impl Limits {
         self
     }
 
-    /// The address a request's limit is counted under.
+    /// The address a request's limit is counted under: from the peer
+    /// leftwards through `X-Forwarded-For`, the first address that is not
+    /// a trusted proxy (a CDN in front of the shipped nginx makes two
+    /// trusted hops). A hop that is no address ends the walk at the last
+    /// trusted one.
     pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
-        let peer = canonical(peer);
-        if !self.inner.trusted.iter().any(|net| net.contains(&peer)) {
-            return peer;
-        }
-        let forwarded = headers
+        let trusted = |ip: &IpAddr| self.inner.trusted.iter().any(|net| net.contains(ip));
+        let mut client = canonical(peer);
+        let hops = headers
             .get_all("x-forwarded-for")
             .iter()
-            .next_back()
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.rsplit(',').next())
-            .and_then(|hop| hop.trim().parse::<IpAddr>().ok());
-        forwarded.map_or(peer, canonical)
+            .rev()
+            .flat_map(|v| v.to_str().unwrap_or("").rsplit(','));
+        for hop in hops {
+            if !trusted(&client) {
+                break;
+            }
+            match hop.trim().parse::<IpAddr>() {
+                Ok(ip) => client = canonical(ip),
+                Err(_) => break,
+            }
+        }
+        client
     }
 
     /// One request from `client`.
@@ -358,7 +368,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_forwarded_hop_counts_only_behind_a_trusted_proxy() {
+    async fn the_forwarded_hops_count_only_behind_trusted_proxies() {
         let proxy: IpAddr = "10.0.0.5".parse().unwrap();
         let limits = Limits::new(1, 1, vec!["10.0.0.0/24".parse().unwrap()]);
         let client = |peer: IpAddr, h: &[&'static str]| limits.client(peer, &headers(h));
@@ -373,6 +383,25 @@ mod tests {
             "3.3.3.3".parse::<IpAddr>().unwrap()
         );
         assert_eq!(client(proxy, &["garbage"]), proxy);
+        // Two trusted proxies (a CDN, then nginx): the hop before both.
+        assert_eq!(
+            client(proxy, &["1.1.1.1, 2.2.2.2, 10.0.0.9"]),
+            "2.2.2.2".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            client(proxy, &["2.2.2.2", "10.0.0.9"]),
+            "2.2.2.2".parse::<IpAddr>().unwrap()
+        );
+        // Every hop trusted: the furthest of them.
+        assert_eq!(
+            client(proxy, &["10.0.0.7, 10.0.0.9"]),
+            "10.0.0.7".parse::<IpAddr>().unwrap()
+        );
+        // Garbage behind a trusted hop: that hop, never the garbage's left.
+        assert_eq!(
+            client(proxy, &["1.1.1.1, garbage, 10.0.0.9"]),
+            "10.0.0.9".parse::<IpAddr>().unwrap()
+        );
         assert_eq!(client(proxy, &[]), proxy);
         let stranger: IpAddr = "192.0.2.7".parse().unwrap();
         assert_eq!(client(stranger, &["2.2.2.2"]), stranger);

@@ -19,6 +19,13 @@ impl Front {
     /// machine: one worker, its files under a folder of its own, the
     /// instances at `upstreams`, listening on a free loopback port.
     pub fn start(upstreams: &[SocketAddr]) -> Result<Self, String> {
+        Self::start_on(upstreams, None)
+    }
+
+    /// [`Front::start`], its processes on the cores `cpus` when given
+    /// (`taskset`'s list syntax: `1`, `2-3`): a load test on one machine
+    /// keeps the front off the cores of the instances behind it.
+    pub fn start_on(upstreams: &[SocketAddr], cpus: Option<&str>) -> Result<Self, String> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let shipped = std::fs::read_to_string(root.join("deploy/nginx.conf"))
             .map_err(|e| format!("reading deploy/nginx.conf: {e}"))?;
@@ -56,7 +63,15 @@ impl Front {
             .into_iter()
             .find(|p| Path::new(p).exists() || which(p))
             .ok_or("nginx is not installed (scripts/deps.sh installs it)")?;
-        let child = Command::new(nginx)
+        let mut command = match cpus {
+            Some(cpus) => {
+                let mut taskset = Command::new("taskset");
+                taskset.args(["-c", cpus, nginx]);
+                taskset
+            }
+            None => Command::new(nginx),
+        };
+        let child = command
             .arg("-p")
             .arg(&dir)
             .arg("-c")
@@ -78,6 +93,11 @@ impl Front {
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok(front)
+    }
+
+    /// The process id of nginx's master (its workers are its children).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// The front's base URL.

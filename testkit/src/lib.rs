@@ -185,6 +185,11 @@ impl OwnRedis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// The server's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// (Re)starts the server on the same port and waits until it answers;
     /// a port held for a moment by someone else is waited for (bounded).
     pub fn restart(&mut self) {

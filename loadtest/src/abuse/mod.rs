@@ -19,8 +19,9 @@ use crate::api::Admin;
 use crate::service::Target;
 use crate::TargetArgs;
 use cost::weigh_refusal;
+pub(crate) use flood::{flood_process, FloodArgs};
 use report::finish;
-use row::{run_row, Row};
+use row::{run_row, Row, Through};
 
 #[derive(Args, Clone)]
 pub struct AbuseArgs {
@@ -82,6 +83,72 @@ pub struct AbuseArgs {
     /// against `/healthz` in the service's CPU (0: no such phase).
     #[arg(long, default_value_t = 20_000)]
     pub cpu_requests: usize,
+    /// Where the rows through the front run: `auto` puts the front (nginx)
+    /// and the botnet's flood (a process of its own) on the last core, the
+    /// instances and the honest crowd's driver on the others, as if the
+    /// front and the bots were machines of their own (two cores or more);
+    /// `FRONT:ORIGIN` gives both core lists (`taskset`'s syntax); `none`
+    /// leaves every process on every core.
+    #[arg(long, default_value = "auto")]
+    pub front_cpus: String,
+    /// Rounds of the rows through the front (the crowd alone through it,
+    /// then beside the botnet's reads), taking turns; judged on the median.
+    #[arg(long, default_value_t = 3)]
+    pub front_rounds: usize,
+}
+
+/// The cores of the rows through the front: the front and the botnet's
+/// flood on `front`, the instances and this driver on `origin`; every
+/// process on `all` otherwise.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Placement {
+    pub front: String,
+    pub origin: String,
+    pub all: String,
+}
+
+impl Placement {
+    /// `--front-cpus` on a machine of `cores` cores; `None` for `none`, or
+    /// for `auto` on one core.
+    fn parse(arg: &str, cores: usize) -> anyhow::Result<Option<Self>> {
+        let all = format!("0-{}", cores.max(1) - 1);
+        match arg {
+            "none" => Ok(None),
+            "auto" if cores < 2 => Ok(None),
+            "auto" => Ok(Some(Self {
+                front: (cores - 1).to_string(),
+                origin: if cores == 2 {
+                    "0".into()
+                } else {
+                    format!("0-{}", cores - 2)
+                },
+                all,
+            })),
+            given => match given.split_once(':') {
+                Some((front, origin)) if !front.is_empty() && !origin.is_empty() => {
+                    Ok(Some(Self {
+                        front: front.into(),
+                        origin: origin.into(),
+                        all,
+                    }))
+                }
+                _ => anyhow::bail!("--front-cpus: `auto`, `none` or FRONT:ORIGIN, not {given:?}"),
+            },
+        }
+    }
+
+    /// Puts every thread of `pids` on `cpus` (`taskset -a -p -c`).
+    fn pin(pids: &[u32], cpus: &str) -> anyhow::Result<()> {
+        for pid in pids {
+            let status = std::process::Command::new("taskset")
+                .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+                .stdout(std::process::Stdio::null())
+                .status()
+                .map_err(|e| anyhow::anyhow!("taskset: {e} (util-linux)"))?;
+            anyhow::ensure!(status.success(), "taskset -a -p -c {cpus} {pid}: {status}");
+        }
+        Ok(())
+    }
 }
 
 /// One row's attacker.
@@ -212,9 +279,37 @@ pub async fn run(target: &TargetArgs, args: &AbuseArgs) -> anyhow::Result<bool> 
         anyhow::bail!("abuse starts its own instances (it sets their limits, trusted proxy and body deadline); drop --url");
     }
     let env = service_env(args);
-    let service = Target::start(target.launch(args.instances.max(1), env.clone())).await?;
-    let result = rows_of(&service, args).await;
-    service.stop().await;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let placement = Placement::parse(&args.front_cpus, cores)?
+        .filter(|_| args.attacks.iter().any(|a| a.through_front()));
+    // Placed, the rows use a Redis of their own, so that it can be put on
+    // the origin's cores without moving the machine's shared one.
+    let shared_redis = std::env::var("REDIS_URL").ok();
+    let own_redis = match &placement {
+        Some(_) => {
+            let redis = testkit::OwnRedis::try_start_with(&[]).map_err(anyhow::Error::msg)?;
+            std::env::set_var("REDIS_URL", redis.url());
+            Some(redis)
+        }
+        None => None,
+    };
+    let service = Target::start(target.launch(args.instances.max(1), env.clone())).await;
+    let result = match service {
+        Ok(service) => {
+            let redis_pid = own_redis.as_ref().and_then(testkit::OwnRedis::pid);
+            let rows = rows_of(&service, args, placement.as_ref(), redis_pid).await;
+            service.stop().await;
+            rows
+        }
+        Err(e) => Err(e),
+    };
+    if own_redis.is_some() {
+        match shared_redis {
+            Some(url) => std::env::set_var("REDIS_URL", url),
+            None => std::env::remove_var("REDIS_URL"),
+        }
+    }
+    drop(own_redis);
     let rows = result?;
     let cost = if args.cpu_requests > 0 {
         Some(weigh_refusal(target, args, env).await?)
@@ -255,7 +350,12 @@ fn service_env(args: &AbuseArgs) -> Vec<(String, String)> {
     ]
 }
 
-async fn rows_of(service: &Target, args: &AbuseArgs) -> anyhow::Result<Vec<Row>> {
+async fn rows_of(
+    service: &Target,
+    args: &AbuseArgs,
+    placement: Option<&Placement>,
+    redis_pid: Option<u32>,
+) -> anyhow::Result<Vec<Row>> {
     let admin = Admin::new(service);
     let users = args.users.max(1);
     let bots = args.bots.max(1);
@@ -273,9 +373,20 @@ async fn rows_of(service: &Target, args: &AbuseArgs) -> anyhow::Result<Vec<Row>>
     attacks.extend(
         Attack::ALL
             .into_iter()
-            .filter(|a| *a != Attack::Nobody && args.attacks.contains(a))
+            .filter(|a| *a != Attack::Nobody && !a.through_front() && args.attacks.contains(a))
             .map(|a| (a, false)),
     );
+    // The rows through the front take turns, `--front-rounds` times: each
+    // botnet row is judged against the crowd alone through the front just
+    // before it, and the goal on the median of the rounds.
+    for _ in 0..args.front_rounds.max(1) {
+        attacks.extend(
+            [Attack::FrontAlone, Attack::FrontBotnetReads]
+                .into_iter()
+                .filter(|a| args.attacks.contains(a))
+                .map(|a| (a, false)),
+        );
+    }
     if attacks.len() > 1 {
         attacks.push((Attack::Nobody, true));
     }
@@ -295,21 +406,32 @@ async fn rows_of(service: &Target, args: &AbuseArgs) -> anyhow::Result<Vec<Row>>
             .iter()
             .filter_map(|b| b.trim_start_matches("http://").parse().ok())
             .collect();
-        Some(testkit::Front::start(&instances).map_err(anyhow::Error::msg)?)
+        let cpus = placement.as_ref().map(|p| p.front.as_str());
+        Some(testkit::Front::start_on(&instances, cpus).map_err(anyhow::Error::msg)?)
     } else {
         None
     };
     let mut rows: Vec<Row> = Vec::with_capacity(attacks.len());
     for (attack, again) in attacks {
-        let via = front
-            .as_ref()
-            .filter(|_| attack.through_front())
-            .map(testkit::Front::base);
-        let mut row = run_row(service, &admin, args, &people, attack, again, via).await?;
+        let front = front.as_ref().filter(|_| attack.through_front());
+        let pinned = placement.filter(|_| front.is_some());
+        let origin = origin_processes(service, redis_pid);
+        if let Some(placement) = pinned {
+            Placement::pin(&origin, &placement.origin)?;
+        }
+        let through = front.map(|front| Through {
+            front,
+            placement: pinned,
+        });
+        let row = run_row(service, &admin, args, &people, attack, again, through).await;
+        if let Some(placement) = pinned {
+            Placement::pin(&origin, &placement.all)?;
+        }
+        let mut row = row?;
         if attack == Attack::FrontBotnetReads {
             row.baseline = rows
                 .iter()
-                .find(|r| r.attack == Attack::FrontAlone)
+                .rfind(|r| r.attack == Attack::FrontAlone)
                 .map(|r| (r.rate, r.honest.ms(0.99)));
         }
         eprintln!(
@@ -330,6 +452,25 @@ async fn rows_of(service: &Target, args: &AbuseArgs) -> anyhow::Result<Vec<Row>>
     Ok(rows)
 }
 
+/// The origin's side of the machine: the instances, this driver (the
+/// honest crowd's), the Postgres backends serving the run's database and
+/// the run's own Redis.
+fn origin_processes(service: &Target, redis: Option<u32>) -> Vec<u32> {
+    let mut pids: Vec<u32> = (0..service.bases.len())
+        .filter_map(|i| service.pid(i))
+        .collect();
+    pids.push(std::process::id());
+    pids.extend(redis);
+    if let Some(database) = service
+        .database_url
+        .as_deref()
+        .and_then(|url| url.rsplit('/').next())
+    {
+        pids.extend(crate::cpu::backends_of(database));
+    }
+    pids
+}
+
 /// Who takes part in the rows: the honest buyers' tokens and addresses,
 /// the attacker's one token and its bots' tokens.
 struct People<'a> {
@@ -346,6 +487,26 @@ struct People<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_front_takes_the_last_core_unless_told_otherwise() {
+        let two = Placement::parse("auto", 2).unwrap().unwrap();
+        assert_eq!(
+            (two.front.as_str(), two.origin.as_str(), two.all.as_str()),
+            ("1", "0", "0-1")
+        );
+        let four = Placement::parse("auto", 4).unwrap().unwrap();
+        assert_eq!((four.front.as_str(), four.origin.as_str()), ("3", "0-2"));
+        assert_eq!(Placement::parse("auto", 1).unwrap(), None);
+        assert_eq!(Placement::parse("none", 8).unwrap(), None);
+        let given = Placement::parse("2-3:0-1", 4).unwrap().unwrap();
+        assert_eq!(
+            (given.front.as_str(), given.origin.as_str()),
+            ("2-3", "0-1")
+        );
+        assert!(Placement::parse("1", 2).is_err());
+        assert!(Placement::parse(":0", 2).is_err());
+    }
 
     #[test]
     fn addresses_are_distinct_per_buyer_and_slow_connection() {

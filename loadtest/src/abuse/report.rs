@@ -57,6 +57,7 @@ pub(super) fn finish(args: &AbuseArgs, rows: &[Row], cost: Option<&RefusalCost>)
     let goals: Vec<Verdict> = rows
         .iter()
         .flat_map(|row| goals(row, alone))
+        .chain(front_goals(rows, alone))
         .chain(cost.map(RefusalCost::verdicts).into_iter().flatten())
         .collect();
     print_rows(rows, alone);
@@ -134,16 +135,59 @@ fn save(rows: &[Row], alone: &Alone) {
     );
 }
 
+/// The goals of the rows through the front, on the median of their rounds
+/// (each against the crowd alone through the front just before it): the
+/// buyers keep 0.9 of their rate, their p99 under 2x.
+fn front_goals(rows: &[Row], alone: &Alone) -> Vec<Verdict> {
+    let beside: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.attack == Attack::FrontBotnetReads)
+        .collect();
+    if beside.is_empty() {
+        return Vec::new();
+    }
+    let median = |of: &dyn Fn(&Row) -> f64| {
+        let mut ratios: Vec<f64> = beside.iter().map(|r| of(r)).collect();
+        ratios.sort_by(f64::total_cmp);
+        let mid = ratios.len() / 2;
+        if ratios.len() % 2 == 1 {
+            ratios[mid]
+        } else {
+            (ratios[mid - 1] + ratios[mid]) / 2.0
+        }
+    };
+    let name = Attack::FrontBotnetReads.name();
+    vec![
+        Verdict::new(
+            name,
+            "honest purchases/s, of alone through the front (median of the rounds)",
+            median(&|r| r.rate / alone.rate_for(r)),
+            ">= 0.9",
+            |m| m >= 0.9,
+        ),
+        Verdict::new(
+            name,
+            "honest p99, of alone through the front (median of the rounds)",
+            median(&|r| r.honest.ms(0.99) / alone.p99_for(r)),
+            "< 2",
+            |m| m < 2.0,
+        ),
+    ]
+}
+
 /// The issue's goals for one row.
 fn goals(row: &Row, alone: &Alone) -> Vec<Verdict> {
     let attack = row.name();
     let mut goals = Vec::new();
-    if !matches!(row.attack, Attack::Nobody | Attack::FrontAlone) {
+    // The rows through the front are judged together (`front_goals`).
+    if !matches!(
+        row.attack,
+        Attack::Nobody | Attack::FrontAlone | Attack::FrontBotnetReads
+    ) {
         // The botnets' issue asks more of the buyers' rate: 0.8 straight
-        // at the instance, 0.9 behind the front.
+        // at the instance.
         let (least, text) = match row.attack {
             Attack::BotnetReads | Attack::BotnetAccounts => (0.8, ">= 0.8"),
-            Attack::FrontBotnetReads => (0.9, ">= 0.9"),
             _ => (0.6, ">= 0.6"),
         };
         goals.push(Verdict::new(
@@ -224,6 +268,8 @@ fn rows_table(rows: &[Row], alone: &Alone) -> Table {
         "attacker answers",
         "service CPU %",
         "driver CPU %",
+        "front CPU %",
+        "bots' process CPU %",
         "all CPU %",
         "invariants",
     ]);
@@ -249,6 +295,8 @@ fn rows_table(rows: &[Row], alone: &Alone) -> Table {
             attacker_answers,
             percent("service"),
             percent("driver"),
+            percent("front"),
+            percent("flood"),
             format!("{:.0}", row.cpu.values().sum::<f64>()),
             if row.check.ok() && row.honest_5xx() == 0 {
                 "ok"

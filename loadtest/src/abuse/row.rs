@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::flood::flood_until;
+use super::flood::{flood_until, FloodProcess};
 use super::slow::{slow_bodies, slow_watch, Slow};
-use super::{AbuseArgs, Attack, People, ATTACKER};
+use super::{AbuseArgs, Attack, People, Placement, ATTACKER};
 use crate::api::{Admin, SaleMode};
 use crate::cpu::Usage;
 use crate::drive::{answers_where, drive, Plan, Request, Tally};
@@ -90,6 +90,13 @@ impl Alone {
     }
 }
 
+/// A row through the front: the front, and where its processes run.
+#[derive(Clone, Copy)]
+pub(super) struct Through<'a> {
+    pub front: &'a testkit::Front,
+    pub placement: Option<&'a Placement>,
+}
+
 /// One row: a voucher of its own, the honest crowd for `--seconds` with
 /// `attack` beside it, then the voucher's invariants.
 pub(super) async fn run_row(
@@ -99,24 +106,62 @@ pub(super) async fn run_row(
     people: &People<'_>,
     attack: Attack,
     again: bool,
-    via: Option<String>,
+    through: Option<Through<'_>>,
 ) -> anyhow::Result<Row> {
+    let front = through.map(|t| t.front);
+    let pinned = through.and_then(|t| t.placement);
     let voucher = admin.endless_voucher(SaleMode::Sync).await?;
+    let via = front.map(testkit::Front::base);
     let base = via.clone().unwrap_or_else(|| service.base.clone());
     let origin_before = origin_reads(service).await;
     let honest_plan: Vec<Request> = service
         .purchases(voucher, people.honest, 1)
         .into_iter()
         .zip(people.addresses)
-        .map(|(request, address)| request.with_address(address.clone()))
+        .map(|(request, address)| {
+            let mut request = request.with_address(address.clone());
+            // Through the front, every purchase goes to it, not to the
+            // instance the plan would pick.
+            if via.is_some() {
+                request.base = None;
+            }
+            request
+        })
         .collect();
     let other = match attack {
         Attack::BotnetAccounts => Some(admin.endless_voucher(SaleMode::Sync).await?),
         _ => None,
     };
-    let flood = flood_plan(attack, voucher, other.unwrap_or(voucher), people);
+    let mut flood = flood_plan(attack, voucher, other.unwrap_or(voucher), people);
+    // Through the front, the botnet floods from a process of its own (on
+    // the front's cores when placed), its connections open before the
+    // crowd's clock starts.
+    let flood_process = match (front, flood.take_if(|_| front.is_some())) {
+        (Some(front), Some(_)) => Some(
+            FloodProcess::start(
+                &front.base(),
+                &format!("/vouchers/{voucher}"),
+                args.botnet_addresses,
+                args.attack_connections,
+                pinned.map(|p| p.front.as_str()),
+            )
+            .await?,
+        ),
+        _ => None,
+    };
+    let flood_pid = flood_process.as_ref().and_then(FloodProcess::pid);
+    let reading = || async move {
+        let mut usage = Usage::now(service).await;
+        if let Some(front) = front {
+            usage = usage.with_process("front", front.pid());
+        }
+        if let Some(pid) = flood_pid {
+            usage = usage.with_process("flood", pid);
+        }
+        usage
+    };
     let started = chrono::Utc::now().timestamp();
-    let cpu_before = Usage::now(service).await;
+    let cpu_before = reading().await;
     let wall = Instant::now();
     let limit = Duration::from_secs(args.seconds);
     let watching = Arc::new(AtomicBool::new(false));
@@ -127,7 +172,17 @@ pub(super) async fn run_row(
         args.connections,
         attack.label(),
     );
+    let mut cpu_after = None;
     let (honest_tally, attacker, slow) = match (flood, attack) {
+        (None, _) if flood_process.is_some() => {
+            let honest = crowd.await;
+            cpu_after = Some(reading().await);
+            let flood = match flood_process {
+                Some(process) => process.stop().await?,
+                None => unreachable!("matched on it"),
+            };
+            (honest, Some(flood), None)
+        }
         (Some(requests), _) => {
             let stop = Arc::new(AtomicBool::new(false));
             let (ready, opened) = tokio::sync::oneshot::channel();
@@ -159,7 +214,11 @@ pub(super) async fn run_row(
         }
         (None, _) => (crowd.await, None, None),
     };
-    let cpu = busy(&cpu_before, &Usage::now(service).await, wall.elapsed());
+    let cpu_after = match cpu_after {
+        Some(after) => after,
+        None => reading().await,
+    };
+    let cpu = busy(&cpu_before, &cpu_after, wall.elapsed());
     watching.store(true, Ordering::Relaxed);
     let delays = watcher.await.unwrap_or_default();
     let delay_ms = (
@@ -390,6 +449,8 @@ mod tests {
             botnet_addresses: 1,
             shed_delay_ms: 2,
             cpu_requests: 0,
+            front_cpus: "none".into(),
+            front_rounds: 1,
         };
         let two = Duration::from_secs(2);
         assert_eq!(allowance(Attack::BotFarm, &args, two), Some(300.0));
