@@ -1,5 +1,7 @@
 # Sourced by scripts that need a running service of their own (fuzz.sh,
-# oha.sh): `start_service` builds the release binary and starts it on a
+# oha.sh): `start_service` builds the binary (the release profile, or the
+# one SERVICE_PROFILE names: CI gives `dev`, which its tests built
+# already) and starts it on a
 # free port against a database of its own, sets BASE (its URL) and ADMIN
 # (its admin token), and stops it, drops the database and deletes its Redis
 # keys on exit. The load tools drive it from one address, so its rate
@@ -17,12 +19,14 @@ start_service() {
     ADMIN="script-admin-$run$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
     BASE="http://127.0.0.1:$port"
     SERVICE_LOG="target/service-$run.log"
-    cargo build --quiet --release --bin seckill
+    local profile="${SERVICE_PROFILE:-release}" dir
+    dir="$profile"; [ "$profile" = dev ] && dir=debug
+    cargo build --quiet --profile "$profile" --bin seckill
     DATABASE_URL="$server/$SERVICE_DB" SECKILL_ADDR="127.0.0.1:$port" SECKILL_ADMIN_TOKEN="$ADMIN" \
         SECKILL_REDIS_PREFIX="$SERVICE_PREFIX" RUST_LOG=warn \
         SECKILL_LIMIT_PER_ADDRESS="${SECKILL_LIMIT_PER_ADDRESS:-0}" \
         SECKILL_LIMIT_PER_USER="${SECKILL_LIMIT_PER_USER:-0}" \
-        "${CARGO_TARGET_DIR:-target}/release/seckill" serve > "$SERVICE_LOG" 2>&1 &
+        "${CARGO_TARGET_DIR:-target}/$dir/seckill" serve > "$SERVICE_LOG" 2>&1 &
     SERVICE_PID=$!
     trap stop_service EXIT
     for _ in $(seq 1 100); do
