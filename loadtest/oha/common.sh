@@ -7,9 +7,19 @@ ADMIN_TOKEN="${ADMIN_TOKEN:-${SECKILL_ADMIN_TOKEN:-}}"
 [ -n "$ADMIN_TOKEN" ] || { echo "set ADMIN_TOKEN (the service's SECKILL_ADMIN_TOKEN)" >&2; exit 2; }
 command -v oha >/dev/null || { echo "oha is not installed: cargo install oha" >&2; exit 2; }
 
+# A 503 is the instance shedding load (right after a flood, the admin's
+# routes come back within a second or two): asked again a second later,
+# as its Retry-After says, for up to 30 s.
 admin() { # METHOD PATH [BODY]
-    curl -sS -X "$1" -H "Authorization: Bearer $ADMIN_TOKEN" -H 'Content-Type: application/json' \
-        ${3:+-d "$3"} "$BASE_URL$2"
+    local answer code
+    for _ in $(seq 1 30); do
+        answer="$(curl -sS -w '\n%{http_code}' -X "$1" -H "Authorization: Bearer $ADMIN_TOKEN" \
+            -H 'Content-Type: application/json' ${3:+-d "$3"} "$BASE_URL$2")"
+        code="${answer##*$'\n'}"
+        [ "$code" = 503 ] || break
+        sleep 1
+    done
+    printf '%s\n' "${answer%$'\n'*}"
 }
 
 create_voucher() { # STOCK -> id
