@@ -251,6 +251,20 @@ impl TestApp {
         panic!("the service did not become ready again");
     }
 
+    /// Kills `redis` (this app's own) and starts it again empty, waits until
+    /// the service is ready again (its connection finds the new Redis on its
+    /// own; until it has, a reconcile is answered 503 like any call that
+    /// needs Redis), then reconciles `voucher`'s async sale from Postgres and
+    /// asserts that was answered 200: the reconcile's report.
+    pub async fn reconcile_after_empty_redis(&self, redis: &mut OwnRedis, voucher: i64) -> Value {
+        redis.stop();
+        redis.restart();
+        self.wait_ready().await;
+        let (status, report) = self.reconcile(voucher).await;
+        assert_eq!(status, StatusCode::OK, "{report}");
+        report
+    }
+
     /// The settings this app was built with.
     pub fn settings(&self) -> Settings {
         self.settings.clone()
