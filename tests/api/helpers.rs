@@ -135,6 +135,13 @@ pub async fn spawn_app_mounting(
     }
 }
 
+/// Asserts that the service refuses to start with `settings`, and that
+/// its error names `variable`, the setting at fault.
+pub async fn assert_refused_to_start(settings: Settings, variable: &str) {
+    let error = Application::build(settings).await.err().unwrap();
+    assert!(error.to_string().contains(variable), "{error}");
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
