@@ -39,6 +39,7 @@ use seckill::kv::Kv;
 use seckill::seckill::workers::{Background, Workers};
 use seckill::seckill::{stock_units, Result, SeckillError};
 use seckill::startup::{Application, Mount, StartupError};
+use sqlx::PgConnection;
 use store::{has_order_on, lock_stock_on, sell_on, Decrement, LabSale, LabStats, LabStore};
 
 /// Longest stall a request may ask for.
@@ -356,7 +357,7 @@ impl Lab {
     /// the unlock, checks in between: READ COMMITTED shows it no order, and
     /// its sale waits only for the stock row's lock, then sells again.
     async fn lock_before_commit(&self, attempt: Attempt) -> Result<i64> {
-        let (strategy, user_id, voucher_id, stall) = attempt.parts();
+        let (_, user_id, voucher_id, stall) = attempt.parts();
         let mutex = self.mutex(user_id, voucher_id);
         let answer = self
             .inner
@@ -366,22 +367,8 @@ impl Lab {
                 Box::pin(async move {
                     let mut tx = sqlx::Connection::begin(c).await?;
                     let held = mutex.lock().await;
-                    let answer = if has_order_on(&mut tx, persistent, user_id, voucher_id).await? {
-                        Err(SeckillError::AlreadyPurchased { order_id: None })
-                    } else {
-                        pause(stall, StallAt::Sale).await;
-                        let name = strategy.name();
-                        sell_on(
-                            &mut tx,
-                            persistent,
-                            name,
-                            user_id,
-                            voucher_id,
-                            Decrement::IfLeft,
-                        )
-                        .await?
-                        .ok_or(SeckillError::SoldOut)
-                    };
+                    let answer =
+                        check_and_sell(&mut tx, persistent, attempt, Decrement::IfLeft).await?;
                     pause(stall, StallAt::Release).await;
                     // `synchronized` ends here: the lock is given back ...
                     drop(held);
@@ -409,7 +396,7 @@ impl Lab {
     /// purchase of the voucher waits in one line, its round trips and its
     /// commit included.
     async fn for_update(&self, attempt: Attempt) -> Result<i64> {
-        let (strategy, user_id, voucher_id, stall) = attempt.parts();
+        let (_, _, voucher_id, stall) = attempt.parts();
         let answer = self
             .inner
             .store
@@ -420,26 +407,10 @@ impl Lab {
                     let answer = match lock_stock_on(&mut tx, persistent, voucher_id).await? {
                         None => Err(SeckillError::NotFound("lab voucher")),
                         Some(stock) if stock <= 0 => Err(SeckillError::SoldOut),
-                        Some(_)
-                            if has_order_on(&mut tx, persistent, user_id, voucher_id).await? =>
-                        {
-                            Err(SeckillError::AlreadyPurchased { order_id: None })
-                        }
+                        // The row is ours and its stock positive: a plain
+                        // decrement.
                         Some(_) => {
-                            pause(stall, StallAt::Sale).await;
-                            // The row is ours and its stock positive: a
-                            // plain decrement.
-                            let name = strategy.name();
-                            sell_on(
-                                &mut tx,
-                                persistent,
-                                name,
-                                user_id,
-                                voucher_id,
-                                Decrement::Always,
-                            )
-                            .await?
-                            .ok_or(SeckillError::SoldOut)
+                            check_and_sell(&mut tx, persistent, attempt, Decrement::Always).await?
                         }
                     };
                     if answer.is_ok() {
@@ -566,6 +537,30 @@ impl Lab {
         }
         result
     }
+}
+
+/// The steps `lock_before_commit` and `for_update` share once their lock
+/// is held, on their transaction `c`: "already bought?", the
+/// [`StallAt::Sale`] stall, then the decrement as `decrement` says and the
+/// order's insert. The outer error is the database's; the inner answer is
+/// the order's id, `AlreadyPurchased` or `SoldOut`.
+async fn check_and_sell(
+    c: &mut PgConnection,
+    persistent: bool,
+    attempt: Attempt,
+    decrement: Decrement,
+) -> std::result::Result<Result<i64>, sqlx::Error> {
+    let (strategy, user_id, voucher_id, stall) = attempt.parts();
+    let strategy = strategy.name();
+    if has_order_on(c, persistent, user_id, voucher_id).await? {
+        return Ok(Err(SeckillError::AlreadyPurchased { order_id: None }));
+    }
+    pause(stall, StallAt::Sale).await;
+    Ok(
+        sell_on(c, persistent, strategy, user_id, voucher_id, decrement)
+            .await?
+            .ok_or(SeckillError::SoldOut),
+    )
 }
 
 /// Sleeps for the stall if it is asked for at this point.

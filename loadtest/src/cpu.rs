@@ -8,6 +8,15 @@ use std::collections::BTreeMap;
 
 use crate::service::Target;
 
+/// The server's share of a reading per part: the service's, Redis's and
+/// Postgres's (the driver's left out), a part not read counting as none.
+pub fn server_share(per_part: &BTreeMap<&'static str, f64>) -> f64 {
+    ["service", "redis", "postgres"]
+        .iter()
+        .filter_map(|p| per_part.get(p))
+        .sum()
+}
+
 /// CPU seconds (user + system) spent so far, per part.
 #[derive(Debug, Clone, Default)]
 pub struct Usage {
@@ -107,40 +116,38 @@ fn stat_seconds(stat: &str, tick: f64) -> Option<f64> {
 
 /// The processes whose parent is `parent`.
 fn children_of(parent: u32) -> Vec<u32> {
+    processes_where(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            // After the command name: the state, then the parent's pid.
+            stat.rfind(')')
+                .and_then(|end| stat[end + 2..].split(' ').nth(1)?.parse::<u32>().ok())
+                == Some(parent)
+        })
+    })
+}
+
+/// The pids under `/proc` for which `keep` holds (none when `/proc`
+/// cannot be read).
+fn processes_where(keep: impl Fn(&u32) -> bool) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                // After the command name: the state, then the parent's pid.
-                stat.rfind(')')
-                    .and_then(|end| stat[end + 2..].split(' ').nth(1)?.parse::<u32>().ok())
-                    == Some(parent)
-            })
-        })
+        .filter(keep)
         .collect()
 }
 
 /// The Postgres backends serving `database` (by their process titles,
 /// `postgres: ... user database host(port) state`).
 pub fn backends_of(database: &str) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| {
-                let title = String::from_utf8_lossy(&line);
-                title.starts_with("postgres: ")
-                    && title.split_whitespace().any(|word| word == database)
-            })
+    processes_where(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| {
+            let title = String::from_utf8_lossy(&line);
+            title.starts_with("postgres: ") && title.split_whitespace().any(|word| word == database)
         })
-        .collect()
+    })
 }
 
 /// Every process named `postgres` (the server and its backends), by pid.

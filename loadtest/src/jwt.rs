@@ -113,11 +113,9 @@ struct Row {
 }
 
 impl Row {
+    /// Service, Redis and Postgres: the server's CPU µs per purchase.
     fn server(&self) -> f64 {
-        ["service", "redis", "postgres"]
-            .iter()
-            .map(|p| self.micros.get(p).copied().unwrap_or(0.0))
-            .sum()
+        crate::cpu::server_share(&self.micros)
     }
 }
 

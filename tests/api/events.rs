@@ -12,7 +12,10 @@ use axum::response::IntoResponse;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{answer, notify, poll_until, spawn_app, spawn_app_with, TestApp, ADMIN_TOKEN};
+use crate::helpers::{
+    answer, assert_refused_to_start, notify, poll_until, spawn_app, spawn_app_with, TestApp,
+    ADMIN_TOKEN,
+};
 
 const WEBHOOK_SECRET: &str = "test-webhook-secret-3b9d7f1a5c2e8d4b6f0a";
 
@@ -476,22 +479,11 @@ async fn without_a_secret_or_with_a_url_that_is_not_http_the_service_refuses_to_
     let base = crate::helpers::settings("postgres://unused", "redis://unused", "x:");
     let mut no_secret = base.clone();
     no_secret.webhook_url = Some("http://127.0.0.1:9/hooks".into());
-    let error = seckill::startup::Application::build(no_secret)
-        .await
-        .err()
-        .unwrap();
-    assert!(
-        error.to_string().contains("SECKILL_WEBHOOK_SECRET"),
-        "{error}"
-    );
+    assert_refused_to_start(no_secret, "SECKILL_WEBHOOK_SECRET").await;
     let mut not_http = base;
     not_http.webhook_url = Some("ftp://example.test/hooks".into());
     not_http.webhook_secret = Some(WEBHOOK_SECRET.to_owned().into());
-    let error = seckill::startup::Application::build(not_http)
-        .await
-        .err()
-        .unwrap();
-    assert!(error.to_string().contains("SECKILL_WEBHOOK_URL"), "{error}");
+    assert_refused_to_start(not_http, "SECKILL_WEBHOOK_URL").await;
 }
 
 #[tokio::test]

@@ -315,6 +315,18 @@ fn answered_ids(purchases: &[Purchase], status: StatusCode) -> HashSet<String> {
         .collect()
 }
 
+/// The longest stretch between two answers among `purchases` (zero with
+/// fewer than two).
+fn longest_gap<'a>(purchases: impl IntoIterator<Item = &'a Purchase>) -> Duration {
+    let mut answers: Vec<Instant> = purchases.into_iter().map(|p| p.answered).collect();
+    answers.sort();
+    answers
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default()
+}
+
 /// What a disruption cost, as the buyers saw it.
 struct Report {
     purchases: usize,
@@ -407,13 +419,7 @@ async fn sale_through(disruption: &'static str) -> Report {
         .map(|p| p.answered - disrupted)
         .min()
         .expect("the buyers bought again after the disruption");
-    let mut answers: Vec<Instant> = answered_ok.iter().map(|p| p.answered).collect();
-    answers.sort();
-    let longest_gap = answers
-        .windows(2)
-        .map(|w| w[1] - w[0])
-        .max()
-        .unwrap_or_default();
+    let longest_gap = longest_gap(answered_ok.iter().copied());
 
     // Every order answered is there, and the sale's books balance.
     assert!(
@@ -778,13 +784,7 @@ async fn every_standby_stopped_leaves_a_lone_primary_that_answers_200_needs_patr
     app.db = pool;
     app.check_invariants(voucher).await;
 
-    let mut answers: Vec<Instant> = purchases.iter().map(|p| p.answered).collect();
-    answers.sort();
-    let longest_gap = answers
-        .windows(2)
-        .map(|w| w[1] - w[0])
-        .max()
-        .unwrap_or_default();
+    let longest_gap = longest_gap(&purchases);
     eprintln!(
         "every standby stopped: the script took {:?}, Patroni and Postgres reported the primary \
          alone {:?} after it began; {} purchases, all answered 200 ({sold_alone} sent once alone), \

@@ -135,6 +135,13 @@ pub async fn spawn_app_mounting(
     }
 }
 
+/// Asserts that the service refuses to start with `settings`, and that
+/// its error names `variable`, the setting at fault.
+pub async fn assert_refused_to_start(settings: Settings, variable: &str) {
+    let error = Application::build(settings).await.err().unwrap();
+    assert!(error.to_string().contains(variable), "{error}");
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
@@ -249,6 +256,20 @@ impl TestApp {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("the service did not become ready again");
+    }
+
+    /// Kills `redis` (this app's own) and starts it again empty, waits until
+    /// the service is ready again (its connection finds the new Redis on its
+    /// own; until it has, a reconcile is answered 503 like any call that
+    /// needs Redis), then reconciles `voucher`'s async sale from Postgres and
+    /// asserts that was answered 200: the reconcile's report.
+    pub async fn reconcile_after_empty_redis(&self, redis: &mut OwnRedis, voucher: i64) -> Value {
+        redis.stop();
+        redis.restart();
+        self.wait_ready().await;
+        let (status, report) = self.reconcile(voucher).await;
+        assert_eq!(status, StatusCode::OK, "{report}");
+        report
     }
 
     /// The settings this app was built with.

@@ -64,10 +64,7 @@ struct Cost {
 impl Cost {
     /// Service, Redis and Postgres: the server's CPU per request.
     fn server(&self) -> f64 {
-        ["service", "redis", "postgres"]
-            .iter()
-            .filter_map(|p| self.cpu.get(p))
-            .sum()
+        crate::cpu::server_share(&self.cpu)
     }
 
     /// The mean of two runs of one kind.

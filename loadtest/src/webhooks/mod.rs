@@ -186,10 +186,7 @@ async fn off_and_on(
     let (on, balanced, received) = result?;
     let seen = receiver.seen.lock().expect("receiver lock");
     let ratio = on.rate() / off.rate().max(1e-9);
-    let ok = balanced
-        && received as u64 == on.orders
-        && seen.bad_signatures == 0
-        && seen.out_of_order == 0;
+    let ok = balanced && received as u64 == on.orders && seen.clean();
     Ok(json!({
         "mode": mode.name(),
         "phase": "off_vs_on",
@@ -243,10 +240,7 @@ async fn down(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
         }
         _ => 0.0,
     };
-    let ok = balanced
-        && received as u64 == sold.orders
-        && seen.bad_signatures == 0
-        && seen.out_of_order == 0;
+    let ok = balanced && received as u64 == sold.orders && seen.clean();
     Ok(json!({
         "mode": mode.name(),
         "phase": "receiver_down",
@@ -334,7 +328,7 @@ async fn kill(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
     let (tally, killed, orders, events) = result?;
     let seen = receiver.seen.lock().expect("receiver lock");
     let delivered = seen.times_seen.len();
-    let ok = killed && delivered == events && seen.out_of_order == 0 && seen.bad_signatures == 0;
+    let ok = killed && delivered == events && seen.clean();
     Ok(json!({
         "mode": mode.name(),
         "phase": "kill",

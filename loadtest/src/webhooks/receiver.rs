@@ -43,6 +43,12 @@ pub struct Seen {
 }
 
 impl Seen {
+    /// Every delivery's signature verified and every event came in its
+    /// order's sequence.
+    pub fn clean(&self) -> bool {
+        self.bad_signatures == 0 && self.out_of_order == 0
+    }
+
     /// Events acknowledged more than once.
     pub fn duplicates(&self) -> u64 {
         self.times_seen.values().map(|n| u64::from(n - 1)).sum()
