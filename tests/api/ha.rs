@@ -702,7 +702,7 @@ async fn a_killed_primary_rejoins_as_a_replica_while_the_sale_goes_on_needs_patr
 
 /// Waits until Patroni reports the leader alone (`Cluster::leads_alone`)
 /// and the primary's own Postgres waits for no standby and streams to
-/// none, within 30 s of `stopped` (when `stop-replicas` began): when it
+/// none, within 60 s of `stopped` (when `stop-replicas` began): when it
 /// first saw both.
 async fn alone_since(cluster: &Arc<Cluster>, stopped: Instant) -> Instant {
     loop {
@@ -722,9 +722,11 @@ async fn alone_since(cluster: &Arc<Cluster>, stopped: Instant) -> Instant {
         {
             return Instant::now();
         }
+        // Patroni needs a few HA loops (ttl 10 s): 60 s leaves room for a
+        // machine busy with a build beside the test.
         assert!(
-            stopped.elapsed() < Duration::from_secs(30),
-            "the primary is not alone 30 s after the standbys were stopped ({postgres:?}):\n{}",
+            stopped.elapsed() < Duration::from_secs(60),
+            "the primary is not alone 60 s after the standbys were stopped ({postgres:?}):\n{}",
             cluster.status()
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
