@@ -9,7 +9,7 @@
 // admin API.
 import http from 'k6/http';
 import exec from 'k6/execution';
-import { check } from 'k6';
+import { check, sleep } from 'k6';
 import { Counter } from 'k6/metrics';
 import { SharedArray } from 'k6/data';
 
@@ -96,15 +96,28 @@ export default function (data) {
   check(res, { 'answer is in the contract': () => ok });
 }
 
+// An admin read after the crowd: a 503 is the instance still shedding
+// (its admin routes come back within a second or two of the load), so it
+// is asked again as its Retry-After says, for up to 30 s.
+function adminGet(path) {
+  let res;
+  for (let tries = 0; tries < 30; tries++) {
+    res = http.get(`${BASE_URL}${path}`, ADMIN);
+    if (res.status !== 503) break;
+    sleep(Number(res.headers['Retry-After']) || 1);
+  }
+  return res;
+}
+
 export function teardown(data) {
-  const stats = http.get(`${BASE_URL}/admin/vouchers/${data.voucher}/stats`, ADMIN).json();
+  const stats = adminGet(`/admin/vouchers/${data.voucher}/stats`).json();
   const expected = Math.min(STOCK, tokens.length);
   const problems = [];
   if (stats.orders + stats.stock !== stats.initial_stock) problems.push('orders + stock != initial stock');
   if (stats.stock < 0) problems.push('stock below zero');
   if (stats.distinct_users !== stats.orders) problems.push('a user holds two orders');
   if (stats.orders !== expected) problems.push(`expected ${expected} orders, found ${stats.orders}`);
-  const listed = http.get(`${BASE_URL}/admin/vouchers/${data.voucher}/orders`, ADMIN).json('orders');
+  const listed = adminGet(`/admin/vouchers/${data.voucher}/orders`).json('orders');
   if (new Set(listed.map((o) => o.order_id)).size !== listed.length) problems.push('order ids repeat');
   console.log(`voucher ${data.voucher}: ${JSON.stringify(stats)}`);
   if (problems.length > 0) {

@@ -8,8 +8,8 @@ ADMIN_TOKEN="${ADMIN_TOKEN:-${SECKILL_ADMIN_TOKEN:-}}"
 command -v oha >/dev/null || { echo "oha is not installed: cargo install oha" >&2; exit 2; }
 
 # A 503 is the instance shedding load (right after a flood, the admin's
-# routes come back within a second or two): asked again a second later,
-# as its Retry-After says, for up to 30 s.
+# routes come back within a second or two): asked again a second later
+# (what its Retry-After says), for up to 30 s.
 admin() { # METHOD PATH [BODY]
     local answer code
     for _ in $(seq 1 30); do
