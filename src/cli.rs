@@ -174,8 +174,7 @@ async fn demo(app: &Application) -> Result<(), Box<dyn Error>> {
             max_orders_per_user: crate::seckill::DEFAULT_MAX_ORDERS_PER_USER,
             // "Limit 2 per customer": the storefront shows its quantity.
             max_units_per_user: 2,
-            admit_per_second: None,
-            queue_proof_bits: 0,
+            waiting_room: None,
         })
         .await?;
     let user_id = 1;

@@ -24,13 +24,13 @@
 //! The tests need `bash`, `curl` and `python3` (the helpers pick fields out
 //! of the JSON with it); where one is missing they fail, naming it.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use testkit::guide::{shell_blocks, Session};
+use testkit::{drop_database_on, ServiceProcess};
 
 /// Longest a block may take: the longest wait of a page is `until_has`'s
 /// 20 s, on a machine busy with other builds.
@@ -96,8 +96,7 @@ fn require(tool: &str, why: &str) {
 /// prefix of its own; on drop it is stopped, its database dropped and its
 /// keys deleted.
 struct Service {
-    child: Child,
-    addr: String,
+    process: Option<ServiceProcess>,
     admin: String,
     /// The Postgres server of its database, as a URL without a database.
     server: String,
@@ -106,84 +105,60 @@ struct Service {
     log: PathBuf,
 }
 
+/// A runtime for the service's start and stop (the blocks run in `bash`).
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
 impl Service {
     fn start(name: &str, server: &str, environment: &[(String, String)]) -> Self {
         let tag = format!("tryit_{name}_{}", std::process::id());
         let db_name = format!("seckill_{tag}");
         let prefix = format!("{tag}:");
-        let addr = format!(
-            "127.0.0.1:{}",
-            testkit::free_port().expect("a free loopback port")
-        );
         let mut random = [0u8; 24];
         std::fs::File::open("/dev/urandom")
             .and_then(|mut f| f.read_exact(&mut random))
             .expect("/dev/urandom reads");
         let admin: String = random.iter().map(|b| format!("{b:02x}")).collect();
         let log = std::env::temp_dir().join(format!("seckill-{tag}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_seckill"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_seckill"));
+        command
             .args(["serve", "--demo"])
             .env("DATABASE_URL", format!("{server}/{db_name}"))
             .env("REDIS_URL", testkit::redis_url())
             .env("SECKILL_REDIS_PREFIX", &prefix)
             .env("SECKILL_ADMIN_TOKEN", &admin)
-            .env("SECKILL_ADDR", &addr)
             .env("SECKILL_SHED_DELAY_MS", "0")
             .env("RUST_LOG", "warn")
             .envs(environment.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).expect("the log is created"))
             .stderr(Stdio::from(
                 std::fs::File::options()
                     .append(true)
                     .open(&log)
                     .expect("the log opens"),
-            ))
-            .spawn()
-            .expect("the seckill binary starts");
+            ));
         let mut service = Self {
-            child,
-            addr,
+            process: None,
             admin,
             server: server.to_owned(),
             db_name,
             prefix,
             log,
         };
-        let started = Instant::now();
-        while !service.ready() {
-            if let Some(status) = service.child.try_wait().expect("the process is there") {
-                panic!(
-                    "seckill exited ({status}) before it was ready; its log ends:\n{}",
-                    service.log_tail()
-                );
-            }
-            assert!(
-                started.elapsed() < READY_LIMIT,
-                "seckill did not answer /readyz within {READY_LIMIT:?}; its log ends:\n{}",
-                service.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(100));
+        match runtime().block_on(ServiceProcess::start(command, READY_LIMIT)) {
+            Ok(process) => service.process = Some(process),
+            Err(e) => panic!("{e}; its log ends:\n{}", service.log_tail()),
         }
         service
     }
 
-    /// `GET /readyz` answers `200`.
-    fn ready(&self) -> bool {
-        let Ok(mut stream) = TcpStream::connect(&self.addr) else {
-            return false;
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-        let request = format!(
-            "GET /readyz HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.addr
-        );
-        if stream.write_all(request.as_bytes()).is_err() {
-            return false;
-        }
-        let mut answer = String::new();
-        let _ = stream.read_to_string(&mut answer);
-        answer.starts_with("HTTP/1.1 200")
+    /// Its address, `http://127.0.0.1:PORT`.
+    fn base(&self) -> &str {
+        self.process.as_ref().expect("started").base()
     }
 
     fn log_tail(&self) -> String {
@@ -195,36 +170,16 @@ impl Service {
 
 impl Drop for Service {
     fn drop(&mut self) {
-        // SIGTERM, as Ctrl-C stops scripts/run.sh; SIGKILL if it lingers.
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-        let (server, db_name, prefix) = (
-            self.server.clone(),
-            self.db_name.clone(),
-            self.prefix.clone(),
-        );
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime for the clean-up");
-        runtime.block_on(async move {
-            use sqlx::Connection;
-            if let Ok(mut conn) = sqlx::PgConnection::connect(&format!("{server}/postgres")).await {
-                let _ = sqlx::query(&format!(
-                    "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
-                ))
-                .execute(&mut conn)
-                .await;
+        let process = self.process.take();
+        let (server, db_name, prefix) = (&self.server, &self.db_name, &self.prefix);
+        runtime().block_on(async move {
+            // SIGTERM, as Ctrl-C stops scripts/run.sh; SIGKILL if it lingers.
+            if let Some(process) = process {
+                process.stop(Duration::from_secs(15)).await;
             }
-            testkit::delete_keys(&testkit::redis_url(), &prefix).await;
+            drop_database_on(server, &testkit::redis_url(), db_name, prefix).await;
         });
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
@@ -308,7 +263,7 @@ fn run_section(page: &str, section: &str, cluster: Option<&testkit::ha::Cluster>
     let prelude = "exec 2>&1\nset -e\ntrap 'echo \"failed ($?): $BASH_COMMAND\"' ERR\n";
     let mut env = vec![
         ("ADMIN".to_owned(), service.admin.clone()),
-        ("BASE".to_owned(), format!("http://{}", service.addr)),
+        ("BASE".to_owned(), service.base().to_owned()),
     ];
     if let Some(cluster) = cluster {
         env.push(("HA_DIR".to_owned(), cluster.dir().display().to_string()));

@@ -59,6 +59,7 @@ impl TargetArgs {
             instances,
             env,
             lab: false,
+            redis_url: testkit::redis_url(),
         }
     }
 }

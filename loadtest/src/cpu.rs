@@ -50,7 +50,7 @@ impl Usage {
         if !postgres.is_empty() {
             parts.insert("postgres", postgres.values().sum());
         }
-        if let Some(seconds) = redis_seconds().await {
+        if let Some(seconds) = redis_seconds_at(&target.redis_url).await {
             parts.insert("redis", seconds);
         }
         Self { parts, postgres }
@@ -152,27 +152,13 @@ pub fn backends_of(database: &str) -> Vec<u32> {
 
 /// Every process named `postgres` (the server and its backends), by pid.
 fn postgres_seconds(tick: f64) -> BTreeMap<u32, f64> {
-    let mut by_pid = BTreeMap::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return by_pid;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let is_postgres = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .is_ok_and(|comm| comm.trim() == "postgres");
-        if is_postgres {
-            if let Some(seconds) = process_seconds(pid, tick) {
-                by_pid.insert(pid, seconds);
-            }
-        }
-    }
-    by_pid
+    processes_where(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|comm| comm.trim() == "postgres")
+    })
+    .into_iter()
+    .filter_map(|pid| Some((pid, process_seconds(pid, tick)?)))
+    .collect()
 }
 
 /// The process listening on `base`'s port when `base` names this
@@ -203,19 +189,17 @@ fn listener_pid(base: &str) -> Option<u32> {
                 .find_map(|line| listening_inode(line, port))
         })?;
     let socket = format!("socket:[{inode}]");
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
-            let mut fds = std::fs::read_dir(entry.path().join("fd")).ok()?;
+    processes_where(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|mut fds| {
             fds.any(|fd| {
                 fd.is_ok_and(|fd| {
                     std::fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == &*socket)
                 })
             })
-            .then_some(pid)
         })
+    })
+    .first()
+    .copied()
 }
 
 /// The inode of a row of `/proc/net/tcp{,6}` when it is a socket listening
@@ -227,11 +211,6 @@ fn listening_inode(row: &str, port: u16) -> Option<u64> {
     let listening = *fields.get(3)? == "0A";
     let inode: u64 = fields.get(9)?.parse().ok()?;
     (listening && local_port == port && inode != 0).then_some(inode)
-}
-
-/// `used_cpu_sys + used_cpu_user` of the Redis at `REDIS_URL`.
-async fn redis_seconds() -> Option<f64> {
-    redis_seconds_at(&crate::service::redis_url()).await
 }
 
 /// CPU seconds (user + system) the Redis at `url` has spent, from its own

@@ -4,13 +4,13 @@
 //! existing deployment given by URL.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
-use sqlx::{Connection, PgConnection};
-pub use testkit::{delete_keys, free_port, pg_server, redis_url};
+pub use testkit::{delete_keys, pg_server, redis_url};
+use testkit::{drop_database_on, ServiceProcess};
 
 use crate::drive::{drive, Plan, Request, Tally};
 
@@ -20,12 +20,15 @@ pub struct Target {
     /// Every instance, `base` first.
     pub bases: Vec<String>,
     pub admin_token: String,
+    /// The Redis the service uses, where a started one's keys are
+    /// deleted afterwards and its CPU is read.
+    pub redis_url: String,
     /// The database of a service we started: its invariants are checked in
     /// SQL too, and it is dropped afterwards.
     pub database_url: Option<String>,
     /// Behind a lock so that an instance can be killed (a direct signal,
     /// no `kill` process to wait for) while requests use the target.
-    children: Mutex<Vec<Child>>,
+    children: Mutex<Vec<ServiceProcess>>,
     db_name: Option<String>,
     /// The Redis prefix of a service we started, its keys deleted
     /// afterwards (kept with `--keep-db`).
@@ -45,6 +48,8 @@ pub struct Launch {
     pub env: Vec<(String, String)>,
     /// Run `seckill-lab` (the service with the lab mounted) instead.
     pub lab: bool,
+    /// The Redis of the instances (by default `REDIS_URL`'s).
+    pub redis_url: String,
 }
 
 /// The seckill binary (`seckill-lab` for the lab): given, or built next to
@@ -90,6 +95,7 @@ impl Target {
             base: url.trim_end_matches('/').to_owned(),
             bases: vec![url.trim_end_matches('/').to_owned()],
             admin_token: admin_token.to_owned(),
+            redis_url: redis_url(),
             database_url: None,
             children: Mutex::new(Vec::new()),
             db_name: None,
@@ -110,6 +116,7 @@ impl Target {
             base: String::new(),
             bases: Vec::new(),
             admin_token,
+            redis_url: launch.redis_url.clone(),
             database_url: Some(database_url.clone()),
             children: Mutex::new(Vec::new()),
             db_name: (!launch.keep_db).then_some(db_name),
@@ -117,12 +124,11 @@ impl Target {
         };
         // One at a time: the first creates the database and migrates it.
         for _ in 0..launch.instances.max(1) {
-            let port = free_port()?;
             let mut command = Command::new(&bin);
             command
                 .arg("serve")
                 .env("DATABASE_URL", &database_url)
-                .env("SECKILL_ADDR", format!("127.0.0.1:{port}"))
+                .env("REDIS_URL", &launch.redis_url)
                 .env("SECKILL_ADMIN_TOKEN", &target.admin_token)
                 // Instances of one run share the token key and the prefix.
                 .env("SECKILL_TOKEN_SECRET", format!("load-token-secret-{run}"))
@@ -136,29 +142,24 @@ impl Target {
                     "RUST_LOG",
                     std::env::var("SECKILL_LOG").unwrap_or_else(|_| "warn".into()),
                 )
-                .envs(launch.env.iter().map(|(k, v)| (k, v)))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null());
+                .envs(launch.env.iter().map(|(k, v)| (k, v)));
+            command.stdout(Stdio::null());
             if let Some(pool) = launch.pg_pool {
                 command.env("SECKILL_PG_POOL", pool.to_string());
             }
-            let child = match command.spawn() {
-                Ok(child) => child,
+            match ServiceProcess::start(command, Duration::from_secs(60)).await {
+                Ok(process) => {
+                    target.bases.push(process.base().to_owned());
+                    target
+                        .children
+                        .get_mut()
+                        .expect("children lock")
+                        .push(process);
+                }
                 Err(e) => {
                     target.stop().await;
-                    anyhow::bail!("cannot start {}: {e}", bin.display());
+                    anyhow::bail!("{}: {e}", bin.display());
                 }
-            };
-            let base = format!("http://127.0.0.1:{port}");
-            target
-                .children
-                .get_mut()
-                .expect("children lock")
-                .push(child);
-            target.bases.push(base.clone());
-            if let Err(e) = target.wait_ready(&base, Duration::from_secs(60)).await {
-                target.stop().await;
-                return Err(e);
             }
         }
         target.base = target.bases[0].clone();
@@ -171,19 +172,18 @@ impl Target {
             .lock()
             .expect("children lock")
             .get(i)
-            .map(Child::id)
+            .map(ServiceProcess::pid)
     }
 
     /// `kill -9` of instance `i` (0-based) of a service we started: no
     /// shutdown, nothing drained or acknowledged. Its pid, once sent.
     pub fn kill(&self, i: usize) -> Option<u32> {
         let mut children = self.children.lock().expect("children lock");
-        let child = children.get_mut(i)?;
-        child.kill().ok().map(|()| child.id())
+        let process = children.get_mut(i)?;
+        process.kill();
+        Some(process.pid())
     }
 
-    /// `per_user` purchases of `voucher` by each token's user, the users
-    /// spread over the instances in turn.
     /// Each of `tokens` buys one unit of `voucher`, once, until they run
     /// out or `limit` passes.
     pub async fn buy_once(
@@ -242,58 +242,15 @@ impl Target {
             .collect()
     }
 
-    async fn wait_ready(&mut self, base: &str, limit: Duration) -> anyhow::Result<()> {
-        let client = reqwest::Client::new();
-        let started = Instant::now();
-        while started.elapsed() < limit {
-            if let Some(child) = self.children.get_mut().expect("children lock").last_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    anyhow::bail!("seckill exited at start-up: {status}");
-                }
-            }
-            if let Ok(r) = client.get(format!("{base}/readyz")).send().await {
-                if r.status().is_success() {
-                    return Ok(());
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Err(anyhow::anyhow!(
-            "seckill at {base} was not ready within {limit:?}"
-        ))
-    }
-
     /// Stops a service we started (SIGTERM, so it drains) and drops its
     /// database. A remote target is left alone.
     pub async fn stop(mut self) {
         let children = std::mem::take(self.children.get_mut().expect("children lock"));
-        for mut child in children {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(child.id().to_string())
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        for process in children {
+            process.stop(Duration::from_secs(15)).await;
         }
-        if let Some(prefix) = self.redis_prefix.take() {
-            delete_keys(&redis_url(), &prefix).await;
-        }
-        if let Some(db_name) = self.db_name.take() {
-            if let Ok(mut conn) = PgConnection::connect(&format!("{}/postgres", pg_server())).await
-            {
-                let _ = sqlx::query(&format!(
-                    "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
-                ))
-                .execute(&mut conn)
-                .await;
-            }
+        if let (Some(db_name), Some(prefix)) = (self.db_name.take(), self.redis_prefix.take()) {
+            drop_database_on(&pg_server(), &self.redis_url, &db_name, &prefix).await;
         }
     }
 }

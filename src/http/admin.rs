@@ -5,85 +5,22 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::{rfc3339, Admin, AppJson, NoBody, VoucherIdPath};
-use super::handlers::{VoucherBody, WaitingRoom};
+use super::extract::{Admin, AppJson, NoBody, VoucherIdPath};
+use super::handlers::VoucherBody;
 use super::responses::{BadRequest, Forbidden, NotFound, TooLarge, Unavailable};
 use super::state::AppState;
-use crate::domain::{OrderStatus, SaleMode};
-use crate::seckill::{VoucherDraft, DEFAULT_MAX_ORDERS_PER_USER, DEFAULT_PAY_WITHIN_SECONDS};
+use crate::domain::OrderStatus;
+use crate::seckill::VoucherDraft;
 
 /// Most tokens one `POST /admin/tokens` may mint.
 pub const MAX_TOKENS_PER_CALL: usize = 10_000;
 const DEFAULT_TOKEN_TTL_SECS: i64 = 86_400;
 const MAX_TOKEN_TTL_SECS: i64 = 30 * 86_400;
-
-/// A flash sale to create.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateVoucher {
-    /// 1 to 200 characters, no control characters.
-    #[schema(min_length = 1, max_length = 200, example = "Half-price coffee")]
-    title: String,
-    /// Units on sale.
-    #[schema(minimum = 0, maximum = 2147483647, example = 100)]
-    stock: i64,
-    /// Strict RFC 3339, years 0000 to 9999 in UTC.
-    #[serde(deserialize_with = "rfc3339")]
-    #[schema(value_type = String, format = DateTime, example = "2030-05-01T10:00:00Z")]
-    begin_time: DateTime<Utc>,
-    /// After `begin_time`, to the microsecond.
-    #[serde(deserialize_with = "rfc3339")]
-    #[schema(value_type = String, format = DateTime, example = "2030-05-01T11:00:00Z")]
-    end_time: DateTime<Utc>,
-    /// `sync` (the default): the order is committed to Postgres before
-    /// the answer (200); `async`: Redis accepts it (202, `pending`) and the
-    /// stream writers commit it.
-    #[serde(default)]
-    sale_mode: SaleMode,
-    /// What one unit costs (default 0); a payment must bring exactly this
-    /// times the order's quantity.
-    #[serde(default)]
-    #[schema(minimum = 0, maximum = 9007199254740991.0, example = 990)]
-    price_cents: i64,
-    /// How long a buyer has to pay, from the order's creation (default
-    /// 900); an unpaid order then expires and its unit goes back on sale.
-    #[serde(default = "default_pay_within")]
-    #[schema(minimum = 1, maximum = 86400, example = 900)]
-    pay_within_seconds: i64,
-    /// Most orders one user may have of this voucher, live, cancelled and
-    /// expired together (default 3): past it a purchase is
-    /// `too_many_orders`, so nobody holds a unit away by buying and
-    /// cancelling again and again.
-    #[serde(default = "default_max_orders")]
-    #[schema(minimum = 1, maximum = 1000, example = 3)]
-    max_orders_per_user: i64,
-    /// Most units one order may take ("limit N per customer"; default 1).
-    /// Still one live order per user, so also the most units a user holds.
-    #[serde(default = "default_max_units")]
-    #[schema(minimum = 1, maximum = 100, example = 1)]
-    max_units_per_user: i64,
-    /// A waiting room in front of the sale: a purchase then needs an
-    /// admitted `X-Queue-Ticket` (absent: no room).
-    #[serde(default)]
-    waiting_room: Option<WaitingRoom>,
-}
-
-fn default_pay_within() -> i64 {
-    DEFAULT_PAY_WITHIN_SECONDS
-}
-
-fn default_max_orders() -> i64 {
-    DEFAULT_MAX_ORDERS_PER_USER
-}
-
-fn default_max_units() -> i64 {
-    1
-}
 
 /// A created voucher's id.
 #[derive(Serialize, ToSchema)]
@@ -93,7 +30,7 @@ pub struct Created {
 
 #[utoipa::path(
     post, path = "/admin/vouchers", tag = "admin",
-    request_body = CreateVoucher,
+    request_body = VoucherDraft,
     security(("admin" = [])),
     responses(
         (status = 201, description = "Created", body = Created),
@@ -106,27 +43,9 @@ pub struct Created {
 pub async fn create_voucher(
     State(state): State<AppState>,
     _: Admin,
-    AppJson(body): AppJson<CreateVoucher>,
+    AppJson(draft): AppJson<VoucherDraft>,
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
-    let id = state
-        .seckill
-        .create_voucher(VoucherDraft {
-            title: body.title,
-            stock: body.stock,
-            begin_time: body.begin_time,
-            end_time: body.end_time,
-            sale_mode: body.sale_mode,
-            price_cents: body.price_cents,
-            pay_within_seconds: body.pay_within_seconds,
-            max_orders_per_user: body.max_orders_per_user,
-            max_units_per_user: body.max_units_per_user,
-            admit_per_second: body.waiting_room.as_ref().map(|room| room.admit_per_second),
-            queue_proof_bits: body
-                .waiting_room
-                .as_ref()
-                .map_or(0, |room| room.proof_of_work_bits),
-        })
-        .await?;
+    let id = state.seckill.create_voucher(draft).await?;
     Ok((StatusCode::CREATED, Json(Created { id: id.get() })))
 }
 

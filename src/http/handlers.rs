@@ -18,21 +18,7 @@ use super::responses::{BadRequest, NotFound, OrderNotFound, TooLarge, Unauthoriz
 use super::state::AppState;
 use crate::domain::{OrderStatus, SaleMode, Voucher};
 use crate::events::body::OrderBody;
-use crate::seckill::{Purchase, SeckillError};
-
-/// A voucher's waiting room.
-#[derive(Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct WaitingRoom {
-    /// Places admitted per second, across all instances together.
-    #[schema(minimum = 1, maximum = 100000, example = 50)]
-    pub(super) admit_per_second: i64,
-    /// Proof of work a join asks for: zero bits of SHA-256 (0, the
-    /// default: none). See `X-Queue-Proof`.
-    #[serde(default)]
-    #[schema(minimum = 0, maximum = 32, example = 0)]
-    pub(super) proof_of_work_bits: i64,
-}
+use crate::seckill::{Purchase, SeckillError, WaitingRoom};
 
 /// A voucher and its remaining stock.
 #[derive(Serialize, ToSchema)]

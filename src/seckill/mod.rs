@@ -47,7 +47,7 @@ pub mod workers;
 pub use async_sale::Reconciled;
 use async_sale::{Pause, Reconciliation};
 pub use clock::SaleClock;
-pub use draft::{stock_units, VoucherDraft, MAX_PRICE_CENTS};
+pub use draft::{stock_units, VoucherDraft, WaitingRoom, MAX_PRICE_CENTS};
 pub use error::{Result, SeckillError};
 pub use lifecycle::PaymentAnswer;
 pub use reads::{PoolUsage, Stats};

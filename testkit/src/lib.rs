@@ -1,6 +1,6 @@
 //! Test support shared by the workspace's tests and its load driver: where
-//! the local Postgres and Redis are, free loopback ports, private
-//! `redis-server` processes to restart or freeze, key clean-up, the
+//! the local Postgres and Redis are, free loopback ports, the service as a
+//! process of its own (`service`), private `redis-server` processes to restart or freeze, key clean-up, the
 //! shop's side of JWTs and webhooks (`shop`), the shipped nginx front
 //! (`front`), and the guide's runnable blocks (`guide`).
 //!
@@ -11,9 +11,11 @@
 mod front;
 pub mod guide;
 pub mod ha;
+mod service;
 mod shop;
 
 pub use front::Front;
+pub use service::{drop_database, drop_database_on, ServiceProcess};
 pub use shop::{rsa_key, webhook_signed};
 
 use std::path::{Path, PathBuf};

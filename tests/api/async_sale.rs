@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use crate::helpers::{
     answer, command_calls, redis_conn, redis_url, send_purchase, spawn_app, spawn_app_on_own_redis,
-    spawn_app_with, OwnRedis, Process, TestApp, ADMIN_TOKEN,
+    spawn_app_with, start_process, OwnRedis, TestApp, ADMIN_TOKEN,
 };
 use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy, Proxy};
 
@@ -336,7 +336,7 @@ async fn an_instance_killed_mid_batch_loses_none_of_its_accepted_orders() {
     // The instance to kill: the service's binary, its Postgres through a
     // proxy that will hold its commit in the air.
     let (proxy, via_proxy) = pg_proxy().await;
-    let mut victim = Process::start(
+    let mut victim = start_process(
         &format!("{via_proxy}/{}", app.db_name),
         &redis_url(),
         &app.prefix,
@@ -361,7 +361,7 @@ async fn an_instance_killed_mid_batch_loses_none_of_its_accepted_orders() {
     let started = Instant::now();
     loop {
         let user = users.next().expect("users enough");
-        orders.push(accept(&app, &victim.base, &tokens[&user], voucher).await);
+        orders.push(accept(&app, &victim.base(), &tokens[&user], voucher).await);
         if consumers(&mut conn, &stream)
             .await
             .iter()
@@ -381,7 +381,7 @@ async fn an_instance_killed_mid_batch_loses_none_of_its_accepted_orders() {
     proxy.freeze();
     let mut held = 0;
     for user in users {
-        orders.push(accept(&app, &victim.base, &tokens[&user], voucher).await);
+        orders.push(accept(&app, &victim.base(), &tokens[&user], voucher).await);
         held = consumers(&mut conn, &stream)
             .await
             .into_iter()

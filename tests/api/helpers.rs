@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -11,8 +11,11 @@ use reqwest::StatusCode;
 use seckill::config::Settings;
 use seckill::startup::Application;
 use serde_json::{json, Value};
-use sqlx::{Connection, PgConnection, PgPool};
-pub use testkit::{command_calls, delete_keys, pg_server, redis_conn, redis_url, OwnRedis};
+use sqlx::PgPool;
+pub use testkit::{
+    command_calls, delete_keys, drop_database, pg_server, redis_conn, redis_url, OwnRedis,
+    ServiceProcess,
+};
 use uuid::Uuid;
 
 // Secrets as the service takes them: 32 bytes at least, no placeholder.
@@ -22,15 +25,15 @@ pub const PAYMENT_SECRET: &str = "test-payment-secret-7d2b5f9a1c3e8b6d0a4f";
 
 /// Settings for one test app; `db_url` and `redis_url` say where to go.
 pub fn settings(db_url: &str, redis_url: &str, prefix: &str) -> Settings {
-    Settings::from_args(setting_args("127.0.0.1:0", db_url, redis_url, prefix))
-        .expect("test settings parse")
+    let mut args = vec!["--addr".to_owned(), "127.0.0.1:0".to_owned()];
+    args.extend(setting_args(db_url, redis_url, prefix));
+    Settings::from_args(args).expect("test settings parse")
 }
 
-/// The command-line flags of a test app (also of one run as a process).
-pub fn setting_args(addr: &str, db_url: &str, redis_url: &str, prefix: &str) -> Vec<String> {
+/// The command-line flags of a test app but its address (also of one run
+/// as a process, whose address `testkit::ServiceProcess` gives).
+pub fn setting_args(db_url: &str, redis_url: &str, prefix: &str) -> Vec<String> {
     [
-        "--addr",
-        addr,
         "--database-url",
         db_url,
         "--redis-url",
@@ -462,18 +465,6 @@ pub async fn create_voucher_at(client: &reqwest::Client, base: &str, body: Value
         .unwrap()
 }
 
-/// Drops a test's database and deletes its Redis keys.
-pub async fn drop_database(db_name: &str, prefix: &str) {
-    if let Ok(mut conn) = PgConnection::connect(&format!("{}/postgres", pg_server())).await {
-        let _ = sqlx::query(&format!(
-            "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
-        ))
-        .execute(&mut conn)
-        .await;
-    }
-    delete_keys(&redis_url(), prefix).await;
-}
-
 /// Sends `POST /seckill/{voucher}` and returns the status and the error
 /// code (or `"ok"` with the order id).
 pub async fn buy(
@@ -593,61 +584,24 @@ pub async fn post_purchase(
     }
 }
 
-/// The service's binary run as a process of its own, killed with the test.
-pub struct Process {
-    child: Child,
-    pub base: String,
-}
-
-impl Process {
-    /// Runs `seckill` on Postgres at `db_url` and Redis at `redis_url`
-    /// under `prefix`, with `extra` flags, and waits until it is ready.
-    pub async fn start(db_url: &str, redis_url: &str, prefix: &str, extra: &[&str]) -> Self {
-        let addr = format!("127.0.0.1:{}", free_port());
-        let child = Command::new(env!("CARGO_BIN_EXE_seckill"))
-            .args(setting_args(&addr, db_url, redis_url, prefix))
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("the seckill binary starts");
-        let mut process = Self {
-            child,
-            base: format!("http://{addr}"),
-        };
-        let client = client();
-        let started = std::time::Instant::now();
-        loop {
-            if let Ok(r) = client.get(format!("{}/readyz", process.base)).send().await {
-                if r.status() == StatusCode::OK {
-                    return process;
-                }
-            }
-            let exited = process.child.try_wait().unwrap();
-            assert!(exited.is_none(), "the seckill process exited: {exited:?}");
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "the seckill process did not become ready"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// `kill -9`: no shutdown, nothing flushed or acknowledged.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// The service's binary run as a process of its own (killed with the
+/// test) on Postgres at `db_url` and Redis at `redis_url` under `prefix`,
+/// with `extra` flags; ready when this returns.
+pub async fn start_process(
+    db_url: &str,
+    redis_url: &str,
+    prefix: &str,
+    extra: &[&str],
+) -> ServiceProcess {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_seckill"));
+    command
+        .args(setting_args(db_url, redis_url, prefix))
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null());
+    ServiceProcess::start(command, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Reads with `read` every `pause` until `done` holds of what it read, for

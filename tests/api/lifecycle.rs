@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 
 use crate::helpers::{
     answer, buy, create_voucher_at, drop_database, notify, pg_server, poll_until, redis_url,
-    send_purchase, signature, spawn_app, spawn_app_on_redis, spawn_app_with, start,
-    start_stoppable, tokens_at, OwnRedis, Process, TestApp,
+    send_purchase, signature, spawn_app, spawn_app_on_redis, spawn_app_with, start, start_process,
+    start_stoppable, tokens_at, OwnRedis, TestApp,
 };
 
 impl TestApp {
@@ -695,13 +695,13 @@ async fn every_instance_killed_while_deadlines_pass_loses_no_expiry() {
     let db_name = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
     let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
     let db_url = format!("{}/{db_name}", pg_server());
-    let mut first = Process::start(&db_url, &redis_url(), &prefix, &[]).await;
-    let mut second = Process::start(&db_url, &redis_url(), &prefix, &[]).await;
+    let mut first = start_process(&db_url, &redis_url(), &prefix, &[]).await;
+    let mut second = start_process(&db_url, &redis_url(), &prefix, &[]).await;
     let client = crate::helpers::client();
     let now = Utc::now();
     let voucher = create_voucher_at(
         &client,
-        &first.base,
+        &first.base(),
         json!({
             "title": "killed", "stock": 40, "pay_within_seconds": 1,
             "begin_time": now - chrono::Duration::minutes(1),
@@ -709,12 +709,12 @@ async fn every_instance_killed_while_deadlines_pass_loses_no_expiry() {
         }),
     )
     .await;
-    let tokens = tokens_at(&client, &first.base, 1..=40).await;
+    let tokens = tokens_at(&client, &first.base(), 1..=40).await;
     for (user, token) in &tokens {
         let base = if user % 2 == 0 {
-            &first.base
+            &first.base()
         } else {
-            &second.base
+            &second.base()
         };
         let (status, answer) = buy(&client, base, token, voucher).await;
         assert_eq!(status, StatusCode::OK, "{answer}");
@@ -741,7 +741,7 @@ async fn every_instance_killed_while_deadlines_pass_loses_no_expiry() {
         at_kill,
         "nothing expires while no instance runs"
     );
-    let third = Process::start(&db_url, &redis_url(), &prefix, &[]).await;
+    let third = start_process(&db_url, &redis_url(), &prefix, &[]).await;
     let ready = std::time::Instant::now();
     while unpaid().await > 0 {
         assert!(
@@ -758,7 +758,7 @@ async fn every_instance_killed_while_deadlines_pass_loses_no_expiry() {
             .unwrap();
     assert_eq!((stock, returned), (40, 40), "each unit back exactly once");
     // And on sale again through the new instance.
-    let (status, answer) = buy(&client, &third.base, &tokens[&1], voucher).await;
+    let (status, answer) = buy(&client, &third.base(), &tokens[&1], voucher).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     drop(third);
     db.close().await;

@@ -284,17 +284,15 @@ pub async fn run(target: &TargetArgs, args: &AbuseArgs) -> anyhow::Result<bool> 
         .filter(|_| args.attacks.iter().any(|a| a.through_front()));
     // Placed, the rows use a Redis of their own, so that it can be put on
     // the origin's cores without moving the machine's shared one.
-    let shared_redis = std::env::var("REDIS_URL").ok();
     let own_redis = match &placement {
-        Some(_) => {
-            let redis = testkit::OwnRedis::try_start_with(&[]).map_err(anyhow::Error::msg)?;
-            std::env::set_var("REDIS_URL", redis.url());
-            Some(redis)
-        }
+        Some(_) => Some(testkit::OwnRedis::try_start_with(&[]).map_err(anyhow::Error::msg)?),
         None => None,
     };
-    let service = Target::start(target.launch(args.instances.max(1), env.clone())).await;
-    let result = match service {
+    let mut launch = target.launch(args.instances.max(1), env.clone());
+    if let Some(redis) = &own_redis {
+        launch.redis_url = redis.url();
+    }
+    let result = match Target::start(launch).await {
         Ok(service) => {
             let redis_pid = own_redis.as_ref().and_then(testkit::OwnRedis::pid);
             let rows = rows_of(&service, args, placement.as_ref(), redis_pid).await;
@@ -303,12 +301,6 @@ pub async fn run(target: &TargetArgs, args: &AbuseArgs) -> anyhow::Result<bool> 
         }
         Err(e) => Err(e),
     };
-    if own_redis.is_some() {
-        match shared_redis {
-            Some(url) => std::env::set_var("REDIS_URL", url),
-            None => std::env::remove_var("REDIS_URL"),
-        }
-    }
     drop(own_redis);
     let rows = result?;
     let cost = if args.cpu_requests > 0 {

@@ -173,17 +173,14 @@ pub(super) async fn run_row(
         attack.label(),
     );
     let mut cpu_after = None;
-    let (honest_tally, attacker, slow) = match (flood, attack) {
-        (None, _) if flood_process.is_some() => {
+    let (honest_tally, attacker, slow) = match (flood_process, flood, attack) {
+        (Some(process), _, _) => {
             let honest = crowd.await;
             cpu_after = Some(reading().await);
-            let flood = match flood_process {
-                Some(process) => process.stop().await?,
-                None => unreachable!("matched on it"),
-            };
+            let flood = process.stop().await?;
             (honest, Some(flood), None)
         }
-        (Some(requests), _) => {
+        (None, Some(requests), _) => {
             let stop = Arc::new(AtomicBool::new(false));
             let (ready, opened) = tokio::sync::oneshot::channel();
             let flooding = tokio::spawn(flood_until(
@@ -202,7 +199,7 @@ pub(super) async fn run_row(
             let attacker = flooding.await?;
             (honest, Some(attacker), None)
         }
-        (None, Attack::SlowBodies) => {
+        (None, None, Attack::SlowBodies) => {
             eprintln!(
                 "slow bodies: {} connections, {} bytes declared, one a second; watched up to {:.1} s",
                 args.slow_connections,
@@ -212,7 +209,7 @@ pub(super) async fn run_row(
             let (honest, slow) = tokio::join!(crowd, slow_bodies(&service.bases, args));
             (honest, None, Some(slow))
         }
-        (None, _) => (crowd.await, None, None),
+        (None, None, _) => (crowd.await, None, None),
     };
     let cpu_after = match cpu_after {
         Some(after) => after,
