@@ -361,7 +361,7 @@ async fn an_instance_killed_mid_batch_loses_none_of_its_accepted_orders() {
     let started = Instant::now();
     loop {
         let user = users.next().expect("users enough");
-        orders.push(accept(&app, &victim.base(), &tokens[&user], voucher).await);
+        orders.push(accept(&app, victim.base(), &tokens[&user], voucher).await);
         if consumers(&mut conn, &stream)
             .await
             .iter()
@@ -381,7 +381,7 @@ async fn an_instance_killed_mid_batch_loses_none_of_its_accepted_orders() {
     proxy.freeze();
     let mut held = 0;
     for user in users {
-        orders.push(accept(&app, &victim.base(), &tokens[&user], voucher).await);
+        orders.push(accept(&app, victim.base(), &tokens[&user], voucher).await);
         held = consumers(&mut conn, &stream)
             .await
             .into_iter()

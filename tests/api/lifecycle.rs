@@ -701,7 +701,7 @@ async fn every_instance_killed_while_deadlines_pass_loses_no_expiry() {
     let now = Utc::now();
     let voucher = create_voucher_at(
         &client,
-        &first.base(),
+        first.base(),
         json!({
             "title": "killed", "stock": 40, "pay_within_seconds": 1,
             "begin_time": now - chrono::Duration::minutes(1),
@@ -709,12 +709,12 @@ async fn every_instance_killed_while_deadlines_pass_loses_no_expiry() {
         }),
     )
     .await;
-    let tokens = tokens_at(&client, &first.base(), 1..=40).await;
+    let tokens = tokens_at(&client, first.base(), 1..=40).await;
     for (user, token) in &tokens {
         let base = if user % 2 == 0 {
-            &first.base()
+            first.base()
         } else {
-            &second.base()
+            second.base()
         };
         let (status, answer) = buy(&client, base, token, voucher).await;
         assert_eq!(status, StatusCode::OK, "{answer}");
@@ -758,7 +758,7 @@ async fn every_instance_killed_while_deadlines_pass_loses_no_expiry() {
             .unwrap();
     assert_eq!((stock, returned), (40, 40), "each unit back exactly once");
     // And on sale again through the new instance.
-    let (status, answer) = buy(&client, &third.base(), &tokens[&1], voucher).await;
+    let (status, answer) = buy(&client, third.base(), &tokens[&1], voucher).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     drop(third);
     db.close().await;
