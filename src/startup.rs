@@ -19,7 +19,7 @@ use crate::http::serve::{serve, DrainOutcome, ServeSettings};
 use crate::http::shed::Shedder;
 use crate::http::{self, AdminToken, AppParts, AppState, Limits, RouteClass};
 use crate::kv::{Kv, RedisTarget};
-use crate::seckill::{SaleClock, Seckill, SeckillSettings, UserLocks};
+use crate::seckill::{LockBackend, SaleClock, Seckill, SeckillSettings};
 use crate::store::{PoolSettings, Store, StoreError};
 use crate::telemetry::Chain;
 use crate::token::TokenSigner;
@@ -411,17 +411,17 @@ fn seckill_settings(settings: &Settings, prefix: String, token_key: &[u8]) -> Se
 
 /// The users' purchase locks: on the service's Redis, or RedLock over the
 /// nodes of `SECKILL_LOCK_REDIS_URLS`; their keys under `prefix`.
-fn user_locks(settings: &Settings, prefix: &str) -> Result<UserLocks, StartupError> {
+fn user_locks(settings: &Settings, prefix: &str) -> Result<LockBackend, StartupError> {
     if settings.user_locks == Switch::Off {
         tracing::warn!(
             "SECKILL_USER_LOCKS=off: purchases take no per-user lock (for measuring what it buys)"
         );
-        return Ok(UserLocks::Off);
+        return Ok(LockBackend::Off);
     }
     let client = |url: &str| lock_client(settings, url, prefix);
     let nodes = settings.lock_nodes();
     if nodes.is_empty() {
-        return Ok(UserLocks::Single(client(&settings.redis_url)?));
+        return Ok(LockBackend::Single(client(&settings.redis_url)?));
     }
     let clients = nodes
         .into_iter()
@@ -431,7 +431,7 @@ fn user_locks(settings: &Settings, prefix: &str) -> Result<UserLocks, StartupErr
         nodes = clients.len(),
         "users' locks are RedLocks over independent Redis nodes"
     );
-    Ok(UserLocks::RedLock {
+    Ok(LockBackend::RedLock {
         locks: MultiNodeLocks::new(clients, Quorum::Majority),
         node_timeout: settings.dependency_timeout.min(Duration::from_millis(500)),
     })

@@ -934,14 +934,11 @@ fn code_settings(root: &Path) -> Vec<Setting> {
         count(seckill::seckill::DEFAULT_MAX_ORDERS_PER_USER),
         Some(1),
     );
-    // Private to the admin route: read from its source.
-    let admin = std::fs::read_to_string(root.join("src/http/admin.rs")).unwrap();
-    let units = admin
-        .split_once("fn default_max_units() -> i64 {")
-        .and_then(|(_, after)| after.split('}').next())
-        .and_then(|body| body.trim().parse::<u64>().ok())
-        .expect("src/http/admin.rs has fn default_max_units() -> i64 { <n> }");
-    constant("max_units_per_user", Value::Count(units), Some(1));
+    constant(
+        "max_units_per_user",
+        count(seckill::seckill::DEFAULT_MAX_UNITS_PER_USER),
+        Some(1),
+    );
     // Every other constant, read from the source's text.
     for found in source_constants(root) {
         if !settings.iter().any(|s| s.name == found.name) {

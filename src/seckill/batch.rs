@@ -19,10 +19,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::clock::SaleClock;
 use super::error::{Result, SeckillError};
-use super::gate::{Gates, Ticket};
+use super::gate::{Gates, Place};
 use super::metric;
 use super::soldout::SoldOutFlags;
-use super::user_lock::{UserGuard, UserLocks};
+use super::user_lock::{LockBackend, UserGuard};
 use super::workers::{Background, Queue, Workers};
 use crate::domain::{day_range, FencingToken, OrderId, Quantity, UserId, VoucherId};
 use crate::domain::{StockLevel, Voucher};
@@ -55,7 +55,7 @@ pub(super) enum Outcome {
 }
 
 /// A purchase waiting for its batch.
-struct Pending {
+struct Queued {
     voucher: Arc<Voucher>,
     user_id: UserId,
     quantity: Quantity,
@@ -67,7 +67,7 @@ struct Pending {
     guard: UserGuard,
     /// The purchase's place at the gate, given up when it is answered (or
     /// dropped): those waiting there wake.
-    _place: Ticket,
+    _place: Place,
 }
 
 /// The batchers of every voucher. Cheap to clone.
@@ -81,7 +81,7 @@ struct Inner {
     /// Most purchases in one batch; 1 is one order per transaction.
     max: usize,
     /// Each voucher's writer, by its queue.
-    writers: Workers<Queue<Pending>>,
+    writers: Workers<Queue<Queued>>,
 }
 
 /// What the batch writers work with, from the rest of the instance.
@@ -90,7 +90,7 @@ pub(super) struct Deps {
     pub(super) ids: IdGenerator,
     pub(super) flags: Arc<SoldOutFlags>,
     pub(super) gates: Arc<Gates>,
-    pub(super) locks: UserLocks,
+    pub(super) locks: LockBackend,
     pub(super) clock: SaleClock,
 }
 
@@ -117,7 +117,7 @@ impl Batcher {
         user_id: UserId,
         quantity: Quantity,
         guard: UserGuard,
-        place: Ticket,
+        place: Place,
     ) -> Result<Outcome> {
         let voucher_id = voucher.id;
         let fence = guard.fence();
@@ -125,7 +125,7 @@ impl Batcher {
             .writers
             .ask(
                 voucher_id,
-                |reply| Pending {
+                |reply| Queued {
                     voucher,
                     user_id,
                     quantity,
@@ -149,12 +149,12 @@ impl Batcher {
 async fn write(
     inner: Arc<Inner>,
     voucher_id: VoucherId,
-    mut arrivals: mpsc::UnboundedReceiver<Pending>,
+    mut arrivals: mpsc::UnboundedReceiver<Queued>,
     stop: CancellationToken,
 ) {
     // Purchases held back from a batch: a second purchase of a user already
     // in it, or one whose id was taken. They go first in the next batch.
-    let mut waiting: VecDeque<Pending> = VecDeque::new();
+    let mut waiting: VecDeque<Queued> = VecDeque::new();
     let mut retiring = false;
     loop {
         if waiting.is_empty() {
@@ -192,7 +192,7 @@ async fn write(
 /// second purchase of a user waits for the next batch, where it finds the
 /// first one's order). Purchases whose client left are dropped here: nobody
 /// waits for their answer and nothing was written for them.
-fn take_batch(waiting: &mut VecDeque<Pending>, max: usize) -> Vec<Pending> {
+fn take_batch(waiting: &mut VecDeque<Queued>, max: usize) -> Vec<Queued> {
     let mut batch = Vec::new();
     let mut users = HashSet::new();
     let mut later = VecDeque::new();
@@ -212,7 +212,7 @@ fn take_batch(waiting: &mut VecDeque<Pending>, max: usize) -> Vec<Pending> {
 
 /// Commits one batch and answers it; returns the purchases to put in the
 /// next batch (those whose drawn id was taken).
-async fn commit(inner: &Inner, voucher_id: VoucherId, batch: Vec<Pending>) -> Vec<Pending> {
+async fn commit(inner: &Inner, voucher_id: VoucherId, batch: Vec<Queued>) -> Vec<Queued> {
     let batch = answer_known_sold_out(inner, batch).await;
     if batch.is_empty() {
         return Vec::new();
@@ -251,7 +251,7 @@ async fn commit(inner: &Inner, voucher_id: VoucherId, batch: Vec<Pending>) -> Ve
 /// The statement's requests for `batch`, whose purchases drew `ids`, in
 /// order: each with its own id and its lock's fencing token (none without
 /// a lock), created `at`.
-fn sale_requests(batch: &[Pending], ids: &[OrderId], at: DateTime<Utc>) -> Vec<SaleRequest> {
+fn sale_requests(batch: &[Queued], ids: &[OrderId], at: DateTime<Utc>) -> Vec<SaleRequest> {
     batch
         .iter()
         .zip(ids)
@@ -268,7 +268,7 @@ fn sale_requests(batch: &[Pending], ids: &[OrderId], at: DateTime<Utc>) -> Vec<S
 /// Answers the purchases that passed the flag just before this instance
 /// saw their voucher sold out (they need no statement to learn it); the
 /// others, still open.
-async fn answer_known_sold_out(inner: &Inner, batch: Vec<Pending>) -> Vec<Pending> {
+async fn answer_known_sold_out(inner: &Inner, batch: Vec<Queued>) -> Vec<Queued> {
     let mut open = Vec::with_capacity(batch.len());
     let mut known = Vec::new();
     for pending in batch {
@@ -288,10 +288,10 @@ async fn answer_known_sold_out(inner: &Inner, batch: Vec<Pending>) -> Vec<Pendin
 async fn settle(
     inner: &Inner,
     voucher_id: VoucherId,
-    batch: Vec<Pending>,
+    batch: Vec<Queued>,
     ids: Vec<OrderId>,
     BatchSale { sales, level }: BatchSale,
-) -> Vec<Pending> {
+) -> Vec<Queued> {
     // Before anyone is answered: those waiting at the gate for this batch
     // find what it left when they wake, and when it left no unit, those
     // who come after (the answered buyers' next tries among them) are
@@ -396,7 +396,7 @@ pub(super) async fn sell_batch(
 
 /// The purchases whose ids were taken, after the day's counter was raised
 /// past the ids Postgres holds; those that drew too often are answered 503.
-async fn redraw(inner: &Inner, taken: OrderId, redo: Vec<Pending>) -> Vec<Pending> {
+async fn redraw(inner: &Inner, taken: OrderId, redo: Vec<Queued>) -> Vec<Queued> {
     tracing::warn!(%taken, "order id already taken: the id counter was lost");
     if let Err(error) = recover_id_counter(inner, taken).await {
         answer(inner, failed(redo, &error)).await;
@@ -470,7 +470,7 @@ async fn publish(inner: &Inner, voucher: &Voucher, level: Option<StockLevel>, so
 }
 
 /// Every purchase of `batch`, answered `error`.
-fn failed(batch: Vec<Pending>, error: &SeckillError) -> Vec<(Pending, Result<Outcome>)> {
+fn failed(batch: Vec<Queued>, error: &SeckillError) -> Vec<(Queued, Result<Outcome>)> {
     batch
         .into_iter()
         .map(|pending| (pending, Err(error.clone())))
@@ -482,14 +482,14 @@ fn failed(batch: Vec<Pending>, error: &SeckillError) -> Vec<(Pending, Result<Out
 /// once the lock is free, so a retry finds the order, not the lock. A lock
 /// that cannot be given back runs out with its lease; the answer stands
 /// (the order, if any, is committed, and the unique index keeps it single).
-async fn answer(inner: &Inner, answers: Vec<(Pending, Result<Outcome>)>) {
+async fn answer(inner: &Inner, answers: Vec<(Queued, Result<Outcome>)>) {
     if answers.is_empty() {
         return;
     }
     let mut guards = Vec::with_capacity(answers.len());
     let mut replies = Vec::with_capacity(answers.len());
     for (pending, outcome) in answers {
-        let Pending {
+        let Queued {
             voucher,
             user_id,
             reply,
@@ -612,7 +612,7 @@ mod tests {
     async fn queued(
         gates: &Gates,
         users: impl IntoIterator<Item = (i64, Option<i64>)>,
-    ) -> (VecDeque<Pending>, Vec<Answer>) {
+    ) -> (VecDeque<Queued>, Vec<Answer>) {
         let voucher = in_stock();
         let (mut queue, mut answers) = (VecDeque::new(), Vec::new());
         for (user, fence) in users {
@@ -620,7 +620,7 @@ mod tests {
                 panic!("the gate refused a purchase of a voucher in stock");
             };
             let (reply, answer) = oneshot::channel();
-            queue.push_back(Pending {
+            queue.push_back(Queued {
                 voucher: voucher.clone(),
                 user_id: UserId::new(user).unwrap(),
                 quantity: Quantity::ONE,
@@ -650,7 +650,7 @@ mod tests {
         Arc::new(Voucher::on_sale(1, level))
     }
 
-    fn users(purchases: &VecDeque<Pending>) -> Vec<i64> {
+    fn users(purchases: &VecDeque<Queued>) -> Vec<i64> {
         purchases.iter().map(|p| p.user_id.get()).collect()
     }
 
@@ -659,12 +659,12 @@ mod tests {
         let gates = Gates::new(Duration::from_secs(1));
         let (mut waiting, _answers) = queued(&gates, unfenced([1, 2, 1, 3, 4, 2, 5])).await;
         let batch = take_batch(&mut waiting, 3);
-        let batch: VecDeque<Pending> = batch.into();
+        let batch: VecDeque<Queued> = batch.into();
         assert_eq!(users(&batch), [1, 2, 3]);
         // The rest wait, in arrival order: the second purchases of users 1
         // and 2 find the first ones' orders in a later batch.
         assert_eq!(users(&waiting), [1, 4, 2, 5]);
-        let next: VecDeque<Pending> = take_batch(&mut waiting, 3).into();
+        let next: VecDeque<Queued> = take_batch(&mut waiting, 3).into();
         assert_eq!(users(&next), [1, 4, 2]);
         assert_eq!(users(&waiting), [5]);
     }
@@ -675,7 +675,7 @@ mod tests {
         let (mut waiting, mut answers) = queued(&gates, unfenced([1, 2, 3])).await;
         // User 2's client left: nobody waits for its answer.
         drop(answers.remove(1));
-        let batch: VecDeque<Pending> = take_batch(&mut waiting, 10).into();
+        let batch: VecDeque<Queued> = take_batch(&mut waiting, 10).into();
         assert_eq!(users(&batch), [1, 3]);
         assert!(waiting.is_empty());
     }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::ToSchema;
 
 use super::error::{Result, SeckillError};
-use super::{DEFAULT_MAX_ORDERS_PER_USER, DEFAULT_PAY_WITHIN_SECONDS};
+use super::{DEFAULT_MAX_ORDERS_PER_USER, DEFAULT_MAX_UNITS_PER_USER, DEFAULT_PAY_WITHIN_SECONDS};
 use crate::domain::{NewVoucher, Quantity, SaleMode, VoucherTerms};
 
 const TITLE_MAX_CHARS: usize = 200;
@@ -103,7 +103,7 @@ fn default_max_orders() -> i64 {
 }
 
 fn default_max_units() -> i64 {
-    1
+    DEFAULT_MAX_UNITS_PER_USER
 }
 
 /// A voucher's stock as asked for, in the range its column holds.

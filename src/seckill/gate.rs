@@ -38,16 +38,16 @@ pub(super) struct Gates {
 
 /// What the gate says to a purchase.
 pub(super) enum Admission {
-    /// Go on to the lock and the batch; the ticket holds the purchase's
-    /// place until its batch answers (or it gives up).
-    Go(Ticket),
+    /// Go on to the lock and the batch, holding the purchase's place
+    /// until its batch answers (or it gives up).
+    Go(Place),
     /// No unit is left at the voucher's epoch.
     SoldOut,
 }
 
 /// A purchase let through the gate and not answered yet, with the units
 /// it asks for.
-pub(super) struct Ticket {
+pub(super) struct Place {
     gate: Arc<Gate>,
     units: i64,
 }
@@ -85,9 +85,9 @@ impl Gate {
 
     /// Lets one more purchase, of `units`, through, counted in `state`
     /// (this gate's).
-    fn enter(self: &Arc<Self>, state: &mut State, units: i64) -> Ticket {
+    fn enter(self: &Arc<Self>, state: &mut State, units: i64) -> Place {
         state.ahead += units;
-        Ticket {
+        Place {
             gate: self.clone(),
             units,
         }
@@ -185,7 +185,7 @@ impl Gates {
     }
 }
 
-impl Drop for Ticket {
+impl Drop for Place {
     fn drop(&mut self) {
         self.gate.state().ahead -= self.units;
         self.gate.left_one.notify_waiters();

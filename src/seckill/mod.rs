@@ -56,8 +56,8 @@ pub use room::{
     challenge, proof_holds, ticket_key, QueueState, QueueStatus, RoomCounter, TicketKey,
     ADMISSION_WINDOW,
 };
-use user_lock::Lockers;
-pub use user_lock::{lock_of, UserGuard, UserLocks};
+use user_lock::LockBatcher;
+pub use user_lock::{lock_of, LockBackend, UserGuard};
 
 use crate::domain::{OrderId, Outcome, Quantity, SaleMode, UserId, Voucher, VoucherId};
 use crate::id::IdGenerator;
@@ -102,6 +102,8 @@ pub const DEFAULT_PAY_WITHIN_SECONDS: i64 = 900;
 /// Most orders one user may have of a voucher when none is given: room to
 /// cancel twice, not to hold a unit away from the crowd for ever.
 pub const DEFAULT_MAX_ORDERS_PER_USER: i64 = 3;
+/// Most units one order may take when none is given: one per customer.
+pub const DEFAULT_MAX_UNITS_PER_USER: i64 = 1;
 
 /// Tuning for [`Seckill`].
 #[derive(Debug, Clone)]
@@ -151,9 +153,9 @@ pub struct Seckill {
 struct Inner {
     store: Store,
     redis: Kv,
-    locks: UserLocks,
+    locks: LockBackend,
     /// Takes the locks of a voucher's purchases that arrive together.
-    lockers: Arc<Lockers>,
+    lockers: Arc<LockBatcher>,
     batcher: Batcher,
     async_sales: AsyncSales,
     clock: SaleClock,
@@ -192,7 +194,7 @@ impl Seckill {
     pub fn new(
         store: Store,
         redis: Kv,
-        locks: UserLocks,
+        locks: LockBackend,
         clock: SaleClock,
         settings: SeckillSettings,
     ) -> Self {
@@ -223,7 +225,7 @@ impl Seckill {
             &settings,
             background.clone(),
         );
-        let lockers = Lockers::new(locks.clone(), settings.lock_lease, background.clone());
+        let lockers = LockBatcher::new(locks.clone(), settings.lock_lease, background.clone());
         let rooms = Rooms::new(
             redis.clone(),
             settings.redis_prefix.clone(),
@@ -465,7 +467,7 @@ impl Seckill {
         voucher: Arc<Voucher>,
         quantity: Quantity,
         guard: UserGuard,
-        place: gate::Ticket,
+        place: gate::Place,
     ) -> Result<OrderId> {
         let voucher_id = voucher.id;
         let max_orders = voucher.terms.max_orders_per_user;

@@ -1,7 +1,7 @@
 //! The per-user purchase lock: on the service's Redis (the default), or
 //! RedLock over independent Redis nodes when `SECKILL_LOCK_REDIS_URLS` names
 //! them, so that losing one Redis does not stop (or split) purchases; and
-//! [`Lockers`], which takes the locks of a voucher's purchases that arrive
+//! [`LockBatcher`], which takes the locks of a voucher's purchases that arrive
 //! together in one call.
 
 use std::sync::Arc;
@@ -24,7 +24,7 @@ const GATHER_IDLE: Duration = Duration::from_secs(30);
 
 /// Where users' purchase locks live.
 #[derive(Clone)]
-pub enum UserLocks {
+pub enum LockBackend {
     /// One Redis.
     Single(LockClient),
     /// A majority of independent Redis nodes; each is given at most
@@ -43,11 +43,11 @@ pub enum UserLocks {
 pub enum UserGuard {
     Single(LockGuard),
     RedLock(MultiGuard),
-    /// With [`UserLocks::Off`]: nothing held, nothing fenced.
+    /// With [`LockBackend::Off`]: nothing held, nothing fenced.
     Unlocked,
 }
 
-impl UserLocks {
+impl LockBackend {
     /// Takes `user_id`'s lock for one purchase of `voucher_id`, without
     /// waiting: `None` when another purchase of the user holds it.
     pub async fn try_lock(
@@ -191,8 +191,8 @@ pub fn lock_of(voucher_id: VoucherId, user_id: UserId, purchase: u64) -> (String
 /// `redis_locks::LOCKS_PER_CALL` locks), as group commit gathers a batch; a
 /// lone purchase goes at once. With RedLock, each purchase on its own;
 /// with the locks off, none.
-pub struct Lockers {
-    locks: UserLocks,
+pub struct LockBatcher {
+    locks: LockBackend,
     lease: Duration,
     /// Longest a purchase waits for its lock's answer: the call ahead of it,
     /// then its own.
@@ -206,14 +206,14 @@ struct LockRequest {
     reply: oneshot::Sender<Result<Option<UserGuard>, LockError>>,
 }
 
-impl Lockers {
-    /// Lockers of `locks` giving holds of `lease`, their workers among
+impl LockBatcher {
+    /// LockBatcher of `locks` giving holds of `lease`, their workers among
     /// `background`'s tasks.
-    pub fn new(locks: UserLocks, lease: Duration, background: Background) -> Arc<Self> {
+    pub fn new(locks: LockBackend, lease: Duration, background: Background) -> Arc<Self> {
         let wait = match &locks {
-            UserLocks::Single(client) => client.command_timeout() * 2,
-            UserLocks::RedLock { node_timeout, .. } => *node_timeout * 2,
-            UserLocks::Off => Duration::ZERO,
+            LockBackend::Single(client) => client.command_timeout() * 2,
+            LockBackend::RedLock { node_timeout, .. } => *node_timeout * 2,
+            LockBackend::Off => Duration::ZERO,
         };
         Arc::new(Self {
             locks,
@@ -234,7 +234,7 @@ impl Lockers {
         user_id: UserId,
         purchase: u64,
     ) -> Result<Option<UserGuard>, SeckillError> {
-        if matches!(self.locks, UserLocks::Off) {
+        if matches!(self.locks, LockBackend::Off) {
             return Ok(Some(UserGuard::Unlocked));
         }
         let asked = Instant::now();
@@ -249,7 +249,7 @@ impl Lockers {
         user_id: UserId,
         purchase: u64,
     ) -> Result<Option<UserGuard>, SeckillError> {
-        if matches!(self.locks, UserLocks::RedLock { .. }) {
+        if matches!(self.locks, LockBackend::RedLock { .. }) {
             return Ok(self
                 .locks
                 .try_lock(voucher_id, user_id, purchase, self.lease)
@@ -287,7 +287,7 @@ impl Lockers {
         arrivals: mpsc::UnboundedReceiver<LockRequest>,
         stop: CancellationToken,
     ) {
-        let UserLocks::Single(client) = &self.locks else {
+        let LockBackend::Single(client) = &self.locks else {
             return;
         };
         let lease = Lease::Fixed(self.lease);
@@ -347,7 +347,7 @@ mod tests {
 
     #[tokio::test]
     async fn with_the_locks_off_every_purchase_goes_on_unfenced() {
-        let locks = UserLocks::Off;
+        let locks = LockBackend::Off;
         let (voucher, user) = (VoucherId::new(7).unwrap(), UserId::new(9).unwrap());
         let lease = Duration::from_secs(5);
         let mut guards = Vec::new();
