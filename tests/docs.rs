@@ -1422,11 +1422,11 @@ fn lab_grid(markdown: &str) -> BTreeMap<(String, String), String> {
 fn answer_for(code: &str) -> Option<(u16, String)> {
     use axum::response::IntoResponse;
     use seckill::http::ApiError;
-    use seckill::seckill::SeckillError;
+    use seckill::seckill::Refusal;
     let error = match code {
-        "purchase_in_progress" => ApiError::Seckill(SeckillError::InProgress),
-        "sold_out" => ApiError::Seckill(SeckillError::SoldOut),
-        "already_purchased" => ApiError::Seckill(SeckillError::AlreadyPurchased { order_id: None }),
+        "purchase_in_progress" => ApiError::Refused(Refusal::InProgress),
+        "sold_out" => ApiError::Refused(Refusal::SoldOut),
+        "already_purchased" => ApiError::Refused(Refusal::AlreadyPurchased { order_id: None }),
         _ => return None,
     };
     let response = error.into_response();

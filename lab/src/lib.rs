@@ -37,7 +37,7 @@ use redis_locks::{Acquired, LockClient, LockError};
 use seckill::domain::Outcome;
 use seckill::kv::Kv;
 use seckill::seckill::workers::{Background, Workers};
-use seckill::seckill::{stock_units, Result, SeckillError};
+use seckill::seckill::{stock_units, PurchaseError, Refusal, Result, SeckillError};
 use seckill::startup::{Application, Mount, StartupError};
 use sqlx::PgConnection;
 use store::{has_order_on, lock_stock_on, sell_on, Decrement, LabSale, LabStats, LabStore};
@@ -208,11 +208,11 @@ impl Lab {
 
     /// Buys one unit of lab voucher `voucher_id` for `user_id` the way
     /// `strategy` does.
-    pub async fn purchase(&self, attempt: Attempt) -> Result<LabOrder> {
+    pub async fn purchase(&self, attempt: Attempt) -> Result<LabOrder, PurchaseError> {
         let result = self.try_purchase(attempt).await;
         let outcome = result
             .as_ref()
-            .map_or_else(SeckillError::outcome, |_| Outcome::Ordered)
+            .map_or_else(PurchaseError::outcome, |_| Outcome::Ordered)
             .label();
         metrics::counter!(
             "seckill_lab_purchases_total",
@@ -223,7 +223,7 @@ impl Lab {
         result
     }
 
-    async fn try_purchase(&self, attempt: Attempt) -> Result<LabOrder> {
+    async fn try_purchase(&self, attempt: Attempt) -> Result<LabOrder, PurchaseError> {
         let (strategy, _, voucher_id, _) = attempt.parts();
         let result = match strategy {
             Strategy::Naive | Strategy::Version | Strategy::StockGtZero => {
@@ -246,8 +246,10 @@ impl Lab {
         };
         // A refused sale on an unknown voucher is "not found", not "sold out".
         match result {
-            Err(SeckillError::SoldOut) if self.inner.store.stock(voucher_id).await?.is_none() => {
-                Err(SeckillError::NotFound("lab voucher"))
+            Err(PurchaseError::Refused(Refusal::SoldOut))
+                if self.inner.store.stock(voucher_id).await?.is_none() =>
+            {
+                Err(SeckillError::NotFound("lab voucher").into())
             }
             other => other,
         }
@@ -256,7 +258,7 @@ impl Lab {
     /// `naive`, `version`, `stock_gt_zero`: "already bought?" with no guard,
     /// and the sale under the strategy's condition. `naive` and `version`
     /// read the stock first and check it themselves.
-    async fn unguarded(&self, attempt: Attempt) -> Result<i64> {
+    async fn unguarded(&self, attempt: Attempt) -> Result<i64, PurchaseError> {
         let (strategy, user_id, voucher_id, stall) = attempt.parts();
         let store = &self.inner.store;
         let decrement = match strategy {
@@ -267,7 +269,7 @@ impl Lab {
                     .await?
                     .ok_or(SeckillError::NotFound("lab voucher"))?;
                 if stock <= 0 {
-                    return Err(SeckillError::SoldOut);
+                    return Err(Refusal::SoldOut.into());
                 }
                 if strategy == Strategy::Naive {
                     Decrement::Always
@@ -277,14 +279,14 @@ impl Lab {
             }
         };
         if store.has_order(user_id, voucher_id).await? {
-            return Err(SeckillError::AlreadyPurchased { order_id: None });
+            return Err(Refusal::AlreadyPurchased { order_id: None }.into());
         }
         pause(stall, StallAt::Sale).await;
         // `version`: a changed stock is refused although units may be left.
         store
             .sell(strategy.name(), user_id, voucher_id, decrement)
             .await?
-            .ok_or(SeckillError::SoldOut)
+            .ok_or(PurchaseError::from(Refusal::SoldOut))
     }
 
     /// What every guarded strategy does while it holds its guard: "already
@@ -293,16 +295,20 @@ impl Lab {
     /// holder whose lease ran out can write neither after its successor
     /// entered (the successor's check would have missed that write) nor
     /// after its successor wrote.
-    async fn guarded_sale(&self, attempt: Attempt, fence: Option<i64>) -> Result<i64> {
+    async fn guarded_sale(
+        &self,
+        attempt: Attempt,
+        fence: Option<i64>,
+    ) -> Result<i64, PurchaseError> {
         let (strategy, user_id, voucher_id, stall) = attempt.parts();
         let store = &self.inner.store;
         if let Some(token) = fence {
             if !store.claim_fence(user_id, voucher_id, token).await? {
-                return Err(SeckillError::InProgress);
+                return Err(Refusal::InProgress.into());
             }
         }
         if store.has_order(user_id, voucher_id).await? {
-            return Err(SeckillError::AlreadyPurchased { order_id: None });
+            return Err(Refusal::AlreadyPurchased { order_id: None }.into());
         }
         pause(stall, StallAt::Sale).await;
         let name = strategy.name();
@@ -310,11 +316,11 @@ impl Lab {
             None => store
                 .sell(name, user_id, voucher_id, Decrement::IfLeft)
                 .await?
-                .ok_or(SeckillError::SoldOut),
+                .ok_or(PurchaseError::from(Refusal::SoldOut)),
             Some(token) => match store.sell_fenced(name, user_id, voucher_id, token).await? {
                 LabSale::Sold(id) => Ok(id),
-                LabSale::SoldOut => Err(SeckillError::SoldOut),
-                LabSale::Fenced => Err(SeckillError::InProgress),
+                LabSale::SoldOut => Err(Refusal::SoldOut.into()),
+                LabSale::Fenced => Err(Refusal::InProgress.into()),
             },
         }
     }
@@ -328,11 +334,11 @@ impl Lab {
 
     /// `process_mutex`: a mutex per user and voucher in this process. Sound
     /// on one instance; a second instance has mutexes of its own.
-    async fn process_mutex(&self, attempt: Attempt) -> Result<i64> {
+    async fn process_mutex(&self, attempt: Attempt) -> Result<i64, PurchaseError> {
         let (_, user_id, voucher_id, stall) = attempt.parts();
         let mutex = self.mutex(user_id, voucher_id);
         let Ok(held) = mutex.try_lock() else {
-            return Err(SeckillError::InProgress);
+            return Err(Refusal::InProgress.into());
         };
         let result = self.guarded_sale(attempt, None).await;
         pause(stall, StallAt::Release).await;
@@ -356,7 +362,7 @@ impl Lab {
     /// later, the transaction commits. The user's next request, woken by
     /// the unlock, checks in between: READ COMMITTED shows it no order, and
     /// its sale waits only for the stock row's lock, then sells again.
-    async fn lock_before_commit(&self, attempt: Attempt) -> Result<i64> {
+    async fn lock_before_commit(&self, attempt: Attempt) -> Result<i64, PurchaseError> {
         let (_, user_id, voucher_id, stall) = attempt.parts();
         let mutex = self.mutex(user_id, voucher_id);
         let answer = self
@@ -395,7 +401,7 @@ impl Lab {
     /// rolled back by then: correct on any number of instances, and every
     /// purchase of the voucher waits in one line, its round trips and its
     /// commit included.
-    async fn for_update(&self, attempt: Attempt) -> Result<i64> {
+    async fn for_update(&self, attempt: Attempt) -> Result<i64, PurchaseError> {
         let (_, _, voucher_id, stall) = attempt.parts();
         let answer = self
             .inner
@@ -405,8 +411,8 @@ impl Lab {
                 Box::pin(async move {
                     let mut tx = sqlx::Connection::begin(c).await?;
                     let answer = match lock_stock_on(&mut tx, persistent, voucher_id).await? {
-                        None => Err(SeckillError::NotFound("lab voucher")),
-                        Some(stock) if stock <= 0 => Err(SeckillError::SoldOut),
+                        None => Err(SeckillError::NotFound("lab voucher").into()),
+                        Some(stock) if stock <= 0 => Err(Refusal::SoldOut.into()),
                         // The row is ours and its stock positive: a plain
                         // decrement.
                         Some(_) => {
@@ -431,7 +437,7 @@ impl Lab {
     /// our own value (`setnx_owner`). The delete is `GETDEL`, which deletes
     /// exactly as `DEL` does and also says whose lock it was, so the lab
     /// can count releases that freed another request's lock.
-    async fn setnx(&self, attempt: Attempt) -> Result<i64> {
+    async fn setnx(&self, attempt: Attempt) -> Result<i64, PurchaseError> {
         let (strategy, user_id, voucher_id, stall) = attempt.parts();
         let inner = &self.inner;
         let key = format!(
@@ -457,7 +463,7 @@ impl Lab {
             )
             .await?;
         if taken.is_none() {
-            return Err(SeckillError::InProgress);
+            return Err(Refusal::InProgress.into());
         }
         let result = self.guarded_sale(attempt, None).await;
 
@@ -504,7 +510,7 @@ impl Lab {
     /// `reentrant` and `fenced`: the service's own lock (a hash of owner ->
     /// holds, released by a Lua script that only the owner can run); `fenced`
     /// also hands the lock's fencing token to the sale.
-    async fn reentrant(&self, attempt: Attempt) -> Result<i64> {
+    async fn reentrant(&self, attempt: Attempt) -> Result<i64, PurchaseError> {
         let (strategy, user_id, voucher_id, stall) = attempt.parts();
         let inner = &self.inner;
         let lock = inner.locks.lock(&format!("order:{voucher_id}:{user_id}"));
@@ -513,7 +519,7 @@ impl Lab {
             .owner(inner.owners.fetch_add(1, Ordering::Relaxed));
         let guard = match lock.try_acquire(&owner, inner.settings.lease).await? {
             Acquired::Yes(guard) => guard,
-            Acquired::HeldByOther { .. } => return Err(SeckillError::InProgress),
+            Acquired::HeldByOther { .. } => return Err(Refusal::InProgress.into()),
         };
         let fence = (strategy == Strategy::Fenced).then(|| guard.fence());
         let result = self.guarded_sale(attempt, fence).await;
@@ -549,17 +555,17 @@ async fn check_and_sell(
     persistent: bool,
     attempt: Attempt,
     decrement: Decrement,
-) -> std::result::Result<Result<i64>, sqlx::Error> {
+) -> std::result::Result<Result<i64, PurchaseError>, sqlx::Error> {
     let (strategy, user_id, voucher_id, stall) = attempt.parts();
     let strategy = strategy.name();
     if has_order_on(c, persistent, user_id, voucher_id).await? {
-        return Ok(Err(SeckillError::AlreadyPurchased { order_id: None }));
+        return Ok(Err(Refusal::AlreadyPurchased { order_id: None }.into()));
     }
     pause(stall, StallAt::Sale).await;
     Ok(
         sell_on(c, persistent, strategy, user_id, voucher_id, decrement)
             .await?
-            .ok_or(SeckillError::SoldOut),
+            .ok_or(PurchaseError::from(Refusal::SoldOut)),
     )
 }
 

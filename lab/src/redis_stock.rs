@@ -20,7 +20,7 @@ use super::{Attempt, Lab, LabOrder, Stall, StallAt, Strategy};
 use crate::store::Decrement;
 use seckill::domain::VoucherId;
 use seckill::kv::{Consumer, Delivery};
-use seckill::seckill::{Result, SeckillError};
+use seckill::seckill::{PurchaseError, Refusal, Result, SeckillError};
 
 /// The check-and-decrement of `redis_lua` and `redis_stream`
 /// (`lab/lua/check_and_decrement.lua`), hashed once.
@@ -83,7 +83,10 @@ impl Lab {
     }
 
     /// `redis_decr`, `redis_lua` and `redis_stream`.
-    pub(super) async fn redis_stock_purchase(&self, attempt: Attempt) -> Result<LabOrder> {
+    pub(super) async fn redis_stock_purchase(
+        &self,
+        attempt: Attempt,
+    ) -> Result<LabOrder, PurchaseError> {
         let (strategy, user_id, voucher_id, stall) = attempt.parts();
         // The path let only a positive id through: no voucher has another.
         let voucher = VoucherId::new(voucher_id).ok_or(SeckillError::NotFound("lab voucher"))?;
@@ -97,10 +100,10 @@ impl Lab {
                 .query(redis::cmd("GET").arg(&keys.stock))
                 .await?;
             if stock.unwrap_or(0) <= 0 {
-                return Err(SeckillError::SoldOut);
+                return Err(Refusal::SoldOut.into());
             }
             if store.has_order(user_id, voucher_id).await? {
-                return Err(SeckillError::AlreadyPurchased { order_id: None });
+                return Err(Refusal::AlreadyPurchased { order_id: None }.into());
             }
             let _: i64 = inner
                 .redis
@@ -117,8 +120,8 @@ impl Lab {
             let answer: i64 = inner.redis.invoke(&call).await?;
             match answer {
                 1 => {}
-                -1 => return Err(SeckillError::SoldOut),
-                _ => return Err(SeckillError::AlreadyPurchased { order_id: None }),
+                -1 => return Err(Refusal::SoldOut.into()),
+                _ => return Err(Refusal::AlreadyPurchased { order_id: None }.into()),
             }
         }
         if strategy == Strategy::RedisStream {
@@ -126,13 +129,13 @@ impl Lab {
             return Ok(LabOrder::Pending);
         }
         if crashed(stall) {
-            return Err(crash_error());
+            return Err(crash_error().into());
         }
         store
             .sell(strategy.name(), user_id, voucher_id, Decrement::Always)
             .await?
             .map(LabOrder::Stored)
-            .ok_or(SeckillError::NotFound("lab voucher"))
+            .ok_or(SeckillError::NotFound("lab voucher").into())
     }
 
     fn ensure_stream_writer(&self, voucher: VoucherId) {

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use crate::seckill::SeckillError;
+use crate::seckill::{OrderError, OrderRefusal, PurchaseError, Refusal, SeckillError};
 use crate::telemetry::Chain;
 
 /// Every error's body.
@@ -87,8 +87,33 @@ pub enum ApiError {
     /// for now (see `shed`).
     #[error("the instance is saturated and sheds requests like this one; retry shortly")]
     Overloaded,
+    /// What any operation can fail with.
     #[error(transparent)]
     Seckill(#[from] SeckillError),
+    /// A purchase the sale refused.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// A cancel or a payment the order refused.
+    #[error(transparent)]
+    OrderRefused(#[from] OrderRefusal),
+}
+
+impl From<PurchaseError> for ApiError {
+    fn from(error: PurchaseError) -> Self {
+        match error {
+            PurchaseError::Refused(refusal) => Self::Refused(refusal),
+            PurchaseError::Failed(error) => Self::Seckill(error),
+        }
+    }
+}
+
+impl From<OrderError> for ApiError {
+    fn from(error: OrderError) -> Self {
+        match error {
+            OrderError::Refused(refusal) => Self::OrderRefused(refusal),
+            OrderError::Failed(error) => Self::Seckill(error),
+        }
+    }
 }
 
 impl From<crate::auth::AuthError> for ApiError {
@@ -106,6 +131,8 @@ impl From<crate::auth::AuthError> for ApiError {
 impl ApiError {
     fn status_and_code(&self) -> (StatusCode, ErrorCode) {
         use ErrorCode as C;
+        use OrderRefusal as O;
+        use Refusal as R;
         use SeckillError as S;
         match self {
             Self::BadRequest(_) | Self::Seckill(S::Invalid(_)) => {
@@ -122,20 +149,22 @@ impl ApiError {
                 (StatusCode::TOO_MANY_REQUESTS, C::RateLimited)
             }
             Self::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, C::Unavailable),
-            Self::Seckill(S::NotStarted) => (StatusCode::CONFLICT, C::NotStarted),
-            Self::Seckill(S::Ended) => (StatusCode::CONFLICT, C::Ended),
-            Self::Seckill(S::SoldOut) => (StatusCode::CONFLICT, C::SoldOut),
-            Self::Seckill(S::NotEnoughStock { .. }) => (StatusCode::CONFLICT, C::NotEnoughStock),
-            Self::Seckill(S::AlreadyPurchased { .. }) => {
-                (StatusCode::CONFLICT, C::AlreadyPurchased)
-            }
-            Self::Seckill(S::AlreadyPaid) => (StatusCode::CONFLICT, C::AlreadyPaid),
-            Self::Seckill(S::OrderExpired) => (StatusCode::CONFLICT, C::OrderExpired),
-            Self::Seckill(S::OrderPending) => (StatusCode::CONFLICT, C::OrderPending),
-            Self::Seckill(S::TooManyOrders(_)) => (StatusCode::CONFLICT, C::TooManyOrders),
-            Self::Seckill(S::NotAdmitted(_)) => (StatusCode::FORBIDDEN, C::NotAdmitted),
-            Self::Seckill(S::PaymentConflict) => (StatusCode::CONFLICT, C::PaymentConflict),
-            Self::Seckill(S::InProgress) => (StatusCode::TOO_MANY_REQUESTS, C::PurchaseInProgress),
+            Self::Refused(refusal) => match refusal {
+                R::NotStarted => (StatusCode::CONFLICT, C::NotStarted),
+                R::Ended => (StatusCode::CONFLICT, C::Ended),
+                R::SoldOut => (StatusCode::CONFLICT, C::SoldOut),
+                R::NotEnoughStock { .. } => (StatusCode::CONFLICT, C::NotEnoughStock),
+                R::AlreadyPurchased { .. } => (StatusCode::CONFLICT, C::AlreadyPurchased),
+                R::TooManyOrders(_) => (StatusCode::CONFLICT, C::TooManyOrders),
+                R::NotAdmitted(_) => (StatusCode::FORBIDDEN, C::NotAdmitted),
+                R::InProgress => (StatusCode::TOO_MANY_REQUESTS, C::PurchaseInProgress),
+            },
+            Self::OrderRefused(refusal) => match refusal {
+                O::AlreadyPaid => (StatusCode::CONFLICT, C::AlreadyPaid),
+                O::Expired => (StatusCode::CONFLICT, C::OrderExpired),
+                O::Pending => (StatusCode::CONFLICT, C::OrderPending),
+                O::PaymentConflict => (StatusCode::CONFLICT, C::PaymentConflict),
+            },
             Self::Seckill(S::Unavailable { .. }) => {
                 (StatusCode::SERVICE_UNAVAILABLE, C::Unavailable)
             }
@@ -154,10 +183,10 @@ const MAX_MESSAGE_CHARS: usize = 200;
 /// (a rate limit's `seconds` is a header, not in the body).
 fn fixed_errors() -> [ApiError; 6] {
     [
-        ApiError::Seckill(SeckillError::SoldOut),
-        ApiError::Seckill(SeckillError::Ended),
-        ApiError::Seckill(SeckillError::NotStarted),
-        ApiError::Seckill(SeckillError::InProgress),
+        ApiError::Refused(Refusal::SoldOut),
+        ApiError::Refused(Refusal::Ended),
+        ApiError::Refused(Refusal::NotStarted),
+        ApiError::Refused(Refusal::InProgress),
         ApiError::RateLimited(1),
         ApiError::UserRateLimited(1),
     ]
@@ -191,13 +220,13 @@ impl ApiError {
         };
         // A retry after a lost answer learns its order from here.
         let order_id = match self {
-            Self::Seckill(SeckillError::AlreadyPurchased {
+            Self::Refused(Refusal::AlreadyPurchased {
                 order_id: Some(order_id),
             }) => Some(order_id.to_string()),
             _ => None,
         };
         let stock = match self {
-            Self::Seckill(SeckillError::NotEnoughStock { stock }) => Some(*stock),
+            Self::Refused(Refusal::NotEnoughStock { stock }) => Some(*stock),
             _ => None,
         };
         ErrorBody {
@@ -212,10 +241,10 @@ impl ApiError {
     /// [`fixed_errors`] (the place in that list, matched here).
     fn fixed_body(&self) -> Option<Bytes> {
         let at = match self {
-            Self::Seckill(SeckillError::SoldOut) => 0,
-            Self::Seckill(SeckillError::Ended) => 1,
-            Self::Seckill(SeckillError::NotStarted) => 2,
-            Self::Seckill(SeckillError::InProgress) => 3,
+            Self::Refused(Refusal::SoldOut) => 0,
+            Self::Refused(Refusal::Ended) => 1,
+            Self::Refused(Refusal::NotStarted) => 2,
+            Self::Refused(Refusal::InProgress) => 3,
             Self::RateLimited(_) => 4,
             Self::UserRateLimited(_) => 5,
             _ => return None,
@@ -227,7 +256,7 @@ impl ApiError {
     /// the body of `already_purchased` without an order, serialized once,
     /// with the order's id put in before its closing brace.
     fn holder_body(&self) -> Option<Bytes> {
-        let Self::Seckill(SeckillError::AlreadyPurchased {
+        let Self::Refused(Refusal::AlreadyPurchased {
             order_id: Some(order_id),
         }) = self
         else {
@@ -245,7 +274,7 @@ impl ApiError {
 /// The body of `already_purchased` without an order id, serialized once
 /// ([`ApiError::holder_body`] adds the id).
 static HOLDER_BODY: LazyLock<Vec<u8>> = LazyLock::new(|| {
-    let error = ApiError::Seckill(SeckillError::AlreadyPurchased { order_id: None });
+    let error = ApiError::Refused(Refusal::AlreadyPurchased { order_id: None });
     let (_, code) = error.status_and_code();
     serde_json::to_vec(&error.body(code)).expect("an error body serializes")
 });
@@ -300,24 +329,24 @@ mod tests {
     /// as its error code: the two are one word, from [`Outcome`].
     #[test]
     fn a_refusals_error_code_is_its_outcomes_label() {
-        let refusals = [
-            SeckillError::NotFound("voucher"),
-            SeckillError::NotStarted,
-            SeckillError::Ended,
-            SeckillError::SoldOut,
-            SeckillError::NotEnoughStock { stock: 1 },
-            SeckillError::AlreadyPurchased { order_id: None },
-            SeckillError::InProgress,
-            SeckillError::TooManyOrders(3),
-            SeckillError::NotAdmitted("no ticket"),
-            SeckillError::redis_unavailable("down"),
+        let refusals: [PurchaseError; 10] = [
+            SeckillError::NotFound("voucher").into(),
+            Refusal::NotStarted.into(),
+            Refusal::Ended.into(),
+            Refusal::SoldOut.into(),
+            Refusal::NotEnoughStock { stock: 1 }.into(),
+            Refusal::AlreadyPurchased { order_id: None }.into(),
+            Refusal::InProgress.into(),
+            Refusal::TooManyOrders(3).into(),
+            Refusal::NotAdmitted("no ticket").into(),
+            SeckillError::redis_unavailable("down").into(),
         ];
         let mut seen = std::collections::HashSet::new();
         for error in refusals {
             let outcome = error.outcome();
             assert_ne!(outcome, Outcome::Error, "{error:?}");
             seen.insert(outcome);
-            let (_, code) = ApiError::Seckill(error).status_and_code();
+            let (_, code) = ApiError::from(error).status_and_code();
             assert_eq!(
                 serde_json::to_value(code).unwrap(),
                 outcome.label(),
@@ -357,7 +386,7 @@ mod tests {
                 Some(&ErrorCode::RateLimited)
             );
         }
-        assert!(ApiError::Seckill(SeckillError::TooManyOrders(3))
+        assert!(ApiError::Refused(Refusal::TooManyOrders(3))
             .fixed_body()
             .is_none());
     }
@@ -369,7 +398,7 @@ mod tests {
     fn a_holders_refusal_is_the_body_serde_writes() {
         for id in [1, 42, i64::MAX] {
             let order_id = crate::domain::OrderId::from_stored(id).unwrap();
-            let error = ApiError::Seckill(SeckillError::AlreadyPurchased {
+            let error = ApiError::Refused(Refusal::AlreadyPurchased {
                 order_id: Some(order_id),
             });
             let (_, code) = error.status_and_code();
@@ -379,7 +408,7 @@ mod tests {
             assert_eq!(body["error"], "already_purchased");
             assert_eq!(body["order_id"], id.to_string());
         }
-        let unknown = ApiError::Seckill(SeckillError::AlreadyPurchased { order_id: None });
+        let unknown = ApiError::Refused(Refusal::AlreadyPurchased { order_id: None });
         assert!(unknown.holder_body().is_none());
     }
 }

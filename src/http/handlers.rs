@@ -18,7 +18,7 @@ use super::responses::{BadRequest, NotFound, OrderNotFound, TooLarge, Unauthoriz
 use super::state::AppState;
 use crate::domain::{OrderStatus, SaleMode, Voucher};
 use crate::events::body::OrderBody;
-use crate::seckill::{Purchase, SeckillError, WaitingRoom};
+use crate::seckill::{Purchase, PurchaseError, Refusal, WaitingRoom};
 
 /// A voucher and its remaining stock.
 #[derive(Serialize, ToSchema)]
@@ -183,7 +183,7 @@ pub async fn seckill(
         .seckill
         .purchase(user_id, voucher_id, quantity, ticket)
         .await;
-    if let Err(SeckillError::AlreadyPurchased { .. }) = &bought {
+    if let Err(PurchaseError::Refused(Refusal::AlreadyPurchased { .. })) = &bought {
         // A buyer who asks again for what it holds is told at once, unless
         // the instance is shedding: then, as any refusal, after the
         // refusals' delay (a bot asking again on every connection is

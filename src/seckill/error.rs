@@ -1,5 +1,7 @@
-//! The domain's errors, and how the errors of the layers below become them:
-//! a dependency that is away or slow is `Unavailable` (503), never a bug.
+//! The sale's errors, per operation (a purchase's refusals, an order's,
+//! the failures every operation shares), and how the errors of the layers
+//! below become them: a dependency that is away or slow is `Unavailable`
+//! (503), never a bug.
 
 use crate::domain::OrderId;
 use crate::domain::Outcome;
@@ -9,12 +11,30 @@ use crate::store::StoreError;
 use redis_locks::LockError;
 use std::sync::Arc;
 
+/// What any operation of the sale can fail with: bad input, nothing
+/// there, a dependency away or slow, or a bug. A purchase's refusals are
+/// [`Refusal`]s, an order's [`OrderRefusal`]s: each operation's own error
+/// ([`PurchaseError`], [`OrderError`]) holds its refusals beside these.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SeckillError {
     #[error("{0}")]
     Invalid(String),
     #[error("{0} not found")]
     NotFound(&'static str),
+    /// A dependency is away or slow (`503`); `source` says how it failed.
+    #[error("{dependency} is unavailable")]
+    Unavailable {
+        dependency: &'static str,
+        #[source]
+        source: Cause,
+    },
+    #[error("internal error")]
+    Internal(#[source] InternalError),
+}
+
+/// Why the sale refused a purchase: the buyer's answer, not a failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
     #[error("the sale has not started yet")]
     NotStarted,
     #[error("the sale is over")]
@@ -30,29 +50,43 @@ pub enum SeckillError {
     AlreadyPurchased { order_id: Option<OrderId> },
     #[error("another purchase of this user is in progress")]
     InProgress,
-    #[error("the order is paid: it can no longer be cancelled")]
-    AlreadyPaid,
-    #[error("the order expired unpaid: its unit went back on sale")]
-    OrderExpired,
-    #[error("the order is accepted and not stored yet; ask again in a moment")]
-    OrderPending,
     /// A purchase of a voucher with a waiting room without an admitted
     /// ticket of this user and voucher.
     #[error("{0}")]
     NotAdmitted(&'static str),
-    #[error("this payment_id was recorded for another order or amount")]
-    PaymentConflict,
     #[error("this user has ordered this voucher as often as it allows ({0})")]
     TooManyOrders(i32),
-    /// A dependency is away or slow (`503`); `source` says how it failed.
-    #[error("{dependency} is unavailable")]
-    Unavailable {
-        dependency: &'static str,
-        #[source]
-        source: Cause,
-    },
-    #[error("internal error")]
-    Internal(#[source] InternalError),
+}
+
+/// How a purchase ended without an order: refused, or failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PurchaseError {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error(transparent)]
+    Failed(#[from] SeckillError),
+}
+
+/// Why an order could not be paid or cancelled as asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OrderRefusal {
+    #[error("the order is paid: it can no longer be cancelled")]
+    AlreadyPaid,
+    #[error("the order expired unpaid: its unit went back on sale")]
+    Expired,
+    #[error("the order is accepted and not stored yet; ask again in a moment")]
+    Pending,
+    #[error("this payment_id was recorded for another order or amount")]
+    PaymentConflict,
+}
+
+/// How a cancel or a payment ended without changing the order as asked.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum OrderError {
+    #[error(transparent)]
+    Refused(#[from] OrderRefusal),
+    #[error(transparent)]
+    Failed(#[from] SeckillError),
 }
 
 /// The error behind another, shared by the clones of a [`SeckillError`]
@@ -74,17 +108,6 @@ impl SeckillError {
     pub fn outcome(&self) -> Outcome {
         match self {
             Self::NotFound(_) => Outcome::NotFound,
-            Self::NotStarted => Outcome::NotStarted,
-            Self::Ended => Outcome::Ended,
-            Self::SoldOut => Outcome::SoldOut,
-            Self::NotEnoughStock { .. } => Outcome::NotEnoughStock,
-            Self::AlreadyPurchased { .. } => Outcome::AlreadyPurchased,
-            Self::InProgress => Outcome::PurchaseInProgress,
-            Self::TooManyOrders(_) => Outcome::TooManyOrders,
-            Self::NotAdmitted(_) => Outcome::NotAdmitted,
-            Self::AlreadyPaid | Self::OrderExpired | Self::OrderPending | Self::PaymentConflict => {
-                Outcome::Error
-            }
             Self::Unavailable { .. } => Outcome::Unavailable,
             Self::Invalid(_) | Self::Internal(_) => Outcome::Error,
         }
@@ -135,6 +158,52 @@ impl SeckillError {
 
 pub type Result<T, E = SeckillError> = std::result::Result<T, E>;
 
+impl Refusal {
+    /// The purchase outcome this refusal stands for.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Self::NotStarted => Outcome::NotStarted,
+            Self::Ended => Outcome::Ended,
+            Self::SoldOut => Outcome::SoldOut,
+            Self::NotEnoughStock { .. } => Outcome::NotEnoughStock,
+            Self::AlreadyPurchased { .. } => Outcome::AlreadyPurchased,
+            Self::InProgress => Outcome::PurchaseInProgress,
+            Self::TooManyOrders(_) => Outcome::TooManyOrders,
+            Self::NotAdmitted(_) => Outcome::NotAdmitted,
+        }
+    }
+}
+
+impl PurchaseError {
+    /// The purchase outcome this error stands for.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Self::Refused(refusal) => refusal.outcome(),
+            Self::Failed(error) => error.outcome(),
+        }
+    }
+}
+
+/// A dependency's error, classified as [`SeckillError`] classifies it,
+/// ends a purchase or an order's change as that failure (`?` on a call to
+/// the store, Redis, the locks or the ids).
+macro_rules! failed_from {
+    ($($source:ty),*) => {$(
+        impl From<$source> for PurchaseError {
+            fn from(error: $source) -> Self {
+                Self::Failed(error.into())
+            }
+        }
+        impl From<$source> for OrderError {
+            fn from(error: $source) -> Self {
+                Self::Failed(error.into())
+            }
+        }
+    )*};
+}
+
+failed_from!(StoreError, LockError, KvError, Arc<KvError>, IdError);
+
 impl From<StoreError> for SeckillError {
     fn from(error: StoreError) -> Self {
         match error {
@@ -144,7 +213,11 @@ impl From<StoreError> for SeckillError {
             @ (StoreError::Unavailable(_) | StoreError::TimedOut(_) | StoreError::Conflict(_)) => {
                 Self::postgres_unavailable(e)
             }
-            StoreError::DuplicateOrder => Self::AlreadyPurchased { order_id: None },
+            // Only a sale inserts orders, and it answers its own (the
+            // batch's `already bought?`): anywhere else it is a bug.
+            e @ StoreError::DuplicateOrder => {
+                Self::internal_from("an order the unique index refused", e)
+            }
             // The id counter handed out a taken id again and again: Redis
             // keeps losing it, which another moment may not.
             e @ StoreError::DuplicateOrderId => Self::redis_unavailable(e),
@@ -204,7 +277,7 @@ mod tests {
 
     #[test]
     fn the_units_left_are_counted_in_words_that_agree() {
-        let left = |stock| SeckillError::NotEnoughStock { stock }.to_string();
+        let left = |stock| Refusal::NotEnoughStock { stock }.to_string();
         assert_eq!(left(1), "only 1 unit left, fewer than asked for");
         assert_eq!(left(2), "only 2 units left, fewer than asked for");
     }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::error::{Result, SeckillError};
+use super::error::{OrderError, OrderRefusal, Result, SeckillError};
 use super::metric;
 use super::workers::Background;
 use super::Seckill;
@@ -57,12 +57,16 @@ pub struct PaymentAnswer {
 impl Seckill {
     /// Cancels an `unpaid` order of `user` (`None`: an admin, any order).
     /// A cancelled order is cancelled again without change.
-    pub async fn cancel(&self, order_id: OrderId, user: Option<UserId>) -> Result<Order> {
+    pub async fn cancel(
+        &self,
+        order_id: OrderId,
+        user: Option<UserId>,
+    ) -> Result<Order, OrderError> {
         let order = self.order(order_id).await?;
         if user.is_some_and(|user| user != order.user_id) {
             // Someone else's order looks like none: its existence is not
             // to be confirmed.
-            return Err(SeckillError::NotFound("order"));
+            return Err(SeckillError::NotFound("order").into());
         }
         let store = &self.inner.store;
         let now = self.inner.clock.now();
@@ -81,7 +85,7 @@ impl Seckill {
 
     /// Records a payment provider's notification (its signature checked
     /// by the caller) and pays the order if it is `unpaid` and in time.
-    pub async fn pay(&self, payment: Payment) -> Result<PaymentAnswer> {
+    pub async fn pay(&self, payment: Payment) -> Result<PaymentAnswer, OrderError> {
         let order_id = payment.order_id;
         let now = self.inner.clock.now();
         match self.inner.store.pay(&payment, now).await? {
@@ -106,14 +110,15 @@ impl Seckill {
             }
             PaymentOutcome::UnknownOrder => {
                 match self.inner.async_sales.pending(payment.order_id).await? {
-                    Some(_) => Err(SeckillError::OrderPending),
-                    None => Err(SeckillError::NotFound("order")),
+                    Some(_) => Err(OrderRefusal::Pending.into()),
+                    None => Err(SeckillError::NotFound("order").into()),
                 }
             }
             PaymentOutcome::WrongAmount { price_cents } => Err(SeckillError::Invalid(format!(
                 "amount_cents must be what the order costs (the voucher's price times its quantity), {price_cents}"
-            ))),
-            PaymentOutcome::Reused => Err(SeckillError::PaymentConflict),
+            ))
+            .into()),
+            PaymentOutcome::Reused => Err(OrderRefusal::PaymentConflict.into()),
         }
     }
 
@@ -233,17 +238,18 @@ impl Seckill {
 
 /// The answer to a cancel of `order`, read after the cancel's statements:
 /// the order if it ended cancelled, else why not.
-fn cancelled(order: Order) -> Result<Order> {
+fn cancelled(order: Order) -> Result<Order, OrderError> {
     match order.status {
         OrderStatus::Cancelled => Ok(order),
-        OrderStatus::Paid => Err(SeckillError::AlreadyPaid),
-        OrderStatus::Expired => Err(SeckillError::OrderExpired),
-        OrderStatus::Pending => Err(SeckillError::OrderPending),
+        OrderStatus::Paid => Err(OrderRefusal::AlreadyPaid.into()),
+        OrderStatus::Expired => Err(OrderRefusal::Expired.into()),
+        OrderStatus::Pending => Err(OrderRefusal::Pending.into()),
         // Another transaction held it through both statements and let
         // it go unchanged: the next try decides it.
         OrderStatus::Unpaid => Err(SeckillError::postgres_unavailable(
             "the order was busy; try the cancel again",
-        )),
+        )
+        .into()),
     }
 }
 
@@ -302,11 +308,20 @@ mod tests {
                 OrderStatus::Cancelled => {
                     matches!(&answer, Ok(o) if o.status == OrderStatus::Cancelled)
                 }
-                OrderStatus::Paid => matches!(answer, Err(SeckillError::AlreadyPaid)),
-                OrderStatus::Expired => matches!(answer, Err(SeckillError::OrderExpired)),
-                OrderStatus::Pending => matches!(answer, Err(SeckillError::OrderPending)),
+                OrderStatus::Paid => {
+                    matches!(answer, Err(OrderError::Refused(OrderRefusal::AlreadyPaid)))
+                }
+                OrderStatus::Expired => {
+                    matches!(answer, Err(OrderError::Refused(OrderRefusal::Expired)))
+                }
+                OrderStatus::Pending => {
+                    matches!(answer, Err(OrderError::Refused(OrderRefusal::Pending)))
+                }
                 // Left unpaid by both statements: busy, to be tried again.
-                OrderStatus::Unpaid => matches!(answer, Err(SeckillError::Unavailable { .. })),
+                OrderStatus::Unpaid => matches!(
+                    answer,
+                    Err(OrderError::Failed(SeckillError::Unavailable { .. }))
+                ),
             };
             assert!(as_expected, "{status}: {answer:?}");
         }

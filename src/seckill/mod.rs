@@ -48,7 +48,7 @@ pub use async_sale::Reconciled;
 use async_sale::{Pause, Reconciliation};
 pub use clock::SaleClock;
 pub use draft::{stock_units, VoucherDraft, WaitingRoom, MAX_PRICE_CENTS};
-pub use error::{Result, SeckillError};
+pub use error::{OrderError, OrderRefusal, PurchaseError, Refusal, Result, SeckillError};
 pub use lifecycle::PaymentAnswer;
 pub use reads::{PoolUsage, Stats};
 use room::Rooms;
@@ -325,7 +325,7 @@ impl Seckill {
         voucher_id: VoucherId,
         quantity: Option<i64>,
         ticket: Option<&str>,
-    ) -> Result<Purchase> {
+    ) -> Result<Purchase, PurchaseError> {
         // A quantity no voucher allows is bad input whoever asks; one this
         // voucher does not allow is known once the voucher is read.
         units_asked(quantity, Quantity::MAX, "")?;
@@ -334,7 +334,7 @@ impl Seckill {
             // Held until this purchase ends: the user's duplicates are
             // refused here, before any Redis or Postgres work.
             let Some(_mark) = self.inner.in_flight.enter(user_id, voucher_id) else {
-                return Err(SeckillError::InProgress);
+                return Err(Refusal::InProgress.into());
             };
             let voucher = self.selling(voucher_id).await?;
             let limit = " (this voucher's max_units_per_user)";
@@ -373,9 +373,10 @@ impl Seckill {
         // and its outcome is unknown to the buyer: 503, whose retry finds
         // the order if there is one.
         let result = match holders.holder(voucher_id, user_id) {
-            Some(order_id) => Err(SeckillError::AlreadyPurchased {
+            Some(order_id) => Err(Refusal::AlreadyPurchased {
                 order_id: Some(order_id),
-            }),
+            }
+            .into()),
             None => tokio::time::timeout(self.inner.settings.request_deadline, purchase)
                 .await
                 .unwrap_or_else(|_| {
@@ -385,7 +386,8 @@ impl Seckill {
                             "the purchase did not finish within {:?}",
                             self.inner.settings.request_deadline
                         ),
-                    ))
+                    )
+                    .into())
                 }),
         };
         let outcome = match &result {
@@ -424,21 +426,21 @@ impl Seckill {
         user_id: UserId,
         voucher: Arc<Voucher>,
         quantity: Quantity,
-    ) -> Result<OrderId> {
+    ) -> Result<OrderId, PurchaseError> {
         let now = self.inner.clock.now();
         if now < voucher.terms.begin_time {
-            return Err(SeckillError::NotStarted);
+            return Err(Refusal::NotStarted.into());
         }
         if now >= voucher.terms.end_time {
-            return Err(SeckillError::Ended);
+            return Err(Refusal::Ended.into());
         }
         if self.inner.flags.is_sold_out(&voucher).await? {
-            return Err(SeckillError::SoldOut);
+            return Err(Refusal::SoldOut.into());
         }
         let inner = &self.inner;
         let place = match inner.gates.admit(&voucher, quantity).await {
             Admission::Go(place) => place,
-            Admission::SoldOut => return Err(SeckillError::SoldOut),
+            Admission::SoldOut => return Err(Refusal::SoldOut.into()),
         };
 
         let purchase = inner.purchases.fetch_add(1, Ordering::Relaxed);
@@ -448,7 +450,7 @@ impl Seckill {
             .await?;
         let Some(guard) = acquired else {
             metrics::counter!(metric::LOCK_CONTENDED).increment(1);
-            return Err(SeckillError::InProgress);
+            return Err(Refusal::InProgress.into());
         };
 
         self.buy_locked(user_id, voucher, quantity, guard, place)
@@ -468,26 +470,26 @@ impl Seckill {
         quantity: Quantity,
         guard: UserGuard,
         place: gate::Place,
-    ) -> Result<OrderId> {
+    ) -> Result<OrderId, PurchaseError> {
         let voucher_id = voucher.id;
         let max_orders = voucher.terms.max_orders_per_user;
         let fence = guard.fence();
-        match self
+        let refusal = match self
             .inner
             .batcher
             .sell(voucher, user_id, quantity, guard, place)
             .await?
         {
-            Batched::Sold(order_id) => Ok(order_id),
-            Batched::SoldOut => Err(SeckillError::SoldOut),
-            Batched::Short(stock) => Err(SeckillError::NotEnoughStock { stock }),
+            Batched::Sold(order_id) => return Ok(order_id),
+            Batched::SoldOut => Refusal::SoldOut,
+            Batched::Short(stock) => Refusal::NotEnoughStock { stock },
             Batched::Held(order_id) => {
                 if let Some(order_id) = order_id {
                     self.inner.holders.hold(voucher_id, user_id, order_id);
                 }
-                Err(SeckillError::AlreadyPurchased { order_id })
+                Refusal::AlreadyPurchased { order_id }
             }
-            Batched::TooMany => Err(SeckillError::TooManyOrders(max_orders)),
+            Batched::TooMany => Refusal::TooManyOrders(max_orders),
             Batched::Fenced => {
                 // Our lock's lease ran out and a newer holder has written:
                 // that request is the user's purchase in progress.
@@ -497,9 +499,10 @@ impl Seckill {
                     fence = ?fence,
                     "purchase refused: a newer lock holder wrote first"
                 );
-                Err(SeckillError::InProgress)
+                Refusal::InProgress
             }
-        }
+        };
+        Err(refusal.into())
     }
 
     pub async fn create_voucher(&self, draft: VoucherDraft) -> Result<VoucherId> {

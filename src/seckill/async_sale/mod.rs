@@ -29,7 +29,7 @@ use redis::{self, Script};
 use tokio_util::sync::CancellationToken;
 
 use super::clock::SaleClock;
-use super::error::{Result, SeckillError};
+use super::error::{PurchaseError, Refusal, Result, SeckillError};
 use super::workers::{Background, Queue, Workers};
 use super::SeckillSettings;
 use crate::domain::{Order, OrderId, Quantity, UserId, Voucher, VoucherId};
@@ -184,7 +184,7 @@ impl AsyncSales {
         voucher: &Voucher,
         user_id: UserId,
         quantity: Quantity,
-    ) -> Result<OrderId> {
+    ) -> Result<OrderId, PurchaseError> {
         let inner = &self.inner;
         let order_id = inner.ids.next_id().await?;
         let max_orders = voucher.terms.max_orders_per_user;
@@ -193,16 +193,17 @@ impl AsyncSales {
             .await?
         {
             Verdict::Accepted { at_ms } => at_ms,
-            Verdict::NotStarted => return Err(SeckillError::NotStarted),
-            Verdict::Ended => return Err(SeckillError::Ended),
-            Verdict::SoldOut => return Err(SeckillError::SoldOut),
-            Verdict::Short(stock) => return Err(SeckillError::NotEnoughStock { stock }),
-            Verdict::Held(order_id) => return Err(SeckillError::AlreadyPurchased { order_id }),
-            Verdict::TooMany => return Err(SeckillError::TooManyOrders(max_orders)),
+            Verdict::NotStarted => return Err(Refusal::NotStarted.into()),
+            Verdict::Ended => return Err(Refusal::Ended.into()),
+            Verdict::SoldOut => return Err(Refusal::SoldOut.into()),
+            Verdict::Short(stock) => return Err(Refusal::NotEnoughStock { stock }.into()),
+            Verdict::Held(order_id) => return Err(Refusal::AlreadyPurchased { order_id }.into()),
+            Verdict::TooMany => return Err(Refusal::TooManyOrders(max_orders).into()),
             Verdict::Paused => {
                 return Err(SeckillError::redis_unavailable(
                     "the sale is paused until Redis's side of it is reconciled",
-                ))
+                )
+                .into())
             }
         };
         if inner.redis.is_cluster() {

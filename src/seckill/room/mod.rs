@@ -537,7 +537,7 @@ mod tests {
         ] {
             assert!(matches!(
                 rooms.check_admitted(v(voucher), u(user), ticket, at),
-                Err(SeckillError::NotAdmitted(_))
+                Err(crate::seckill::Refusal::NotAdmitted(_))
             ));
         }
         let waiting = rooms.sign(&Ticket {

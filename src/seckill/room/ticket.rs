@@ -13,7 +13,7 @@ use sha2::Sha256;
 
 use super::{HmacSha256, Rooms};
 use crate::domain::{parse_positive, UserId, VoucherId};
-use crate::seckill::error::{Result, SeckillError};
+use crate::seckill::error::{Refusal, Result, SeckillError};
 
 const TICKET_VERSION: &str = "t1";
 
@@ -112,8 +112,8 @@ impl Rooms {
         user_id: UserId,
         ticket: Option<&str>,
         now: DateTime<Utc>,
-    ) -> Result<()> {
-        let refuse = |why: &'static str| Err(SeckillError::NotAdmitted(why));
+    ) -> Result<(), Refusal> {
+        let refuse = |why: &'static str| Err(Refusal::NotAdmitted(why));
         let Some(ticket) = ticket else {
             return refuse(
                 "this sale has a waiting room: join it and buy with the X-Queue-Ticket it admits",
