@@ -304,11 +304,7 @@ impl Settings {
             ("SECKILL_JWT_HS256_SECRET", &self.jwt_hs256_secret),
             ("SECKILL_WEBHOOK_SECRET", &self.webhook_secret),
         ] {
-            if let Some(value) = value
-                .as_ref()
-                .map(ExposeSecret::expose_secret)
-                .filter(|v| !v.is_empty())
-            {
+            if let Some(value) = exposed(value.as_ref()) {
                 weak_secret(value).map_or(Ok(()), |why| {
                     Err(SettingsError::WeakSecret { variable, why })
                 })?;

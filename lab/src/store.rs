@@ -116,9 +116,6 @@ sqlx::query_scalar(
         &self.db
     }
 
-    /// The `stock > 0` sale behind a fence: refused when `token` is smaller
-    /// than the last token written for this user and voucher (the shape of
-    /// `store::SELL_BATCH`).
     /// Stores an order a Redis-stock design accepted: once per user (a
     /// writer may store an entry twice), decrementing the stock as Redis
     /// did. `None` when the user has the order already.
@@ -154,6 +151,9 @@ sqlx::query_scalar(
             .await
     }
 
+    /// The `stock > 0` sale behind a fence: refused when `token` is smaller
+    /// than the last token written for this user and voucher (the shape of
+    /// `store::SELL_BATCH`).
     pub async fn sell_fenced(
         &self,
         strategy: &str,
@@ -227,16 +227,12 @@ sqlx::query_scalar(
     /// Counts a lock release that deleted another request's lock.
     pub async fn count_foreign_release(&self, voucher_id: i64) -> Result<()> {
         self.db
-            .run(|c, persistent| {
-                Box::pin(
-sqlx::query(
-            "UPDATE lab_vouchers SET foreign_releases = foreign_releases + 1 WHERE id = $1",
-        )
-        .bind(voucher_id)
-        .persistent(persistent)
-                .execute(c),
+            .execute(
+                sqlx::query(
+                    "UPDATE lab_vouchers SET foreign_releases = foreign_releases + 1 WHERE id = $1",
+                )
+                .bind(voucher_id),
             )
-            })
             .await?;
         Ok(())
     }

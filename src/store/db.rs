@@ -12,7 +12,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use sqlx::{PgConnection, PgPool};
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{PgConnection, PgPool, Postgres};
 
 use super::{Result, StoreError};
 
@@ -55,6 +57,18 @@ impl Db {
             }
         };
         work.within(self.timeout).await
+    }
+
+    /// Runs `query`, a statement that returns no rows; how many rows it
+    /// changed.
+    pub async fn execute(&self, query: Query<'static, Postgres, PgArguments>) -> Result<u64> {
+        self.run(move |c, persistent| {
+            Box::pin(async move {
+                let done = query.persistent(persistent).execute(c).await?;
+                Ok(done.rows_affected())
+            })
+        })
+        .await
     }
 
     /// The one value `sql`, which takes no parameter, selects.

@@ -395,29 +395,21 @@ impl Store {
         error: String,
     ) -> Result<bool> {
         let (tx, id, order) = columns(&events);
-        let failed = self
-            .db
-            .run(move |c, persistent| {
-                Box::pin(async move {
-                    sqlx::query(
-                        "INSERT INTO webhook_failed (tx, id, order_id, retry, last_error)
-                         SELECT b.tx::text::xid8, b.id, b.order_id, false, left($4, 300)
-                         FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS b(tx, id, order_id)
-                         ON CONFLICT (tx, id) DO UPDATE
-                         SET retry = false, failed_at = now(), last_error = EXCLUDED.last_error",
-                    )
-                    .bind(tx)
-                    .bind(id)
-                    .bind(order)
-                    .bind(error)
-                    .persistent(persistent)
-                    .execute(c)
-                    .await
-                    .map(drop)
-                })
-            })
-            .await;
-        failed?;
+        self.db
+            .execute(
+                sqlx::query(
+                    "INSERT INTO webhook_failed (tx, id, order_id, retry, last_error)
+                     SELECT b.tx::text::xid8, b.id, b.order_id, false, left($4, 300)
+                     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS b(tx, id, order_id)
+                     ON CONFLICT (tx, id) DO UPDATE
+                     SET retry = false, failed_at = now(), last_error = EXCLUDED.last_error",
+                )
+                .bind(tx)
+                .bind(id)
+                .bind(order)
+                .bind(error),
+            )
+            .await?;
         self.webhook_advance(holder, upto, Vec::new(), Vec::new())
             .await
     }
@@ -440,15 +432,9 @@ impl Store {
     /// oldest first; how many.
     pub async fn retry_failed_events(&self) -> Result<u64> {
         self.db
-            .run(move |c, persistent| {
-                Box::pin(async move {
-                    sqlx::query("UPDATE webhook_failed SET retry = true WHERE NOT retry")
-                        .persistent(persistent)
-                        .execute(c)
-                        .await
-                        .map(|done| done.rows_affected())
-                })
-            })
+            .execute(sqlx::query(
+                "UPDATE webhook_failed SET retry = true WHERE NOT retry",
+            ))
             .await
     }
 

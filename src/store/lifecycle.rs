@@ -239,17 +239,11 @@ impl Store {
     /// Forgets stock returns that Redis has learnt.
     pub async fn forget_stock_returns(&self, order_ids: Vec<OrderId>) -> Result<()> {
         self.db
-            .run(move |c, persistent| {
-                Box::pin(async move {
-                    sqlx::query("DELETE FROM stock_returns WHERE order_id = ANY($1)")
-                        .bind(order_ids)
-                        .persistent(persistent)
-                        .execute(c)
-                        .await
-                        .map(drop)
-                })
-            })
+            .execute(
+                sqlx::query("DELETE FROM stock_returns WHERE order_id = ANY($1)").bind(order_ids),
+            )
             .await
+            .map(drop)
     }
 }
 

@@ -44,23 +44,18 @@ impl Store {
             names.push(subject);
         }
         self.db
-            .run(move |c, persistent| {
-                Box::pin(async move {
-                    sqlx::query(
-                        "INSERT INTO user_refs (user_id, issuer, subject)
-                         SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[])
-                         ORDER BY 1
-                         ON CONFLICT DO NOTHING",
-                    )
-                    .bind(ids)
-                    .bind(issuers)
-                    .bind(names)
-                    .persistent(persistent)
-                    .execute(c)
-                    .await
-                    .map(drop)
-                })
-            })
+            .execute(
+                sqlx::query(
+                    "INSERT INTO user_refs (user_id, issuer, subject)
+                     SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[])
+                     ORDER BY 1
+                     ON CONFLICT DO NOTHING",
+                )
+                .bind(ids)
+                .bind(issuers)
+                .bind(names),
+            )
             .await
+            .map(drop)
     }
 }

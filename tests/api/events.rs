@@ -275,6 +275,18 @@ impl Receiver {
     fn attempts(&self) -> usize {
         self.batches.lock().unwrap().len()
     }
+
+    /// Waits (10 s at most) until `n` deliveries have been attempted.
+    async fn attempted(&self, n: usize) {
+        poll_until(
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            &format!("{n} attempts"),
+            || async { self.attempts() },
+            |got| *got >= n,
+        )
+        .await;
+    }
 }
 
 /// Checks the signature as a shop's receiver would.
@@ -364,14 +376,7 @@ async fn webhooks_deliver_every_event_signed_and_retry_a_failing_receiver_in_ord
     let tokens = app.tokens(1..=20).await;
     crate::helpers::crowd(&[&app.base], &tokens, voucher, 1).await;
     // Failing: attempts come (the first retry within 2 s), nothing acked.
-    poll_until(
-        Duration::from_secs(10),
-        Duration::from_millis(100),
-        "two attempts",
-        || async { receiver.attempts() },
-        |n| *n >= 2,
-    )
-    .await;
+    receiver.attempted(2).await;
     assert!(receiver.acknowledged().is_empty());
     // Pay every order while the receiver is down: a later event of each.
     let (_, orders) = app
@@ -423,14 +428,7 @@ async fn a_hanging_or_redirecting_receiver_is_a_failure_and_failed_events_are_li
     let tokens = app.tokens(1..=3).await;
     crate::helpers::crowd(&[&app.base], &tokens, voucher, 1).await;
     // The hang meets the 500 ms timeout; then redirects are not followed.
-    poll_until(
-        Duration::from_secs(10),
-        Duration::from_millis(100),
-        "an attempt",
-        || async { receiver.attempts() },
-        |n| *n >= 1,
-    )
-    .await;
+    receiver.attempted(1).await;
     receiver.set(Mode::Redirect);
     let failed = poll_until(
         Duration::from_secs(30),

@@ -177,13 +177,7 @@ async fn a_stored_token_ahead_of_redis_clock_refuses_the_users_next_purchase() {
     let voucher = app.open_voucher(5).await;
     let token = app.token(44).await;
     let ahead_us = (chrono::Utc::now().timestamp_micros()) + 3_600_000_000;
-    sqlx::query("INSERT INTO user_fences (user_id, voucher_id, token) VALUES ($1, $2, $3)")
-        .bind(44_i64)
-        .bind(voucher)
-        .bind(ahead_us)
-        .execute(&app.db)
-        .await
-        .unwrap();
+    store_fence(&app, 44, voucher, ahead_us).await;
     let (status, answer) = buy(&app.client, &app.base, &token, voucher).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
     assert!(answer.contains("purchase_in_progress"), "{answer}");
@@ -191,13 +185,23 @@ async fn a_stored_token_ahead_of_redis_clock_refuses_the_users_next_purchase() {
 
     // Once Redis's tokens pass the stored one (here: the stored one moved
     // back, as the new master's clock catching up would), the user buys.
-    sqlx::query("UPDATE user_fences SET token = 1 WHERE user_id = $1 AND voucher_id = $2")
-        .bind(44_i64)
-        .bind(voucher)
-        .execute(&app.db)
-        .await
-        .unwrap();
+    store_fence(&app, 44, voucher, 1).await;
     let (status, answer) = buy(&app.client, &app.base, &token, voucher).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(app.check_invariants(voucher).await, 1);
+}
+
+/// Writes the token Postgres holds for `user_id` and `voucher`, as a
+/// holder's sale would have.
+async fn store_fence(app: &TestApp, user_id: i64, voucher: i64, token: i64) {
+    sqlx::query(
+        "INSERT INTO user_fences (user_id, voucher_id, token) VALUES ($1, $2, $3)
+         ON CONFLICT (user_id, voucher_id) DO UPDATE SET token = EXCLUDED.token",
+    )
+    .bind(user_id)
+    .bind(voucher)
+    .bind(token)
+    .execute(&app.db)
+    .await
+    .unwrap();
 }
