@@ -97,11 +97,6 @@ if [ "${SECKILL_TEST_TOOLS:-0}" = 1 ]; then
     # redis-cli builds the tests' private clusters (--cluster create).
     command -v redis-cli >/dev/null || apt_install redis-tools
     [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null || apt_install pgbouncer
-    # The Postgres failover tests (tests/api/ha.rs) run a Patroni cluster
-    # with etcd and haproxy through scripts/ha.sh.
-    command -v patroni >/dev/null || apt_install patroni
-    command -v etcd >/dev/null || apt_install etcd-server
-    [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || apt_install haproxy
     command -v chromium >/dev/null || apt_install chromium
     # The storefront's browser tests drive Chromium over WebDriver.
     command -v chromedriver >/dev/null || apt_install chromium-driver
@@ -125,4 +120,8 @@ if [ "${SECKILL_TEST_TOOLS:-0}" = 1 ]; then
             --loglevel=error "axe-core@$axe_version" >/dev/null
     fi
     python3 -c "import ensurepip" >/dev/null 2>&1 || apt_install python3-venv
+    # The Postgres failover tests (tests/api/ha.rs) run a Patroni cluster
+    # with etcd and haproxy through scripts/ha.sh, which installs them
+    # (Patroni pinned, from PyPI, into a virtualenv under target/ha-tools).
+    bash scripts/ha.sh install
 fi

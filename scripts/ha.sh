@@ -5,6 +5,8 @@
 # leader only (Patroni's REST check GET /primary). Everything listens on
 # loopback ports chosen free at `up`; configs, data, logs and ports live in
 # HA_DIR (default target/ha).
+#   scripts/ha.sh install       # installs what is missing (Patroni from PyPI, pinned;
+#                               # etcd, haproxy and Postgres from the OS's packages)
 #   scripts/ha.sh up            # installs what is missing, starts it all, waits
 #                               # for a leader and a synchronous standby, then
 #                               # prints DATABASE_URL=postgres://...@127.0.0.1:<haproxy>/seckill
@@ -26,8 +28,16 @@ SCOPE=seckill
 NODES=(node0 node1 node2)
 # Marks a directory this script made: `down` removes only such a one.
 MARKER=".seckill-ha"
-# The OS's Python (Patroni's), not whichever python3 comes first on the PATH.
+# The OS's Python, for this script's own small programs.
 PY=/usr/bin/python3
+# Patroni from PyPI, pinned, in a virtualenv of its own (put on the PATH
+# below): 3.0 (Debian 12's package) at times left synchronous_standby_names
+# naming a standby that had stopped, once its /sync key in etcd was empty,
+# so the lone primary's commits waited for ever; 4.0 compares the setting
+# Postgres runs with (docs/guide/src/failures.md).
+PATRONI_VERSION=4.0.6
+PATRONI_VENV="$(realpath -m "${HA_TOOLS:-target/ha-tools}")/patroni-$PATRONI_VERSION"
+PATH="$PATRONI_VENV/bin:$PATH"
 
 say() { echo "ha: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -63,9 +73,27 @@ pg_bin_dir() { # the newest installed Postgres's binaries (Debian keeps them off
     [ -n "$dir" ] && [ -x "$dir/postgres" ] && echo "$dir"
 }
 
+# The pinned Patroni, installed once (a marker file says the install
+# finished); clusters brought up side by side (the tests') wait for it.
+install_patroni() {
+    [ -f "$PATRONI_VENV/.installed" ] && return
+    mkdir -p "$(dirname "$PATRONI_VENV")"
+    (
+        flock 9
+        if ! [ -f "$PATRONI_VENV/.installed" ]; then
+            say "installing Patroni $PATRONI_VERSION (PyPI) into $PATRONI_VENV"
+            rm -rf "$PATRONI_VENV"
+            python3 -m venv "$PATRONI_VENV"
+            "$PATRONI_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+                "patroni[etcd3,psycopg3]==$PATRONI_VERSION" || die "installing Patroni failed"
+            touch "$PATRONI_VENV/.installed"
+        fi
+    ) 9>"$PATRONI_VENV.lock"
+}
+
 install_missing() {
     local missing=()
-    command -v patroni >/dev/null || missing+=(patroni)
+    install_patroni
     command -v etcd >/dev/null || missing+=(etcd-server)
     command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
     command -v curl >/dev/null || missing+=(curl)
@@ -475,11 +503,12 @@ stop_replicas() {
 }
 
 case "${1:-}" in
+    install) install_missing ;;
     up) up ;;
     down) down ;;
     status) status ;;
     kill-primary) kill_primary ;;
     switchover) switchover ;;
     stop-replicas) stop_replicas ;;
-    *) die "usage: scripts/ha.sh up|down|status|kill-primary|switchover|stop-replicas (HA_DIR, default target/ha)" ;;
+    *) die "usage: scripts/ha.sh install|up|down|status|kill-primary|switchover|stop-replicas (HA_DIR, default target/ha)" ;;
 esac

@@ -740,7 +740,6 @@ async fn alone_since(cluster: &Arc<Cluster>, stopped: Instant) -> Instant {
 /// every purchase is answered 200, before, while and after the standbys
 /// go, by the same primary, and every order answered is in its database.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "Patroni 3.0.2 at times leaves synchronous_standby_names naming a stopped standby (2 runs in about 8, on a loaded machine; failures.md): run with --ignored"]
 async fn every_standby_stopped_leaves_a_lone_primary_that_answers_200_needs_patroni() {
     let (_one, cluster, mut app) = cluster_and_app().await;
     let (_, leader_before) = cluster.primary("postgres").await;
@@ -818,7 +817,6 @@ async fn timeline(pool: &PgPool) -> i64 {
 /// running; then the same node answers 200 again and holds every order
 /// answered 200, before the kill and after it; the invariants hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "Patroni 3.0.2 at times leaves synchronous_standby_names naming a stopped standby (2 runs in about 8, on a loaded machine; failures.md): run with --ignored"]
 async fn a_lone_primary_killed_answers_503_until_its_patroni_restarts_it_in_place_needs_patroni() {
     let (_one, cluster, mut app) = cluster_and_app().await;
     let (_, leader_before) = cluster.primary("postgres").await;
