@@ -142,8 +142,8 @@ impl Target {
                     "RUST_LOG",
                     std::env::var("SECKILL_LOG").unwrap_or_else(|_| "warn".into()),
                 )
-                .envs(launch.env.iter().map(|(k, v)| (k, v)));
-            command.stdout(Stdio::null());
+                .envs(launch.env.iter().map(|(k, v)| (k, v)))
+                .stdout(Stdio::null());
             if let Some(pool) = launch.pg_pool {
                 command.env("SECKILL_PG_POOL", pool.to_string());
             }

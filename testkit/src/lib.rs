@@ -1,8 +1,9 @@
 //! Test support shared by the workspace's tests and its load driver: where
 //! the local Postgres and Redis are, free loopback ports, the service as a
-//! process of its own (`service`), private `redis-server` processes to restart or freeze, key clean-up, the
-//! shop's side of JWTs and webhooks (`shop`), the shipped nginx front
-//! (`front`), and the guide's runnable blocks (`guide`).
+//! process of its own (`service`), private `redis-server` processes to
+//! restart or freeze, key clean-up, the shop's side of JWTs and webhooks
+//! (`shop`), the shipped nginx front (`front`), and the guide's runnable
+//! blocks (`guide`).
 //!
 //! It depends on no crate of the workspace, so the lock library's tests and
 //! the service's use the same servers without the lock library depending on
