@@ -14,7 +14,7 @@
 #   scripts/ha.sh kill-primary  # SIGKILL to the leader's postmaster; returns at once
 #   scripts/ha.sh switchover    # planned switchover to the synchronous standby
 #   scripts/ha.sh stop-replicas # stops every standby (its Patroni and its Postgres),
-#                               # the leader left running alone
+#                               # the synchronous one last; the leader left running alone
 #   scripts/ha.sh down          # stops everything and removes HA_DIR
 # `up` on an HA_DIR whose cluster is healthy prints its URL again; on one
 # left by an earlier run it stops that run's processes and starts afresh.
@@ -75,18 +75,23 @@ pg_bin_dir() { # the newest installed Postgres's binaries (Debian keeps them off
 
 # The pinned Patroni, installed once (a marker file says the install
 # finished); clusters brought up side by side (the tests') wait for it.
+# The venv is made from the OS's Python ($PY), never from whichever
+# python3 comes first on the PATH: the nodes run as the `postgres` user,
+# which cannot reach an interpreter under another user's home (pyenv's).
+# The marker names that interpreter; a venv made from another is remade.
 install_patroni() {
-    [ -f "$PATRONI_VENV/.installed" ] && return
+    [ "$(cat "$PATRONI_VENV/.installed" 2>/dev/null)" = "$PY" ] && return
     mkdir -p "$(dirname "$PATRONI_VENV")"
     (
         flock 9
-        if ! [ -f "$PATRONI_VENV/.installed" ]; then
+        if [ "$(cat "$PATRONI_VENV/.installed" 2>/dev/null)" != "$PY" ]; then
             say "installing Patroni $PATRONI_VERSION (PyPI) into $PATRONI_VENV"
             rm -rf "$PATRONI_VENV"
-            python3 -m venv "$PATRONI_VENV"
+            "$PY" -m venv --help >/dev/null 2>&1 || apt_install python3-venv
+            "$PY" -m venv "$PATRONI_VENV" || die "cannot make a venv with $PY"
             "$PATRONI_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
                 "patroni[etcd3,psycopg3]==$PATRONI_VERSION" || die "installing Patroni failed"
-            touch "$PATRONI_VENV/.installed"
+            echo "$PY" >"$PATRONI_VENV/.installed"
         fi
     ) 9>"$PATRONI_VENV.lock"
 }
@@ -479,27 +484,40 @@ switchover() {
 # for the leader to release it, then stops its Postgres), then SIGKILL to
 # whatever did not stop within a bounded wait. The leader goes on alone:
 # with synchronous_mode_strict false it commits without a standby.
-stop_replicas() {
-    load_ports
-    local leader node pids replicas=()
-    leader="$(member_with_role leader)"
-    [ -n "$leader" ] || die "no running leader to leave running: $(members | tr '\n' ';')"
-    for node in "${NODES[@]}"; do
-        [ "$node" = "$leader" ] || replicas+=("$node")
-    done
-    pids="$(nodes_pids "${replicas[@]}" | awk '$3 ~ /(^|\/)patroni$/ { print $1 }')"
+stop_nodes() { # node...: SIGTERM to their Patroni (which stops its Postgres), SIGKILL to what outlives 20 s
+    local pids
+    pids="$(nodes_pids "$@" | awk '$3 ~ /(^|\/)patroni$/ { print $1 }')"
     [ -n "$pids" ] && kill -TERM $pids 2>/dev/null || true
     for _ in $(seq 1 100); do
-        [ -z "$(nodes_pids "${replicas[@]}")" ] && break
+        [ -z "$(nodes_pids "$@")" ] && break
         sleep 0.2
     done
-    pids="$(nodes_pids "${replicas[@]}" | awk '{ print $1 }')"
+    pids="$(nodes_pids "$@" | awk '{ print $1 }')"
     if [ -n "$pids" ]; then
         say "killing what did not stop: $pids"
         kill -KILL $pids 2>/dev/null || true
         sleep 0.2
     fi
-    say "stopped ${replicas[*]}; $leader runs alone"
+}
+
+# The standbys go one after the other, as an operator takes them down: the
+# asynchronous ones first, then the synchronous one, whose Patroni asks the
+# leader to drop it from synchronous_standby_names before its Postgres stops
+# (nobody is left to take its place, so the leader names none). Stopped all
+# at once, the leader could name the other standby in the moment it too was
+# stopping, and its commits waited for a standby gone.
+stop_replicas() {
+    load_ports
+    local leader sync node others=()
+    leader="$(member_with_role leader)"
+    [ -n "$leader" ] || die "no running leader to leave running: $(members | tr '\n' ';')"
+    sync="$(member_with_role sync_standby)"
+    for node in "${NODES[@]}"; do
+        [ "$node" = "$leader" ] || [ "$node" = "$sync" ] || others+=("$node")
+    done
+    [ "${#others[@]}" -gt 0 ] && stop_nodes "${others[@]}"
+    [ -n "$sync" ] && stop_nodes "$sync"
+    say "stopped ${others[*]} ${sync:+then $sync (the synchronous standby)}; $leader runs alone"
 }
 
 case "${1:-}" in

@@ -726,8 +726,9 @@ async fn alone_since(cluster: &Arc<Cluster>, stopped: Instant) -> Instant {
         // machine busy with a build beside the test.
         assert!(
             stopped.elapsed() < Duration::from_secs(60),
-            "the primary is not alone 60 s after the standbys were stopped ({postgres:?}):\n{}",
-            cluster.status()
+            "the primary is not alone 60 s after the standbys were stopped ({postgres:?}):\n{}\n{}",
+            cluster.status(),
+            cluster.logs(80)
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
