@@ -11,8 +11,8 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{Admin, AppJson, NoBody, VoucherIdPath};
-use super::handlers::VoucherBody;
 use super::responses::{BadRequest, Forbidden, NotFound, TooLarge, Unavailable};
+use super::sale::VoucherBody;
 use super::state::AppState;
 use crate::domain::OrderStatus;
 use crate::seckill::VoucherDraft;

@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{NoBody, OrderIdPath, User};
-use super::payments::{self, signature_header, PaymentReceipt};
+use super::lifecycle::{self, signature_header, PaymentReceipt};
 use super::responses::{OrderNotFound, TooLarge, Unauthorized, Unavailable};
 use super::state::AppState;
 use crate::seckill::SeckillError;
@@ -109,6 +109,6 @@ pub async fn pay(
     let mut headers = HeaderMap::new();
     let signature = HeaderValue::from_str(&signature_header(secret, body.as_bytes()))
         .map_err(|_| ApiError::Seckill(SeckillError::internal("a signature that is no header")))?;
-    headers.insert(payments::SIGNATURE_HEADER, signature);
-    payments::notify(State(state.clone()), headers, Body::from(body)).await
+    headers.insert(lifecycle::SIGNATURE_HEADER, signature);
+    lifecycle::notify(State(state.clone()), headers, Body::from(body)).await
 }

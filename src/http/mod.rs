@@ -7,15 +7,15 @@ mod demo;
 mod error;
 mod events;
 mod extract;
-mod handlers;
+mod lifecycle;
 pub mod limit;
 mod monitor;
 pub mod openapi;
 pub mod ops;
-mod payments;
 mod queue;
 mod responses;
 mod routes;
+mod sale;
 mod screen;
 pub mod serve;
 pub mod shed;
@@ -39,8 +39,8 @@ use tracing::Level;
 
 pub use error::ApiError;
 pub use extract::{voucher_id, Admin, AdminToken, AppJson, User, VoucherIdPath};
+pub use lifecycle::signature_header;
 pub use limit::{Limits, RouteClass};
-pub use payments::signature_header;
 pub use state::{AppParts, AppState};
 pub use tally::Monitor;
 

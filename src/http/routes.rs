@@ -18,7 +18,7 @@ use super::limit::RouteClass;
 use super::openapi::{self, DocumentJson};
 use super::shed::Criticality;
 use super::state::AppState;
-use super::{admin, demo, events, handlers, monitor, ops, payments, queue, shop};
+use super::{admin, demo, events, lifecycle, monitor, ops, queue, sale, shop};
 
 /// A route's class: the limits' and the shedder's view of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,13 +95,13 @@ pub struct Table {
 pub fn table(public_metrics: bool, mounted: Option<Mounted>) -> Table {
     use RouteClass::{Admin, Orders, Payments, Purchase, Queue, Reads};
     let mut table = Builder::default()
-        .documented(Class::of(Purchase), routes!(handlers::seckill))
+        .documented(Class::of(Purchase), routes!(sale::purchase))
         .documented(Class::of(Queue), routes!(queue::join, queue::poll))
-        .documented(Class::of(Orders), routes!(handlers::get_order))
-        .documented(Class::of(Orders), routes!(payments::cancel_order))
-        .documented(Class::of(Payments), routes!(payments::notify))
-        .documented(Class::of(Reads), routes!(handlers::list_vouchers))
-        .documented(Class::of(Reads), routes!(handlers::get_voucher))
+        .documented(Class::of(Orders), routes!(sale::get_order))
+        .documented(Class::of(Orders), routes!(lifecycle::cancel_order))
+        .documented(Class::of(Payments), routes!(lifecycle::notify))
+        .documented(Class::of(Reads), routes!(sale::list_vouchers))
+        .documented(Class::of(Reads), routes!(sale::get_voucher))
         .documented(Class::of(Admin), routes!(admin::create_voucher))
         .documented(Class::of(Admin), routes!(admin::voucher_orders))
         .documented(Class::of(Admin), routes!(admin::voucher_stats))

@@ -157,6 +157,7 @@ pub struct PurchaseBody {
         ("X-Queue-Ticket" = Option<String>, Header, description = "With a waiting room: the admitted ticket of this user and voucher"),
     ),
     security(("user" = [])),
+    operation_id = "seckill",
     responses(
         (status = 200, description = "The order is committed (sync sale)", body = Purchased),
         (status = 202, description = "Redis accepted the order; it is pending until written (async sale)", body = Accepted),
@@ -170,7 +171,7 @@ pub struct PurchaseBody {
         (status = 503, description = "unavailable: Postgres or Redis cannot be reached, or an async sale is paused until reconciled; Retry-After is set", body = ErrorBody),
     )
 )]
-pub async fn seckill(
+pub async fn purchase(
     State(state): State<AppState>,
     User(user_id): User,
     VoucherIdPath(voucher_id): VoucherIdPath,
