@@ -36,7 +36,7 @@ use std::time::Duration;
 use redis_locks::{Acquired, LockClient, LockError};
 use seckill::domain::Outcome;
 use seckill::kv::Kv;
-use seckill::seckill::workers::{Background, Workers};
+use seckill::seckill::workers::{InstanceTasks, Workers};
 use seckill::seckill::{stock_units, PurchaseError, Refusal, Result, SeckillError};
 use seckill::startup::{Application, Mount, StartupError};
 use sqlx::PgConnection;
@@ -148,7 +148,7 @@ struct Inner {
     stream_writers: Workers<()>,
     /// The lab's background tasks (its stream writers), stopped and
     /// awaited with its locks at shutdown.
-    background: Background,
+    background: InstanceTasks,
 }
 
 /// A lab purchase's answer.
@@ -162,7 +162,7 @@ pub enum LabOrder {
 
 impl Lab {
     pub fn new(store: LabStore, redis: Kv, locks: LockClient, settings: LabSettings) -> Self {
-        let background = Background::default();
+        let background = InstanceTasks::default();
         Self {
             inner: Arc::new(Inner {
                 store,

@@ -23,7 +23,7 @@ use super::gate::{Gates, Place};
 use super::metric;
 use super::soldout::SoldOutFlags;
 use super::user_lock::{LockBackend, UserGuard};
-use super::workers::{Background, Queue, Workers};
+use super::workers::{InstanceTasks, Queue, Workers};
 use crate::domain::{day_range, FencingToken, OrderId, Quantity, UserId, VoucherId};
 use crate::domain::{StockLevel, Voucher};
 use crate::id::IdGenerator;
@@ -97,7 +97,7 @@ pub(super) struct Deps {
 impl Batcher {
     /// Batchers of at most `max` purchases per batch, whose writers run
     /// among `background`'s tasks.
-    pub(super) fn new(deps: Deps, max: usize, background: Background) -> Self {
+    pub(super) fn new(deps: Deps, max: usize, background: InstanceTasks) -> Self {
         Self {
             inner: Arc::new(Inner {
                 deps,

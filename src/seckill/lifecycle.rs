@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::{OrderError, OrderRefusal, Result, SeckillError};
 use super::metric;
-use super::workers::Background;
+use super::workers::InstanceTasks;
 use super::Seckill;
 use crate::domain::OrderId;
 use crate::domain::Payment;
@@ -124,8 +124,8 @@ impl Seckill {
 
     /// Starts the expiry sweep and the relay of async returns among the
     /// instance's background tasks; both stop with them.
-    pub(super) fn start_lifecycle(&self, background: &Background) {
-        let Background { tasks, stop } = background;
+    pub(super) fn start_lifecycle(&self, background: &InstanceTasks) {
+        let InstanceTasks { tasks, stop } = background;
         tasks.spawn(self.clone().sweep(stop.clone()));
         tasks.spawn(self.clone().relay(stop.clone()));
     }

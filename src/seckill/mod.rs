@@ -71,7 +71,7 @@ use holders::Holders;
 use inflight::InFlight;
 use soldout::SoldOutFlags;
 use vouchers::Caches;
-use workers::Background;
+use workers::InstanceTasks;
 
 pub use crate::domain::Payment;
 
@@ -185,7 +185,7 @@ struct Inner {
     /// Every background task of this instance (expiry, relay, the async
     /// writers' supervisor, the per-voucher writers), and what stops them:
     /// shutdown waits for them.
-    background: Background,
+    background: InstanceTasks,
 }
 
 impl Seckill {
@@ -203,7 +203,7 @@ impl Seckill {
             settings.redis_prefix.clone(),
         ));
         let ids = IdGenerator::new(redis.clone(), settings.redis_prefix.clone());
-        let background = Background::default();
+        let background = InstanceTasks::default();
         let gates = Arc::new(Gates::new(settings.gate_wait));
         let batcher = Batcher::new(
             batch::Deps {

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::SeckillError;
 use super::metric;
-use super::workers::{Background, Queue, Unanswered, Workers};
+use super::workers::{InstanceTasks, Queue, Unanswered, Workers};
 use crate::domain::{FencingToken, UserId, VoucherId};
 use crate::kv::Keys;
 
@@ -209,7 +209,7 @@ struct LockRequest {
 impl LockBatcher {
     /// LockBatcher of `locks` giving holds of `lease`, their workers among
     /// `background`'s tasks.
-    pub fn new(locks: LockBackend, lease: Duration, background: Background) -> Arc<Self> {
+    pub fn new(locks: LockBackend, lease: Duration, background: InstanceTasks) -> Arc<Self> {
         let wait = match &locks {
             LockBackend::Single(client) => client.command_timeout() * 2,
             LockBackend::RedLock { node_timeout, .. } => *node_timeout * 2,

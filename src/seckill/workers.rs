@@ -15,15 +15,16 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// An instance's background tasks: where they are spawned, and the
-/// signal that tells them to stop. Cheap to clone.
+/// Every background task of an instance (the `Workers` of each kind, the
+/// lifecycle's sweepers): where they are spawned, and the signal that
+/// tells them to stop. Cheap to clone.
 #[derive(Clone, Default)]
-pub struct Background {
+pub struct InstanceTasks {
     pub(crate) tasks: TaskTracker,
     pub(crate) stop: CancellationToken,
 }
 
-impl Background {
+impl InstanceTasks {
     /// Tells every task to stop and waits for them, at most `limit`;
     /// `false` when some were still running.
     pub async fn stop(&self, limit: std::time::Duration) -> bool {
@@ -37,13 +38,13 @@ impl Background {
 /// instance holds to talk to one (a queue, a set of signals).
 pub struct Workers<H> {
     running: Mutex<HashMap<VoucherId, H>>,
-    background: Background,
+    background: InstanceTasks,
 }
 
 impl<H: Clone> Workers<H> {
     /// Workers spawned among `background`'s tasks, told to stop by its
     /// signal.
-    pub fn new(background: Background) -> Self {
+    pub fn new(background: InstanceTasks) -> Self {
         Self {
             running: Mutex::new(HashMap::new()),
             background,
@@ -252,8 +253,8 @@ mod tests {
 
     use super::*;
 
-    fn workers() -> (Workers<Arc<AtomicUsize>>, Background) {
-        let background = Background::default();
+    fn workers() -> (Workers<Arc<AtomicUsize>>, InstanceTasks) {
+        let background = InstanceTasks::default();
         (Workers::new(background.clone()), background)
     }
 
@@ -327,7 +328,7 @@ mod tests {
 
     #[tokio::test]
     async fn ask_gets_the_workers_reply_or_says_why_there_is_none() {
-        let background = Background::default();
+        let background = InstanceTasks::default();
         let workers: Workers<Queue<(u32, oneshot::Sender<u32>)>> = Workers::new(background);
         // Voucher n's worker: 1 answers double, 2 drops what it gets, 3
         // keeps it unanswered.

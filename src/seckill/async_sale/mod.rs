@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::clock::SaleClock;
 use super::error::{PurchaseError, Refusal, Result, SeckillError};
-use super::workers::{Background, Queue, Workers};
+use super::workers::{InstanceTasks, Queue, Workers};
 use super::SeckillSettings;
 use crate::domain::{Order, OrderId, Quantity, UserId, Voucher, VoucherId};
 use crate::id::IdGenerator;
@@ -105,7 +105,7 @@ struct Inner {
     acceptors: Workers<Queue<accept::Request>>,
     /// Where reconciliations run: shutdown waits for one under way rather
     /// than leave its sale paused.
-    background: Background,
+    background: InstanceTasks,
 }
 
 /// What a writer is told by the rest of its instance.
@@ -127,7 +127,7 @@ impl AsyncSales {
         ids: IdGenerator,
         clock: SaleClock,
         settings: &SeckillSettings,
-        background: Background,
+        background: InstanceTasks,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
