@@ -162,23 +162,23 @@ pub async fn run(target: &TargetArgs, args: &JwtArgs) -> anyhow::Result<bool> {
     eprintln!("jwt: signing {n} RS256 and {n} ES256 tokens");
     let rs_tokens = sign_all(rs, n + 1, n).await?;
     let es_tokens = sign_all(es, 2 * n + 1, n).await?;
-    let service = Target::start(target.launch(1, env)).await?;
-    let rows = async {
-        let admin = Admin::new(&service);
-        let v1_tokens = admin.shared_tokens(1, n).await?;
-        let first = admin.endless_voucher(SaleMode::Sync).await?;
-        let second = admin.endless_voucher(SaleMode::Sync).await?;
-        let c = args.connections;
-        Ok::<_, anyhow::Error>(vec![
-            crowd(&service, first, &v1_tokens, c, "v1").await,
-            crowd(&service, first, &rs_tokens, c, "RS256, fresh").await,
-            crowd(&service, first, &es_tokens, c, "ES256, fresh").await,
-            crowd(&service, second, &v1_tokens, c, "v1, second voucher").await,
-            crowd(&service, second, &rs_tokens, c, "RS256, verified already").await,
-        ])
-    }
-    .await;
-    service.stop().await;
+    let rows = target
+        .launch(1, env)
+        .run(async |service| {
+            let admin = Admin::new(service);
+            let v1_tokens = admin.shared_tokens(1, n).await?;
+            let first = admin.endless_voucher(SaleMode::Sync).await?;
+            let second = admin.endless_voucher(SaleMode::Sync).await?;
+            let c = args.connections;
+            Ok::<_, anyhow::Error>(vec![
+                crowd(service, first, &v1_tokens, c, "v1").await,
+                crowd(service, first, &rs_tokens, c, "RS256, fresh").await,
+                crowd(service, first, &es_tokens, c, "ES256, fresh").await,
+                crowd(service, second, &v1_tokens, c, "v1, second voucher").await,
+                crowd(service, second, &rs_tokens, c, "RS256, verified already").await,
+            ])
+        })
+        .await;
     let _ = std::fs::remove_dir_all(&dir);
     let rows = rows?;
     let mut table = Table::new([

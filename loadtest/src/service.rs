@@ -52,6 +52,20 @@ pub struct Launch {
     pub redis_url: String,
 }
 
+impl Launch {
+    /// Starts the service, runs `body` on it and stops it, whatever
+    /// `body` returned.
+    pub async fn run<T>(
+        self,
+        body: impl AsyncFnOnce(&Target) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        let target = Target::start(self).await?;
+        let result = body(&target).await;
+        target.stop().await;
+        result
+    }
+}
+
 /// The seckill binary (`seckill-lab` for the lab): given, or built next to
 /// this driver by cargo.
 fn seckill_binary(given: Option<PathBuf>, lab: bool) -> anyhow::Result<PathBuf> {

@@ -29,10 +29,10 @@ const IN_FLIGHT_METRIC: &str = "seckill_async_in_flight";
 /// its writer as good as always holding a batch read and not acknowledged.
 /// Every `202` must be stored once the survivor claimed what it held.
 pub async fn killed(target: &TargetArgs, args: &AsyncArgs) -> anyhow::Result<Report> {
-    let service = Target::start(target.launch(2, Vec::new())).await?;
-    let result = killed_crowd(&service, args).await;
-    service.stop().await;
-    result
+    let launch = target.launch(2, Vec::new());
+    launch
+        .run(async |service| killed_crowd(service, args).await)
+        .await
 }
 
 async fn killed_crowd(target: &Target, args: &AsyncArgs) -> anyhow::Result<Report> {

@@ -113,15 +113,12 @@ pub async fn run(target: &TargetArgs, args: &WaitingRoomArgs) -> anyhow::Result<
         anyhow::bail!("waitingroom needs --prequeue and --later of 3 or more, --lead of 3 s or more and --admit-per-second of 1 or more");
     }
     // One address sends the whole crowd, and a bot joins a hundred times:
-    // the limits would judge the driver, not the room.
-    let env = vec![
-        ("SECKILL_LIMIT_PER_ADDRESS".into(), "0".into()),
-        ("SECKILL_LIMIT_PER_USER".into(), "0".into()),
-    ];
-    let service = Target::start(target.launch(args.instances.max(1), env)).await?;
-    let result = scenario(&service, args).await;
-    service.stop().await;
-    result
+    // the limits would judge the driver, not the room (a started service
+    // has them off).
+    let launch = target.launch(args.instances.max(1), Vec::new());
+    launch
+        .run(async |service| scenario(service, args).await)
+        .await
 }
 
 /// The sale, the room and its crowd, then the phases that weigh a poll
