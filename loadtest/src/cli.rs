@@ -50,6 +50,16 @@ pub(crate) struct TargetArgs {
 }
 
 impl TargetArgs {
+    /// Refuses `--url` for a scenario that starts its own instances:
+    /// `what` says what it starts and why, e.g. "abuse starts its own
+    /// instances (...)".
+    pub(crate) fn starts_its_own(&self, what: &str) -> anyhow::Result<()> {
+        if self.url.is_some() {
+            anyhow::bail!("{what}; drop --url");
+        }
+        Ok(())
+    }
+
     /// `instances` of the service this driver starts, with `env` added.
     pub(crate) fn launch(&self, instances: usize, env: Vec<(String, String)>) -> Launch {
         Launch {

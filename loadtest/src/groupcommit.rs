@@ -70,22 +70,20 @@ impl Row {
 
 /// Runs every row; `Ok(false)` when an invariant broke somewhere.
 pub async fn run(target: &TargetArgs, args: &GroupCommitArgs) -> anyhow::Result<bool> {
-    if target.url.is_some() {
-        anyhow::bail!("groupcommit starts its own instances (one design each); drop --url");
-    }
+    target.starts_its_own("groupcommit starts its own instances (one design each)")?;
     let mut rows = Vec::new();
     for (design, batch_max) in [("single", 1), ("batched", args.batch_max)] {
         for instances in [1, 2] {
-            let service = Target::start(launch(target, instances, batch_max)).await?;
-            let result = async {
-                let throughput = throughput(&service, args).await?;
-                let flash = flash(&service, args, None).await?;
-                Ok::<_, anyhow::Error>([throughput, flash])
-            }
-            .await;
-            service.stop().await;
+            let both = launch(target, instances, batch_max)
+                .run(async |service| {
+                    Ok([
+                        throughput(service, args).await?,
+                        flash(service, args, None).await?,
+                    ])
+                })
+                .await?;
             for (scenario, (tally, check, orders_per_sec)) in
-                ["throughput", "flash"].into_iter().zip(result?)
+                ["throughput", "flash"].into_iter().zip(both)
             {
                 rows.push(Row {
                     design,
@@ -99,9 +97,10 @@ pub async fn run(target: &TargetArgs, args: &GroupCommitArgs) -> anyhow::Result<
         }
     }
     // Two batching instances; the second is killed mid-crowd.
-    let service = Target::start(launch(target, 2, args.batch_max)).await?;
-    let result = flash(&service, args, Some(KILL_AFTER)).await;
-    let killed = result.map(|(tally, check, orders_per_sec)| Row {
+    let (tally, check, orders_per_sec) = launch(target, 2, args.batch_max)
+        .run(async |service| flash(service, args, Some(KILL_AFTER)).await)
+        .await?;
+    rows.push(Row {
         design: "batched",
         instances: 2,
         scenario: "kill -9",
@@ -109,8 +108,6 @@ pub async fn run(target: &TargetArgs, args: &GroupCommitArgs) -> anyhow::Result<
         check,
         orders_per_sec,
     });
-    service.stop().await;
-    rows.push(killed?);
 
     print_table(&rows);
     let ok = rows.iter().all(|r| r.check.ok());

@@ -142,9 +142,7 @@ async fn crowd(
 }
 
 pub async fn run(target: &TargetArgs, args: &JwtArgs) -> anyhow::Result<bool> {
-    if target.url.is_some() {
-        anyhow::bail!("jwt starts its own instance (with a JWK Set of its own); drop --url");
-    }
+    target.starts_its_own("jwt starts its own instance (with a JWK Set of its own)")?;
     let dir = std::env::temp_dir().join(format!(
         "seckill-jwt-load-{}",
         uuid::Uuid::new_v4().simple()

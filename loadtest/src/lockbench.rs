@@ -347,41 +347,33 @@ async fn redlock_purchases(
         env: vec![("SECKILL_LOCK_REDIS_URLS".into(), urls.join(","))],
         ..launch.clone()
     };
-    let target = crate::service::Target::start(launch).await?;
     let limit = Duration::from_secs(args.redlock_purchase_seconds);
-    let phase = |first: i64, label: &'static str| {
-        let target = &target;
-        async move {
-            let admin = Admin::new(target);
-            let voucher = admin
-                .create_sale(NewSale::free(SaleMode::Sync, 1_000_000, 2))
-                .await?;
-            let tokens = admin.shared_tokens(first, USERS_PER_STATE).await?;
-            eprintln!("lock: purchases through the service, {label}");
-            let tally = target
-                .buy_once(voucher, &tokens, limit, CONNECTIONS, label)
-                .await;
-            if tally.count("200") == 0 {
-                anyhow::bail!("{label}: no purchase went through: {:?}", tally.statuses);
-            }
-            Ok::<_, anyhow::Error>(tally)
-        }
-    };
-    let all_up = phase(1, "redlock all up").await;
-    let two_frozen = match &all_up {
-        Ok(_) => {
+    let (all_up, two_frozen) = launch
+        .run(async |target| {
+            let phase = |first: i64, label: &'static str| async move {
+                let admin = Admin::new(target);
+                let voucher = admin
+                    .create_sale(NewSale::free(SaleMode::Sync, 1_000_000, 2))
+                    .await?;
+                let tokens = admin.shared_tokens(first, USERS_PER_STATE).await?;
+                eprintln!("lock: purchases through the service, {label}");
+                let tally = target
+                    .buy_once(voucher, &tokens, limit, CONNECTIONS, label)
+                    .await;
+                if tally.count("200") == 0 {
+                    anyhow::bail!("{label}: no purchase went through: {:?}", tally.statuses);
+                }
+                Ok::<_, anyhow::Error>(tally)
+            };
+            let all_up = phase(1, "redlock all up").await?;
             nodes[3].freeze();
             nodes[4].freeze();
-            let frozen = phase(1 + USERS_PER_STATE, "redlock two frozen").await;
+            let two_frozen = phase(1 + USERS_PER_STATE, "redlock two frozen").await;
             nodes[3].thaw();
             nodes[4].thaw();
-            frozen
-        }
-        // Not run: the error of all up is the one returned.
-        Err(e) => Err(anyhow::anyhow!("{e:#}")),
-    };
-    target.stop().await;
-    let (all_up, two_frozen) = (all_up?, two_frozen?);
+            Ok((all_up, two_frozen?))
+        })
+        .await?;
     Ok(purchases_report(CONNECTIONS, &all_up, &two_frozen))
 }
 

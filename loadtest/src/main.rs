@@ -123,16 +123,12 @@ async fn run_lifecycle(
     target: &TargetArgs,
     args: &lifecycle::LifecycleArgs,
 ) -> anyhow::Result<bool> {
-    if target.url.is_some() {
-        anyhow::bail!("lifecycle starts its own two instances (it signs payments); drop --url");
-    }
+    target.starts_its_own("lifecycle starts its own two instances (it signs payments)")?;
     // At least 32 bytes, or the service refuses to start.
     let secret = format!("load-payment-secret-{}", uuid::Uuid::new_v4().simple());
-    let launch = target.launch(2, vec![("SECKILL_PAYMENT_SECRET".into(), secret.clone())]);
-    let target = Target::start(launch).await?;
-    let result = lifecycle::run(&target, &secret, args).await;
-    target.stop().await;
-    result
+    (target.launch(2, vec![("SECKILL_PAYMENT_SECRET".into(), secret.clone())]))
+        .run(async |service| lifecycle::run(service, &secret, args).await)
+        .await
 }
 
 /// The exit code of a run: failure when it could not run (the reason is

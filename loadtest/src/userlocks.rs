@@ -58,9 +58,7 @@ struct Run {
 const DESIGNS: [(&str, &str); 2] = [("lock on", "on"), ("lock off", "off")];
 
 pub async fn run(target: &TargetArgs, args: &UserLocksArgs) -> anyhow::Result<bool> {
-    if target.url.is_some() {
-        anyhow::bail!("userlocks starts its own instances (one design each); drop --url");
-    }
+    target.starts_its_own("userlocks starts its own instances (one design each)")?;
     let mut runs = Vec::new();
     for round in 0..args.rounds {
         let mut designs = DESIGNS;
@@ -70,15 +68,14 @@ pub async fn run(target: &TargetArgs, args: &UserLocksArgs) -> anyhow::Result<bo
         for (design, setting) in designs {
             eprintln!("userlocks: round {}/{}, {design}", round + 1, args.rounds);
             let env = vec![("SECKILL_USER_LOCKS".to_owned(), setting.to_owned())];
-            let service = Target::start(target.launch(2, env)).await?;
-            let result = async {
-                let dups = crowd(&service, args, design, Crowd::Duplicates).await?;
-                let flash = crowd(&service, args, design, Crowd::Flash).await?;
-                Ok::<_, anyhow::Error>([dups, flash])
-            }
-            .await;
-            service.stop().await;
-            runs.extend(result?);
+            let both = (target.launch(2, env))
+                .run(async |service| {
+                    let dups = crowd(service, args, design, Crowd::Duplicates).await?;
+                    let flash = crowd(service, args, design, Crowd::Flash).await?;
+                    Ok([dups, flash])
+                })
+                .await?;
+            runs.extend(both);
         }
     }
     let ok = runs.iter().all(|r| r.check.ok());

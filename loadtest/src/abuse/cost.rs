@@ -93,14 +93,12 @@ pub(super) async fn weigh_refusal(
     // would measure mostly the waiting and the connections it takes.
     env.retain(|(name, _)| name != "SECKILL_LIMIT_DELAY_MS");
     env.push(("SECKILL_LIMIT_DELAY_MS".into(), "0".into()));
-    let service = Target::start(target.launch(1, env)).await?;
-    let result = async {
-        let voucher = Admin::new(&service).endless_voucher(SaleMode::Sync).await?;
-        refusal_cost(&service, args, voucher).await
-    }
-    .await;
-    service.stop().await;
-    result
+    (target.launch(1, env))
+        .run(async |service| {
+            let voucher = Admin::new(service).endless_voucher(SaleMode::Sync).await?;
+            refusal_cost(service, args, voucher).await
+        })
+        .await
 }
 
 /// The service's CPU per request refused by the limit per address (one

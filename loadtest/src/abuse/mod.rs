@@ -275,9 +275,9 @@ fn numbered(block: [usize; 2], spread: usize, i: usize) -> String {
 /// Runs every row, then the CPU phase; `Ok(false)` when an invariant
 /// broke or an honest buyer was answered 5xx (503 above all).
 pub async fn run(target: &TargetArgs, args: &AbuseArgs) -> anyhow::Result<bool> {
-    if target.url.is_some() {
-        anyhow::bail!("abuse starts its own instances (it sets their limits, trusted proxy and body deadline); drop --url");
-    }
+    target.starts_its_own(
+        "abuse starts its own instances (it sets their limits, trusted proxy and body deadline)",
+    )?;
     let env = service_env(args);
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let placement = Placement::parse(&args.front_cpus, cores)?
@@ -292,15 +292,10 @@ pub async fn run(target: &TargetArgs, args: &AbuseArgs) -> anyhow::Result<bool> 
     if let Some(redis) = &own_redis {
         launch.redis_url = redis.url();
     }
-    let result = match Target::start(launch).await {
-        Ok(service) => {
-            let redis_pid = own_redis.as_ref().and_then(testkit::OwnRedis::pid);
-            let rows = rows_of(&service, args, placement.as_ref(), redis_pid).await;
-            service.stop().await;
-            rows
-        }
-        Err(e) => Err(e),
-    };
+    let redis_pid = own_redis.as_ref().and_then(testkit::OwnRedis::pid);
+    let result = launch
+        .run(async |service| rows_of(service, args, placement.as_ref(), redis_pid).await)
+        .await;
     drop(own_redis);
     let rows = result?;
     let cost = if args.cpu_requests > 0 {

@@ -98,9 +98,7 @@ impl FailoverMode {
 
 pub async fn run(target_args: &TargetArgs, args: &FailoverArgs) -> anyhow::Result<bool> {
     BEGAN.get_or_init(Instant::now);
-    if target_args.url.is_some() {
-        anyhow::bail!("failover starts its own cluster and service; drop --url");
-    }
+    target_args.starts_its_own("failover starts its own cluster and service")?;
     say!("bringing up the cluster (scripts/ha.sh up)");
     let cluster = tokio::task::spawn_blocking(Cluster::up)
         .await?

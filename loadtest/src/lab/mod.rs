@@ -182,11 +182,7 @@ impl Expect {
 /// The lab starts its own two instances with the lab on: no deployment
 /// should serve it. `Ok(false)`: a design broke a guarantee it gives.
 pub async fn run(target: &TargetArgs, args: &LabArgs) -> anyhow::Result<bool> {
-    if target.url.is_some() {
-        anyhow::bail!(
-            "lab starts its own two instances of seckill-lab (SECKILL_LAB=1); drop --url"
-        );
-    }
+    target.starts_its_own("lab starts its own two instances of seckill-lab (SECKILL_LAB=1)")?;
     let lease = args.lease();
     let launch = Launch {
         lab: true,

@@ -106,9 +106,7 @@ pub struct WaitingRoomArgs {
 /// succeeded (or was answered other than `403 not_admitted`), a user held
 /// two places, two users one, or a join with proof was refused.
 pub async fn run(target: &TargetArgs, args: &WaitingRoomArgs) -> anyhow::Result<bool> {
-    if target.url.is_some() {
-        anyhow::bail!("waitingroom starts its own instances; drop --url");
-    }
+    target.starts_its_own("waitingroom starts its own instances")?;
     if args.prequeue < 3 || args.later < 3 || args.lead < 3 || args.admit_per_second < 1 {
         anyhow::bail!("waitingroom needs --prequeue and --later of 3 or more, --lead of 3 s or more and --admit-per-second of 1 or more");
     }

@@ -131,9 +131,7 @@ async fn conserved(target: &Target, voucher: i64) -> anyhow::Result<bool> {
 }
 
 pub async fn run(target: &TargetArgs, args: &WebhooksArgs) -> anyhow::Result<bool> {
-    if target.url.is_some() {
-        anyhow::bail!("webhooks starts its own instances (with and without webhooks); drop --url");
-    }
+    target.starts_its_own("webhooks starts its own instances (with and without webhooks)")?;
     let mut rows = Vec::new();
     for mode in args.modes.list() {
         rows.push(off_and_on(target, args, mode).await?);
@@ -167,23 +165,20 @@ async fn off_and_on(
     mode: SaleMode,
 ) -> anyhow::Result<Value> {
     eprintln!("webhooks: {}: off, then on", mode.name());
-    let off_service = Target::start(target.launch(1, Vec::new())).await?;
-    let off = sale(&off_service, mode, args, "webhooks off").await;
-    off_service.stop().await;
-    let off = off?;
+    let off = (target.launch(1, Vec::new()))
+        .run(async |service| sale(service, mode, args, "webhooks off").await)
+        .await?;
 
     let (receiver, url) = Receiver::start(SECRET).await?;
-    let service = Target::start(target.launch(1, webhook_env(&url))).await?;
-    let result = async {
-        let on = sale(&service, mode, args, "webhooks on").await?;
-        let balanced = conserved(&service, on.voucher).await?;
-        let settle = Duration::from_secs(args.settle_seconds);
-        let received = receiver.wait_for_created(on.orders as usize, settle).await;
-        Ok::<_, anyhow::Error>((on, balanced, received))
-    }
-    .await;
-    service.stop().await;
-    let (on, balanced, received) = result?;
+    let (on, balanced, received) = (target.launch(1, webhook_env(&url)))
+        .run(async |service| {
+            let on = sale(service, mode, args, "webhooks on").await?;
+            let balanced = conserved(service, on.voucher).await?;
+            let settle = Duration::from_secs(args.settle_seconds);
+            let received = receiver.wait_for_created(on.orders as usize, settle).await;
+            Ok((on, balanced, received))
+        })
+        .await?;
     let seen = receiver.seen.lock().expect("receiver lock");
     let ratio = on.rate() / off.rate().max(1e-9);
     let ok = balanced && received as u64 == on.orders && seen.clean();
@@ -211,25 +206,23 @@ async fn down(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
     );
     let (receiver, url) = Receiver::start(SECRET).await?;
     receiver.set(Mode::Fail);
-    let service = Target::start(target.launch(1, webhook_env(&url))).await?;
-    let result = async {
-        let began = Instant::now();
-        let sold = sale(&service, mode, args, "receiver down").await?;
-        let balanced = conserved(&service, sold.voucher).await?;
-        let down_for = Duration::from_secs(args.down_seconds);
-        tokio::time::sleep(down_for.saturating_sub(began.elapsed())).await;
-        let backlog = sold.orders as usize - receiver.created();
-        receiver.set(Mode::Acknowledge);
-        let back = Instant::now();
-        let settle = Duration::from_secs(args.settle_seconds);
-        let received = receiver
-            .wait_for_created(sold.orders as usize, settle)
-            .await;
-        Ok::<_, anyhow::Error>((sold, balanced, backlog, back, received))
-    }
-    .await;
-    service.stop().await;
-    let (sold, balanced, backlog, back, received) = result?;
+    let (sold, balanced, backlog, back, received) = (target.launch(1, webhook_env(&url)))
+        .run(async |service| {
+            let began = Instant::now();
+            let sold = sale(service, mode, args, "receiver down").await?;
+            let balanced = conserved(service, sold.voucher).await?;
+            let down_for = Duration::from_secs(args.down_seconds);
+            tokio::time::sleep(down_for.saturating_sub(began.elapsed())).await;
+            let backlog = sold.orders as usize - receiver.created();
+            receiver.set(Mode::Acknowledge);
+            let back = Instant::now();
+            let settle = Duration::from_secs(args.settle_seconds);
+            let received = receiver
+                .wait_for_created(sold.orders as usize, settle)
+                .await;
+            Ok((sold, balanced, backlog, back, received))
+        })
+        .await?;
     let seen = receiver.seen.lock().expect("receiver lock");
     let after: Vec<&(Instant, u64)> = seen.arrivals.iter().filter(|(at, _)| *at >= back).collect();
     let first = after.first().map(|(at, _)| at.duration_since(back));
@@ -259,73 +252,71 @@ async fn down(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
 async fn kill(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyhow::Result<Value> {
     eprintln!("webhooks: {}: an instance killed mid-delivery", mode.name());
     let (receiver, url) = Receiver::start(SECRET).await?;
-    let service = Target::start(target.launch(2, webhook_env(&url))).await?;
-    let result = async {
-        let admin = Admin::on(&service, 1);
-        let voucher = admin.create_voucher(mode, args.users, 2).await?;
-        let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
-        let plan = service.purchases(voucher, &tokens, 1);
-        // Killed while deliveries are under way: once a tenth of the
-        // buyers' events came, or half-way through the sale's time.
-        let half = Instant::now() + Duration::from_secs(args.seconds) / 2;
-        let tenth = (args.users / 10).max(1) as usize;
-        let killer = async {
-            while receiver.created() < tenth && Instant::now() < half {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            service.kill(0)
-        };
-        let (tally, killed) = tokio::join!(
-            drive(
-                &service.base,
-                Plan::Once(Duration::from_secs(args.seconds), plan),
+    let (tally, killed, orders, events) = (target.launch(2, webhook_env(&url)))
+        .run(async |service| {
+            let admin = Admin::on(service, 1);
+            let voucher = admin.create_voucher(mode, args.users, 2).await?;
+            let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
+            let plan = service.purchases(voucher, &tokens, 1);
+            // Killed while deliveries are under way: once a tenth of the
+            // buyers' events came, or half-way through the sale's time.
+            let half = Instant::now() + Duration::from_secs(args.seconds) / 2;
+            let tenth = (args.users / 10).max(1) as usize;
+            let killer = async {
+                while receiver.created() < tenth && Instant::now() < half {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                service.kill(0)
+            };
+            let (tally, killed) = tokio::join!(
+                drive(
+                    &service.base,
+                    Plan::Once(Duration::from_secs(args.seconds), plan),
+                    args.connections,
+                    "kill"
+                ),
+                killer
+            );
+            // Cancel every other order through the survivor: a second event
+            // for half the orders, in order after their first.
+            let orders = wait_stored(&admin, voucher, mode).await?;
+            let admin_token: Arc<str> = Arc::from(service.admin_token.as_str());
+            let survivor: Arc<str> = Arc::from(service.bases[1].as_str());
+            let cancels: Vec<Request> = orders
+                .iter()
+                .step_by(2)
+                .map(|id| {
+                    Request::post_to(
+                        survivor.clone(),
+                        format!("/orders/{id}/cancel"),
+                        admin_token.clone(),
+                    )
+                })
+                .collect();
+            let cancelled = drive(
+                &service.bases[1],
+                Plan::Fixed(cancels),
                 args.connections,
-                "kill"
-            ),
-            killer
-        );
-        // Cancel every other order through the survivor: a second event
-        // for half the orders, in order after their first.
-        let orders = wait_stored(&admin, voucher, mode).await?;
-        let admin_token: Arc<str> = Arc::from(service.admin_token.as_str());
-        let survivor: Arc<str> = Arc::from(service.bases[1].as_str());
-        let cancels: Vec<Request> = orders
-            .iter()
-            .step_by(2)
-            .map(|id| {
-                Request::post_to(
-                    survivor.clone(),
-                    format!("/orders/{id}/cancel"),
-                    admin_token.clone(),
-                )
-            })
-            .collect();
-        let cancelled = drive(
-            &service.bases[1],
-            Plan::Fixed(cancels),
-            args.connections,
-            "cancels",
-        )
-        .await;
-        let events = orders.len() + cancelled.count("200") as usize;
-        let settle = Duration::from_secs(args.settle_seconds);
-        let started = Instant::now();
-        while receiver
-            .seen
-            .lock()
-            .expect("receiver lock")
-            .times_seen
-            .len()
-            < events
-            && started.elapsed() < settle
-        {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok::<_, anyhow::Error>((tally, killed.is_some(), orders.len(), events))
-    }
-    .await;
-    service.stop().await;
-    let (tally, killed, orders, events) = result?;
+                "cancels",
+            )
+            .await;
+            let events = orders.len() + cancelled.count("200") as usize;
+            let settle = Duration::from_secs(args.settle_seconds);
+            let started = Instant::now();
+            while receiver
+                .seen
+                .lock()
+                .expect("receiver lock")
+                .times_seen
+                .len()
+                < events
+                && started.elapsed() < settle
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok((tally, killed.is_some(), orders.len(), events))
+        })
+        .await?;
     let seen = receiver.seen.lock().expect("receiver lock");
     let delivered = seen.times_seen.len();
     let ok = killed && delivered == events && seen.clean();
