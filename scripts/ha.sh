@@ -15,6 +15,7 @@
 #   scripts/ha.sh switchover    # planned switchover to the synchronous standby
 #   scripts/ha.sh stop-replicas # stops every standby (its Patroni and its Postgres),
 #                               # the synchronous one last; the leader left running alone
+#   scripts/ha.sh logs          # the last 40 lines of each log in HA_DIR (etcd, haproxy, each node's Patroni)
 #   scripts/ha.sh down          # stops everything and removes HA_DIR
 # `up` on an HA_DIR whose cluster is healthy prints its URL again; on one
 # left by an earlier run it stops that run's processes and starts afresh.
@@ -79,12 +80,13 @@ pg_bin_dir() { # the newest installed Postgres's binaries (Debian keeps them off
 # python3 comes first on the PATH: the nodes run as the `postgres` user,
 # which cannot reach an interpreter under another user's home (pyenv's).
 # The marker names that interpreter; a venv made from another is remade.
+patroni_installed() { [ "$(cat "$PATRONI_VENV/.installed" 2>/dev/null)" = "$PY" ]; }
 install_patroni() {
-    [ "$(cat "$PATRONI_VENV/.installed" 2>/dev/null)" = "$PY" ] && return
+    patroni_installed && return
     mkdir -p "$(dirname "$PATRONI_VENV")"
     (
         flock 9
-        if [ "$(cat "$PATRONI_VENV/.installed" 2>/dev/null)" != "$PY" ]; then
+        if ! patroni_installed; then
             say "installing Patroni $PATRONI_VERSION (PyPI) into $PATRONI_VENV"
             rm -rf "$PATRONI_VENV"
             "$PY" -m venv --help >/dev/null 2>&1 || apt_install python3-venv
@@ -479,12 +481,10 @@ switchover() {
     as_owner patronictl -c "$HA_DIR/node0.yml" switchover --leader "$leader" --candidate "$standby" --force "$SCOPE"
 }
 
-# Stops every node but the leader as stop_all stops them all: SIGTERM to
-# its Patroni (which, if its node is the synchronous standby, first waits
-# for the leader to release it, then stops its Postgres), then SIGKILL to
-# whatever did not stop within a bounded wait. The leader goes on alone:
-# with synchronous_mode_strict false it commits without a standby.
-stop_nodes() { # node...: SIGTERM to their Patroni (which stops its Postgres), SIGKILL to what outlives 20 s
+# Stops the given nodes: SIGTERM to their Patroni (which, on the
+# synchronous standby, first waits for the leader to release it, then stops
+# its Postgres), then SIGKILL to whatever outlives 20 s.
+stop_nodes() {
     local pids
     pids="$(nodes_pids "$@" | awk '$3 ~ /(^|\/)patroni$/ { print $1 }')"
     [ -n "$pids" ] && kill -TERM $pids 2>/dev/null || true
@@ -505,7 +505,8 @@ stop_nodes() { # node...: SIGTERM to their Patroni (which stops its Postgres), S
 # leader to drop it from synchronous_standby_names before its Postgres stops
 # (nobody is left to take its place, so the leader names none). Stopped all
 # at once, the leader could name the other standby in the moment it too was
-# stopping, and its commits waited for a standby gone.
+# stopping, and its commits waited for a standby gone. The leader goes on
+# alone: with synchronous_mode_strict false it commits without a standby.
 stop_replicas() {
     load_ports
     local leader sync node others=()
@@ -528,5 +529,6 @@ case "${1:-}" in
     kill-primary) kill_primary ;;
     switchover) switchover ;;
     stop-replicas) stop_replicas ;;
-    *) die "usage: scripts/ha.sh install|up|down|status|kill-primary|switchover|stop-replicas (HA_DIR, default target/ha)" ;;
+    logs) print_logs ;;
+    *) die "usage: scripts/ha.sh install|up|down|status|kill-primary|switchover|stop-replicas|logs (HA_DIR, default target/ha)" ;;
 esac

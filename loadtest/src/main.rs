@@ -126,7 +126,8 @@ async fn run_lifecycle(
     target.starts_its_own("lifecycle starts its own two instances (it signs payments)")?;
     // At least 32 bytes, or the service refuses to start.
     let secret = format!("load-payment-secret-{}", uuid::Uuid::new_v4().simple());
-    (target.launch(2, vec![("SECKILL_PAYMENT_SECRET".into(), secret.clone())]))
+    target
+        .launch(2, vec![("SECKILL_PAYMENT_SECRET".into(), secret.clone())])
         .run(async |service| lifecycle::run(service, &secret, args).await)
         .await
 }

@@ -68,7 +68,8 @@ pub async fn run(target: &TargetArgs, args: &UserLocksArgs) -> anyhow::Result<bo
         for (design, setting) in designs {
             eprintln!("userlocks: round {}/{}, {design}", round + 1, args.rounds);
             let env = vec![("SECKILL_USER_LOCKS".to_owned(), setting.to_owned())];
-            let both = (target.launch(2, env))
+            let both = target
+                .launch(2, env)
                 .run(async |service| {
                     let dups = crowd(service, args, design, Crowd::Duplicates).await?;
                     let flash = crowd(service, args, design, Crowd::Flash).await?;

@@ -81,26 +81,11 @@ impl Cluster {
         self.run("status").unwrap_or_else(|failed| failed)
     }
 
-    /// The last `lines` lines of each process's log in the cluster's
-    /// directory (Patroni's per node, etcd's, haproxy's), for the messages
-    /// of failures that need Patroni's own story.
-    pub fn logs(&self, lines: usize) -> String {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return format!("no logs: {} cannot be read", self.dir.display());
-        };
-        let mut logs: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "log"))
-            .collect();
-        logs.sort();
-        logs.iter()
-            .map(|log| {
-                let text = std::fs::read_to_string(log).unwrap_or_default();
-                let all: Vec<&str> = text.lines().collect();
-                let tail = all[all.len().saturating_sub(lines)..].join("\n");
-                format!("----- {} (last {lines} lines)\n{tail}\n", log.display())
-            })
-            .collect()
+    /// `scripts/ha.sh logs`: the end of each process's log (etcd's,
+    /// haproxy's, each node's Patroni), for the messages of failures that
+    /// need Patroni's own story.
+    pub fn logs(&self) -> String {
+        self.run("logs").unwrap_or_else(|failed| failed)
     }
 
     /// A leader and a synchronous standby running (or, in newer Patroni,

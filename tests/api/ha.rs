@@ -728,7 +728,7 @@ async fn alone_since(cluster: &Arc<Cluster>, stopped: Instant) -> Instant {
             stopped.elapsed() < Duration::from_secs(60),
             "the primary is not alone 60 s after the standbys were stopped ({postgres:?}):\n{}\n{}",
             cluster.status(),
-            cluster.logs(80)
+            cluster.logs()
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

@@ -93,7 +93,8 @@ pub(super) async fn weigh_refusal(
     // would measure mostly the waiting and the connections it takes.
     env.retain(|(name, _)| name != "SECKILL_LIMIT_DELAY_MS");
     env.push(("SECKILL_LIMIT_DELAY_MS".into(), "0".into()));
-    (target.launch(1, env))
+    target
+        .launch(1, env)
         .run(async |service| {
             let voucher = Admin::new(service).endless_voucher(SaleMode::Sync).await?;
             refusal_cost(service, args, voucher).await

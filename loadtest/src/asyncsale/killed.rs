@@ -29,8 +29,8 @@ const IN_FLIGHT_METRIC: &str = "seckill_async_in_flight";
 /// its writer as good as always holding a batch read and not acknowledged.
 /// Every `202` must be stored once the survivor claimed what it held.
 pub async fn killed(target: &TargetArgs, args: &AsyncArgs) -> anyhow::Result<Report> {
-    let launch = target.launch(2, Vec::new());
-    launch
+    target
+        .launch(2, Vec::new())
         .run(async |service| killed_crowd(service, args).await)
         .await
 }

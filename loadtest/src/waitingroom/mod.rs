@@ -113,8 +113,8 @@ pub async fn run(target: &TargetArgs, args: &WaitingRoomArgs) -> anyhow::Result<
     // One address sends the whole crowd, and a bot joins a hundred times:
     // the limits would judge the driver, not the room (a started service
     // has them off).
-    let launch = target.launch(args.instances.max(1), Vec::new());
-    launch
+    target
+        .launch(args.instances.max(1), Vec::new())
         .run(async |service| scenario(service, args).await)
         .await
 }

@@ -165,12 +165,14 @@ async fn off_and_on(
     mode: SaleMode,
 ) -> anyhow::Result<Value> {
     eprintln!("webhooks: {}: off, then on", mode.name());
-    let off = (target.launch(1, Vec::new()))
+    let off = target
+        .launch(1, Vec::new())
         .run(async |service| sale(service, mode, args, "webhooks off").await)
         .await?;
 
     let (receiver, url) = Receiver::start(SECRET).await?;
-    let (on, balanced, received) = (target.launch(1, webhook_env(&url)))
+    let (on, balanced, received) = target
+        .launch(1, webhook_env(&url))
         .run(async |service| {
             let on = sale(service, mode, args, "webhooks on").await?;
             let balanced = conserved(service, on.voucher).await?;
@@ -206,7 +208,8 @@ async fn down(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
     );
     let (receiver, url) = Receiver::start(SECRET).await?;
     receiver.set(Mode::Fail);
-    let (sold, balanced, backlog, back, received) = (target.launch(1, webhook_env(&url)))
+    let (sold, balanced, backlog, back, received) = target
+        .launch(1, webhook_env(&url))
         .run(async |service| {
             let began = Instant::now();
             let sold = sale(service, mode, args, "receiver down").await?;
@@ -252,7 +255,8 @@ async fn down(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
 async fn kill(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyhow::Result<Value> {
     eprintln!("webhooks: {}: an instance killed mid-delivery", mode.name());
     let (receiver, url) = Receiver::start(SECRET).await?;
-    let (tally, killed, orders, events) = (target.launch(2, webhook_env(&url)))
+    let (tally, killed, orders, events) = target
+        .launch(2, webhook_env(&url))
         .run(async |service| {
             let admin = Admin::on(service, 1);
             let voucher = admin.create_voucher(mode, args.users, 2).await?;
