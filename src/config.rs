@@ -281,6 +281,18 @@ struct Only {
     settings: Settings,
 }
 
+/// A getter per optional text setting, `None` where it is unset: a plain
+/// one trimmed (`non_blank`: blank counts as unset), a secret as given
+/// (`exposed`: empty counts as unset).
+macro_rules! optional_text {
+    ($($(#[$doc:meta])* $name:ident: $read:ident;)+) => {$(
+        $(#[$doc])*
+        pub fn $name(&self) -> Option<&str> {
+            $read(self.$name.as_ref())
+        }
+    )+};
+}
+
 impl Settings {
     /// Settings from the environment and these flags (`args` excludes the
     /// program name).
@@ -357,49 +369,25 @@ impl Settings {
         Ok(())
     }
 
-    /// The JWK Set's path or URL, if one is set and not blank.
-    pub fn jwt_jwks(&self) -> Option<&str> {
-        non_blank(self.jwt_jwks.as_deref())
-    }
-
-    /// The `iss` a JWT must carry, if one is set and not blank.
-    pub fn jwt_issuer(&self) -> Option<&str> {
-        non_blank(self.jwt_issuer.as_deref())
-    }
-
-    /// The `aud` a JWT must carry, if one is set and not blank.
-    pub fn jwt_audience(&self) -> Option<&str> {
-        non_blank(self.jwt_audience.as_deref())
-    }
-
-    /// The shared HS256 key of the shop's JWTs, if one is set.
-    pub fn jwt_hs256_secret(&self) -> Option<&str> {
-        exposed(self.jwt_hs256_secret.as_ref())
-    }
-
-    /// The webhooks' URL, if one is set and not blank.
-    pub fn webhook_url(&self) -> Option<&str> {
-        non_blank(self.webhook_url.as_deref())
-    }
-
-    /// The webhooks' signing key, if one is set.
-    pub fn webhook_secret(&self) -> Option<&str> {
-        exposed(self.webhook_secret.as_ref())
-    }
-
-    /// The admin token, if one is set and not empty.
-    pub fn admin_token(&self) -> Option<&str> {
-        exposed(self.admin_token.as_ref())
-    }
-
-    /// The user tokens' key, if one is set and not empty.
-    pub fn token_secret(&self) -> Option<&str> {
-        exposed(self.token_secret.as_ref())
-    }
-
-    /// The payment notifications' key, if one is set and not empty.
-    pub fn payment_secret(&self) -> Option<&str> {
-        exposed(self.payment_secret.as_ref())
+    optional_text! {
+        /// The JWK Set's path or URL.
+        jwt_jwks: non_blank;
+        /// The `iss` a JWT must carry.
+        jwt_issuer: non_blank;
+        /// The `aud` a JWT must carry.
+        jwt_audience: non_blank;
+        /// The shared HS256 key of the shop's JWTs.
+        jwt_hs256_secret: exposed;
+        /// The webhooks' URL.
+        webhook_url: non_blank;
+        /// The webhooks' signing key.
+        webhook_secret: exposed;
+        /// The admin token.
+        admin_token: exposed;
+        /// The user tokens' key.
+        token_secret: exposed;
+        /// The payment notifications' key.
+        payment_secret: exposed;
     }
 
     /// The lock nodes named, without blanks.
@@ -509,8 +497,8 @@ fn exposed(secret: Option<&SecretString>) -> Option<&str> {
 }
 
 /// A setting's text without its surrounding blanks, if any is left.
-fn non_blank(text: Option<&str>) -> Option<&str> {
-    text.map(str::trim).filter(|s| !s.is_empty())
+fn non_blank(text: Option<&String>) -> Option<&str> {
+    text.map(|t| t.trim()).filter(|s| !s.is_empty())
 }
 
 /// A setting's value that does not parse (clap shows its message).

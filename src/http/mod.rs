@@ -60,9 +60,14 @@ pub fn router(
 ) -> Router {
     let routes::Table {
         router: api,
+        admin,
         classes,
     } = routes::table(state.public_metrics, mounted);
+    let admin = admin.route_layer(middleware::from_extractor_with_state::<extract::Admin, _>(
+        state.clone(),
+    ));
     let api = api
+        .merge(admin)
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state.clone());

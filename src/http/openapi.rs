@@ -12,7 +12,8 @@ use axum::extract::Path;
 use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::Extension;
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_swagger_ui::Config;
 
@@ -102,11 +103,31 @@ fn describe_where_missing(
     response: &utoipa::openapi::Response,
     applies: impl Fn(&str) -> bool,
 ) {
-    for (path, item) in openapi.paths.paths.iter_mut() {
-        if !applies(path) {
-            continue;
+    for (path, operation) in operations(openapi) {
+        if applies(path) {
+            add_where_missing(operation, status, response);
         }
-        for operation in [
+    }
+}
+
+fn add_where_missing(
+    operation: &mut Operation,
+    status: &str,
+    response: &utoipa::openapi::Response,
+) {
+    operation
+        .responses
+        .responses
+        .entry(status.to_owned())
+        .or_insert_with(|| response.clone().into());
+}
+
+/// Every operation of the description, with its path.
+fn operations(
+    openapi: &mut utoipa::openapi::OpenApi,
+) -> impl Iterator<Item = (&str, &mut Operation)> {
+    openapi.paths.paths.iter_mut().flat_map(|(path, item)| {
+        [
             &mut item.get,
             &mut item.post,
             &mut item.put,
@@ -115,12 +136,32 @@ fn describe_where_missing(
         ]
         .into_iter()
         .flatten()
-        {
-            operation
-                .responses
-                .responses
-                .entry(status.to_owned())
-                .or_insert_with(|| response.clone().into());
+        .map(move |operation| (path.as_str(), operation))
+    })
+}
+
+/// What every admin route (the route table's admin class) shares, said
+/// once: its tag, the admin token, and the refusals each may give (a
+/// malformed request, no or a wrong admin token, a body too large) where
+/// the route does not describe its own.
+pub(super) fn describe_admin(paths: &mut utoipa::openapi::OpenApi) {
+    let refusals = [
+        ("400", "bad_request: a malformed id, query or body"),
+        (
+            "403",
+            "forbidden: no admin token, or not the configured one",
+        ),
+        ("413", "payload_too_large"),
+    ]
+    .map(|(status, description)| (status, error_response(description)));
+    for (_, operation) in operations(paths) {
+        operation.tags = Some(vec!["admin".to_owned()]);
+        operation.security = Some(vec![SecurityRequirement::new(
+            "admin",
+            Vec::<String>::new(),
+        )]);
+        for (status, response) in &refusals {
+            add_where_missing(operation, status, response);
         }
     }
 }

@@ -39,7 +39,6 @@ macro_rules! plain_refusals {
 plain_refusals! {
     BadRequest = 400, "bad_request";
     Unauthorized = 401, "unauthorized";
-    Forbidden = 403, "forbidden";
     NotFound = 404, "not_found";
     OrderNotFound = 404, "not_found: no such order, or another user's";
     RoomNotFound = 404, "not_found: no such voucher, or it has no waiting room";

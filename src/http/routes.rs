@@ -86,6 +86,9 @@ pub type Mounted = (Router<AppState>, Vec<(String, RouteClass)>);
 /// The routes, the description and the classes, built together.
 pub struct Table {
     pub router: Router<AppState>,
+    /// The admin routes, apart: whoever serves them puts the admin token's
+    /// check in front of them all (`http::router`).
+    pub admin: Router<AppState>,
     pub classes: Classes,
 }
 
@@ -93,7 +96,7 @@ pub struct Table {
 /// `public_metrics`, though it is always described) and `mounted`'s, each
 /// of its paths with its class.
 pub fn table(public_metrics: bool, mounted: Option<Mounted>) -> Table {
-    use RouteClass::{Admin, Orders, Payments, Purchase, Queue, Reads};
+    use RouteClass::{Orders, Payments, Purchase, Queue, Reads};
     let mut table = Builder::default()
         .documented(Class::of(Purchase), routes!(sale::purchase))
         .documented(Class::of(Queue), routes!(queue::join, queue::poll))
@@ -102,16 +105,16 @@ pub fn table(public_metrics: bool, mounted: Option<Mounted>) -> Table {
         .documented(Class::of(Payments), routes!(lifecycle::notify))
         .documented(Class::of(Reads), routes!(sale::list_vouchers))
         .documented(Class::of(Reads), routes!(sale::get_voucher))
-        .documented(Class::of(Admin), routes!(admin::create_voucher))
-        .documented(Class::of(Admin), routes!(admin::voucher_orders))
-        .documented(Class::of(Admin), routes!(admin::voucher_stats))
-        .documented(Class::of(Admin), routes!(monitor::monitor))
-        .documented(Class::of(Admin), routes!(admin::restock))
-        .documented(Class::of(Admin), routes!(admin::reconcile))
-        .documented(Class::of(Admin), routes!(admin::mint_tokens))
-        .documented(Class::of(Admin), routes!(events::feed))
-        .documented(Class::of(Admin), routes!(events::failed))
-        .documented(Class::of(Admin), routes!(events::retry))
+        .admin(routes!(admin::create_voucher))
+        .admin(routes!(admin::voucher_orders))
+        .admin(routes!(admin::voucher_stats))
+        .admin(routes!(monitor::monitor))
+        .admin(routes!(admin::restock))
+        .admin(routes!(admin::reconcile))
+        .admin(routes!(admin::mint_tokens))
+        .admin(routes!(events::feed))
+        .admin(routes!(events::failed))
+        .admin(routes!(events::retry))
         .documented(Class::of(Reads), routes!(demo::new_user))
         .documented(Class::of(Orders), routes!(demo::pay))
         .documented(Class::probe(), routes!(ops::healthz))
@@ -144,6 +147,8 @@ pub fn table(public_metrics: bool, mounted: Option<Mounted>) -> Table {
 #[derive(Default)]
 struct Builder {
     api: OpenApiRouter<AppState>,
+    /// The admin class's routes, described as one (`openapi::describe_admin`).
+    admin: OpenApiRouter<AppState>,
     classes: matchit::Router<Class>,
     /// Routes outside the description: the docs' own, a mount's.
     plain: Router<AppState>,
@@ -156,6 +161,16 @@ impl Builder {
             self.classify(path, class);
         }
         self.api = self.api.routes(route);
+        self
+    }
+
+    /// An admin route: the admin class, and the admin's tag, token and
+    /// refusals in its description.
+    fn admin(mut self, route: UtoipaMethodRouter<AppState>) -> Self {
+        for path in route.1.paths.keys() {
+            self.classify(path, Class::of(RouteClass::Admin));
+        }
+        self.admin = self.admin.routes(route);
         self
     }
 
@@ -193,14 +208,21 @@ impl Builder {
 
     fn finish(mut self) -> Table {
         self.classify("/openapi.json", Class::of(RouteClass::Ops));
-        let (router, paths) = self.api.split_for_parts();
+        let (admin, mut admin_paths) = self.admin.split_for_parts();
+        openapi::describe_admin(&mut admin_paths);
+        let (router, mut paths) = self.api.split_for_parts();
+        paths.merge(admin_paths);
         let classes = Classes(Arc::new(self.classes));
         let document = openapi::document(paths, |path| classes.of(path).shed.is_some());
         let json = serde_json::to_vec(&document).expect("the description serializes");
         let json = Extension(DocumentJson(json.into()));
         let router = router.merge(self.plain);
         let router = router.route("/openapi.json", get(openapi::openapi_json).layer(json));
-        Table { router, classes }
+        Table {
+            router,
+            admin,
+            classes,
+        }
     }
 }
 
