@@ -152,42 +152,12 @@ pub(crate) async fn check(
 async fn sql_check(url: &str, voucher: i64) -> anyhow::Result<Vec<String>> {
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(url).await?;
-    // A service from before units has no quantity: one unit per order.
-    let has_units: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM information_schema.columns
-                        WHERE table_name = 'voucher_orders' AND column_name = 'quantity')",
-    )
-    .fetch_one(&mut conn)
-    .await?;
-    let units = if has_units {
-        "coalesce(sum(o.quantity), 0)::bigint"
-    } else {
-        "count(o.id)"
-    };
-    let sql = format!(
-        "SELECT s.initial_stock, s.stock, count(o.id), {units},
-                count(DISTINCT o.user_id), count(DISTINCT o.id)
-         FROM seckill_vouchers s LEFT JOIN voucher_orders o
-           ON o.voucher_id = s.voucher_id AND o.status IN ('unpaid', 'paid')
-         WHERE s.voucher_id = $1 GROUP BY s.initial_stock, s.stock"
-    );
-    let (initial, stock, orders, units, users, ids): (i32, i32, i64, i64, i64, i64) =
-        sqlx::query_as(&sql)
-            .bind(voucher)
-            .fetch_one(&mut conn)
-            .await?;
-    let mut problems = Vec::new();
-    if units + i64::from(stock) != i64::from(initial) || stock < 0 {
-        problems.push(format!(
-            "SQL: units {units} + stock {stock} != initial {initial}"
-        ));
-    }
-    if users != orders || ids != orders {
-        problems.push(format!(
-            "SQL: {orders} orders, {users} users, {ids} distinct ids"
-        ));
-    }
-    Ok(problems)
+    let books = testkit::Books::read(&mut conn, voucher).await?;
+    Ok(books
+        .problems()
+        .into_iter()
+        .map(|problem| format!("SQL: {problem}"))
+        .collect())
 }
 
 #[cfg(test)]

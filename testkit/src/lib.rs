@@ -2,19 +2,22 @@
 //! the local Postgres and Redis are, free loopback ports, the service as a
 //! process of its own (`service`), private `redis-server` processes to
 //! restart or freeze, key clean-up, the shop's side of JWTs and webhooks
-//! (`shop`), the shipped nginx front (`front`), and the guide's runnable
-//! blocks (`guide`).
+//! (`shop`), the shipped nginx front (`front`), the guide's runnable
+//! blocks (`guide`), and one balance check of a voucher's books in SQL
+//! (`books`).
 //!
 //! It depends on no crate of the workspace, so the lock library's tests and
 //! the service's use the same servers without the lock library depending on
 //! the service.
 
+pub mod books;
 mod front;
 pub mod guide;
 pub mod ha;
 mod service;
 mod shop;
 
+pub use books::Books;
 pub use front::Front;
 pub use service::{drop_database, drop_database_on, ServiceProcess};
 pub use shop::{rsa_key, webhook_signed};
