@@ -2,7 +2,6 @@
 //! stats and order listings, and the lab's vouchers and stats.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use chrono::Utc;
@@ -29,45 +28,13 @@ impl SaleMode {
     }
 }
 
-pub struct Admin<'a> {
-    client: reqwest::Client,
-    target: &'a Target,
-    /// The instance it calls.
-    base: &'a str,
-}
+pub use testkit::{OrderLine, Stats};
 
-#[derive(Debug, Clone, Copy, serde::Deserialize)]
-pub struct Stats {
-    pub initial_stock: i64,
-    pub stock: i64,
-    /// Live orders: unpaid + paid.
-    pub orders: i64,
-    /// Units of the live orders, pending ones of an async sale too (a
-    /// service from before units, which does not say, sells one unit per
-    /// order: see [`Admin::stats`]).
-    #[serde(default = "unknown")]
-    pub units: i64,
-    pub distinct_users: i64,
-    /// Async: accepted by Redis, not yet stored.
-    pub pending: i64,
-    pub unpaid: i64,
-    pub paid: i64,
-    pub cancelled: i64,
-    pub expired: i64,
-}
-
-/// What [`Stats::units`] holds until read: no count of units is negative.
-fn unknown() -> i64 {
-    -1
-}
-
-impl Stats {
-    /// The conservation law, at the moment of the snapshot: `stock +
-    /// units = initial_stock` (units of the pending, unpaid and paid
-    /// orders), stock never below 0.
-    pub fn conserved(&self) -> bool {
-        self.stock >= 0 && self.stock + self.units == self.initial_stock
-    }
+/// The admin API of one instance of a run's target: testkit's client,
+/// patient with the refusals of a service whose limits are on, and the
+/// lab's routes.
+pub struct Admin {
+    api: testkit::AdminApi,
 }
 
 /// A voucher to create.
@@ -105,17 +72,6 @@ impl NewSale {
     }
 }
 
-/// One line of a voucher's order listing.
-#[derive(Debug, Clone)]
-pub struct OrderLine {
-    pub order_id: String,
-    pub user_id: i64,
-    /// `unpaid`, `paid`, `cancelled` or `expired`.
-    pub status: String,
-    /// Units it holds.
-    pub quantity: i64,
-}
-
 /// What a lab voucher's rows say.
 #[derive(Debug, Clone, Copy, serde::Deserialize)]
 pub struct LabStats {
@@ -129,71 +85,23 @@ pub struct LabStats {
     pub redis_stock: Option<i64>,
 }
 
-impl<'a> Admin<'a> {
-    pub fn new(target: &'a Target) -> Self {
+impl Admin {
+    pub fn new(target: &Target) -> Self {
         Self::on(target, 0)
     }
 
     /// The admin API of instance `i` (counted round the instances).
-    pub fn on(target: &'a Target, i: usize) -> Self {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(120))
-            .build()
-            .expect("an HTTP client");
+    pub fn on(target: &Target, i: usize) -> Self {
         let base = target
             .bases
             .get(i % target.bases.len().max(1))
             .unwrap_or(&target.base);
-        Self {
-            client,
-            target,
-            base,
-        }
-    }
-
-    async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> anyhow::Result<Value> {
-        let mut refused = 0;
-        let response = loop {
-            let mut request = self
-                .client
-                .request(method.clone(), format!("{}{path}", self.base))
-                .bearer_auth(&self.target.admin_token);
-            if let Some(body) = &body {
-                request = request.json(body);
-            }
-            let response = request.send().await.with_context(|| path.to_owned())?;
-            // With the service's limits on (`loadtest abuse`), the admin's
-            // calls share the driver's address with the connections it
-            // opens before a run, and a saturated instance sheds the
-            // admin's calls first: a refusal says when to come back.
-            let again = [
-                reqwest::StatusCode::TOO_MANY_REQUESTS,
-                reqwest::StatusCode::SERVICE_UNAVAILABLE,
-            ];
-            if !again.contains(&response.status()) || refused == 30 {
-                break response;
-            }
-            refused += 1;
-            let wait = response
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .unwrap_or(1)
-                .clamp(1, 5);
-            tokio::time::sleep(Duration::from_secs(wait)).await;
-        };
-        let status = response.status();
-        let body: Value = response.json().await.with_context(|| path.to_owned())?;
-        if !status.is_success() {
-            anyhow::bail!("{path}: {status} {body}");
-        }
-        Ok(body)
+        // With the service's limits on (`loadtest abuse`), the admin's
+        // calls share the driver's address with the connections it opens
+        // before a run, and a saturated instance sheds the admin's calls
+        // first: a refusal says when to come back.
+        let api = testkit::AdminApi::new(base.as_str(), target.admin_token.as_str()).patient(30);
+        Self { api }
     }
 
     /// A voucher of `mode` whose stock cannot run out, on sale for two
@@ -235,12 +143,7 @@ impl<'a> Admin<'a> {
     /// A voucher from a whole creation body, for what [`NewSale`] does not
     /// say (a begin time ahead, a waiting room).
     pub async fn create_voucher_from(&self, body: Value) -> anyhow::Result<i64> {
-        let created = self
-            .call(reqwest::Method::POST, "/admin/vouchers", Some(body))
-            .await?;
-        created["id"]
-            .as_i64()
-            .with_context(|| format!("no id in {created}"))
+        self.api.create_voucher(&body).await
     }
 
     /// [`Admin::tokens`], shared cheaply by the requests of a plan.
@@ -255,58 +158,18 @@ impl<'a> Admin<'a> {
 
     /// Tokens for users `first..first + count`, in order.
     pub async fn tokens(&self, first: i64, count: i64) -> anyhow::Result<Vec<String>> {
-        let mut tokens = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
-        let mut next = first;
-        while next < first + count {
-            let batch: Vec<i64> = (next..(first + count).min(next + 10_000)).collect();
-            next += batch.len() as i64;
-            let minted = self
-                .call(
-                    reqwest::Method::POST,
-                    "/admin/tokens",
-                    Some(json!({ "user_ids": batch, "ttl_seconds": 7200 })),
-                )
-                .await?;
-            for t in minted["tokens"]
-                .as_array()
-                .context("no tokens in the answer")?
-            {
-                tokens.push(
-                    t["token"]
-                        .as_str()
-                        .context("a token is not a string")?
-                        .to_owned(),
-                );
-            }
-        }
-        Ok(tokens)
+        let users: Vec<i64> = (first..first + count).collect();
+        self.api.tokens(&users, 7200).await
     }
 
     pub async fn stats(&self, voucher: i64) -> anyhow::Result<Stats> {
-        let mut stats: Stats = self
-            .get(&format!("/admin/vouchers/{voucher}/stats"))
-            .await?;
-        if stats.units == unknown() {
-            stats.units = stats.pending + stats.unpaid + stats.paid;
-        }
-        Ok(stats)
-    }
-
-    /// A GET of the admin API, its answer read as `T`.
-    async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        let answer = self.call(reqwest::Method::GET, path, None).await?;
-        serde_json::from_value(answer.clone()).with_context(|| format!("{path}: {answer}"))
+        self.api.stats(voucher).await
     }
 
     /// Reconciles an async voucher's Redis side with Postgres; its report
     /// (`stock`, `pending`, `buyers`, `unstored`).
     pub async fn reconcile(&self, voucher: i64) -> anyhow::Result<Value> {
-        self.call(
-            reqwest::Method::POST,
-            &format!("/admin/vouchers/{voucher}/reconcile"),
-            None,
-        )
-        .await
+        self.api.reconcile(voucher).await
     }
 
     /// (order id, user id) of every live (unpaid or paid) order of a voucher.
@@ -315,52 +178,22 @@ impl<'a> Admin<'a> {
             .order_lines(voucher)
             .await?
             .into_iter()
-            .filter(|line| matches!(line.status.as_str(), "unpaid" | "paid"))
+            .filter(OrderLine::is_live)
             .map(|line| (line.order_id, line.user_id))
             .collect())
     }
 
     /// Every stored order of a voucher, closed ones too.
     pub async fn order_lines(&self, voucher: i64) -> anyhow::Result<Vec<OrderLine>> {
-        let listing = self
-            .call(
-                reqwest::Method::GET,
-                &format!("/admin/vouchers/{voucher}/orders"),
-                None,
-            )
-            .await?;
-        listing["orders"]
-            .as_array()
-            .context("no orders in the answer")?
-            .iter()
-            .map(|o| {
-                match (
-                    o["order_id"].as_str(),
-                    o["user_id"].as_i64(),
-                    o["status"].as_str(),
-                    // A service from before units lists no quantity: one.
-                    o.get("quantity").map_or(Some(1), Value::as_i64),
-                ) {
-                    (Some(id), Some(user), Some(status), Some(quantity)) => Ok(OrderLine {
-                        order_id: id.to_owned(),
-                        user_id: user,
-                        status: status.to_owned(),
-                        quantity,
-                    }),
-                    _ => Err(anyhow::anyhow!("malformed order {o}")),
-                }
-            })
-            .collect()
+        self.api.order_lines(voucher).await
     }
 
     /// A lab voucher (the service must run with SECKILL_LAB=1).
     pub async fn lab_voucher(&self, stock: i64) -> anyhow::Result<i64> {
+        let body = json!({ "stock": stock });
         let created = self
-            .call(
-                reqwest::Method::POST,
-                "/admin/lab/vouchers",
-                Some(json!({ "stock": stock })),
-            )
+            .api
+            .call(reqwest::Method::POST, "/admin/lab/vouchers", Some(&body))
             .await?;
         created["id"]
             .as_i64()
@@ -368,15 +201,15 @@ impl<'a> Admin<'a> {
     }
 
     pub async fn lab_stats(&self, voucher: i64) -> anyhow::Result<LabStats> {
-        self.get(&format!("/admin/lab/vouchers/{voucher}/stats"))
+        self.api
+            .get(&format!("/admin/lab/vouchers/{voucher}/stats"))
             .await
     }
 
     /// Buys the voucher's units with users the load will not use.
     pub async fn buy_out(&self, voucher: i64, token: &str) -> anyhow::Result<()> {
-        let response = self
-            .client
-            .post(format!("{}/seckill/{voucher}", self.base))
+        let response = reqwest::Client::new()
+            .post(format!("{}/seckill/{voucher}", self.api.base()))
             .bearer_auth(token)
             .send()
             .await?;

@@ -100,7 +100,7 @@ impl std::fmt::Display for Quantities {
 /// voucher of `initial` units: an order that holds other than its user's
 /// ask, and units left that some refused ask would have fit.
 pub(crate) async fn check(
-    admin: &Admin<'_>,
+    admin: &Admin,
     voucher: i64,
     quantities: Quantities,
     users: std::ops::Range<i64>,

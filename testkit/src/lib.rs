@@ -1,15 +1,16 @@
 //! Test support shared by the workspace's tests and its load driver: where
-//! the local Postgres and Redis are, free loopback ports, the service as a
-//! process of its own (`service`), private `redis-server` processes to
-//! restart or freeze, key clean-up, the shop's side of JWTs and webhooks
-//! (`shop`), the shipped nginx front (`front`), the guide's runnable
-//! blocks (`guide`), and one balance check of a voucher's books in SQL
-//! (`books`).
+//! the local Postgres and Redis are, the admin API's client (`admin`), free
+//! loopback ports, the service as a process of its own (`service`), private
+//! `redis-server` processes to restart or freeze, key clean-up, the shop's
+//! side of JWTs and webhooks (`shop`), the shipped nginx front (`front`),
+//! the guide's runnable blocks (`guide`), and one balance check of a
+//! voucher's books in SQL (`books`).
 //!
 //! It depends on no crate of the workspace, so the lock library's tests and
 //! the service's use the same servers without the lock library depending on
 //! the service.
 
+mod admin;
 pub mod books;
 mod front;
 pub mod guide;
@@ -17,6 +18,7 @@ pub mod ha;
 mod service;
 mod shop;
 
+pub use admin::{AdminApi, OrderLine, Stats};
 pub use books::Books;
 pub use front::Front;
 pub use service::{drop_database, drop_database_on, ServiceProcess};

@@ -101,7 +101,7 @@ pub(super) struct Through<'a> {
 /// `attack` beside it, then the voucher's invariants.
 pub(super) async fn run_row(
     service: &Target,
-    admin: &Admin<'_>,
+    admin: &Admin,
     args: &AbuseArgs,
     people: &People<'_>,
     attack: Attack,

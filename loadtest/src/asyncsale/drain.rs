@@ -8,7 +8,7 @@ use crate::api::Admin;
 /// Polls the voucher's orders until every one of `answered` is stored (or
 /// the timeout passes). `clock` started with the load.
 pub(super) async fn stored(
-    admin: &Admin<'_>,
+    admin: &Admin,
     voucher: i64,
     answered: &[String],
     clock: Instant,
@@ -48,7 +48,7 @@ pub(crate) struct Drain {
 /// Polls the voucher's stats until `accepted` orders are stored (or the
 /// timeout passes). `clock` started with the load.
 pub(crate) async fn drain(
-    admin: &Admin<'_>,
+    admin: &Admin,
     voucher: i64,
     accepted: u64,
     clock: Instant,

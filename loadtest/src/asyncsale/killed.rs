@@ -133,7 +133,7 @@ fn unstored(stored: &Drain, settled: &anyhow::Result<Value>, timeout_s: u64) -> 
 
 /// Reconciles the voucher until no accepted order waits in its stream;
 /// the last report.
-async fn settled(admin: &Admin<'_>, voucher: i64, timeout_s: u64) -> anyhow::Result<Value> {
+async fn settled(admin: &Admin, voucher: i64, timeout_s: u64) -> anyhow::Result<Value> {
     let deadline = Instant::now() + Duration::from_secs(timeout_s);
     loop {
         let report = admin.reconcile(voucher).await;

@@ -142,7 +142,7 @@ struct Accepted {
 impl Accepted {
     async fn run(
         target: &Target,
-        admin: &Admin<'_>,
+        admin: &Admin,
         tokens: &[Arc<str>],
         args: &AsyncArgs,
     ) -> anyhow::Result<Self> {

@@ -14,7 +14,7 @@ use crate::service::Target;
 /// One cell of the grid: a strategy on some instances under one stall.
 #[derive(Clone, Copy)]
 pub(super) struct Cell<'a> {
-    pub admin: &'a Admin<'a>,
+    pub admin: &'a Admin,
     pub bases: &'a [Arc<str>],
     pub tokens: &'a [Arc<str>],
     pub strategy: &'static str,

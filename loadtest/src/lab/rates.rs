@@ -107,7 +107,7 @@ pub async fn run(target: &Target, args: &LabArgs) -> anyhow::Result<Vec<Run>> {
 }
 
 async fn one(
-    admin: &Admin<'_>,
+    admin: &Admin,
     base: &Arc<str>,
     tokens: &[Arc<str>],
     design: Design,

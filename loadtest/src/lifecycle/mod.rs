@@ -119,7 +119,7 @@ impl Part {
 /// options, and the first of the part's own users.
 struct Stage<'a> {
     target: &'a Target,
-    admin: Admin<'a>,
+    admin: Admin,
     args: &'a LifecycleArgs,
     first_user: i64,
 }
@@ -357,7 +357,7 @@ async fn sample_conservation(
     vouchers: &[i64],
     stop: &AtomicBool,
 ) -> (u64, Vec<String>) {
-    let admins: Vec<Admin<'_>> = (0..target.bases.len().max(1))
+    let admins: Vec<Admin> = (0..target.bases.len().max(1))
         .map(|i| Admin::on(target, i))
         .collect();
     let (mut samples, mut broken) = (0_u64, Vec::new());
@@ -408,7 +408,7 @@ async fn sampled<T>(
 
 /// Polls the voucher's stats until `done` says so, for at most `limit`.
 async fn wait_for(
-    admin: &Admin<'_>,
+    admin: &Admin,
     voucher: i64,
     limit: Duration,
     what: &str,
@@ -430,7 +430,7 @@ async fn wait_for(
 /// Waits until every accepted order of the voucher is stored (nothing
 /// `pending`; at once for a sync sale).
 async fn wait_stored(
-    admin: &Admin<'_>,
+    admin: &Admin,
     voucher: i64,
     limit: Duration,
     what: &str,

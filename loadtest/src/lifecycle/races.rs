@@ -281,7 +281,7 @@ pub(super) async fn races(stage: &Stage<'_>, secret: &str, mode: SaleMode) -> an
 /// deadline; until every order is closed or paid.
 async fn race_all(
     caller: &Caller,
-    admin: &Admin<'_>,
+    admin: &Admin,
     voucher: i64,
     tokens: &[Arc<str>],
     args: &LifecycleArgs,
@@ -323,7 +323,7 @@ async fn race_all(
 /// deadline.
 async fn judge_races(
     part: &mut Part,
-    admin: &Admin<'_>,
+    admin: &Admin,
     voucher: i64,
     outcomes: &[RaceOutcome],
 ) -> anyhow::Result<()> {
@@ -385,7 +385,7 @@ async fn judge_races(
 async fn buy_again(
     part: &mut Part,
     target: &Target,
-    admin: &Admin<'_>,
+    admin: &Admin,
     voucher: i64,
     returned: i64,
     first_user: i64,

@@ -449,7 +449,7 @@ where
 /// service.
 async fn wait_stored(
     target: &Target,
-    admin: &Admin<'_>,
+    admin: &Admin,
     voucher: i64,
     accepted: u64,
     clock: Instant,

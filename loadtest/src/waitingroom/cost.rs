@@ -37,7 +37,7 @@ impl PollCost {
 /// each over every instance in turn.
 pub(super) async fn poll_cost(
     target: &Target,
-    admin: &Admin<'_>,
+    admin: &Admin,
     tokens: &[Arc<str>],
     args: &WaitingRoomArgs,
 ) -> anyhow::Result<PollCost> {

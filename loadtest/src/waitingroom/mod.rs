@@ -166,7 +166,7 @@ async fn scenario(target: &Target, args: &WaitingRoomArgs) -> anyhow::Result<boo
 /// A voucher behind a room that starts `--lead` seconds after `created`;
 /// its id, and its start on this clock.
 async fn open_sale(
-    admin: &Admin<'_>,
+    admin: &Admin,
     args: &WaitingRoomArgs,
     created: DateTime<Utc>,
 ) -> anyhow::Result<(i64, Instant)> {
@@ -190,7 +190,7 @@ async fn open_sale(
 /// A one-unit voucher on sale since `since` ago, behind a room of its own
 /// (`room`: the room's settings).
 async fn side_room(
-    admin: &Admin<'_>,
+    admin: &Admin,
     title: &str,
     since: chrono::Duration,
     room: Value,
@@ -249,7 +249,7 @@ async fn crowd(room: &Arc<Room>, clients: Vec<Client>) -> anyhow::Result<Vec<See
 /// a user the room never admitted as broken.
 async fn settle(
     target: &Target,
-    admin: &Admin<'_>,
+    admin: &Admin,
     room: &Room,
     seen: &[Seen],
     expected: i64,

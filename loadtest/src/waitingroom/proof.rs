@@ -49,7 +49,7 @@ impl ProofCheck {
 /// A room that asks for proof of work: a join without one, with another
 /// user's nonce and with the user's own.
 pub(super) async fn proof_check(
-    admin: &Admin<'_>,
+    admin: &Admin,
     base: &str,
     tokens: &[Arc<str>],
     args: &WaitingRoomArgs,

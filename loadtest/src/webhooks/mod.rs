@@ -339,11 +339,7 @@ async fn kill(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
 }
 
 /// The voucher's stored order ids, once no accepted order is pending.
-async fn wait_stored(
-    admin: &Admin<'_>,
-    voucher: i64,
-    mode: SaleMode,
-) -> anyhow::Result<Vec<String>> {
+async fn wait_stored(admin: &Admin, voucher: i64, mode: SaleMode) -> anyhow::Result<Vec<String>> {
     if mode == SaleMode::Async {
         let started = Instant::now();
         while admin.stats(voucher).await?.pending > 0 && started.elapsed() < Duration::from_secs(60)
