@@ -381,11 +381,8 @@ impl Lab {
                     if answer.is_ok() {
                         // ... and the order is committed only now.
                         tokio::time::sleep(COMMIT_WINDOW).await;
-                        tx.commit().await?;
-                    } else {
-                        tx.rollback().await?;
                     }
-                    Ok(answer)
+                    settle(tx, answer).await
                 })
             })
             .await?;
@@ -421,11 +418,8 @@ impl Lab {
                     };
                     if answer.is_ok() {
                         pause(stall, StallAt::Release).await;
-                        tx.commit().await?;
-                    } else {
-                        tx.rollback().await?;
                     }
-                    Ok(answer)
+                    settle(tx, answer).await
                 })
             })
             .await?;
@@ -543,6 +537,20 @@ impl Lab {
         }
         result
     }
+}
+
+/// Ends a purchase's transaction: committed when it sold, rolled back
+/// when it was refused; the purchase's answer.
+async fn settle(
+    tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    answer: Result<i64, PurchaseError>,
+) -> sqlx::Result<Result<i64, PurchaseError>> {
+    if answer.is_ok() {
+        tx.commit().await?;
+    } else {
+        tx.rollback().await?;
+    }
+    Ok(answer)
 }
 
 /// The steps `lock_before_commit` and `for_update` share once their lock

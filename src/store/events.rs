@@ -291,24 +291,32 @@ impl Store {
 
     /// Up to `limit` held-back events put back for a retry, oldest first.
     pub async fn webhook_retries(&self, limit: i64) -> Result<Vec<OrderEvent>> {
+        self.failed_where(true, limit).await
+    }
+
+    /// Up to `limit` events whose delivery failed, oldest first.
+    pub async fn failed_events(&self, limit: i64) -> Result<Vec<OrderEvent>> {
+        self.failed_where(false, limit).await
+    }
+
+    /// Up to `limit` events of `webhook_failed`, oldest first: those put
+    /// back for a retry, or those failed and not (yet) put back.
+    async fn failed_where(&self, retry: bool, limit: i64) -> Result<Vec<OrderEvent>> {
         const SQL: &str = concat!(
             "SELECT ",
             event_columns!(),
             " FROM webhook_failed f
              JOIN order_events e ON e.tx = f.tx AND e.id = f.id
              LEFT JOIN user_refs u ON u.user_id = e.user_id
-             WHERE f.retry
+             WHERE f.retry = $2
              ORDER BY f.tx, f.id LIMIT $1"
         );
-        self.events_by_limit(SQL, limit).await
-    }
-
-    async fn events_by_limit(&self, sql: &'static str, limit: i64) -> Result<Vec<OrderEvent>> {
         self.db
             .run(move |c, persistent| {
                 Box::pin(
-                    sqlx::query_as(sql)
+                    sqlx::query_as(SQL)
                         .bind(limit)
+                        .bind(retry)
                         .persistent(persistent)
                         .fetch_all(c),
                 )
@@ -412,20 +420,6 @@ impl Store {
             .await?;
         self.webhook_advance(holder, upto, Vec::new(), Vec::new())
             .await
-    }
-
-    /// Up to `limit` events whose delivery failed, oldest first.
-    pub async fn failed_events(&self, limit: i64) -> Result<Vec<OrderEvent>> {
-        const SQL: &str = concat!(
-            "SELECT ",
-            event_columns!(),
-            " FROM webhook_failed f
-             JOIN order_events e ON e.tx = f.tx AND e.id = f.id
-             LEFT JOIN user_refs u ON u.user_id = e.user_id
-             WHERE NOT f.retry
-             ORDER BY f.tx, f.id LIMIT $1"
-        );
-        self.events_by_limit(SQL, limit).await
     }
 
     /// Puts every failed event back to be delivered, before the feed and
