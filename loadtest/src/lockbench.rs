@@ -50,26 +50,23 @@ pub async fn run(args: &LockArgs, launch: &Launch) -> anyhow::Result<Value> {
     let prefix = format!("loadtest:{}:", uuid::Uuid::new_v4().simple());
     let client = redis::Client::open(url.as_str())?;
     let locks = LockClient::new(client, prefix.clone());
-
-    let pairs_per_sec = uncontended(&locks, args).await?;
-
-    let evalsha = ceilings::redis(
-        &url,
-        &prefix,
-        u32::try_from(args.tasks).unwrap_or(50),
-        200_000,
-    )
+    let measured = async {
+        let pairs_per_sec = uncontended(&locks, args).await?;
+        let tasks = u32::try_from(args.tasks).unwrap_or(50);
+        let evalsha = ceilings::redis(&url, &prefix, tasks, 200_000).await;
+        let wake = wakeups(&locks, args.wakeups).await?;
+        let per_cycle = match args.gathered_cycles {
+            0 => None,
+            cycles => Some(gathered(cycles).await?),
+        };
+        anyhow::Ok((pairs_per_sec, evalsha, wake, per_cycle))
+    }
     .await;
-
-    let wake = wakeups(&locks, args.wakeups).await?;
-    let per_cycle = match args.gathered_cycles {
-        0 => None,
-        cycles => Some(gathered(cycles).await?),
-    };
     let _ = locks.shutdown(Duration::from_secs(5)).await;
     // Fencing-token keys outlive their locks on purpose; the benchmark's
-    // need not.
+    // need not, also when a step of it failed.
     crate::service::delete_keys(&url, &prefix).await;
+    let (pairs_per_sec, evalsha, wake, per_cycle) = measured?;
 
     let ms = |q: f64| (wake.value_at_quantile(q) as f64 / 10.0).round() / 100.0;
     println!("{:<34} {:>12}", "lock", "");
