@@ -99,7 +99,8 @@ async fn on_one_service(cli: &Cli) -> anyhow::Result<bool> {
             Target::start(cli.target.launch(instances, Vec::new())).await?
         }
     };
-    let result = run(&cli.scenario, &target, cli.target.pgbench_seconds).await;
+    let result = run(&cli.scenario, &target, cli.target.pgbench_seconds);
+    let result = service::unless_interrupted(result).await;
     target.stop().await;
     // Killing an instance takes instances of our own.
     let mut reports = result?;

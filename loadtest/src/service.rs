@@ -54,15 +54,45 @@ pub struct Launch {
 
 impl Launch {
     /// Starts the service, runs `body` on it and stops it, whatever
-    /// `body` returned.
+    /// `body` returned, and also when the driver is interrupted (Ctrl-C or
+    /// SIGTERM): the service's database and Redis keys are dropped then
+    /// too, instead of being left behind.
     pub async fn run<T>(
         self,
         body: impl AsyncFnOnce(&Target) -> anyhow::Result<T>,
     ) -> anyhow::Result<T> {
         let target = Target::start(self).await?;
-        let result = body(&target).await;
+        let result = unless_interrupted(body(&target)).await;
         target.stop().await;
         result
+    }
+}
+
+/// `work`'s result, unless the driver is interrupted first (Ctrl-C or
+/// SIGTERM): then an error that says so, and `work` is dropped, so that the
+/// caller goes on to stop the service it started and drop its database.
+pub async fn unless_interrupted<T>(
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    tokio::select! {
+        result = work => result,
+        signal = interrupted() => Err(anyhow::anyhow!(
+            "interrupted by {signal}: the services this run started are stopped and their databases dropped"
+        )),
+    }
+}
+
+/// Waits for Ctrl-C (SIGINT) or SIGTERM; which one came.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        Ok(()) = tokio::signal::ctrl_c() => "SIGINT",
+        Some(()) = term.recv() => "SIGTERM",
+        // Neither can be listened for: never interrupted.
+        else => std::future::pending().await,
     }
 }
 

@@ -104,7 +104,7 @@ pub async fn run(target_args: &TargetArgs, args: &FailoverArgs) -> anyhow::Resul
         .await?
         .map_err(anyhow::Error::msg)?;
     say!("cluster up, haproxy at {}", cluster.server);
-    let result = sale(&cluster, target_args, args).await;
+    let result = crate::service::unless_interrupted(sale(&cluster, target_args, args)).await;
     say!("stopping the cluster");
     drop(cluster);
     result

@@ -195,21 +195,27 @@ pub async fn run(target: &TargetArgs, args: &LabArgs) -> anyhow::Result<bool> {
         )
     };
     let target = Target::start(launch).await?;
-    let result = run_grid(&target, args).await;
-    let rates = match &result {
-        Ok(_) if args.rate_seconds > 0 && args.strategy.is_empty() => {
-            rates::run(&target, args).await
-        }
-        _ => Ok(Vec::new()),
-    };
-    let life = match (&result, &target.database_url) {
-        (Ok(_), Some(url)) => {
-            let prefix = format!("lablife:{}:", uuid::Uuid::new_v4().simple());
-            Some(lablife::run(url, &service::redis_url(), &prefix, args.lifecycle_orders).await)
-        }
-        _ => None,
-    };
+    let steps = service::unless_interrupted(async {
+        let result = run_grid(&target, args).await;
+        let rates = match &result {
+            Ok(_) if args.rate_seconds > 0 && args.strategy.is_empty() => {
+                rates::run(&target, args).await
+            }
+            _ => Ok(Vec::new()),
+        };
+        let life = match (&result, &target.database_url) {
+            (Ok(_), Some(url)) => {
+                let prefix = format!("lablife:{}:", uuid::Uuid::new_v4().simple());
+                let orders = args.lifecycle_orders;
+                Some(lablife::run(url, &service::redis_url(), &prefix, orders).await)
+            }
+            _ => None,
+        };
+        Ok((result, rates, life))
+    })
+    .await;
     target.stop().await;
+    let (result, rates, life) = steps?;
     let rows = result?;
     let rates = rates?;
     let life = life.transpose()?.unwrap_or_default();
