@@ -208,7 +208,9 @@ impl Admin {
 
     /// Buys the voucher's units with users the load will not use.
     pub async fn buy_out(&self, voucher: i64, token: &str) -> anyhow::Result<()> {
-        let response = reqwest::Client::new()
+        let response = self
+            .api
+            .client()
             .post(format!("{}/seckill/{voucher}", self.api.base()))
             .bearer_auth(token)
             .send()

@@ -157,9 +157,7 @@ struct Builder {
 impl Builder {
     /// A route described by its handler's annotation.
     fn documented(mut self, class: Class, route: UtoipaMethodRouter<AppState>) -> Self {
-        for path in route.1.paths.keys() {
-            self.classify(path, class);
-        }
+        self.classify_all(&route.1, class);
         self.api = self.api.routes(route);
         self
     }
@@ -167,9 +165,7 @@ impl Builder {
     /// An admin route: the admin class, and the admin's tag, token and
     /// refusals in its description.
     fn admin(mut self, route: UtoipaMethodRouter<AppState>) -> Self {
-        for path in route.1.paths.keys() {
-            self.classify(path, Class::of(RouteClass::Admin));
-        }
+        self.classify_all(&route.1, Class::of(RouteClass::Admin));
         self.admin = self.admin.routes(route);
         self
     }
@@ -178,9 +174,7 @@ impl Builder {
     /// address): a probe here, so that its description carries no `503`.
     fn described_only(mut self, route: UtoipaMethodRouter<AppState>) -> Self {
         let (_, paths, _) = route;
-        for path in paths.paths.keys() {
-            self.classify(path, Class::probe());
-        }
+        self.classify_all(&paths, Class::probe());
         self.api.get_openapi_mut().paths.paths.extend(paths.paths);
         self
     }
@@ -199,6 +193,13 @@ impl Builder {
         }
         self.plain = self.plain.merge(routes);
         self
+    }
+
+    /// Every path a handler's description names, as `class`.
+    fn classify_all(&mut self, paths: &utoipa::openapi::path::Paths, class: Class) {
+        for path in paths.paths.keys() {
+            self.classify(path, class);
+        }
     }
 
     fn classify(&mut self, path: &str, class: Class) {

@@ -86,11 +86,22 @@ impl AdminApi {
     /// The admin API at `base` (`http://host:port`) with `token`; a refusal
     /// is the answer at once.
     pub fn new(base: impl Into<String>, token: impl Into<String>) -> Self {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .expect("an HTTP client");
+        Self::using(client, base, token)
+    }
+
+    /// [`AdminApi::new`] through the caller's `client` (its connections
+    /// and its timeout).
+    pub fn using(
+        client: reqwest::Client,
+        base: impl Into<String>,
+        token: impl Into<String>,
+    ) -> Self {
         Self {
-            client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(120))
-                .build()
-                .expect("an HTTP client"),
+            client,
             base: base.into(),
             token: token.into(),
             patience: 0,
@@ -112,6 +123,11 @@ impl AdminApi {
         &self.base
     }
 
+    /// The HTTP client it calls with (its timeout bounds every call).
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
     /// `method path` with `body`: the answer's JSON (null for none), or an
     /// error naming the route, the status and the body.
     pub async fn call(
@@ -120,6 +136,19 @@ impl AdminApi {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<Value> {
+        let (status, answer) = self.answer(method, path, body).await?;
+        anyhow::ensure!(status.is_success(), "{path}: {status} {answer}");
+        Ok(answer)
+    }
+
+    /// `method path` with `body`: the status and the answer's JSON (null
+    /// for none), whatever the status.
+    async fn answer(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<(StatusCode, Value)> {
         let mut refused = 0;
         let response = loop {
             let mut request = self
@@ -156,8 +185,7 @@ impl AdminApi {
         } else {
             serde_json::from_str(&text).with_context(|| format!("{path}: {status} {text}"))?
         };
-        anyhow::ensure!(status.is_success(), "{path}: {status} {body}");
-        Ok(body)
+        Ok((status, body))
     }
 
     /// A GET, its answer read as `T`.
@@ -166,11 +194,12 @@ impl AdminApi {
         serde_json::from_value(answer.clone()).with_context(|| format!("{path}: {answer}"))
     }
 
-    /// A voucher from a whole `POST /admin/vouchers` body: its id.
+    /// A voucher from a whole `POST /admin/vouchers` body: its id (the
+    /// answer must be `201 Created`).
     pub async fn create_voucher(&self, body: &Value) -> anyhow::Result<i64> {
-        let created = self
-            .call(Method::POST, "/admin/vouchers", Some(body))
-            .await?;
+        let path = "/admin/vouchers";
+        let (status, created) = self.answer(Method::POST, path, Some(body)).await?;
+        anyhow::ensure!(status == StatusCode::CREATED, "{path}: {status} {created}");
         created["id"]
             .as_i64()
             .with_context(|| format!("no id in {created}"))
@@ -185,6 +214,7 @@ impl AdminApi {
         }
         #[derive(serde::Deserialize)]
         struct UserToken {
+            user_id: i64,
             token: String,
         }
         let mut tokens = Vec::with_capacity(user_ids.len());
@@ -194,10 +224,11 @@ impl AdminApi {
                 .call(Method::POST, "/admin/tokens", Some(&body))
                 .await?;
             let minted: Minted = serde_json::from_value(answer).context("the tokens' answer")?;
+            let minted_for: Vec<i64> = minted.tokens.iter().map(|t| t.user_id).collect();
             anyhow::ensure!(
-                minted.tokens.len() == ids.len(),
-                "minted {} tokens of {}",
-                minted.tokens.len(),
+                minted_for == ids,
+                "tokens minted for {} users, not the {} asked for in their order",
+                minted_for.len(),
                 ids.len()
             );
             tokens.extend(minted.tokens.into_iter().map(|t| t.token));

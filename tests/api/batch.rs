@@ -378,9 +378,9 @@ async fn shutdown_stops_every_background_worker_within_its_timeout() {
             "end_time": now + chrono::Duration::hours(1),
         })
     };
-    let sync = create_voucher_at(&base, voucher("sync")).await;
-    let async_sale = create_voucher_at(&base, voucher("async")).await;
-    let tokens = tokens_at(&base, [1, 2]).await;
+    let sync = create_voucher_at(&client, &base, voucher("sync")).await;
+    let async_sale = create_voucher_at(&client, &base, voucher("async")).await;
+    let tokens = tokens_at(&client, &base, [1, 2]).await;
     let (status, _) = buy(&client, &base, &tokens[&1], sync).await;
     assert_eq!(status, StatusCode::OK);
     let accepted = crate::helpers::send_purchase(

@@ -313,7 +313,7 @@ impl TestApp {
 
     /// Creates a voucher from a whole `POST /admin/vouchers` body.
     pub async fn create_voucher_from(&self, body: Value) -> i64 {
-        create_voucher_at(&self.base, body).await
+        create_voucher_at(&self.client, &self.base, body).await
     }
 
     /// A voucher on sale from a minute ago for an hour.
@@ -348,7 +348,7 @@ impl TestApp {
 
     /// Tokens for these users, minted through the admin API.
     pub async fn tokens(&self, user_ids: impl IntoIterator<Item = i64>) -> HashMap<i64, String> {
-        tokens_at(&self.base, user_ids).await
+        tokens_at(&self.client, &self.base, user_ids).await
     }
 
     pub async fn token(&self, user_id: i64) -> String {
@@ -428,8 +428,8 @@ pub async fn answer(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
 
 /// Creates a voucher on the service at `base` from a whole `POST
 /// /admin/vouchers` body; its id.
-pub async fn create_voucher_at(base: &str, body: Value) -> i64 {
-    testkit::AdminApi::new(base, ADMIN_TOKEN)
+pub async fn create_voucher_at(client: &reqwest::Client, base: &str, body: Value) -> i64 {
+    testkit::AdminApi::using(client.clone(), base, ADMIN_TOKEN)
         .create_voucher(&body)
         .await
         .expect("create voucher")
@@ -482,11 +482,12 @@ pub struct Answer {
 /// Tokens for these users, minted through the admin API of the instance
 /// at `base`.
 pub async fn tokens_at(
+    client: &reqwest::Client,
     base: &str,
     user_ids: impl IntoIterator<Item = i64>,
 ) -> HashMap<i64, String> {
     let ids: Vec<i64> = user_ids.into_iter().collect();
-    let tokens = testkit::AdminApi::new(base, ADMIN_TOKEN)
+    let tokens = testkit::AdminApi::using(client.clone(), base, ADMIN_TOKEN)
         .tokens(&ids, 86_400)
         .await
         .expect("mint tokens");

@@ -438,6 +438,7 @@ async fn a_restarted_instance_expires_the_deadlines_that_passed_while_it_was_dow
     let base = running.base.clone();
     let now = Utc::now();
     let voucher = create_voucher_at(
+        &client,
         &base,
         json!({
             "title": "restart", "stock": 2, "pay_within_seconds": 1,
@@ -446,7 +447,7 @@ async fn a_restarted_instance_expires_the_deadlines_that_passed_while_it_was_dow
         }),
     )
     .await;
-    let token = tokens_at(&base, [1]).await.remove(&1).unwrap();
+    let token = tokens_at(&client, &base, [1]).await.remove(&1).unwrap();
     let (status, order) = buy(&client, &base, &token, voucher).await;
     assert_eq!(status, StatusCode::OK);
     let order = order.trim_start_matches("ok:").to_owned();
@@ -699,6 +700,7 @@ async fn every_instance_killed_while_deadlines_pass_loses_no_expiry() {
     let client = crate::helpers::client();
     let now = Utc::now();
     let voucher = create_voucher_at(
+        &client,
         first.base(),
         json!({
             "title": "killed", "stock": 40, "pay_within_seconds": 1,
@@ -707,7 +709,7 @@ async fn every_instance_killed_while_deadlines_pass_loses_no_expiry() {
         }),
     )
     .await;
-    let tokens = tokens_at(first.base(), 1..=40).await;
+    let tokens = tokens_at(&client, first.base(), 1..=40).await;
     for (user, token) in &tokens {
         let base = if user % 2 == 0 {
             first.base()
