@@ -386,7 +386,7 @@ async fn an_instance_whose_clock_runs_fast_does_not_open_the_sale_early() {
     let app = spawn_app().await;
     let mut fast = app.settings();
     fast.fault_clock_skew_ms = 30_000;
-    let fast_base = crate::helpers::start(fast).await;
+    let fast_base = app.spawn_instance_with(fast).await;
     let now = Utc::now();
     let voucher = app
         .create_voucher(

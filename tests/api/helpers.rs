@@ -79,6 +79,9 @@ pub struct TestApp {
     settings: Settings,
     /// The lease of the lab's locks, where the lab is mounted.
     lab: Option<Duration>,
+    /// Every instance serving this app's database and keys: stopped before
+    /// they are removed, so that none writes a key after the clean-up.
+    running: std::sync::Mutex<Vec<Stoppable>>,
 }
 
 /// A fresh database and Redis prefix, and an app serving them.
@@ -123,18 +126,19 @@ pub async fn spawn_app_mounting(
     let db_url = format!("{}/{db_name}", pg_server());
     let prefix = format!("test:{}:", Uuid::new_v4().simple());
     let settings = adjust(settings(&db_url, &redis_url(), &prefix));
-    let base = start_mounting(settings.clone(), lab).await;
+    let first = start_stoppable_mounting(settings.clone(), lab).await;
     let db = PgPool::connect(&db_url)
         .await
         .expect("the test database answers");
     TestApp {
-        base,
+        base: first.base.clone(),
         client: client(),
         db_name,
         prefix,
         db,
         settings,
         lab,
+        running: std::sync::Mutex::new(vec![first]),
     }
 }
 
@@ -153,26 +157,6 @@ pub fn client() -> reqwest::Client {
         .expect("an HTTP client")
 }
 
-/// Builds and serves an app on this test's runtime; returns its base URL.
-pub async fn start(settings: Settings) -> String {
-    start_mounting(settings, None).await
-}
-
-/// Like [`start`], with the lab mounted (its locks' lease `lab`) when
-/// given.
-pub async fn start_mounting(settings: Settings, lab: Option<Duration>) -> String {
-    let mut app = Application::build(settings).await.expect("the app builds");
-    if let Some(lease) = lab {
-        let lab = seckill_lab::mount(&app, lease)
-            .await
-            .expect("the lab mounts");
-        app.mount(lab);
-    }
-    let addr: SocketAddr = app.local_addr();
-    tokio::spawn(app.run_until(std::future::pending()));
-    format!("http://{addr}")
-}
-
 /// A running app whose shutdown the test triggers: `stop` starts it, and
 /// `stopped` ends when `run_until` returned.
 pub struct Stoppable {
@@ -181,10 +165,24 @@ pub struct Stoppable {
     pub stopped: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-/// Builds and serves an app that stops when the test says so.
+/// Builds and serves an app on this test's runtime that stops when the
+/// test says so.
 pub async fn start_stoppable(settings: Settings) -> Stoppable {
-    let app = Application::build(settings).await.expect("the app builds");
-    let base = format!("http://{}", app.local_addr());
+    start_stoppable_mounting(settings, None).await
+}
+
+/// Like [`start_stoppable`], with the lab mounted (its locks' lease `lab`)
+/// when given.
+pub async fn start_stoppable_mounting(settings: Settings, lab: Option<Duration>) -> Stoppable {
+    let mut app = Application::build(settings).await.expect("the app builds");
+    if let Some(lease) = lab {
+        let lab = seckill_lab::mount(&app, lease)
+            .await
+            .expect("the lab mounts");
+        app.mount(lab);
+    }
+    let addr: SocketAddr = app.local_addr();
+    let base = format!("http://{addr}");
     let (stop, signal) = tokio::sync::oneshot::channel::<()>();
     let stopped = tokio::spawn(app.run_until(async move {
         let _ = signal.await;
@@ -282,7 +280,20 @@ impl TestApp {
 
     /// Another instance of the service on the same database and Redis.
     pub async fn spawn_instance(&self) -> String {
-        start_mounting(self.settings.clone(), self.lab).await
+        self.keep(start_stoppable_mounting(self.settings.clone(), self.lab).await)
+    }
+
+    /// Another instance on `settings` (this app's, changed), without the
+    /// lab.
+    pub async fn spawn_instance_with(&self, settings: Settings) -> String {
+        self.keep(start_stoppable(settings).await)
+    }
+
+    /// `instance`'s base URL; it is stopped with this app.
+    fn keep(&self, instance: Stoppable) -> String {
+        let base = instance.base.clone();
+        self.running.lock().unwrap().push(instance);
+        base
     }
 
     /// The prefix of every Redis key this app writes: the test's prefix and
@@ -406,6 +417,22 @@ impl Drop for TestApp {
     fn drop(&mut self) {
         let db_name = self.db_name.clone();
         let prefix = self.prefix.clone();
+        let running = std::mem::take(&mut *self.running.lock().unwrap_or_else(|e| e.into_inner()));
+        // The instances run on the test's runtime. With worker threads, they
+        // go on while this thread waits here: stop them and wait (bounded)
+        // until they have, or one (an async sale's writer, say) may write a
+        // key after the clean-up. A runtime on this thread alone runs none
+        // of them until this returns, and ends with the test.
+        let wait = tokio::runtime::Handle::try_current().is_ok_and(|runtime| {
+            runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+        });
+        let stopped: Vec<_> = running
+            .into_iter()
+            .map(|instance| {
+                let _ = instance.stop.send(());
+                instance.stopped
+            })
+            .collect();
         // Drop cannot await, and this test's runtime is busy unwinding or
         // ending: clean up on a runtime of our own.
         let cleanup = std::thread::spawn(move || {
@@ -413,7 +440,13 @@ impl Drop for TestApp {
                 .enable_all()
                 .build()
                 .unwrap();
-            runtime.block_on(drop_database(&db_name, &prefix));
+            runtime.block_on(async move {
+                if wait {
+                    let all = futures_util::future::join_all(stopped);
+                    let _ = tokio::time::timeout(Duration::from_secs(15), all).await;
+                }
+                drop_database(&db_name, &prefix).await;
+            });
         });
         let _ = cleanup.join();
     }

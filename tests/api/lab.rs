@@ -648,7 +648,7 @@ async fn the_lab_tables_exist_only_where_the_lab_ran_and_such_a_database_still_s
     // The database now lists the lab's migration, which the service's own
     // set lacks (as a database migrated by an earlier version does): an
     // instance without the lab still starts on it, and sells.
-    let without = crate::helpers::start(lab.settings()).await;
+    let without = lab.spawn_instance_with(lab.settings()).await;
     let voucher = lab.open_voucher(1).await;
     let token = lab.token(1).await;
     let (status, _) = crate::helpers::buy(&lab.client, &without, &token, voucher).await;

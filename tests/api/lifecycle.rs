@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::helpers::{
     answer, buy, create_voucher_at, drop_database, notify, pg_server, poll_until, redis_url,
-    send_purchase, signature, spawn_app, spawn_app_on_redis, spawn_app_with, start, start_process,
+    send_purchase, signature, spawn_app, spawn_app_on_redis, spawn_app_with, start_process,
     start_stoppable, tokens_at, OwnRedis, TestApp,
 };
 
@@ -468,10 +468,10 @@ async fn a_restarted_instance_expires_the_deadlines_that_passed_while_it_was_dow
         "unpaid",
         "nothing expires while no instance runs"
     );
-    let restarted = start(settings).await;
+    let mut restarted = start_stoppable(settings).await;
     let ready = std::time::Instant::now();
     let answer = client
-        .get(format!("{restarted}/readyz"))
+        .get(format!("{}/readyz", restarted.base))
         .send()
         .await
         .unwrap();
@@ -490,6 +490,8 @@ async fn a_restarted_instance_expires_the_deadlines_that_passed_while_it_was_dow
         .unwrap();
     assert_eq!(stock, 2);
     db.close().await;
+    let _ = restarted.stop.send(());
+    let _ = (&mut restarted.stopped).await;
     drop_database(&db_name, &prefix).await;
 }
 
