@@ -24,6 +24,9 @@ pub struct Key {
     pub kid: Option<String>,
     pub algorithm: Algorithm,
     pub decoding: DecodingKey,
+    /// The key's own numbers (its JWK parameters), to tell a key replaced
+    /// under the same `kid` from the same key.
+    pub(super) material: String,
 }
 
 /// Where the set comes from.
@@ -107,8 +110,18 @@ impl Jwks {
 
     /// Fetches the set unless one was fetched less than 5 s ago (or a
     /// fetch is running: this one then waits for it and reports
-    /// `TooSoon`, the set being as fresh as it gets).
-    pub async fn refresh(&self) -> Fetched {
+    /// `TooSoon`, the set being as fresh as it gets). The fetch is a task
+    /// of its own: a caller that gives up (a request whose client hung up)
+    /// does not cut it off half-way, which would leave the set unfetched
+    /// for 5 s and the callers waiting on it refused.
+    pub async fn refresh(this: &Arc<Self>) -> Fetched {
+        let set = Arc::clone(this);
+        tokio::spawn(async move { set.refresh_here().await })
+            .await
+            .unwrap_or(Fetched::Failed)
+    }
+
+    async fn refresh_here(&self) -> Fetched {
         let mut last = match self.fetch.try_lock() {
             Ok(last) => last,
             Err(_) => {
@@ -143,9 +156,9 @@ impl Jwks {
         let mut held = self.keys.write().expect("never poisoned");
         let removed = held.as_ref().is_some_and(|old| {
             old.iter().any(|o| {
-                !keys
-                    .iter()
-                    .any(|k| k.kid == o.kid && k.algorithm == o.algorithm)
+                !keys.iter().any(|k| {
+                    k.kid == o.kid && k.algorithm == o.algorithm && k.material == o.material
+                })
             })
         });
         if removed {
@@ -156,8 +169,9 @@ impl Jwks {
         Ok(removed)
     }
 
-    /// Grows each time a load drops a key: what was verified with an
-    /// older generation is verified again.
+    /// Grows each time a load drops a key (or replaces one under its
+    /// `kid`): what was verified with an older generation is verified
+    /// again.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
@@ -242,6 +256,7 @@ fn key(jwk: &Jwk) -> Option<Key> {
         kid: jwk.common.key_id.clone(),
         algorithm: allowed,
         decoding: DecodingKey::from_jwk(jwk).ok()?,
+        material: serde_json::to_string(&jwk.algorithm).ok()?,
     })
 }
 
@@ -271,6 +286,42 @@ mod tests {
         assert_eq!(of("r"), Algorithm::RS256);
         assert_eq!(of("r-named"), Algorithm::RS256);
         assert_eq!(of("ed"), Algorithm::EdDSA);
+    }
+
+    #[tokio::test]
+    async fn a_key_dropped_or_replaced_under_its_kid_is_a_new_generation() {
+        let dir = std::env::temp_dir().join(format!("jwks-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("jwks.json");
+        let set = |n: &str, more: &str| {
+            format!(r#"{{"keys":[{{"kty":"RSA","kid":"r","n":"{n}","e":"AQAB"}}{more}]}}"#)
+        };
+        let ed = r#",{"kty":"OKP","kid":"ed","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}"#;
+        let other_n = format!("{}A", &RSA_N[..RSA_N.len() - 1]);
+        let jwks = Jwks::new(Source::File(path.clone()));
+        let mut steps = Vec::new();
+        for (text, what) in [
+            (set(RSA_N, ed), "first"),
+            (set(RSA_N, ed), "the same set"),
+            (set(RSA_N, ""), "a key dropped"),
+            (set(RSA_N, ""), "the same again"),
+            (set(&other_n, ""), "another key under the same kid"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let removed = jwks.load().await.unwrap();
+            steps.push((what, removed, jwks.generation()));
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            steps,
+            [
+                ("first", false, 0),
+                ("the same set", false, 0),
+                ("a key dropped", true, 1),
+                ("the same again", false, 1),
+                ("another key under the same kid", true, 2),
+            ]
+        );
     }
 
     #[test]

@@ -31,20 +31,30 @@ pub enum JwtError {
 
 /// The settings of JWT sign-in, and its keys.
 pub struct JwtVerifier {
+    issuer: String,
+    leeway: u64,
     hs256: Option<DecodingKey>,
     jwks: Option<Arc<Jwks>>,
     /// One validation per algorithm, made once: each pins its algorithm.
     validations: HashMap<Algorithm, Validation>,
 }
 
+/// The claims read here. The library checks `iss`, `aud`, `exp` and `nbf`
+/// too, but takes an `iss` list that contains the issuer and passes over an
+/// `nbf` it cannot read as a time: the contract refuses both.
 #[derive(serde::Deserialize)]
 struct Claims {
     sub: Option<String>,
     exp: Option<f64>,
+    iss: Option<serde_json::Value>,
+    nbf: Option<serde_json::Value>,
 }
 
 /// Longest `sub` taken, in bytes.
 pub const MAX_SUBJECT_BYTES: usize = 255;
+/// The latest `exp` taken as it is (9999-12-31T23:59:59Z): a later one
+/// stands for "never" and is read as this, so that no sum overflows.
+const LATEST_EXPIRY: f64 = 253_402_300_799.0;
 
 impl JwtVerifier {
     pub fn new(
@@ -73,6 +83,8 @@ impl JwtVerifier {
         })
         .collect();
         Self {
+            issuer: issuer.to_owned(),
+            leeway: leeway_seconds,
             hs256: hs256.map(DecodingKey::from_secret),
             jwks,
             validations,
@@ -83,8 +95,9 @@ impl JwtVerifier {
         self.jwks.as_ref()
     }
 
-    /// The subject of `token`, if it is genuine and valid now.
-    pub async fn verify(&self, token: &str) -> Result<Verified, JwtError> {
+    /// The subject of `token`, if it is genuine and valid at `now` (Unix
+    /// seconds).
+    pub async fn verify(&self, token: &str, now: i64) -> Result<Verified, JwtError> {
         let header = decode_header(token).map_err(|e| rejected(e.kind()))?;
         let key = self.key_for(&header).await?;
         let validation = self.validations.get(&key.algorithm).ok_or_else(|| {
@@ -95,16 +108,36 @@ impl JwtVerifier {
         // The library requires both; read as options, their absence is
         // said as such rather than as malformed JSON.
         let missing = |claim: &str| JwtError::Rejected(format!("the token has no {claim} claim"));
-        let subject = data.claims.sub.ok_or_else(|| missing("sub"))?;
-        let expires = data.claims.exp.ok_or_else(|| missing("exp"))?;
+        let claims = data.claims;
+        let subject = claims.sub.ok_or_else(|| missing("sub"))?;
+        let expires = claims.exp.ok_or_else(|| missing("exp"))?;
+        if claims.iss.as_ref().and_then(serde_json::Value::as_str) != Some(&self.issuer) {
+            return Err(rejected(&ErrorKind::InvalidIssuer));
+        }
+        if let Some(nbf) = claims.nbf {
+            let nbf = nbf
+                .as_f64()
+                .filter(|nbf| *nbf >= 0.0)
+                .ok_or_else(|| JwtError::Rejected("the token's nbf is not a time".into()))?;
+            if nbf > now as f64 + self.leeway as f64 {
+                return Err(rejected(&ErrorKind::ImmatureSignature));
+            }
+        }
         if subject.is_empty() || subject.len() > MAX_SUBJECT_BYTES {
             return Err(JwtError::Rejected(format!(
                 "the token's sub must be 1 to {MAX_SUBJECT_BYTES} bytes"
             )));
         }
+        // No text column (nor most software) keeps one.
+        if subject.contains('\0') {
+            return Err(JwtError::Rejected(
+                "the token's sub contains a NUL character".into(),
+            ));
+        }
         Ok(Verified {
             subject,
-            expires: expires as i64,
+            // `as` saturates; a NaN cannot come out of JSON.
+            expires: expires.min(LATEST_EXPIRY) as i64,
         })
     }
 
@@ -120,6 +153,7 @@ impl JwtVerifier {
                     kid: None,
                     algorithm: Algorithm::HS256,
                     decoding,
+                    material: String::new(),
                 })
                 .ok_or_else(|| JwtError::Rejected("HS256 tokens are not accepted here".into()));
         }
@@ -141,7 +175,7 @@ impl JwtVerifier {
             Some(kid) => match find(&keys, kid) {
                 Some(key) => key,
                 None => {
-                    let refreshed = match jwks.refresh().await {
+                    let refreshed = match Jwks::refresh(jwks).await {
                         Fetched::Loaded { .. } | Fetched::TooSoon => jwks.keys(),
                         Fetched::Failed => None,
                     };

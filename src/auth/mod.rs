@@ -70,7 +70,10 @@ struct UntilExpiry {
 
 impl moka::Expiry<[u8; 32], Signed> for UntilExpiry {
     fn expire_after_create(&self, _: &[u8; 32], value: &Signed, _: Instant) -> Option<Duration> {
-        let left = value.expires + self.leeway - chrono::Utc::now().timestamp();
+        let left = value
+            .expires
+            .saturating_add(self.leeway)
+            .saturating_sub(chrono::Utc::now().timestamp());
         Some(Duration::from_secs(u64::try_from(left.max(1)).unwrap_or(1)))
     }
 }
@@ -154,19 +157,23 @@ impl Authenticator {
         let generation = jwt.verifier.jwks().map_or(0, |jwks| jwks.generation());
         if let Some(hit) = jwt.verified.get(&digest) {
             if hit.generation == generation {
-                if hit.expires + jwt.leeway < now_unix {
+                if hit.expires.saturating_add(jwt.leeway) < now_unix {
                     return Err(AuthError::Unauthorized("the token has expired".into()));
                 }
                 return Ok(hit.user);
             }
         }
-        let verified = jwt.verifier.verify(token).await.map_err(|e| match e {
-            JwtError::Rejected(why) => AuthError::Unauthorized(why),
-            JwtError::KeysNotLoaded => AuthError::Unavailable {
-                dependency: "the identity provider's JWK Set",
-                detail: e.to_string(),
-            },
-        })?;
+        let verified = jwt
+            .verifier
+            .verify(token, now_unix)
+            .await
+            .map_err(|e| match e {
+                JwtError::Rejected(why) => AuthError::Unauthorized(why),
+                JwtError::KeysNotLoaded => AuthError::Unavailable {
+                    dependency: "the identity provider's JWK Set",
+                    detail: e.to_string(),
+                },
+            })?;
         let user = jwt.subjects.user(&verified.subject).await?;
         jwt.verified.insert(
             digest,
@@ -194,7 +201,7 @@ async fn refresh_forever(jwks: Weak<Jwks>) {
     loop {
         tokio::time::sleep(wait).await;
         let Some(set) = jwks.upgrade() else { return };
-        let fetched = set.refresh().await;
+        let fetched = Jwks::refresh(&set).await;
         wait = match (fetched, set.keys().is_some()) {
             (_, false) | (Fetched::TooSoon, true) => MIN_FETCH_INTERVAL,
             (Fetched::Failed, true) => Duration::from_secs(30),

@@ -175,11 +175,18 @@ async fn path_segment<S: Send + Sync>(parts: &mut Parts, state: &S) -> Result<St
         .map_err(|rejection| ApiError::BadRequest(rejection.body_text()))
 }
 
+/// The longest bearer token read: a JWT with a few claims is under 1 KB,
+/// and a longer one is not hashed, decoded and parsed to be refused.
+const MAX_TOKEN_BYTES: usize = 8 * 1024;
+
 /// The token after `Bearer ` in the Authorization header, if any.
 pub(super) fn bearer(headers: &HeaderMap) -> Result<&str, &'static str> {
     let value = headers
         .get(header::AUTHORIZATION)
         .ok_or("missing Authorization header")?;
+    if value.len() > MAX_TOKEN_BYTES + "Bearer ".len() {
+        return Err("the bearer token is over 8 KiB");
+    }
     let value = value
         .to_str()
         .map_err(|_| "the Authorization header is not ASCII")?;

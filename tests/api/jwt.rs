@@ -189,6 +189,18 @@ async fn a_jwt_signs_a_buyer_in_whose_sub_is_their_user_or_maps_to_a_stable_one(
     }
     ids.dedup();
     assert_eq!(ids.len(), 3, "three subs, three users: {ids:?}");
+    // An exp past any date stands for "never": it signs in, the second
+    // time too (from the verified tokens), and the sum with the leeway
+    // overflows nowhere.
+    let forever = hs256(&json!({ "iss": ISSUER, "aud": AUDIENCE, "sub": "77", "exp": u64::MAX }));
+    let (status, body) = purchase(&app, voucher, &forever).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = purchase(&app, voucher, &forever).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("already_purchased")),
+        "{body}"
+    );
     // A v1 token's order shows no sub.
     let (_, body) = purchase(&app, voucher, &app.token(7).await).await;
     let (_, order) = app
@@ -273,6 +285,31 @@ async fn every_key_type_verifies_and_every_bad_token_is_401_saying_why_and_nothi
             rsa.sign(&with(json!({ "iss": "https://evil.test/" }))),
             "issuer",
         ),
+        (
+            "an issuer list that holds the issuer",
+            rsa.sign(&with(json!({ "iss": [ISSUER, "https://evil.test/"] }))),
+            "issuer",
+        ),
+        (
+            "an nbf that is text",
+            rsa.sign(&with(json!({ "nbf": "4102444800" }))),
+            "nbf",
+        ),
+        (
+            "a negative nbf",
+            rsa.sign(&with(json!({ "nbf": -1 }))),
+            "nbf",
+        ),
+        (
+            "a NUL in the sub",
+            rsa.sign(&with(json!({ "sub": "a\u{0}b" }))),
+            "NUL",
+        ),
+        (
+            "a token over 8 KiB",
+            rsa.sign(&with(json!({ "pad": "x".repeat(9_000) }))),
+            "8 KiB",
+        ),
         ("no exp", rsa.sign(&without_exp), "exp"),
         ("no sub", rsa.sign(&with(json!({ "sub": null }))), "sub"),
         (
@@ -316,12 +353,14 @@ async fn every_key_type_verifies_and_every_bad_token_is_401_saying_why_and_nothi
     );
 }
 
-/// A JWK Set served over HTTP: what it serves (or `None`: a 500), and
-/// how many times it was fetched.
+/// A JWK Set served over HTTP: what it serves (or `None`: a 500), after
+/// how long, and how many times it was fetched and answered.
 #[derive(Clone, Default)]
 struct JwksServer {
     set: Arc<Mutex<Option<String>>>,
+    delay: Arc<Mutex<Duration>>,
     fetches: Arc<Mutex<usize>>,
+    answered: Arc<Mutex<usize>>,
 }
 
 impl JwksServer {
@@ -339,7 +378,11 @@ impl JwksServer {
                 let state = state.clone();
                 async move {
                     *state.fetches.lock().unwrap() += 1;
-                    match state.set.lock().unwrap().clone() {
+                    let delay = *state.delay.lock().unwrap();
+                    tokio::time::sleep(delay).await;
+                    let set = state.set.lock().unwrap().clone();
+                    *state.answered.lock().unwrap() += 1;
+                    match set {
                         Some(set) => (axum::http::StatusCode::OK, set),
                         None => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, String::new()),
                     }
@@ -357,6 +400,53 @@ impl JwksServer {
     fn fetches(&self) -> usize {
         *self.fetches.lock().unwrap()
     }
+
+    fn answered(&self) -> usize {
+        *self.answered.lock().unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_for_a_new_kid_completes_though_the_request_that_started_it_gave_up() {
+    let (a, b) = (es256_key("a"), es256_key("b"));
+    let (server, url) = JwksServer::start().await;
+    server.serve(Some(jwk_set(&[&a])));
+    let app = jwt_app(Some(url)).await;
+    app.wait_ready().await;
+    let voucher = app.open_voucher(10).await;
+    // b is published, and the identity provider is slow. Once the start's
+    // fetch is 5 s old, a token of b starts a fetch; its client hangs up
+    // long before the answer.
+    server.serve(Some(jwk_set(&[&a, &b])));
+    *server.delay.lock().unwrap() = Duration::from_millis(1_500);
+    tokio::time::sleep(Duration::from_millis(5_200)).await;
+    let before = server.fetches();
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let gave_up = impatient
+        .post(app.url(&format!("/seckill/{voucher}")))
+        .bearer_auth(b.sign(&claims("1")))
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the request waited for the fetch");
+    assert_eq!(server.fetches(), before + 1, "the token started a fetch");
+    // The fetch ran to its end: b is known within the 5 s in which no other
+    // fetch may start. (Cut off with its request, it would have left b
+    // unknown, and every token of b refused, until the next fetch.)
+    poll_until(
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        "the fetch answered",
+        || async { server.answered() },
+        |n| *n > before,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, body) = purchase(&app, voucher, &b.sign(&claims("2"))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(server.fetches(), before + 1, "no second fetch was needed");
 }
 
 #[tokio::test]
