@@ -78,7 +78,8 @@ impl Delivery {
 }
 
 /// Delivers until `stop`. One instance at a time sends (the holder of the
-/// cursor's lease); the others wait to take over when its lease runs out.
+/// cursor's lease); the others wait to take over when its lease runs out,
+/// or at once when its instance stops (it gives the lease back).
 pub async fn deliver(store: Store, settings: WebhookSettings, stop: CancellationToken) {
     let client = reqwest::Client::builder()
         .timeout(settings.timeout)
@@ -103,7 +104,14 @@ pub async fn deliver(store: Store, settings: WebhookSettings, stop: Cancellation
             }
         };
         tokio::select! {
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => {
+                // Within the dependency deadline, as every query; if it
+                // fails, the lease runs out as for an instance killed.
+                if let Err(error) = store.release_webhook_lease(me).await {
+                    tracing::warn!(%error, "webhooks: the lease was not given back; it runs out");
+                }
+                return;
+            }
             () = tokio::time::sleep(wait) => {}
         }
     }
@@ -138,8 +146,16 @@ async fn deliver_once(
         Vec::new()
     };
     let (send, upto, held) = if retries.is_empty() {
-        let feed = store.feed(cursor.after, batch).await?;
+        let feed = store.feed(cursor.after, cursor.failing_upto, batch).await?;
         let Some(last) = feed.last() else {
+            if cursor.failing_upto.is_some() {
+                // Nothing left of the failing batch (none is expected):
+                // the cursor moves to its end, and the feed goes on.
+                store
+                    .webhook_advance(me, cursor.failing_upto, Vec::new(), Vec::new())
+                    .await?;
+                return Ok(Duration::ZERO);
+            }
             return Ok(IDLE_POLL);
         };
         let upto = Some(last.event.id);
@@ -183,7 +199,9 @@ async fn deliver_once(
                     .saturating_add(1),
             );
             tracing::warn!(reason = %why, retry_in_ms = wait.as_millis() as u64, "webhook delivery failed");
-            let Some((_, first)) = store.webhook_failed_attempt(me, wait, why.clone()).await?
+            let Some((_, first)) = store
+                .webhook_failed_attempt(me, wait, why.clone(), upto)
+                .await?
             else {
                 return Ok(Duration::ZERO);
             };

@@ -24,8 +24,9 @@ macro_rules! event_columns {
 }
 
 /// The feed, for its readers and the webhooks alike: events past the
-/// cursor `($1, $2)` whose transaction is older than every one still
-/// running, so that none can commit behind the cursor later (see the
+/// cursor `($1, $2)`, up to `($4, $5)` (a failing batch's last event; the
+/// end of the feed otherwise), whose transaction is older than every one
+/// still running, so that none can commit behind the cursor later (see the
 /// migration's note on `tx`); each with whether its order has an event
 /// held back by the webhooks (failed, or waiting for its retry), which
 /// they must not overtake.
@@ -35,10 +36,14 @@ const FEED: &str = concat!(
     ", EXISTS (SELECT 1 FROM webhook_failed f WHERE f.order_id = e.order_id) AS held
      FROM order_events e LEFT JOIN user_refs u ON u.user_id = e.user_id
      WHERE (e.tx, e.id) > ($1::text::xid8, $2)
+       AND (e.tx, e.id) <= ($4::text::xid8, $5)
        AND e.tx < pg_snapshot_xmin(pg_current_snapshot())
      ORDER BY e.tx, e.id
      LIMIT $3"
 );
+
+/// The feed's end, as [`FEED`]'s upper bound: past every event.
+const FEED_END: (&str, i64) = ("18446744073709551615", i64::MAX);
 
 /// Moves the cursor forward to `($2, $3)` for holder `$1` (never back),
 /// holds back the events `$4` (tx), `$5` (id), `$6` (order) behind their
@@ -50,7 +55,8 @@ WITH cursor AS (
     UPDATE webhook_cursor
     SET after_tx = greatest(after_tx, $2::text::xid8),
         after_id = CASE WHEN (after_tx, after_id) < ($2::text::xid8, $3) THEN $3 ELSE after_id END,
-        failures = 0, first_failure_at = NULL, next_attempt_at = now(), last_error = NULL
+        failures = 0, first_failure_at = NULL, next_attempt_at = now(), last_error = NULL,
+        failing_upto_tx = NULL, failing_upto_id = NULL
     WHERE holder = $1
     RETURNING 1
 ), held AS (
@@ -109,6 +115,9 @@ pub struct WebhookCursor {
     pub after: EventId,
     /// Failed attempts in a row at the head of the feed.
     pub failures: i32,
+    /// The last event of the batch that is failing: it is retried as it
+    /// was, no event added.
+    pub failing_upto: Option<EventId>,
     pub first_failure_at: Option<DateTime<Utc>>,
     pub next_attempt_at: DateTime<Utc>,
     /// Held-back events wait for their retry: they go before the feed.
@@ -120,6 +129,10 @@ impl FromRow<'_, PgRow> for WebhookCursor {
         Ok(Self {
             after: event_id(row, "after_tx", "after_id")?,
             failures: row.try_get("failures")?,
+            failing_upto: match row.try_get::<Option<i64>, _>("failing_upto_tx")? {
+                Some(_) => Some(event_id(row, "failing_upto_tx", "failing_upto_id")?),
+                None => None,
+            },
             first_failure_at: row.try_get("first_failure_at")?,
             next_attempt_at: row.try_get("next_attempt_at")?,
             retries: row.try_get("retries")?,
@@ -192,7 +205,7 @@ impl Store {
         after: Option<EventId>,
         limit: i64,
     ) -> Result<Vec<OrderEvent>> {
-        let feed = self.feed(after.unwrap_or_default(), limit).await?;
+        let feed = self.feed(after.unwrap_or_default(), None, limit).await?;
         Ok(feed.into_iter().map(|e| e.event).collect())
     }
 
@@ -251,7 +264,8 @@ impl Store {
                              lease_until = now() + make_interval(secs => $2::double precision / 1000)
                          WHERE holder = $1 OR holder IS NULL OR lease_until < now()
                          RETURNING after_tx::text::bigint AS after_tx, after_id, failures,
-                                   first_failure_at, next_attempt_at,
+                                   failing_upto_tx::text::bigint AS failing_upto_tx,
+                                   failing_upto_id, first_failure_at, next_attempt_at,
                                    EXISTS (SELECT 1 FROM webhook_failed WHERE retry) AS retries",
                     )
                     .bind(holder)
@@ -263,17 +277,43 @@ impl Store {
             .await
     }
 
-    /// Up to `limit` events of the feed after `after`, each with whether
-    /// the webhooks hold its order back.
-    pub async fn feed(&self, after: EventId, limit: i64) -> Result<Vec<FeedEvent>> {
+    /// Gives `holder`'s lease back (its instance is stopping): another
+    /// instance sends at once, not when the lease would have run out.
+    pub async fn release_webhook_lease(&self, holder: Uuid) -> Result<()> {
+        self.db
+            .execute(
+                sqlx::query(
+                    "UPDATE webhook_cursor SET holder = NULL, lease_until = 'epoch'
+                     WHERE holder = $1",
+                )
+                .bind(holder),
+            )
+            .await
+            .map(drop)
+    }
+
+    /// Up to `limit` events of the feed after `after` (and up to `upto`
+    /// when given), each with whether the webhooks hold its order back.
+    pub async fn feed(
+        &self,
+        after: EventId,
+        upto: Option<EventId>,
+        limit: i64,
+    ) -> Result<Vec<FeedEvent>> {
+        let upto = upto.map_or((FEED_END.0.to_owned(), FEED_END.1), |e| {
+            (e.tx.to_string(), e.row)
+        });
         let rows: Vec<(OrderEvent, bool)> = self
             .db
             .run(move |c, persistent| {
+                let upto = upto.clone();
                 Box::pin(async move {
                     let rows = sqlx::query(FEED)
                         .bind(after.tx.to_string())
                         .bind(after.row)
                         .bind(limit)
+                        .bind(upto.0)
+                        .bind(upto.1)
                         .persistent(persistent)
                         .fetch_all(c)
                         .await?;
@@ -361,15 +401,21 @@ impl Store {
             .await
     }
 
-    /// Records a failed delivery: nobody sends for `retry_in`; the
-    /// failures in a row and when the first of them was.
+    /// Records a failed delivery of the batch of the feed that ends at
+    /// `upto` (none for a batch of retries): nobody sends for `retry_in`,
+    /// and the feed's failing batch is kept as it is until it is
+    /// acknowledged or failed; the failures in a row and when the first of
+    /// them was.
     pub async fn webhook_failed_attempt(
         &self,
         holder: Uuid,
         retry_in: Duration,
         error: String,
+        upto: Option<EventId>,
     ) -> Result<Option<(i32, DateTime<Utc>)>> {
         let retry_ms = i64::try_from(retry_in.as_millis()).unwrap_or(i64::MAX);
+        let (upto_tx, upto_id) =
+            upto.map_or((None, None), |e| (Some(e.tx.to_string()), Some(e.row)));
         self.db
             .run(move |c, persistent| {
                 Box::pin(
@@ -378,13 +424,18 @@ impl Store {
                          SET failures = failures + 1,
                              first_failure_at = coalesce(first_failure_at, now()),
                              next_attempt_at = now() + make_interval(secs => $2::double precision / 1000),
-                             last_error = left($3, 300)
+                             last_error = left($3, 300),
+                             failing_upto_tx = coalesce(failing_upto_tx, $4::text::xid8),
+                             failing_upto_id = CASE WHEN failing_upto_tx IS NULL THEN $5
+                                                    ELSE failing_upto_id END
                          WHERE holder = $1
                          RETURNING failures, first_failure_at",
                     )
                     .bind(holder)
                     .bind(retry_ms)
                     .bind(error)
+                    .bind(upto_tx.clone())
+                    .bind(upto_id)
                     .persistent(persistent)
                     .fetch_optional(c),
                 )

@@ -473,6 +473,92 @@ async fn a_hanging_or_redirecting_receiver_is_a_failure_and_failed_events_are_li
 }
 
 #[tokio::test]
+async fn an_event_that_comes_while_a_batch_fails_is_not_failed_with_it() {
+    let (receiver, url) = Receiver::start(Mode::Fail).await;
+    // A batch is failed once its first attempt is 3 s old.
+    let app = app_with_webhook(&url, 3).await;
+    let voucher = app.open_voucher(2).await;
+    let tokens = app.tokens(1..=2).await;
+    app.assert_bought(&tokens[&1], voucher).await;
+    receiver.attempted(1).await;
+    // The second order's event commits while the first one's batch fails.
+    app.assert_bought(&tokens[&2], voucher).await;
+    let failed = poll_until(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "the first batch failed",
+        || async { app.admin_get("/admin/webhooks/failed").await.1 },
+        |body| body["events"].as_array().is_some_and(|e| !e.is_empty()),
+    )
+    .await;
+    receiver.set(Mode::Acknowledge);
+    let failed = failed["events"].as_array().unwrap().clone();
+    assert_eq!(
+        failed.len(),
+        1,
+        "only the failing batch's event is failed: {failed:?}"
+    );
+    let first = failed[0]["order"]["order_id"].as_str().unwrap().to_owned();
+    assert!(
+        receiver
+            .batches
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|(events, _)| events.len() == 1),
+        "the failing batch was retried as it was, nothing added"
+    );
+    // The second event, in a batch of its own with a period of its own, is
+    // delivered once the receiver answers.
+    let acknowledged = poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        "the second order's event acknowledged",
+        || async { receiver.acknowledged() },
+        |a| !a.is_empty(),
+    )
+    .await;
+    assert_eq!(acknowledged.len(), 1, "{acknowledged:?}");
+    assert_ne!(
+        acknowledged[0]["order"]["order_id"].as_str(),
+        Some(first.as_str())
+    );
+}
+
+#[tokio::test]
+async fn an_instance_that_stops_gives_the_webhooks_lease_back() {
+    let (_receiver, url) = Receiver::start(Mode::Acknowledge).await;
+    let db_name = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let db_url = format!("{}/{db_name}", crate::helpers::pg_server());
+    let mut settings = crate::helpers::settings(&db_url, &crate::helpers::redis_url(), &prefix);
+    settings.webhook_url = Some(url);
+    settings.webhook_secret = Some(WEBHOOK_SECRET.to_owned().into());
+    let mut running = crate::helpers::start_stoppable(settings).await;
+    let db = sqlx::PgPool::connect(&db_url).await.unwrap();
+    let holder = || async {
+        sqlx::query_scalar::<_, Option<uuid::Uuid>>("SELECT holder FROM webhook_cursor")
+            .fetch_one(&db)
+            .await
+            .unwrap()
+    };
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        "the instance holds the webhooks' lease",
+        holder,
+        Option::is_some,
+    )
+    .await;
+    let _ = running.stop.send(());
+    let _ = (&mut running.stopped).await;
+    // Another instance would take over now, not when the lease runs out.
+    assert_eq!(holder().await, None, "the lease was given back");
+    db.close().await;
+    crate::helpers::drop_database(&db_name, &prefix).await;
+}
+
+#[tokio::test]
 async fn without_a_secret_or_with_a_url_that_is_not_http_the_service_refuses_to_start() {
     let base = crate::helpers::settings("postgres://unused", "redis://unused", "x:");
     let mut no_secret = base.clone();
