@@ -63,16 +63,18 @@ pub struct BatchSale {
 ///   in user order (so two batches lock fence rows alike), if it is not
 ///   smaller than the one stored; only those users may buy. A request
 ///   without a token (an async sale's order) is not fenced.
-/// - `held`: users who already hold a live (`unpaid` or `paid`) order for
-///   this voucher; `used`: order ids that are taken. Both look each request
-///   up in an index (`LATERAL`, with a `LIMIT` that keeps the planner from
-///   turning it into a join): a connection keeps the generic plan it chose
-///   on an empty table, which would scan every order for each batch.
-///   A request whose own order id is stored for the same user and voucher
-///   (an async entry written twice) is `held` by it.
+/// - `mine`: each user's orders of this voucher, whatever their status,
+///   counted (`n`) and their live one (`unpaid` or `paid`, at most one)
+///   found, in one probe of the index on (voucher, user); `used`: order ids
+///   that are taken. Both look each request up in an index (`LATERAL`, an
+///   aggregate or a `LIMIT` that keeps the planner from turning it into a
+///   join): a connection keeps the generic plan it chose on an empty table,
+///   which would scan every order for each batch.
+/// - `held`: users who already hold a live order of this voucher. A request
+///   whose own order id is stored for the same user and voucher (an async
+///   entry written twice) is `held` by it.
 /// - `maxed`: users who have `$6` (the voucher's `max_orders_per_user`)
-///   orders of it already, whatever their status: counted in the index on
-///   (user, voucher), at most `$6` rows read per user.
+///   orders of it already, whatever their status.
 /// - `eligible`: the rest, ranked by arrival; `asks`: the units they ask
 ///   for, together (`total`) and one by one (`q`, in arrival order).
 /// - `locked`: the voucher's row, locked, as the last committed writer left
@@ -109,28 +111,23 @@ WITH RECURSIVE req AS (
     ON CONFLICT (user_id, voucher_id) DO UPDATE SET token = EXCLUDED.token
     WHERE user_fences.token <= EXCLUDED.token
     RETURNING user_id
-), held AS (
-    SELECT r.user_id, o.id FROM req r, LATERAL (
-        SELECT o.id FROM voucher_orders o
-        WHERE o.user_id = r.user_id AND o.voucher_id = $1
-          AND o.status IN ('unpaid', 'paid')
-        LIMIT 1
+), mine AS (
+    SELECT r.user_id, o.n, o.live FROM req r, LATERAL (
+        SELECT count(*) AS n, max(o.id) FILTER (WHERE o.status IN ('unpaid', 'paid')) AS live
+        FROM voucher_orders o
+        WHERE o.voucher_id = $1 AND o.user_id = r.user_id
     ) o
+    WHERE o.n > 0
+), held AS (
+    SELECT user_id, live AS id FROM mine WHERE live IS NOT NULL
+), maxed AS (
+    SELECT user_id FROM mine WHERE n >= $6
 ), used AS (
     SELECT o.id, o.user_id, o.voucher_id FROM req r, LATERAL (
         SELECT o.id, o.user_id, o.voucher_id FROM voucher_orders o
         WHERE o.id = r.order_id
         LIMIT 1
     ) o
-), maxed AS (
-    SELECT r.user_id FROM req r, LATERAL (
-        SELECT count(*) AS n FROM (
-            SELECT 1 FROM voucher_orders o
-            WHERE o.user_id = r.user_id AND o.voucher_id = $1
-            LIMIT $6
-        ) o
-    ) c
-    WHERE c.n >= $6
 ), eligible AS (
     SELECT r.pos, r.order_id, r.user_id, r.at, r.quantity,
            row_number() OVER (ORDER BY r.pos) AS rank

@@ -70,7 +70,7 @@ async fn the_batch_sale_looks_orders_and_fences_up_by_index_on_a_new_database() 
         "{plan}"
     );
     assert!(
-        plan.contains("Index Scan using voucher_orders_user_voucher"),
+        plan.contains("Index Scan using voucher_orders_voucher_user"),
         "{plan}"
     );
 }
