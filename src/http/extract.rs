@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::error::ApiError;
-use crate::auth::Authenticator;
+use crate::auth::{AuthError, Authenticator};
 use crate::domain::{parse_positive, OrderId};
 use crate::domain::{UserId, VoucherId};
 
@@ -246,10 +246,12 @@ impl<S: SignIn> FromRequestParts<S> for Admin {
     }
 }
 
-/// A user whose token the limiter verified already: the extractor takes it
-/// from here instead of checking the signature again.
-#[derive(Debug, Clone, Copy)]
-pub struct VerifiedUser(pub UserId);
+/// What the limiter's verification of the request's token came to (the
+/// user, or why not): the extractor takes it from here instead of checking
+/// the token again (a refused token would be refused twice, and an unknown
+/// `kid` wait twice for the JWK Set).
+#[derive(Debug, Clone)]
+pub struct Verification(pub Result<UserId, AuthError>);
 
 /// A signed-in user, by the id in a valid token.
 pub struct User(pub UserId);
@@ -258,8 +260,8 @@ impl<S: SignIn> FromRequestParts<S> for User {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        if let Some(VerifiedUser(user_id)) = parts.extensions.get::<VerifiedUser>() {
-            return Ok(Self(*user_id));
+        if let Some(Verification(verified)) = parts.extensions.get::<Verification>() {
+            return verified.clone().map(Self).map_err(ApiError::from);
         }
         let token = bearer(&parts.headers).map_err(|why| ApiError::Unauthorized(why.into()))?;
         state

@@ -23,7 +23,7 @@ use governor::{Quota, RateLimiter};
 use ipnet::IpNet;
 
 use super::error::ApiError;
-use super::extract::{bearer, SignIn, VerifiedUser};
+use super::extract::{bearer, SignIn, Verification};
 
 type Keyed<K> = RateLimiter<K, DefaultKeyedStateStore<K>, DefaultClock>;
 
@@ -320,20 +320,18 @@ pub async fn limit_user<S: SignIn + AsRef<Limits>>(
     let limits = state.as_ref();
     let class = RouteClass::of_request(&request);
     if class.per_user() && limits.limits_users() {
-        let user = match bearer(request.headers()) {
-            Ok(token) => state
+        if let Ok(token) = bearer(request.headers()) {
+            let verified = state
                 .authenticator()
                 .verify(token, chrono::Utc::now().timestamp())
-                .await
-                .ok(),
-            Err(_) => None,
-        };
-        if let Some(user_id) = user {
-            if let Err(refused) = limits.check_user(user_id.get()) {
-                count(class, refused.limit);
-                return too_many(limits, refused).await;
+                .await;
+            if let Ok(user_id) = verified {
+                if let Err(refused) = limits.check_user(user_id.get()) {
+                    count(class, refused.limit);
+                    return too_many(limits, refused).await;
+                }
             }
-            request.extensions_mut().insert(VerifiedUser(user_id));
+            request.extensions_mut().insert(Verification(verified));
         }
     }
     next.run(request).await

@@ -126,6 +126,22 @@ async fn a_user_over_their_limit_is_refused_and_other_users_are_not() {
     // Another user buys.
     let (status, code) = buy(&app.client, &app.base, &tokens[&2], voucher).await;
     assert_eq!(status, StatusCode::OK, "{code}");
+    // A token that signs nobody in is 401, as the limiter's verification
+    // found (the route takes its answer, it does not verify again), and
+    // uses no user's allowance: user 2's token, made out to user 3.
+    let mut forged: Vec<&str> = tokens[&2].split('.').collect();
+    forged[1] = "3";
+    let forged = forged.join(".");
+    for _ in 0..3 {
+        let (status, body) = answer(
+            app.client
+                .post(app.url(&format!("/seckill/{voucher}")))
+                .bearer_auth(&forged),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+        assert_eq!(body["error"], "unauthorized");
+    }
     // Anonymous reads are not a user's: no user limit on them.
     for _ in 0..5 {
         let read = app
