@@ -87,7 +87,12 @@ else
         if serving >= placed then
             last = now
         else
-            last = last + math.floor(steps * 1000 / rate)
+            -- The time those admissions took, rounded up: rounded down, a
+            -- rate above 1000/s that 1000 does not divide (1500/s, one
+            -- millisecond: one step, zero ms) admitted one more on every
+            -- call within the same millisecond. Never past now: steps *
+            -- 1000 / rate <= now - last, a whole number.
+            last = last + math.ceil(steps * 1000 / rate)
         end
     end
 end

@@ -69,6 +69,13 @@ pub fn is_transient(error: &redis::RedisError) -> bool {
                 | K::MasterNameNotFoundBySentinel
                 | K::NoValidReplicasFoundBySentinel
         )
+        // Refusals of a Redis that is full (`maxmemory` with `noeviction`),
+        // cannot persist, runs a long script, or lacks the replicas it
+        // wants: they pass, and none is the caller's fault.
+        || matches!(
+            error.code(),
+            Some("OOM" | "MISCONF" | "BUSY" | "NOREPLICAS" | "LOADING")
+        )
 }
 
 /// Where the service's Redis is, as `REDIS_URL` names it.
@@ -215,7 +222,35 @@ impl Kv {
 
 #[cfg(test)]
 mod tests {
-    use super::RedisTarget;
+    use super::{is_transient, RedisTarget};
+
+    /// The error Redis answers with `line` (a RESP error line).
+    fn answered(line: &str) -> redis::RedisError {
+        redis::parse_redis_value(format!("-{line}\r\n").as_bytes())
+            .and_then(redis::Value::extract_error)
+            .unwrap_err()
+    }
+
+    #[test]
+    fn a_full_busy_or_unpersisting_redis_is_transient_and_a_script_bug_is_not() {
+        for line in [
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+            "BUSY Redis is busy running a script.",
+            "NOREPLICAS Not enough good replicas to write.",
+            "LOADING Redis is loading the dataset in memory",
+            "READONLY You can't write against a read only replica.",
+        ] {
+            assert!(is_transient(&answered(line)), "{line}");
+        }
+        for line in [
+            "ERR Error running script: attempt to compare nil with number",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "NOSCRIPT No matching script.",
+        ] {
+            assert!(!is_transient(&answered(line)), "{line}");
+        }
+    }
 
     #[test]
     fn redis_urls_name_a_server_the_sentinels_or_a_cluster() {

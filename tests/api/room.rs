@@ -342,3 +342,77 @@ async fn a_room_that_redis_lost_lets_admitted_tickets_buy_and_places_returning_b
     );
     assert_eq!(app.check_invariants(voucher).await, 2);
 }
+
+/// Redis's clock in milliseconds, as the room's script reads it.
+async fn redis_ms(redis: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(redis).await.unwrap();
+    seconds * 1000 + micros / 1000
+}
+
+#[tokio::test]
+async fn a_room_above_a_thousand_a_second_admits_at_its_rate_however_often_it_is_asked() {
+    // The room's script itself, asked a thousand times back to back (one
+    // pipeline: most calls within the same millisecond), at 1500 a second,
+    // with a hundred thousand places handed out: it may admit what 1500 a
+    // second allows in the time Redis's clock says passed, no more.
+    let mut redis = crate::helpers::redis_conn(&crate::helpers::redis_url()).await;
+    let prefix = format!("test:{}:room:{{1}}:", uuid::Uuid::new_v4().simple());
+    let keys: Vec<String> = ["room", "early", "late", "admitted"]
+        .iter()
+        .map(|k| format!("{prefix}{k}"))
+        .collect();
+    let script = redis::Script::new(include_str!("../../lua/room_join.lua"));
+    let started = redis_ms(&mut redis).await - 1;
+    let _: () = redis::cmd("HSET")
+        .arg(&keys[0])
+        .arg(&[("serving", 0), ("last_ms", started), ("late", 100_000)])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    // Loaded once, so that the pipeline's EVALSHAs find it.
+    let _: redis::Value = script
+        .key(&keys)
+        .arg("")
+        .arg(0)
+        .arg(0)
+        .arg(1500)
+        .arg(0)
+        .arg(60)
+        .invoke_async(&mut redis)
+        .await
+        .unwrap();
+    let mut pipeline = redis::pipe();
+    for _ in 0..1000 {
+        pipeline
+            .cmd("EVALSHA")
+            .arg(script.get_hash())
+            .arg(keys.len())
+            .arg(&keys)
+            .arg("")
+            .arg(0)
+            .arg(0)
+            .arg(1500)
+            .arg(0)
+            .arg(60)
+            .ignore();
+    }
+    let _: () = pipeline.query_async(&mut redis).await.unwrap();
+    let elapsed = redis_ms(&mut redis).await - started;
+    let serving: i64 = redis::cmd("HGET")
+        .arg(&keys[0])
+        .arg("serving")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&keys)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let allowed = (elapsed + 1) * 1500 / 1000 + 1;
+    assert!(
+        serving <= allowed,
+        "{serving} admitted in {elapsed} ms at 1500/s (at most {allowed})"
+    );
+    assert!(serving > 0, "the room admitted nobody in {elapsed} ms");
+}
