@@ -33,6 +33,10 @@
 -- ARGV[4]  admit_per_second
 -- ARGV[5]  1 when the service knows the voucher sold out, else 0
 -- ARGV[6]  the keys' life in seconds (past the sale's end)
+-- ARGV[7]  the admission window (ms): an admission older than this is
+--          over, and its user, asking again, is placed again at the back
+--          (a later joiner's order of arrival, which takes precedence over
+--          a pre-queue draw: the draw stays, so nobody else's rank moves)
 --
 -- Returns {place, serving, admitted_ms, now_ms, placed, sold_out}: place
 --         -1 before the start (in the pre-queue, not placed yet);
@@ -103,32 +107,41 @@ if peek then
     return {-1, serving, 0, now, placed, sold_out and 1 or 0}
 end
 
+-- A place at the back, after everyone placed so far.
+local function place_last()
+    late = late + 1
+    redis.call('hset', KEYS[3], user, late)
+    keep(KEYS[3])
+    placed = placed + 1
+    return early + late
+end
+
 local place
-if drawn then
+local seq = tonumber(redis.call('hget', KEYS[3], user))
+if seq then
+    place = early + seq
+elseif drawn then
     place = redis.call('zrank', KEYS[2], user) + 1
 else
-    local seq = tonumber(redis.call('hget', KEYS[3], user))
-    if not seq then
-        late = late + 1
-        seq = late
-        redis.call('hset', KEYS[3], user, seq)
-        keep(KEYS[3])
-        placed = placed + 1
-    end
-    place = early + seq
+    place = place_last()
 end
-redis.call('hset', KEYS[1], 'serving', serving, 'last_ms', last, 'late', late)
-keep(KEYS[1])
 
 local admitted = 0
 if place <= serving then
     admitted = tonumber(redis.call('hget', KEYS[4], user))
-    if not admitted then
+    if admitted and now - admitted >= tonumber(ARGV[7]) then
+        -- The admission's window is over: back of the room, waiting.
+        redis.call('hdel', KEYS[4], user)
+        place = place_last()
+        admitted = 0
+    elseif not admitted then
         admitted = now
         redis.call('hset', KEYS[4], user, now)
         keep(KEYS[4])
     end
 end
+redis.call('hset', KEYS[1], 'serving', serving, 'last_ms', last, 'late', late)
+keep(KEYS[1])
 local out = 0
 if sold_out then
     out = 1

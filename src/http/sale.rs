@@ -140,13 +140,19 @@ pub struct Accepted {
     status: OrderStatus,
 }
 
-/// What a purchase may ask: how many units (no body: one).
+/// What a purchase may ask: how many units (no body, or `{}`: one).
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PurchaseBody {
-    /// Units to buy, all or none: 1 to the voucher's `max_units_per_user`.
-    #[schema(minimum = 1, maximum = 100, example = 1)]
+    /// Units to buy, all or none: 1 to the voucher's `max_units_per_user`
+    /// (absent: one; `null` is refused, as any other non-number).
+    #[serde(default = "one_unit")]
+    #[schema(minimum = 1, maximum = 100, default = 1, example = 1)]
     quantity: i64,
+}
+
+fn one_unit() -> i64 {
+    1
 }
 
 #[utoipa::path(

@@ -67,6 +67,9 @@ async fn a_voucher_without_a_room_has_no_queue_and_shows_none() {
     let token = app.token(1).await;
     let (status, body) = join(&app, voucher, &token).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    // A poll too, whatever ticket it carries: there is no room to be in.
+    let (status, body) = poll(&app, voucher, &token, "not-a-ticket").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     let (_, shown) = answer(app.client.get(app.url(&format!("/vouchers/{voucher}")))).await;
     assert_eq!(shown["waiting_room"], Value::Null);
     // And it sells as before, without a ticket.
@@ -288,9 +291,9 @@ async fn a_room_that_asks_for_proof_of_work_admits_only_solved_joins() {
 async fn a_room_that_redis_lost_lets_admitted_tickets_buy_and_places_returning_buyers_anew() {
     let (mut redis, app) = crate::helpers::spawn_app_on_own_redis(None).await;
     let voucher = room_voucher(&app, 10, 2, chrono::Duration::seconds(-1)).await;
-    let tokens = app.tokens(1..=3).await;
+    let tokens = app.tokens(1..=4).await;
     let mut tickets = HashMap::new();
-    for user in 1..=3 {
+    for user in 1..=4 {
         let (status, body) = join(&app, voucher, &tokens[&user]).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
         tickets.insert(user, ticket(&body).to_owned());
@@ -333,6 +336,11 @@ async fn a_room_that_redis_lost_lets_admitted_tickets_buy_and_places_returning_b
     let again = admitted(3, ticket(&body).to_owned()).await;
     let (status, body) = buy_with(&app, voucher, &tokens[&3], Some(&again)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    // A waiting buyer who only polls, with the ticket of a place the room
+    // no longer has, is placed anew too, admitted and buys.
+    let polled = admitted(4, tickets[&4].clone()).await;
+    let (status, body) = buy_with(&app, voucher, &tokens[&4], Some(&polled)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
     // Without an admission, still nothing.
     let (status, body) = buy_with(&app, voucher, &tokens[&2], None).await;
     assert_eq!(
@@ -340,7 +348,7 @@ async fn a_room_that_redis_lost_lets_admitted_tickets_buy_and_places_returning_b
         (StatusCode::FORBIDDEN, Some("not_admitted")),
         "{body}"
     );
-    assert_eq!(app.check_invariants(voucher).await, 2);
+    assert_eq!(app.check_invariants(voucher).await, 3);
 }
 
 /// Redis's clock in milliseconds, as the room's script reads it.
@@ -349,18 +357,26 @@ async fn redis_ms(redis: &mut redis::aio::MultiplexedConnection) -> i64 {
     seconds * 1000 + micros / 1000
 }
 
+/// A connection to the shared Redis and the four keys of a room of the
+/// script's own (room, pre-queue, later joiners, admissions), for a test
+/// that runs `lua/room_join.lua` itself; the test deletes them.
+async fn room_keys() -> (redis::aio::MultiplexedConnection, Vec<String>) {
+    let redis = crate::helpers::redis_conn(&crate::helpers::redis_url()).await;
+    let prefix = format!("test:{}:room:{{1}}:", uuid::Uuid::new_v4().simple());
+    let keys = ["room", "early", "late", "admitted"]
+        .iter()
+        .map(|k| format!("{prefix}{k}"))
+        .collect();
+    (redis, keys)
+}
+
 #[tokio::test]
 async fn a_room_above_a_thousand_a_second_admits_at_its_rate_however_often_it_is_asked() {
     // The room's script itself, asked a thousand times back to back (one
     // pipeline: most calls within the same millisecond), at 1500 a second,
     // with a hundred thousand places handed out: it may admit what 1500 a
     // second allows in the time Redis's clock says passed, no more.
-    let mut redis = crate::helpers::redis_conn(&crate::helpers::redis_url()).await;
-    let prefix = format!("test:{}:room:{{1}}:", uuid::Uuid::new_v4().simple());
-    let keys: Vec<String> = ["room", "early", "late", "admitted"]
-        .iter()
-        .map(|k| format!("{prefix}{k}"))
-        .collect();
+    let (mut redis, keys) = room_keys().await;
     // Loaded first, so that the pipeline's EVALSHAs find it.
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
@@ -388,6 +404,7 @@ async fn a_room_above_a_thousand_a_second_admits_at_its_rate_however_often_it_is
             .arg(1500)
             .arg(0)
             .arg(60)
+            .arg(60_000)
             .ignore();
     }
     let _: () = pipeline.query_async(&mut redis).await.unwrap();
@@ -409,4 +426,56 @@ async fn a_room_above_a_thousand_a_second_admits_at_its_rate_however_often_it_is
         "{serving} admitted in {elapsed} ms at 1500/s (at most {allowed})"
     );
     assert!(serving > 0, "the room admitted nobody in {elapsed} ms");
+}
+
+#[tokio::test]
+async fn an_admission_past_its_window_is_over_and_its_user_waits_again_at_the_back() {
+    // The room's script itself, with a window of 50 ms (the service's is
+    // ADMISSION_WINDOW, a minute), at 1000 admissions a second.
+    let (mut redis, keys) = room_keys().await;
+    let script = redis::Script::new(include_str!("../../lua/room_join.lua"));
+    let mut ask = async |user: &str| -> Vec<i64> {
+        let mut invocation = script.prepare_invoke();
+        for key in &keys {
+            invocation.key(key);
+        }
+        // user, draw, begin (long past), rate, sold out, life, window
+        invocation
+            .arg(user)
+            .arg(0)
+            .arg(0)
+            .arg(1000)
+            .arg(0)
+            .arg(60)
+            .arg(50);
+        invocation.invoke_async(&mut redis).await.unwrap()
+    };
+    // [place, serving, admitted_ms, now_ms, placed, sold_out]
+    let joined = ask("7").await;
+    assert_eq!((joined[0], joined[2]), (1, 0), "{joined:?}");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let first = ask("7").await;
+    assert_eq!(first[0], 1, "{first:?}");
+    assert!(first[2] > 0, "admitted once its place is served: {first:?}");
+    // Within the window, the same admission.
+    assert_eq!(ask("7").await[2], first[2]);
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let over = ask("7").await;
+    assert_eq!(
+        (over[0], over[2], over[4]),
+        (2, 0, 2),
+        "past its window: placed again at the back, waiting: {over:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let again = ask("7").await;
+    assert_eq!(again[0], 2, "{again:?}");
+    assert!(
+        again[2] > first[2] + 50,
+        "admitted anew once the new place is served: {again:?} after {first:?}"
+    );
+    let _: () = redis::cmd("DEL")
+        .arg(&keys)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
 }

@@ -123,7 +123,7 @@ async fn a_voucher_says_how_many_units_an_order_may_take_and_a_quantity_outside_
         "a refused quantity changed data"
     );
 
-    // No body, an empty one, or one unit: one unit, as before units.
+    // No body, an empty one, `{}`, or one unit: one unit, as before units.
     let (status, body) = buy_with(&app, &token, plain, None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let order = stored_order(&app, &order_of(&body)).await;
@@ -140,7 +140,10 @@ async fn a_voucher_says_how_many_units_an_order_may_take_and_a_quantity_outside_
         buy_units(&app, &app.token(3).await, plain, 1).await.0,
         StatusCode::OK
     );
-    assert_eq!(app.check_invariants(plain).await, 3);
+    let (status, body) = buy_with(&app, &app.token(4).await, plain, Some(json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(stored_order(&app, &order_of(&body)).await["quantity"], 1);
+    assert_eq!(app.check_invariants(plain).await, 4);
     // A buyer who holds an order is told so, but a quantity no voucher
     // allows is bad input first.
     let (status, body) = buy_units(&app, &token, plain, 1).await;

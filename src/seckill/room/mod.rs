@@ -31,7 +31,8 @@ pub(super) use ticket::Ticket;
 pub use ticket::{challenge, proof_holds, ticket_key, TicketKey};
 
 /// How long an admission lets its user buy, from when Redis's clock first
-/// saw the user's place served.
+/// saw the user's place served. A user who asks again after it is placed
+/// again at the back of the room.
 pub const ADMISSION_WINDOW: Duration = Duration::from_secs(60);
 /// The room's keys outlive the sale by this much (late polls find it).
 const KEEP_AFTER_END: Duration = Duration::from_secs(86_400);
@@ -163,7 +164,7 @@ impl Rooms {
         let served = self
             .served(voucher, rate, sold_out, async_sale.clone())
             .await?;
-        let window = i64::try_from(ADMISSION_WINDOW.as_millis()).unwrap_or(i64::MAX);
+        let window = window_ms();
         let placing = if ticket.admitted_until_ms > now_ms {
             Placing {
                 place: ticket.place,
@@ -173,7 +174,10 @@ impl Rooms {
                 placed: served.placed,
                 sold_out: served.sold_out,
             }
-        } else if ticket.place > served.serving && !served.sold_out {
+        } else if ticket.place > served.serving && ticket.place <= served.placed && !served.sold_out
+        {
+            // Not reached yet. A place past those handed out is one that
+            // Redis lost (restarted empty): the script places it again.
             Placing::waiting(ticket.place, served.serving, now_ms, served.placed)
         } else {
             self.call(voucher, rate, Some(ticket.user_id), sold_out, async_sale)
@@ -267,7 +271,8 @@ impl Rooms {
             .arg(voucher.terms.begin_time.timestamp_millis())
             .arg(rate)
             .arg(u8::from(sold_out))
-            .arg(life.as_secs().max(1));
+            .arg(life.as_secs().max(1))
+            .arg(window_ms());
         let answer: Vec<i64> = self.redis.invoke(&invocation).await?;
         let [place, serving, admitted_ms, now_ms, placed, out] = answer[..] else {
             return Err(SeckillError::internal(format!(
@@ -295,7 +300,7 @@ impl Rooms {
     /// What the client is told, and its ticket.
     fn state(&self, voucher: &Voucher, rate: i32, user_id: UserId, p: Placing) -> QueueState {
         let rate = i64::from(rate.max(1));
-        let window = i64::try_from(ADMISSION_WINDOW.as_millis()).unwrap_or(i64::MAX);
+        let window = window_ms();
         let admitted_until_ms = (p.admitted_ms > 0).then(|| p.admitted_ms + window);
         let place = (p.place > 0).then_some(p.place);
         let ahead = place.map(|place| (place - p.serving - 1).max(0));
@@ -350,6 +355,11 @@ impl Rooms {
             retry_after_seconds,
         }
     }
+}
+
+/// [`ADMISSION_WINDOW`] in milliseconds.
+fn window_ms() -> i64 {
+    i64::try_from(ADMISSION_WINDOW.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// The room script's answer.
@@ -413,8 +423,9 @@ impl super::Seckill {
         ticket: &str,
     ) -> Result<QueueState> {
         metrics::counter!(metric::QUEUE_REQUESTS, "kind" => metric::POLL).increment(1);
-        let ticket = self.inner.rooms.check_own(voucher_id, user_id, ticket)?;
+        // The room first: a voucher without one is 404 whatever the ticket.
         let (voucher, rate) = self.room_of(voucher_id).await?;
+        let ticket = self.inner.rooms.check_own(voucher_id, user_id, ticket)?;
         let (sold_out, async_sale) = self.sale_state(&voucher).await?;
         let now = self.inner.clock.now();
         // Where the script is asked, a poll joins too: a Redis that lost
