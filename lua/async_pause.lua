@@ -13,14 +13,18 @@
 -- ARGV[1]  this reconciliation's token (unique)
 -- ARGV[2]  how long the token lives, in ms: a reconciliation that died
 --          stops counting as under way after this
--- ARGV[3]  "1": only if the sale is missing and no reconciliation is under
---          way (loading a sale seen for the first time); "0": always
+-- ARGV[3]  "": always. A number n: only if no reconciliation is under way
+--          and the sale is missing (a sale just created, or one that Redis
+--          lost, or that a failed reconciliation left paused) or was built
+--          from an initial stock below n (a restock whose rebuild failed);
+--          a sale hash without its initial stock counts as built from n
 --
 -- Returns 1  paused, the token recorded
---         0  nothing done (ARGV[3] "1"): the sale is loaded
---         2  nothing done (ARGV[3] "1"): a reconciliation is under way
-if ARGV[3] == '1' then
-  if redis.call('exists', KEYS[1]) == 1 then
+--         0  nothing done (ARGV[3] a number): the sale is loaded and current
+--         2  nothing done (ARGV[3] a number): a reconciliation is under way
+if ARGV[3] ~= '' then
+  local initial = redis.call('hmget', KEYS[1], 'stock', 'initial')
+  if initial[1] and tonumber(initial[2] or ARGV[3]) >= tonumber(ARGV[3]) then
     return 0
   end
   if redis.call('exists', KEYS[2]) == 1 then

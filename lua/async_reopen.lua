@@ -5,7 +5,7 @@
 --
 -- All keys carry the voucher's hash tag (one cluster slot).
 --
--- KEYS[1]  the sale: a hash {stock, begin_ms, end_ms}
+-- KEYS[1]  the sale: a hash {stock, begin_ms, end_ms, initial}
 -- KEYS[2]  the buyers: a hash user id -> order id
 -- KEYS[3]  the rebuilt buyers (missing when there are none)
 -- KEYS[4]  the reconciliation under way: its token
@@ -18,6 +18,8 @@
 -- ARGV[2]  the stock to sell from
 -- ARGV[3]  the window's first millisecond
 -- ARGV[4]  the window's end, in ms
+-- ARGV[5]  the voucher's initial stock in the snapshot (a restock raises
+--          it; a sale built from a lower one is rebuilt: async_pause.lua)
 --
 -- Returns 1  reopened
 --         0  another reconciliation took over (or this one outlived its
@@ -37,6 +39,7 @@ end
 swap(KEYS[3], KEYS[2])
 swap(KEYS[6], KEYS[5])
 swap(KEYS[8], KEYS[7])
-redis.call('hset', KEYS[1], 'stock', ARGV[2], 'begin_ms', ARGV[3], 'end_ms', ARGV[4])
+redis.call('hset', KEYS[1], 'stock', ARGV[2], 'begin_ms', ARGV[3], 'end_ms', ARGV[4],
+  'initial', ARGV[5])
 redis.call('del', KEYS[4])
 return 1

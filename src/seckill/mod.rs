@@ -568,11 +568,21 @@ impl Seckill {
         cached.stock_seen.invalidate(&voucher_id).await;
         if voucher.terms.sale_mode == SaleMode::Async {
             // Redis sells from its own stock: rebuilt from Postgres's (by
-            // this reconciliation, or by a later one that took over).
-            self.inner
+            // this reconciliation, or by a later one that took over). The
+            // restock is committed: should the rebuild fail, it is still
+            // answered 200 (an error would be retried, and add the units
+            // twice), and every instance's supervisor rebuilds the sale,
+            // which is missing or behind Postgres's initial stock, within
+            // a second of Redis answering.
+            if let Err(error) = self
+                .inner
                 .async_sales
                 .reconcile(voucher_id, Pause::Always)
-                .await?;
+                .await
+            {
+                tracing::warn!(%voucher_id, error = %crate::telemetry::Chain(&error),
+                    "restocked; the sale's rebuild in Redis failed and is left to the supervisors");
+            }
         }
         Ok(voucher)
     }

@@ -39,13 +39,15 @@ struct Row {
 }
 
 impl Store {
-    /// Async vouchers whose sale ended after `since` (or has not ended).
-    pub async fn async_vouchers(&self, since: DateTime<Utc>) -> Result<Vec<VoucherId>> {
+    /// Async vouchers whose sale ended after `since` (or has not ended),
+    /// in id order, each with its initial stock (which every restock
+    /// raises).
+    pub async fn async_vouchers(&self, since: DateTime<Utc>) -> Result<Vec<(VoucherId, i64)>> {
         self.db
             .run(move |c, persistent| {
                 Box::pin(
-                    sqlx::query_scalar(
-                        "SELECT voucher_id FROM seckill_vouchers
+                    sqlx::query_as(
+                        "SELECT voucher_id, initial_stock::bigint FROM seckill_vouchers
                          WHERE sale_mode = $2 AND end_time > $1 ORDER BY voucher_id",
                     )
                     .bind(since)

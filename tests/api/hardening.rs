@@ -126,6 +126,65 @@ async fn a_restock_reopens_the_sale_even_while_redis_cannot_hear_of_it() {
     assert_eq!(app.check_invariants(voucher).await, 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_restock_while_redis_is_stuck_is_answered_once_and_its_units_sell_when_it_answers()
+{
+    // An async sale sells from Redis's stock: a restock rebuilds it. With
+    // Redis stuck, the rebuild cannot run; the restock is committed all the
+    // same, so it answers 200 (an error would be retried by the admin, and
+    // add the units twice), and the sale catches up once Redis answers.
+    let redis = OwnRedis::start();
+    let url = redis.url();
+    let app = spawn_app_with(|mut s| {
+        s.redis_url = url;
+        s.dependency_timeout = Duration::from_millis(500);
+        s
+    })
+    .await;
+    let voucher = app.open_async_voucher(1).await;
+    let tokens = app.tokens(1..=2).await;
+    let (status, _, first, _) = purchase(&app, &tokens[&1], voucher).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{first}");
+    let (status, _, body, _) = purchase(&app, &tokens[&2], voucher).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("sold_out"))
+    );
+
+    redis.freeze();
+    let answered = tokio::time::timeout(Duration::from_secs(10), restock(&app, voucher, 1)).await;
+    redis.thaw();
+    assert_eq!(answered.expect("the restock answers"), StatusCode::OK);
+    let (_, stats) = app
+        .admin_get(&format!("/admin/vouchers/{voucher}/stats"))
+        .await;
+    assert_eq!(stats["initial_stock"], 2, "{stats}");
+
+    // Once Redis answers, the supervisors rebuild the sale from Postgres:
+    // the restocked unit sells, to the second buyer.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let order = loop {
+        let (status, _, body, _) = purchase(&app, &tokens[&2], voucher).await;
+        match status {
+            StatusCode::ACCEPTED => break body,
+            StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the restocked unit never sold: {status} {body}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => panic!("{other}: {body}"),
+        }
+    };
+    let orders: Vec<String> = [first, order]
+        .iter()
+        .map(|o| o["order_id"].as_str().unwrap().to_owned())
+        .collect();
+    app.wait_confirmed(&orders).await;
+    assert_eq!(app.check_invariants(voucher).await, 2);
+}
+
 // 2. A lost order-id counter.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

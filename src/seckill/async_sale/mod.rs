@@ -19,7 +19,6 @@ mod writer;
 
 pub use writer::UNSTORED_REASONS;
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -291,26 +290,26 @@ impl AsyncSales {
 
     /// Runs for the life of the process: every second, starts a writer for
     /// each async voucher still in sale (or ended within a day) that has
-    /// none here, retires those of the vouchers no longer listed, and loads into Redis the sale of a voucher this instance
-    /// has not yet seen loaded whose Redis side is missing (at start, or
-    /// just created), retrying each second until it is loaded. A sale seen
-    /// loaded once and missing later (a Redis that lost it) stays paused
-    /// until an admin reconciles it. Stops when `stop` is cancelled.
+    /// none here, retires those of the vouchers no longer listed, and
+    /// rebuilds from Postgres the Redis side of a sale that is missing (just
+    /// created; lost by a Redis restarted empty; left paused by a
+    /// reconciliation that failed) or behind Postgres's initial stock (a
+    /// restock whose rebuild failed): one `HMGET` per sale to see that it
+    /// is not, and on every instance at once, one rebuild (the others find
+    /// it under way). Stops when `stop` is cancelled.
     pub(super) async fn supervise(self, stop: CancellationToken) {
-        let mut loaded = HashSet::new();
         loop {
             let since = Utc::now() - TimeDelta::days(1);
             match self.inner.store.async_vouchers(since).await {
                 Ok(vouchers) => {
-                    for &voucher_id in &vouchers {
-                        if !loaded.contains(&voucher_id) && self.load_if_missing(voucher_id).await {
-                            loaded.insert(voucher_id);
+                    for &(voucher_id, initial_stock) in &vouchers {
+                        if self.behind(voucher_id, initial_stock).await {
+                            self.load(voucher_id, initial_stock).await;
                         }
                         self.ensure_writer(voucher_id);
                     }
-                    self.retire_writers(&vouchers);
-                    // Listed in id order.
-                    loaded.retain(|voucher_id| vouchers.binary_search(voucher_id).is_ok());
+                    let listed: Vec<VoucherId> = vouchers.iter().map(|(id, _)| *id).collect();
+                    self.retire_writers(&listed);
                 }
                 Err(error) => {
                     tracing::warn!(error = %Chain(&error), "cannot list the async vouchers")
@@ -328,19 +327,43 @@ impl AsyncSales {
         }
     }
 
-    /// Loads a sale whose Redis side is missing; whether it is loaded now.
-    async fn load_if_missing(&self, voucher_id: VoucherId) -> bool {
-        match self.reconcile(voucher_id, Pause::IfMissing).await {
+    /// Whether the sale's Redis side is missing or was built from an
+    /// initial stock below `initial_stock`, at a glance (no lock, no
+    /// Postgres; the pause decides again atomically). `false` when Redis
+    /// cannot say: the next look asks again.
+    async fn behind(&self, voucher_id: VoucherId, initial_stock: i64) -> bool {
+        let keys = self.keys(voucher_id);
+        let read = redis::cmd("HMGET")
+            .arg(&keys.sale)
+            .arg("stock")
+            .arg("initial")
+            .clone();
+        match self
+            .inner
+            .redis
+            .query::<(Option<i64>, Option<i64>)>(&read)
+            .await
+        {
+            Ok((None, _)) => true,
+            Ok((Some(_), built)) => built.is_some_and(|built| built < initial_stock),
+            Err(_) => false,
+        }
+    }
+
+    /// Rebuilds a sale that is missing or behind (see [`Self::behind`]),
+    /// unless another rebuild is under way.
+    async fn load(&self, voucher_id: VoucherId, initial_stock: i64) {
+        match self
+            .reconcile(voucher_id, Pause::IfBehind(initial_stock))
+            .await
+        {
             Ok(Reconciliation::Done(done)) => {
                 tracing::info!(%voucher_id, ?done, "loaded an async sale into Redis");
-                true
             }
-            Ok(Reconciliation::Loaded) => true,
             // Another one reopens it, or fails and lets the next look load it.
-            Ok(Reconciliation::UnderWay | Reconciliation::Superseded) => false,
+            Ok(Reconciliation::Loaded | Reconciliation::UnderWay | Reconciliation::Superseded) => {}
             Err(error) => {
-                tracing::warn!(%voucher_id, %error, "loading an async sale failed; retrying");
-                false
+                tracing::warn!(%voucher_id, error = %Chain(&error), "loading an async sale failed; retrying");
             }
         }
     }
@@ -354,7 +377,7 @@ impl AsyncSales {
     pub(super) async fn load_new(&self, voucher_id: VoucherId) -> Result<bool> {
         let deadline = tokio::time::Instant::now() + self.inner.redis.timeout();
         loop {
-            match self.reconcile(voucher_id, Pause::IfMissing).await? {
+            match self.reconcile(voucher_id, Pause::IfBehind(0)).await? {
                 Reconciliation::Done(_) | Reconciliation::Loaded => return Ok(true),
                 Reconciliation::UnderWay | Reconciliation::Superseded => {}
             }

@@ -20,6 +20,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use redis::{self, Script, ToRedisArgs};
 use serde::Serialize;
@@ -51,9 +52,11 @@ static RELEASE: LazyLock<Script> =
 pub enum Pause {
     /// Always (an admin's reconciliation, a restock).
     Always,
-    /// Only if the sale is not in Redis and no reconciliation is under way
-    /// (a sale created, or seen for the first time by an instance).
-    IfMissing,
+    /// Only if no reconciliation is under way and the sale is not in Redis
+    /// (a sale created; one Redis lost, or a failed reconciliation left
+    /// paused) or was built from an initial stock below this one (a
+    /// restock whose rebuild failed). `IfBehind(0)`: only if missing.
+    IfBehind(i64),
 }
 
 /// What a reconciliation came to.
@@ -63,9 +66,9 @@ pub enum Reconciliation {
     /// A later reconciliation took over before this one reopened the
     /// sale; that one reopens it.
     Superseded,
-    /// [`Pause::IfMissing`] and the sale is loaded: nothing done.
+    /// [`Pause::IfBehind`] and the sale is loaded and current: nothing done.
     Loaded,
-    /// [`Pause::IfMissing`] and another reconciliation is under way:
+    /// [`Pause::IfBehind`] and another reconciliation is under way:
     /// nothing done (that one reopens the sale, or releases it failing).
     UnderWay,
 }
@@ -139,42 +142,77 @@ impl AsyncSales {
         let keys = self.keys(voucher_id);
         // Pause: purchases answer 503 until the sale hash is back.
         let token = uuid::Uuid::new_v4().simple().to_string();
-        let paused: i64 = inner
-            .redis
-            .invoke(
-                PAUSE
-                    .key(&keys.sale)
-                    .key(&keys.reconciling)
-                    .arg(&token)
-                    .arg(UNDER_WAY_MS)
-                    .arg(if pause == Pause::IfMissing { "1" } else { "0" }),
-            )
-            .await?;
-        match paused {
-            1 => {}
-            0 => return Ok(Reconciliation::Loaded),
-            _ => return Ok(Reconciliation::UnderWay),
-        }
         let staged = Staged {
             buyers: format!("{}:{token}", keys.buyers),
             returned: format!("{}:{token}", keys.returned),
             orders_per_user: format!("{}:{token}", keys.orders_per_user),
         };
-        let rebuilt = self.rebuild(voucher_id, &keys, &token, &staged).await;
+        let paused = inner
+            .redis
+            .invoke::<i64>(
+                PAUSE
+                    .key(&keys.sale)
+                    .key(&keys.reconciling)
+                    .arg(&token)
+                    .arg(UNDER_WAY_MS)
+                    .arg(match pause {
+                        Pause::Always => String::new(),
+                        Pause::IfBehind(initial) => initial.to_string(),
+                    }),
+            )
+            .await;
+        let rebuilt = match paused {
+            Ok(1) => self.rebuild(voucher_id, &keys, &token, &staged).await,
+            Ok(0) => return Ok(Reconciliation::Loaded),
+            Ok(_) => return Ok(Reconciliation::UnderWay),
+            // Unanswered, the pause may still be applied (a Redis stuck, not
+            // gone, runs it when it wakes): its token is released as below.
+            Err(error) => Err(error.into()),
+        };
         if rebuilt.is_err() {
-            // The sale stays paused; the next reconciliation need not wait
-            // for this one's token to expire.
-            let mut release = RELEASE.key(&keys.reconciling);
-            release
-                .key(&staged.buyers)
-                .key(&staged.returned)
-                .key(&staged.orders_per_user)
-                .arg(&token);
-            if let Err(error) = inner.redis.invoke::<i64>(&release).await {
-                tracing::warn!(%voucher_id, error = %Chain(&error), "could not release a failed reconciliation");
-            }
+            // The sale stays paused; the next reconciliation (every
+            // supervisor's, within a second) need not wait for this one's
+            // token to expire.
+            self.release(voucher_id, keys, staged, token);
         }
         rebuilt
+    }
+
+    /// Ends a reconciliation that failed after it paused the sale, or may
+    /// have: its token and staged keys go (`lua/async_release.lua`). Sent
+    /// until Redis answers (once a second, on a task of its own: the
+    /// failure is answered at once), for at most the token's life, or until
+    /// the instance stops.
+    fn release(&self, voucher_id: VoucherId, keys: SaleKeys, staged: Staged, token: String) {
+        let sales = self.clone();
+        let background = &self.inner.background;
+        let stop = background.stop.clone();
+        background.tasks.spawn(async move {
+            let give_up = tokio::time::Instant::now() + Duration::from_millis(UNDER_WAY_MS);
+            for attempt in 0.. {
+                let mut release = RELEASE.key(&keys.reconciling);
+                release
+                    .key(&staged.buyers)
+                    .key(&staged.returned)
+                    .key(&staged.orders_per_user)
+                    .arg(&token);
+                match sales.inner.redis.invoke::<i64>(&release).await {
+                    Ok(_) => return,
+                    Err(error) if attempt == 0 => {
+                        tracing::warn!(%voucher_id, error = %Chain(&error),
+                        "could not release a failed reconciliation; trying again each second")
+                    }
+                    Err(_) => {}
+                }
+                if tokio::time::Instant::now() >= give_up {
+                    return;
+                }
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        });
     }
 
     /// Writes `members` (field-value pairs for HSET, members for SADD) into
@@ -267,7 +305,8 @@ impl AsyncSales {
                     .arg(token)
                     .arg(stock)
                     .arg(begin_ms)
-                    .arg(end_ms),
+                    .arg(end_ms)
+                    .arg(voucher.level.initial_stock),
             )
             .await?;
         if reopened != 1 {
