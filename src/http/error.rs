@@ -29,6 +29,16 @@ pub struct ErrorBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1)]
     stock: Option<i32>,
+    /// With `bad_request` from a waiting room that asks for proof of work:
+    /// the user's challenge; `X-Queue-Proof` is a nonce such that SHA-256
+    /// of the challenge followed by the nonce starts with `proof_bits`
+    /// zero bits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    challenge: Option<String>,
+    /// With `challenge`: the zero bits the proof needs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 32)]
+    proof_bits: Option<u32>,
 }
 
 /// The machine-readable error codes.
@@ -135,9 +145,9 @@ impl ApiError {
         use Refusal as R;
         use SeckillError as S;
         match self {
-            Self::BadRequest(_) | Self::Seckill(S::Invalid(_)) => {
-                (StatusCode::BAD_REQUEST, C::BadRequest)
-            }
+            Self::BadRequest(_)
+            | Self::Seckill(S::Invalid(_))
+            | Self::Seckill(S::ProofNeeded { .. }) => (StatusCode::BAD_REQUEST, C::BadRequest),
             Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, C::Unauthorized),
             Self::Forbidden => (StatusCode::FORBIDDEN, C::Forbidden),
             Self::NotFound(_) | Self::Seckill(S::NotFound(_)) => {
@@ -229,11 +239,19 @@ impl ApiError {
             Self::Refused(Refusal::NotEnoughStock { stock }) => Some(*stock),
             _ => None,
         };
+        let (challenge, proof_bits) = match self {
+            Self::Seckill(SeckillError::ProofNeeded { challenge, bits }) => {
+                (Some(challenge.clone()), Some(*bits))
+            }
+            _ => (None, None),
+        };
         ErrorBody {
             error: code,
             message,
             order_id,
             stock,
+            challenge,
+            proof_bits,
         }
     }
 

@@ -19,6 +19,12 @@ use std::sync::Arc;
 pub enum SeckillError {
     #[error("{0}")]
     Invalid(String),
+    /// A join of a room that asks for proof of work without a nonce that
+    /// solves the user's challenge (a bad request, which says what to solve).
+    #[error(
+        "this room asks for proof of work: send X-Queue-Proof: <nonce>, where SHA-256 of \"{challenge}<nonce>\" starts with {bits} zero bits"
+    )]
+    ProofNeeded { challenge: String, bits: u32 },
     #[error("{0} not found")]
     NotFound(&'static str),
     /// A dependency is away or slow (`503`); `source` says how it failed.
@@ -109,7 +115,7 @@ impl SeckillError {
         match self {
             Self::NotFound(_) => Outcome::NotFound,
             Self::Unavailable { .. } => Outcome::Unavailable,
-            Self::Invalid(_) | Self::Internal(_) => Outcome::Error,
+            Self::Invalid(_) | Self::ProofNeeded { .. } | Self::Internal(_) => Outcome::Error,
         }
     }
 

@@ -268,6 +268,15 @@ async fn a_room_that_asks_for_proof_of_work_admits_only_solved_joins() {
         body["message"].as_str().unwrap().contains("seckill-queue:"),
         "{body}"
     );
+    // What to solve, for a client to read rather than parse the message.
+    assert_eq!(
+        (body["challenge"].as_str(), body["proof_bits"].as_u64()),
+        (
+            Some(format!("seckill-queue:{voucher}:4:").as_str()),
+            Some(bits.into())
+        ),
+        "{body}"
+    );
     let proof_holds = |voucher, user, nonce: &str| {
         let (voucher, user) = (VoucherId::new(voucher).unwrap(), UserId::new(user).unwrap());
         seckill::seckill::proof_holds(voucher, user, nonce, bits)

@@ -66,6 +66,8 @@
     sessionStorage.setItem(TOKEN_KEY, value);
     if (user) sessionStorage.setItem(USER_KEY, String(user));
     else sessionStorage.removeItem(USER_KEY);
+    // A ticket is its user's: the one signed in now joins for themselves.
+    leaveQueue();
     showAccount();
     S.say("Signed in.", "");
     if (state.voucherId) loadOrder();
@@ -218,6 +220,14 @@
     state.queueTimer = null;
   }
 
+  // Forgets the ticket: the join button shows again.
+  function leaveQueue() {
+    stopQueue();
+    state.queue = null;
+    showQueue();
+    updateButtons();
+  }
+
   function showQueue() {
     const q = state.queue;
     $("join-queue").hidden = Boolean(q);
@@ -244,16 +254,102 @@
     updateButtons();
     if (answer.body.status === "sold_out") S.say(S.MESSAGES.sold_out, "sold_out");
     else if (answer.body.status === "admitted") S.say("You are admitted: buy now.", "");
-    // Exactly when the service says to ask again.
-    const wait = (answer.retryAfter === null ? 1 : answer.retryAfter) * 1000;
+    // Exactly when the service says to ask again; admitted, once the
+    // admission's window is over (the service then places the ticket again
+    // at the back of the room).
+    let wait = (answer.retryAfter === null ? 1 : answer.retryAfter) * 1000;
+    if (answer.body.status === "admitted") {
+      wait = Math.max(1000, Date.parse(answer.body.admitted_until) - S.clock.now() + 500);
+    }
     stopQueue();
-    if (answer.body.status !== "admitted") state.queueTimer = setTimeout(pollQueue, wait);
+    state.queueTimer = setTimeout(pollQueue, wait);
+  }
+
+  // SHA-256's round constants and first hash (FIPS 180-4).
+  const K = new Uint32Array([
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+  ]);
+  const H0 = [0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19];
+  const ror = (x, n) => (x >>> n) | (x << (32 - n));
+
+  // SHA-256 of `bytes` (short: under 512 MiB), as eight 32-bit words. Here
+  // rather than crypto.subtle, which a page served over plain HTTP to
+  // another host than localhost does not have.
+  function sha256(bytes) {
+    const length = bytes.length;
+    const padded = new Uint8Array(((length + 9 + 63) >> 6) << 6);
+    padded.set(bytes);
+    padded[length] = 0x80;
+    const bits = length * 8;
+    for (let i = 1; i <= 4; i++) padded[padded.length - i] = (bits >>> (8 * (i - 1))) & 0xff;
+    const hash = Uint32Array.from(H0);
+    const w = new Uint32Array(64);
+    for (let at = 0; at < padded.length; at += 64) {
+      for (let i = 0; i < 16; i++) {
+        const j = at + 4 * i;
+        w[i] = (padded[j] << 24) | (padded[j + 1] << 16) | (padded[j + 2] << 8) | padded[j + 3];
+      }
+      for (let i = 16; i < 64; i++) {
+        const x = w[i - 15];
+        const y = w[i - 2];
+        const s0 = ror(x, 7) ^ ror(x, 18) ^ (x >>> 3);
+        const s1 = ror(y, 17) ^ ror(y, 19) ^ (y >>> 10);
+        w[i] = (w[i - 16] + s0 + w[i - 7] + s1) | 0;
+      }
+      let [a, b, c, d, e, f, g, h] = hash;
+      for (let i = 0; i < 64; i++) {
+        const t1 = (h + (ror(e, 6) ^ ror(e, 11) ^ ror(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i]) | 0;
+        const t2 = ((ror(a, 2) ^ ror(a, 13) ^ ror(a, 22)) + ((a & b) ^ (a & c) ^ (b & c))) | 0;
+        h = g;
+        g = f;
+        f = e;
+        e = (d + t1) | 0;
+        d = c;
+        c = b;
+        b = a;
+        a = (t1 + t2) | 0;
+      }
+      [a, b, c, d, e, f, g, h].forEach((v, i) => (hash[i] += v));
+    }
+    return hash;
+  }
+
+  // A nonce whose SHA-256 after the room's challenge starts with `bits`
+  // zero bits (at most 32: the first word says), searched a slice at a time
+  // so that the page stays alive; null if the buyer left the voucher.
+  async function solveProof(challenge, bits, id) {
+    const encoder = new TextEncoder();
+    for (let nonce = 0; ; nonce++) {
+      if (Math.clz32(sha256(encoder.encode(challenge + nonce))[0]) >= bits) return String(nonce);
+      if (nonce % 4096 === 4095) {
+        await new Promise((resolve) => setTimeout(resolve, 0));
+        if (state.voucherId !== id) return null;
+      }
+    }
   }
 
   async function joinQueue() {
     const id = state.voucherId;
-    const answer = await S.call("POST", "/vouchers/" + id + "/queue", { token: token() });
+    let answer = await S.call("POST", "/vouchers/" + id + "/queue", { token: token() });
     if (state.voucherId !== id) return;
+    if (answer.status === 400 && answer.body && typeof answer.body.challenge === "string") {
+      // The room asks for proof of work: solved here, then joined with it.
+      S.say("This room asks for proof of work: solving it...", "");
+      const nonce = await solveProof(answer.body.challenge, answer.body.proof_bits, id);
+      if (nonce === null) return;
+      answer = await S.call("POST", "/vouchers/" + id + "/queue", {
+        token: token(),
+        headers: { "X-Queue-Proof": nonce },
+      });
+      if (state.voucherId !== id) return;
+    }
     if (answer.status !== 202) return refused(answer);
     S.say("You joined the waiting room.", "");
     queued(answer);
@@ -270,6 +366,11 @@
     if (state.voucherId !== id || state.queue !== q) return;
     if (answer.status !== 200) {
       refused(answer);
+      if ([400, 401, 403, 404].includes(answer.status)) {
+        // The ticket is not (or no longer) good here: join again.
+        leaveQueue();
+        return;
+      }
       stopQueue();
       state.queueTimer = setTimeout(pollQueue, (answer.retryAfter || 2) * 1000);
       return;
@@ -346,6 +447,11 @@
       loadOrder();
     } else {
       const said = refused(answer);
+      if (said.code === "not_admitted" && state.queue) {
+        // The admission ran out (or the clocks disagree): ask the room now.
+        stopQueue();
+        pollQueue();
+      }
       if (said.code === "already_purchased" && answer.body.order_id) {
         setOrder({ order_id: answer.body.order_id, status: "" });
         loadOrder();

@@ -402,11 +402,10 @@ impl super::Seckill {
         let (voucher, rate) = self.room_of(voucher_id).await?;
         let bits = u32::try_from(voucher.terms.queue_proof_bits).unwrap_or(0);
         if bits > 0 && !proof.is_some_and(|nonce| proof_holds(voucher_id, user_id, nonce, bits)) {
-            return Err(SeckillError::Invalid(format!(
-                "this room asks for proof of work: send X-Queue-Proof: <nonce>, where \
-                 SHA-256 of \"{}<nonce>\" starts with {bits} zero bits",
-                challenge(voucher_id, user_id)
-            )));
+            return Err(SeckillError::ProofNeeded {
+                challenge: challenge(voucher_id, user_id),
+                bits,
+            });
         }
         let (sold_out, async_sale) = self.sale_state(&voucher).await?;
         self.inner

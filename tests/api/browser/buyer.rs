@@ -2,7 +2,8 @@
 //! countdown reach zero on the server's clock, join the waiting room, be
 //! admitted, buy an async sale's last unit (`pending`, then `unpaid`), pay
 //! and see `paid`; the next buyer is told `sold_out`. And a browser whose
-//! clock is ten minutes ahead counts down to the same moment.
+//! clock is ten minutes ahead counts down to the same moment, and a room
+//! that asks for proof of work is joined (the page solves it).
 
 use chrono::{Duration, Utc};
 use serde_json::json;
@@ -31,6 +32,27 @@ async fn seconds_left(browser: &Browser) -> Option<i64> {
         .attribute("countdown", "data-seconds")
         .await
         .and_then(|s| s.parse().ok())
+}
+
+/// After a join: a place in the room, then admitted (the buy button
+/// opens), then the purchase, stored `unpaid`.
+async fn placed_admitted_and_bought(browser: &Browser) {
+    browser
+        .wait_for(
+            "a place in the room",
+            || browser.text("queue-place"),
+            |place| place.as_deref().is_some_and(|p| p.parse::<i64>().is_ok()),
+        )
+        .await;
+    browser
+        .wait_for(
+            "the buy button open",
+            || browser.enabled("buy"),
+            |open| *open,
+        )
+        .await;
+    browser.click("buy").await;
+    browser.wait_text("order-status", "unpaid").await;
 }
 
 #[tokio::test]
@@ -92,22 +114,7 @@ async fn a_buyer_counts_down_queues_buys_and_pays_and_the_next_finds_it_sold_out
     // Into the room before the start: placed at the start, then admitted.
     browser.click("join-queue").await;
     browser.wait_text("countdown", "0:00:00").await;
-    browser
-        .wait_for(
-            "a place in the room",
-            || browser.text("queue-place"),
-            |place| place.as_deref().is_some_and(|p| p.parse::<i64>().is_ok()),
-        )
-        .await;
-    browser
-        .wait_for(
-            "the buy button open",
-            || browser.enabled("buy"),
-            |open| *open,
-        )
-        .await;
-    browser.click("buy").await;
-    browser.wait_text("order-status", "unpaid").await;
+    placed_admitted_and_bought(&browser).await;
     browser
         .assert_accessible("the voucher's page with an unpaid order")
         .await;
@@ -208,5 +215,37 @@ async fn a_browser_whose_clock_is_ten_minutes_ahead_counts_down_to_the_same_star
         "{shown}"
     );
     assert!(!browser.enabled("buy").await);
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn a_buyer_joins_a_room_that_asks_for_proof_of_work_and_buys_needs_chromium() {
+    // The page solves the room's proof of work (the challenge in the 400's
+    // body) and joins with it: before, every click was "malformed".
+    let app = spawn_demo().await;
+    let browser = Browser::start(1280).await;
+    let begin = Utc::now() - Duration::seconds(1);
+    let voucher = app
+        .create_voucher_from(json!({
+            "title": "Proof",
+            "stock": 2,
+            "begin_time": begin,
+            "end_time": begin + Duration::hours(1),
+            "waiting_room": { "admit_per_second": 100, "proof_of_work_bits": 12 },
+        }))
+        .await;
+    browser
+        .goto(&app.url(&format!("/shop/#/vouchers/{voucher}")))
+        .await;
+    sign_in(&browser).await;
+    browser
+        .wait_for(
+            "the voucher card's page",
+            || browser.text("stock"),
+            |stock| stock.as_deref() == Some("2"),
+        )
+        .await;
+    browser.click("join-queue").await;
+    placed_admitted_and_bought(&browser).await;
     browser.close().await;
 }
