@@ -30,7 +30,8 @@
 -- For the i-th lock (i = 1, 2, ...):
 -- KEYS[2i-1]  the lock's key
 -- KEYS[2i]    the lock's fencing-token key
--- ARGV[3i-2]  lease in milliseconds (> 0); every acquisition resets it
+-- ARGV[3i-2]  lease in milliseconds (> 0); every acquisition sets it, unless
+--             more is left (a reentry never shortens the lock's lease)
 -- ARGV[3i-1]  the owner
 -- ARGV[3i]    the request id
 -- and last, ARGV[#ARGV]: lifetime of the fencing-token keys in milliseconds.
@@ -42,6 +43,15 @@
 --                            ms (-1 only if someone removed the lease by hand)
 local token_life = ARGV[#ARGV]
 local now
+
+-- Sets the lease of `key` to `lease` ms unless more is left: a hold taken
+-- or given back with a shorter lease than one already running must not cut
+-- the other holds short (the key would expire under them).
+local function extend(key, lease)
+    if redis.call('pttl', key) < tonumber(lease) then
+        redis.call('pexpire', key, lease)
+    end
+end
 
 -- The token in a fencing-token key's value ('token' or 'token request');
 -- 0 for none.
@@ -89,7 +99,7 @@ local function acquire(lock, fence, lease, owner, request)
     end
     holds = redis.call('hincrby', lock, owner, 1)
     redis.call('hset', lock, record, holds .. ' ' .. token .. ' ' .. request)
-    redis.call('pexpire', lock, lease)
+    extend(lock, lease)
     return {1, holds, tonumber(token)}
 end
 

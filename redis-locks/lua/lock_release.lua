@@ -21,7 +21,8 @@
 -- KEYS[3i-2]  the lock's key
 -- KEYS[3i-1]  the lock's channel
 -- KEYS[3i]    the lock's fencing-token key
--- ARGV[3i-2]  the lease in milliseconds, renewed while holds remain
+-- ARGV[3i-2]  the lease in milliseconds, renewed while holds remain (never
+--             shortened)
 -- ARGV[3i-1]  the owner
 -- ARGV[3i]    the request id
 -- and last, ARGV[#ARGV]: lifetime of the fencing-token keys in milliseconds.
@@ -32,6 +33,15 @@
 --          0  the last hold was released, the key deleted, waiters told
 --         >0  holds still left to this owner; the lease was renewed
 local token_life = ARGV[#ARGV]
+
+-- Sets the lease of `key` to `lease` ms unless more is left: a hold taken
+-- or given back with a shorter lease than one already running must not cut
+-- the other holds short (the key would expire under them).
+local function extend(key, lease)
+    if redis.call('pttl', key) < tonumber(lease) then
+        redis.call('pexpire', key, lease)
+    end
+end
 
 local function release(lock, channel, fence, lease, owner, request)
     local record = 'req:' .. owner
@@ -54,7 +64,7 @@ local function release(lock, channel, fence, lease, owner, request)
         -- The holder's token stays in its record ('' for a hold the fair
         -- lock's script took, which writes no record).
         redis.call('hset', lock, record, holds .. ' ' .. (token or '') .. ' ' .. request)
-        redis.call('pexpire', lock, lease)
+        extend(lock, lease)
         return holds
     end
     redis.call('del', lock)

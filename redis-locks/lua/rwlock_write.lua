@@ -17,7 +17,10 @@ if mode == false then
 end
 if mode == 'write' and redis.call('hexists', KEYS[1], writer) == 1 then
     local holds = redis.call('hincrby', KEYS[1], writer, 1)
-    redis.call('pexpire', KEYS[1], ARGV[1])
+    -- Never shortens the lease: the owner's other holds run on it.
+    if redis.call('pttl', KEYS[1]) < tonumber(ARGV[1]) then
+        redis.call('pexpire', KEYS[1], ARGV[1])
+    end
     return {1, holds}
 end
 return {0, redis.call('pttl', KEYS[1])}

@@ -85,6 +85,29 @@ async fn the_same_owner_reenters_and_the_last_release_frees() {
 }
 
 #[tokio::test]
+async fn a_reentry_or_release_with_a_shorter_lease_never_cuts_the_lock_short() {
+    let (locks, lock) = new_lock("order:short");
+    let owner = locks.owner("request-1");
+    let outer = take(&lock, &owner, LEASE).await;
+    // Taken again, and given back, with a lease far shorter than the
+    // outer hold's: the lock keeps the longer one.
+    let inner = take(&lock, &owner, Duration::from_millis(100)).await;
+    let again = take(&lock, &owner, Duration::from_millis(100)).await;
+    assert_eq!(again.unlock().await.unwrap(), Released::StillHeld(2));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let other = locks.owner("request-2");
+    match lock.try_acquire(&other, LEASE).await.unwrap() {
+        Acquired::HeldByOther { lease_left } => {
+            let left = lease_left.expect("the lock has a lease");
+            assert!(left > Duration::from_secs(5), "{left:?}");
+        }
+        Acquired::Yes(_) => panic!("a second owner got the lock while its owner held it"),
+    }
+    assert_eq!(inner.unlock().await.unwrap(), Released::StillHeld(1));
+    assert_eq!(outer.unlock().await.unwrap(), Released::Free);
+}
+
+#[tokio::test]
 async fn a_release_by_someone_else_changes_nothing_and_is_reported() {
     let (locks, lock) = new_lock("order:2");
     let owner = locks.owner("holder");
