@@ -45,15 +45,24 @@ pub struct PoolUsage {
 
 impl Seckill {
     /// The voucher, from memory: as the sale keeps it (at most the voucher
-    /// cache's lifetime old), with its remaining stock read at most
+    /// cache's lifetime old; an async sale's once read), with its remaining stock read at most
     /// [`STOCK_REFRESH`] ago. A crowd of readers costs one query per
-    /// voucher and refresh, however large.
+    /// voucher and refresh, however large. An async sale's stock is
+    /// Redis's, which counts the orders accepted and not yet written
+    /// (Postgres's, while Redis cannot say).
     pub async fn voucher(&self, voucher_id: VoucherId) -> Result<Voucher> {
-        let mut voucher = Voucher::clone(&*self.sale_window(voucher_id).await?);
+        let mut voucher = Voucher::clone(&*self.selling(voucher_id).await?);
         let store = &self.inner.store;
+        let sales = &self.inner.async_sales;
+        let sold_in_redis = voucher.terms.sale_mode == SaleMode::Async;
         let stock_seen = &self.inner.vouchers.stock_seen;
         let level = stock_seen
             .try_get_with(voucher_id, async move {
+                if sold_in_redis {
+                    if let Ok(Some(stock)) = sales.stock(voucher_id).await {
+                        return Ok(i32::try_from(stock.max(0)).unwrap_or(i32::MAX));
+                    }
+                }
                 match store.stock_level(voucher_id).await {
                     Ok(Some(level)) => Ok(level.stock),
                     Ok(None) => Err(LoadError::Missing),

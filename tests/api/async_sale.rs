@@ -627,6 +627,15 @@ async fn an_async_sale_accepts_past_the_voucher_cache_while_postgres_is_away() {
     for user in 2..=3 {
         orders.push(accept(&app, &app.base, &tokens[&user], voucher).await);
     }
+    // The voucher's stock counts the orders accepted and not yet written
+    // (Redis's stock), once its read is refreshed (at most a second).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, shown) = answer(app.client.get(app.url(&format!("/vouchers/{voucher}")))).await;
+    assert_eq!(
+        (status, shown["stock"].as_i64()),
+        (StatusCode::OK, Some(7)),
+        "{shown}"
+    );
     proxy.thaw();
     app.wait_confirmed(&orders).await;
     assert_eq!(app.check_invariants(voucher).await, 3);

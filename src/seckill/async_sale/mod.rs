@@ -225,6 +225,18 @@ impl AsyncSales {
         Ok(order_id)
     }
 
+    /// The units Redis still sells of `voucher_id`'s sale: Postgres's
+    /// stock less the orders accepted and not yet written. `None` while the
+    /// sale is not loaded (paused, or lost with Redis).
+    pub(super) async fn stock(&self, voucher_id: VoucherId) -> Result<Option<i64>> {
+        let keys = self.keys(voucher_id);
+        Ok(self
+            .inner
+            .redis
+            .query(redis::cmd("HGET").arg(&keys.sale).arg("stock"))
+            .await?)
+    }
+
     /// An order Redis accepted and Postgres does not hold yet.
     pub(super) async fn pending(&self, order_id: OrderId) -> Result<Option<Order>> {
         let value: Option<String> = self
