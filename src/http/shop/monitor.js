@@ -97,6 +97,16 @@
       show(answer.body);
     } else {
       S.sayError(answer);
+      if (answer.status === 403 || answer.status === 404) {
+        // A wrong admin token, or no such voucher: asking again each
+        // second changes nothing. The token goes (it is asked for again);
+        // watching resumes with the next choice.
+        if (answer.status === 403) {
+          sessionStorage.removeItem(ADMIN_KEY);
+          $("admin-token").placeholder = "";
+        }
+        return;
+      }
     }
     const wait = answer.status === 200 ? EVERY_MS : Math.max(EVERY_MS, (answer.retryAfter || 1) * 1000);
     state.timer = setTimeout(() => read(generation), Math.max(0, wait - (Date.now() - began)));

@@ -1,7 +1,7 @@
 //! The sale monitor in a real browser, watching a sale under load: the
 //! numbers come alive (orders per second, the room's serving number,
 //! refusals by code, purchase p99) and the stock drains to 0 on the
-//! chart.
+//! chart. A wrong admin token is told once, and forgotten.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -157,5 +157,47 @@ async fn the_monitor_shows_a_sale_drain_to_zero_with_live_numbers_needs_chromium
         (stats["stock"].as_i64(), stats["orders"].as_i64()),
         (Some(0), Some(30))
     );
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn a_wrong_admin_token_is_told_forgotten_and_not_sent_again_needs_chromium() {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(3).await;
+    let browser = Browser::start(1280).await;
+    browser.goto(&app.url("/shop/monitor")).await;
+    // Counts the monitor's reads from here on.
+    browser
+        .run(
+            "const fetched = window.fetch; window.reads = 0; \
+             window.fetch = (...args) => { \
+               if (String(args[0]).endsWith('/monitor')) window.reads += 1; \
+               return fetched(...args); };",
+        )
+        .await;
+    browser.type_into("admin-token", "not-the-token").await;
+    browser
+        .type_into("monitor-voucher", &voucher.to_string())
+        .await;
+    browser
+        .run("document.getElementById('watch').click()")
+        .await;
+    browser
+        .wait_for(
+            "the refusal told",
+            || browser.attribute("message", "data-error"),
+            |error| error.as_deref() == Some("forbidden"),
+        )
+        .await;
+    assert_eq!(
+        browser
+            .run("return sessionStorage.getItem('seckill.admin')")
+            .await,
+        Value::Null,
+        "a refused token is not kept"
+    );
+    // Before, the same refused read went out every second.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(browser.run("return window.reads").await, json!(1));
     browser.close().await;
 }
