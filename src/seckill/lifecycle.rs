@@ -209,8 +209,11 @@ impl Seckill {
 
     /// Tells the sale that units came back: this instance forgets the
     /// closed orders' holders and the vouchers it cached, the sold-out
-    /// flags open at each voucher's new epoch, and the relay of async
-    /// returns is woken.
+    /// flags open at each voucher's new epoch, and an async sale's Redis
+    /// gets the units and forgets the buyers at once (so that a buyer who
+    /// cancels and buys again is not told of the cancelled order), the
+    /// relay of the returns queued in Postgres woken behind it (a return
+    /// counts once: `lua/async_return.lua`).
     async fn units_returned(&self, closed: &[Closed]) {
         let inner = &self.inner;
         inner.holders.closed(closed);
@@ -230,7 +233,27 @@ impl Seckill {
                         .publish(order.voucher_id, order.end_time, order.level, now)
                         .await;
                 }
-                SaleMode::Async => inner.returns_queued.notify_one(),
+                SaleMode::Async => {
+                    let returns: Vec<StockReturn> = closed
+                        .iter()
+                        .filter(|c| c.voucher_id == order.voucher_id)
+                        .map(|c| StockReturn {
+                            order_id: c.order_id,
+                            voucher_id: c.voucher_id,
+                            user_id: c.user_id,
+                            quantity: c.quantity,
+                        })
+                        .collect();
+                    if let Err(error) = inner
+                        .async_sales
+                        .give_back(order.voucher_id, &returns)
+                        .await
+                    {
+                        tracing::debug!(voucher_id = %order.voucher_id, error = %crate::telemetry::Chain(&error),
+                            "returning units to Redis at once failed; the relay does it");
+                    }
+                    inner.returns_queued.notify_one();
+                }
             }
         }
     }

@@ -47,7 +47,7 @@ macro_rules! close_and_return {
             FROM closed c JOIN back b ON b.voucher_id = c.voucher_id
             WHERE b.sale_mode = 'async'
         )
-        SELECT c.id AS order_id, c.voucher_id, c.user_id, c.pay_by, b.stock, b.initial_stock,
+        SELECT c.id AS order_id, c.voucher_id, c.user_id, c.pay_by, c.quantity, b.stock, b.initial_stock,
                b.returned, b.sale_mode, b.end_time
         FROM closed c JOIN back b ON b.voucher_id = c.voucher_id"
         )
@@ -92,6 +92,8 @@ pub struct Closed {
     pub voucher_id: VoucherId,
     pub user_id: UserId,
     pub pay_by: DateTime<Utc>,
+    /// The order's units, all given back.
+    pub quantity: i32,
     #[sqlx(flatten)]
     pub level: StockLevel,
     pub sale_mode: SaleMode,

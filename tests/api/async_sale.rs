@@ -896,3 +896,29 @@ async fn accepted_orders_not_yet_written_are_found_by_id_as_pending_by_their_buy
     app.wait_confirmed(&orders).await;
     assert_eq!(app.check_invariants(voucher).await, 30);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buyer_who_cancels_buys_again_at_once_and_is_not_told_of_the_cancelled_order() {
+    // The cancel gives the unit back to Redis before it answers: before,
+    // only the relay did, moments later, and a purchase in between heard
+    // already_purchased, naming the cancelled order.
+    let app = spawn_app().await;
+    let voucher = app
+        .open_voucher_with(
+            1,
+            json!({ "sale_mode": "async", "max_orders_per_user": 1000 }),
+        )
+        .await;
+    let token = app.token(1).await;
+    let mut order = accept(&app, &app.base, &token, voucher).await;
+    for round in 0..20 {
+        app.wait_confirmed(std::slice::from_ref(&order)).await;
+        let (status, body) = app.cancel(&app.base, &order, &token).await;
+        assert_eq!(status, StatusCode::OK, "round {round}: {body}");
+        let (status, body) = post(&app, &app.base, &token, voucher).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "round {round}: {body}");
+        order = order_of(&body);
+    }
+    app.wait_confirmed(&[order]).await;
+    assert_eq!(app.check_invariants(voucher).await, 1);
+}
