@@ -7,8 +7,9 @@
 //! Filled by this instance's own purchases as they are answered, and by
 //! every instance's through the order events (`order_events`, read every
 //! 250 ms from the feed's place at start-up); an order cancelled or
-//! expired is forgotten here at once, and on every other instance at its
-//! next read. Not knowing is safe: a user missing here takes the purchase's
+//! expired is forgotten here at once (and its creation, should a read of
+//! the feed that began before the close bring it afterwards, is not taken
+//! back), and on every other instance at its next read. Not knowing is safe: a user missing here takes the purchase's
 //! usual path, which finds the order. Knowing wrongly is bounded: an order
 //! closed on another instance is still held here for at most one read.
 
@@ -31,9 +32,16 @@ const CAPACITY: u64 = 2_000_000;
 /// path again (and is kept again from there).
 const KEPT: Duration = Duration::from_secs(3_600);
 
+/// How long an order this instance closed is remembered as closed: a read
+/// of the feed that began before the close may bring its creation after
+/// it, which must not make it live again.
+const CLOSED_KEPT: Duration = Duration::from_secs(60);
+
 /// The live orders this instance knows of, by voucher and user.
 pub(super) struct Holders {
     live: moka::sync::Cache<(VoucherId, UserId), OrderId>,
+    /// Orders this instance closed lately (see [`CLOSED_KEPT`]).
+    closed: moka::sync::Cache<OrderId, ()>,
 }
 
 impl Holders {
@@ -42,6 +50,10 @@ impl Holders {
             live: moka::sync::Cache::builder()
                 .max_capacity(CAPACITY)
                 .time_to_live(KEPT)
+                .build(),
+            closed: moka::sync::Cache::builder()
+                .max_capacity(CAPACITY / 10)
+                .time_to_live(CLOSED_KEPT)
                 .build(),
         }
     }
@@ -67,6 +79,7 @@ impl Holders {
     /// Orders this instance closed.
     pub(super) fn closed(&self, closed: &[Closed]) {
         for order in closed {
+            self.closed.insert(order.order_id, ());
             self.let_go(order.voucher_id, order.user_id, order.order_id);
         }
     }
@@ -78,7 +91,9 @@ impl Holders {
         let (voucher_id, user, order_id) = (change.voucher_id, change.user_id, change.order_id);
         if change.closed {
             self.let_go(voucher_id, user, order_id);
-        } else if self.holder(voucher_id, user) != Some(order_id) {
+        } else if self.holder(voucher_id, user) != Some(order_id)
+            && !self.closed.contains_key(&order_id)
+        {
             self.hold(voucher_id, user, order_id);
         }
     }
@@ -158,6 +173,39 @@ mod tests {
         holders.let_go(v, u, second);
         assert_eq!(holders.holder(v, u), None);
         assert_eq!(holders.holder(VoucherId::new(2).unwrap(), u), None);
+    }
+
+    #[test]
+    fn an_order_closed_here_stays_closed_when_the_feed_brings_its_creation_after() {
+        let holders = Holders::new();
+        let (v, u, order) = ids(1, 7, 100);
+        holders.hold(v, u, order);
+        let now = chrono::Utc::now();
+        holders.closed(&[Closed {
+            order_id: order,
+            voucher_id: v,
+            user_id: u,
+            pay_by: now,
+            quantity: 1,
+            level: crate::domain::StockLevel {
+                stock: 1,
+                initial_stock: 1,
+                returned: 1,
+            },
+            sale_mode: crate::domain::SaleMode::Async,
+            end_time: now,
+        }]);
+        assert_eq!(holders.holder(v, u), None);
+        // A read of the feed that began before the cancel committed: the
+        // creation, without the cancel.
+        holders.apply(&HolderChange {
+            at: crate::domain::EventId::default(),
+            order_id: order,
+            user_id: u,
+            voucher_id: v,
+            closed: false,
+        });
+        assert_eq!(holders.holder(v, u), None);
     }
 
     #[test]
