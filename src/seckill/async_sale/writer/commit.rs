@@ -133,7 +133,7 @@ pub(super) async fn commit(
     voucher_id: VoucherId,
     keys: &SaleKeys,
     entries: Vec<Parsed>,
-) -> Result<(), CommitError> {
+) -> Result<Books, CommitError> {
     let mut valid = Vec::with_capacity(entries.len());
     let mut malformed = Vec::new();
     for entry in entries {
@@ -160,7 +160,19 @@ pub(super) async fn commit(
         .ack_and_delete(&keys.orders, GROUP, &stream_ids)
         .await?;
     metrics::counter!(metric::ASYNC_WRITTEN).increment(valid.len() as u64);
-    Ok(())
+    let differ = refused
+        .iter()
+        .any(|(_, r)| matches!(r, Refusal::AlreadyPurchased | Refusal::SoldOut));
+    Ok(if differ { Books::Differ } else { Books::Agree })
+}
+
+/// Whether Redis's sale and Postgres's books agree, as a commit found them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Books {
+    Agree,
+    /// Postgres refused an order Redis sold as sold out or as a second
+    /// order of its user: Redis's stock or buyers are not Postgres's.
+    Differ,
 }
 
 /// Stores `entries` in statements of distinct users; the orders Postgres

@@ -18,12 +18,13 @@ use std::time::{Duration, Instant};
 use redis::{self, streams::StreamId};
 use tokio_util::sync::CancellationToken;
 
+use super::reconcile::Pause;
 use super::{AsyncSales, SaleKeys, WriterSignals, GROUP};
 use crate::domain::VoucherId;
 use crate::kv::{Consumer, Delivery, KvError};
 use crate::seckill::metric;
 use crate::telemetry::Chain;
-use commit::{commit, parse, Parsed};
+use commit::{commit, parse, Books, Parsed};
 
 mod commit;
 
@@ -45,6 +46,9 @@ const CLAIM_EVERY: Duration = Duration::from_secs(1);
 /// idle for the claim's time: every instance that ever ran leaves one per
 /// voucher, and the group would keep them all.
 const PRUNE_EVERY: Duration = Duration::from_secs(10);
+/// Least time between two rebuilds of a sale whose books differ from
+/// Postgres's, started by one writer.
+const REBUILD_EVERY: Duration = Duration::from_secs(5);
 
 /// What to read next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +155,7 @@ pub(super) async fn write(
 ) {
     let keys = sales.keys(voucher_id);
     let mut rounds = Rounds::new(Instant::now(), sales.inner.batch_max);
+    let mut rebuilt_at: Option<Instant> = None;
     loop {
         if !rounds.group_ready {
             rounds.group_ready = ensure_group(&sales, &keys).await;
@@ -205,10 +210,30 @@ pub(super) async fn write(
         let committed = commit(&sales, voucher_id, &keys, entries).await;
         metrics::gauge!(metric::ASYNC_IN_FLIGHT).decrement(held);
         rounds.committed(read, committed.is_ok());
-        if let Err(error) = committed {
-            tracing::warn!(%voucher_id, %error, "writing accepted orders failed; retrying");
-            metrics::counter!(metric::ASYNC_WRITE_FAILURES).increment(1);
-            tokio::time::sleep(BACKOFF).await;
+        match committed {
+            Ok(Books::Agree) => {}
+            Ok(Books::Differ) => {
+                // Redis sold what Postgres's books refuse (a Redis that
+                // came back from an older copy: AOF everysec, a replica
+                // promoted behind): rebuilt from Postgres, at most once per
+                // REBUILD_EVERY, or every buyer Redis forgot buys again
+                // into orders that are refused and lost.
+                if rebuilt_at.is_none_or(|at| at.elapsed() >= REBUILD_EVERY) {
+                    rebuilt_at = Some(Instant::now());
+                    tracing::warn!(%voucher_id, "Redis's sale differs from Postgres's books: rebuilding it");
+                    let sales = sales.clone();
+                    sales.inner.background.tasks.clone().spawn(async move {
+                        if let Err(error) = sales.reconcile(voucher_id, Pause::Always).await {
+                            tracing::warn!(%voucher_id, error = %Chain(&error), "rebuilding a sale whose books differ failed");
+                        }
+                    });
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%voucher_id, %error, "writing accepted orders failed; retrying");
+                metrics::counter!(metric::ASYNC_WRITE_FAILURES).increment(1);
+                tokio::time::sleep(BACKOFF).await;
+            }
         }
     }
 }
