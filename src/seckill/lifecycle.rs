@@ -69,18 +69,27 @@ impl Seckill {
             return Err(SeckillError::NotFound("order").into());
         }
         let store = &self.inner.store;
-        let now = self.inner.clock.now();
-        if order.status == OrderStatus::Unpaid {
-            if let Some(closed) = store.cancel_order(order_id, now).await? {
-                metrics::counter!(metric::CANCELS).increment(1);
-                self.units_returned(&[closed]).await;
-            } else if let Some(closed) = store.expire_order(order_id, now).await? {
-                // Its deadline passed before the cancel: it expires, as
-                // the sweep would have made it.
-                self.expired(&[closed], now).await;
+        let mut order = order;
+        loop {
+            let now = self.inner.clock.now();
+            if order.status == OrderStatus::Unpaid {
+                if let Some(closed) = store.cancel_order(order_id, now).await? {
+                    metrics::counter!(metric::CANCELS).increment(1);
+                    self.units_returned(&[closed]).await;
+                } else if let Some(closed) = store.expire_order(order_id, now).await? {
+                    // Its deadline passed before the cancel: it expires, as
+                    // the sweep would have made it.
+                    self.expired(&[closed], now).await;
+                }
+            }
+            let was = order.status;
+            order = self.order(order_id).await?;
+            // An async order the writer stored between the two reads: it
+            // is unpaid now, and cancelled as such (once: it stays stored).
+            if !(was == OrderStatus::Pending && order.status == OrderStatus::Unpaid) {
+                return cancelled(order);
             }
         }
-        cancelled(self.order(order_id).await?)
     }
 
     /// Records a payment provider's notification (its signature checked

@@ -981,3 +981,30 @@ async fn a_sale_whose_redis_came_back_behind_postgres_is_rebuilt_when_postgres_r
     assert_eq!(told, ["already_purchased", "already_purchased", "sold_out"]);
     assert_eq!(app.check_invariants(voucher).await, 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_right_after_an_async_purchase_is_cancelled_or_pending_never_unavailable() {
+    // Each buyer cancels the moment its 202 arrives, while the writer
+    // stores the order: the cancel sees it pending, or stored, or both
+    // (stored between its two reads: before, "busy", a 503).
+    let app = spawn_app().await;
+    let voucher = app.open_async_voucher(300).await;
+    let tokens = app.tokens(1..=300).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    let app = std::sync::Arc::new(app);
+    for user in 1..=300 {
+        let (app, token) = (app.clone(), tokens[&user].clone());
+        tasks.spawn(async move {
+            let order = accept(&app, &app.base, &token, voucher).await;
+            let (status, body) = app.cancel(&app.base, &order, &token).await;
+            (status, body)
+        });
+    }
+    while let Some(answer) = tasks.join_next().await {
+        let (status, body) = answer.unwrap();
+        assert!(
+            status == StatusCode::OK || body["error"] == "order_pending",
+            "{status} {body}"
+        );
+    }
+}
