@@ -7,6 +7,7 @@
 -- Returns an array: for each lock, 1 when its lease was renewed, 0 when
 -- the owner no longer holds it (it expired, was force-unlocked, or Redis
 -- lost it): that holder must be told at once.
+
 -- Sets the lease of `key` to `lease` ms unless more is left: a hold taken
 -- or given back with a shorter lease than one already running must not cut
 -- the other holds short (the key would expire under them).

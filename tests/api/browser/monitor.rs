@@ -78,6 +78,17 @@ async fn load(
     }
 }
 
+/// Enters `token` and `voucher` on the monitor's page and starts watching.
+async fn watch(browser: &Browser, token: &str, voucher: i64) {
+    browser.type_into("admin-token", token).await;
+    browser
+        .type_into("monitor-voucher", &voucher.to_string())
+        .await;
+    browser
+        .run("document.getElementById('watch').click()")
+        .await;
+}
+
 fn number(text: &Option<String>) -> Option<f64> {
     text.as_deref().and_then(|t| t.parse().ok())
 }
@@ -93,13 +104,7 @@ async fn the_monitor_shows_a_sale_drain_to_zero_with_live_numbers_needs_chromium
         .await;
     let browser = Browser::start(1280).await;
     browser.goto(&app.url("/shop/monitor")).await;
-    browser.type_into("admin-token", ADMIN_TOKEN).await;
-    browser
-        .type_into("monitor-voucher", &voucher.to_string())
-        .await;
-    browser
-        .run("document.getElementById('watch').click()")
-        .await;
+    watch(&browser, ADMIN_TOKEN, voucher).await;
     browser.wait_text("live-stock", "30").await;
     let stored = browser
         .run("return sessionStorage.getItem('seckill.admin')")
@@ -175,13 +180,7 @@ async fn a_wrong_admin_token_is_told_forgotten_and_not_sent_again_needs_chromium
                return fetched(...args); };",
         )
         .await;
-    browser.type_into("admin-token", "not-the-token").await;
-    browser
-        .type_into("monitor-voucher", &voucher.to_string())
-        .await;
-    browser
-        .run("document.getElementById('watch').click()")
-        .await;
+    watch(&browser, "not-the-token", voucher).await;
     browser
         .wait_for(
             "the refusal told",
