@@ -199,7 +199,7 @@ impl LockClient {
                 rw_unlock: Script::new(include_str!("../lua/rwlock_unlock.lua")),
                 fair_acquire: Script::new(include_str!("../lua/fairlock_acquire.lua")),
                 fair_leave: Script::new(include_str!("../lua/fairlock_leave.lua")),
-                subscriber: Subscriber::new(client),
+                subscriber: Subscriber::new(client, options.command_timeout),
                 watchdog: Watchdog::new(conn, options.watchdog_lease),
                 pending_releases: TaskTracker::new(),
             }),

@@ -1,24 +1,39 @@
 //! The one subscriber connection a lock client's waiters share (the command
 //! connection cannot SUBSCRIBE), with a reference count per channel and a
 //! counter that every message bumps, so that a release between a waiter's
-//! last attempt and its wait is not missed.
+//! last attempt and its wait is not missed. Subscribing has the client's
+//! command deadline: a subscriber connection that does not confirm in time
+//! is dropped, and its waiters subscribe again on a new one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
-use tokio::sync::{watch, OnceCell};
+use tokio::sync::{oneshot, watch, OnceCell};
 
 pub(super) struct Subscriber {
     client: super::Endpoint,
+    /// How long connecting and a SUBSCRIBE's confirmation may take.
+    timeout: Duration,
     /// Every channel someone waits on, by name.
     channels: Mutex<HashMap<String, Channel>>,
     /// Sent under this lock, SUBSCRIBE and UNSUBSCRIBE keep their order.
-    sink: tokio::sync::Mutex<Option<PubSubSink>>,
+    sink: tokio::sync::Mutex<Option<Live>>,
     ids: AtomicU64,
+}
+
+/// The subscriber connection in use.
+struct Live {
+    sink: PubSubSink,
+    /// Which connection this is, so that only its own reader or a
+    /// subscribe that timed out on it can drop it.
+    generation: u64,
+    /// Dropped with the connection: stops its reader, which a silent
+    /// server would otherwise keep waiting for ever.
+    _stop: oneshot::Sender<()>,
 }
 
 struct Channel {
@@ -50,9 +65,10 @@ pub(super) struct Subscription {
 }
 
 impl Subscriber {
-    pub(super) fn new(client: super::Endpoint) -> Arc<Self> {
+    pub(super) fn new(client: super::Endpoint, timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
             client,
+            timeout,
             channels: Mutex::new(HashMap::new()),
             sink: tokio::sync::Mutex::new(None),
             ids: AtomicU64::new(0),
@@ -60,7 +76,9 @@ impl Subscriber {
     }
 
     /// Subscribes to `channel` (or joins its waiters), returning once Redis
-    /// has confirmed.
+    /// has confirmed, or a timeout error when it has not within the
+    /// deadline (the connection is then dropped: the next waiter connects
+    /// anew).
     pub(super) async fn subscribe(
         self: &Arc<Self>,
         channel: &str,
@@ -84,21 +102,66 @@ impl Subscriber {
             id,
             signal,
         };
-        subscribed
-            .get_or_try_init(|| async {
-                let mut sink = self.sink.lock().await;
-                let sink = self.connected(&mut sink).await?;
-                sink.subscribe(channel).await
-            })
-            .await?;
-        Ok(subscription)
+        // The connection this attempt sends on, once it has one.
+        let tried = AtomicU64::new(0);
+        let deadline = Instant::now() + self.timeout;
+        let confirmed = subscribed.get_or_try_init(|| async {
+            let mut slot = self.sink.lock().await;
+            let live = self.connected(&mut slot).await?;
+            tried.store(live.generation, Ordering::Relaxed);
+            live.sink.subscribe(channel).await
+        });
+        match tokio::time::timeout_at(deadline.into(), confirmed).await {
+            Ok(answer) => answer.map(|_| subscription),
+            Err(_) => {
+                // Waiting for the sink's lock alone: its holder times out
+                // on its own deadline, which came first.
+                let generation = tried.load(Ordering::Relaxed);
+                if generation != 0 {
+                    // Free at once unless another subscribe holds it.
+                    match self.sink.try_lock() {
+                        Ok(mut slot) => self.forget(&mut slot, generation),
+                        Err(_) => {
+                            let me = self.clone();
+                            tokio::spawn(async move { me.drop_connection(generation).await });
+                        }
+                    }
+                }
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "Redis did not confirm the subscription to {channel} within {:?}",
+                        self.timeout
+                    ),
+                )
+                .into())
+            }
+        }
     }
 
-    /// The live sink, connecting (and starting the reader) if there is none.
+    /// Forgets connection `generation` if it is still the live one: its
+    /// waiters are told it is lost (they subscribe again), and the next
+    /// subscription connects anew.
+    async fn drop_connection(&self, generation: u64) {
+        self.forget(&mut *self.sink.lock().await, generation);
+    }
+
+    fn forget(&self, slot: &mut Option<Live>, generation: u64) {
+        if slot
+            .as_ref()
+            .is_some_and(|live| live.generation == generation)
+        {
+            self.channels.lock().expect("channel map poisoned").clear();
+            *slot = None;
+        }
+    }
+
+    /// The live connection, connecting (and starting the reader) if there
+    /// is none.
     async fn connected<'a>(
         self: &Arc<Self>,
-        slot: &'a mut Option<PubSubSink>,
-    ) -> redis::RedisResult<&'a mut PubSubSink> {
+        slot: &'a mut Option<Live>,
+    ) -> redis::RedisResult<&'a mut Live> {
         if slot.is_none() {
             let (sink, mut stream) = self
                 .client
@@ -107,9 +170,17 @@ impl Subscriber {
                 .get_async_pubsub()
                 .await?
                 .split();
+            // Generations start at 1: 0 is "none yet".
+            let generation = self.ids.fetch_add(1, Ordering::Relaxed) + 1;
+            let (stop, mut stopped) = oneshot::channel::<()>();
             let me = Arc::downgrade(self);
             tokio::spawn(async move {
-                while let Some(message) = stream.next().await {
+                loop {
+                    let message = tokio::select! {
+                        message = stream.next() => message,
+                        _ = &mut stopped => return,
+                    };
+                    let Some(message) = message else { break };
                     let Some(me) = me.upgrade() else { return };
                     let channels = me.channels.lock().expect("channel map poisoned");
                     if let Some(entry) = channels.get(message.get_channel_name()) {
@@ -118,11 +189,14 @@ impl Subscriber {
                 }
                 // The connection is gone: its waiters subscribe again.
                 if let Some(me) = me.upgrade() {
-                    me.channels.lock().expect("channel map poisoned").clear();
-                    *me.sink.lock().await = None;
+                    me.drop_connection(generation).await;
                 }
             });
-            *slot = Some(sink);
+            *slot = Some(Live {
+                sink,
+                generation,
+                _stop: stop,
+            });
         }
         Ok(slot.as_mut().expect("just connected"))
     }
@@ -161,8 +235,14 @@ impl Subscriber {
                 {
                     return;
                 }
-                if let Some(sink) = sink.as_mut() {
-                    let _ = sink.unsubscribe(&channel).await;
+                if let Some(live) = sink.as_mut() {
+                    // Under the same deadline: a silent server must not
+                    // hold the sink's lock, and the next SUBSCRIBE, for ever.
+                    let sent = tokio::time::timeout(me.timeout, live.sink.unsubscribe(&channel));
+                    if sent.await.is_err() {
+                        let generation = live.generation;
+                        me.forget(&mut sink, generation);
+                    }
                 }
             });
         }

@@ -1,5 +1,7 @@
 //! The reentrant lock against real Redis.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis_locks::{Acquired, Lease, Lock, LockClient, LockError, LockGuard, Owner, Released};
@@ -200,6 +202,88 @@ async fn a_waiter_wakes_on_unlock_long_before_the_lease_ends() {
     assert!(
         delay < LEASE / 2,
         "woke by the lease, not the unlock: {delay:?}"
+    );
+    guard.unlock().await.unwrap();
+}
+
+/// A proxy to the local Redis that forwards every connection while
+/// `silent` is false and holds new ones open and unanswered while it is
+/// true (a server that accepts and never replies). Its address.
+async fn silencing_proxy(silent: Arc<AtomicBool>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let target = redis_url()
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let (silent, target) = (silent.load(Ordering::SeqCst), target.clone());
+            tokio::spawn(async move {
+                if silent {
+                    let mut sink = Vec::new();
+                    let _ = tokio::io::AsyncReadExt::read_to_end(&mut socket, &mut sink).await;
+                } else if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut socket, &mut server).await;
+                }
+            });
+        }
+    });
+    format!("redis://{addr}")
+}
+
+#[tokio::test]
+async fn a_subscription_redis_never_confirms_ends_at_the_deadline_and_the_next_waiter_connects_anew(
+) {
+    let silent = Arc::new(AtomicBool::new(false));
+    let (locks, lock) = new_lock("order:silent");
+    let holder = take(&lock, &locks.owner("holder"), LEASE).await;
+    // Waiters of another client whose connections pass the proxy: its
+    // command connection opens while the proxy forwards, its subscriber
+    // connection (opened on the first wait) while it is silent.
+    let via = client_on(&silencing_proxy(silent.clone()).await, locks.prefix(), None);
+    let theirs = via.lock("order:silent");
+    assert!(!matches!(
+        theirs.try_acquire(&locks.owner("first"), LEASE).await,
+        Ok(Acquired::Yes(_))
+    ));
+    silent.store(true, Ordering::SeqCst);
+    let asked = Instant::now();
+    let waited = tokio::time::timeout(LEASE, theirs.acquire(&locks.owner("first"), LEASE, LEASE))
+        .await
+        .expect("the wait ended within its deadline, not only the test's");
+    let took = asked.elapsed();
+    match waited {
+        Err(LockError::Redis(error)) => {
+            assert!(error.is_timeout(), "{error}");
+            assert!(error.to_string().contains("subscription"), "{error}");
+        }
+        other => panic!("no subscription, no wait: {other:?}"),
+    }
+    // The command deadline (2 s), with room for a busy machine.
+    assert!(took < via.command_timeout() * 2, "took {took:?}");
+    // The next waiter is not stuck behind the silent connection: it
+    // connects anew and wakes on the unlock.
+    silent.store(false, Ordering::SeqCst);
+    let waiter = tokio::spawn({
+        let (theirs, owner) = (theirs.clone(), locks.owner("second"));
+        async move { theirs.acquire(&owner, LEASE, LEASE).await }
+    });
+    for _ in 0..500 {
+        if via.waiting_channels() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let released = Instant::now();
+    holder.unlock().await.unwrap();
+    let guard = held(waiter.await.unwrap(), "woken by the unlock");
+    assert!(
+        released.elapsed() < LEASE / 2,
+        "woke by the lease, not the unlock: {:?}",
+        released.elapsed()
     );
     guard.unlock().await.unwrap();
 }
