@@ -34,17 +34,28 @@ window.Seckill = (function () {
 
   // The server's clock, as the browser can know it: the offset of the
   // server's time against this browser's, measured on an answer that
-  // carries `server_time` (half the round trip counted on each side).
+  // carries `server_time`. One answer bounds the offset between
+  // `server - receivedAt` and `server - sentAt`; the middle of the
+  // narrowest bound (the shortest round trip) is kept. A later answer
+  // replaces it when its round trip is as short or shorter, or when the
+  // kept offset falls outside its bound: one of the clocks was set since.
   const clock = {
     offset: 0,
     synced: false,
+    roundTrip: Infinity,
     now() {
       return Date.now() + this.offset;
     },
     sync(serverTime, sentAt, receivedAt) {
       const server = Date.parse(serverTime);
-      if (Number.isNaN(server)) return;
+      if (Number.isNaN(server) || !(receivedAt >= sentAt)) return;
+      const roundTrip = receivedAt - sentAt;
+      // `server_time` is given to the millisecond: one more of slack.
+      const consistent =
+        this.offset >= server - receivedAt - 1 && this.offset <= server - sentAt + 1;
+      if (this.synced && consistent && roundTrip > this.roundTrip) return;
       this.offset = server - (sentAt + receivedAt) / 2;
+      this.roundTrip = roundTrip;
       this.synced = true;
     },
   };
@@ -85,6 +96,18 @@ window.Seckill = (function () {
       body = await response.json();
     } catch (e) {
       body = null;
+    }
+    // Every answer of the service to these calls is a JSON object; a
+    // success that is not one came from something in between (a captive
+    // portal, a proxy's page): the service was not reached.
+    if (response.ok && (body === null || typeof body !== "object")) {
+      return {
+        status: 0,
+        body: { error: "network", message: "HTTP " + response.status + " without the service's answer" },
+        retryAfter: null,
+        sentAt: sentAt,
+        receivedAt: receivedAt,
+      };
     }
     return {
       status: response.status,

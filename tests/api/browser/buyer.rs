@@ -3,7 +3,8 @@
 //! admitted, buy an async sale's last unit (`pending`, then `unpaid`), pay
 //! and see `paid`; the next buyer is told `sold_out`. And a browser whose
 //! clock is ten minutes ahead counts down to the same moment, and a room
-//! that asks for proof of work is joined (the page solves it).
+//! that asks for proof of work is joined (the page solves it). The page's
+//! clock keeps its best measure, and a non-JSON success is not the service.
 
 use chrono::{Duration, Utc};
 use serde_json::json;
@@ -215,6 +216,40 @@ async fn a_browser_whose_clock_is_ten_minutes_ahead_counts_down_to_the_same_star
         "{shown}"
     );
     assert!(!browser.enabled("buy").await);
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn the_page_keeps_the_clock_of_the_shortest_round_trip_and_takes_a_stepped_clock_needs_chromium(
+) {
+    let app = spawn_demo().await;
+    let browser = Browser::start(1280).await;
+    browser.goto(&app.url("/shop/")).await;
+    // Samples as (server's time, sent, received) in ms; the offset kept
+    // after each. A slower answer that agrees with the kept offset leaves
+    // it (the latest sample alone would say 3800); a shorter round trip
+    // replaces it; a clock set ten minutes ahead is followed at once.
+    let offsets = browser
+        .run(
+            "const c = Seckill.clock; const at = ms => new Date(ms).toISOString(); \
+             const seen = []; \
+             c.sync(at(5000), 1000, 1010); seen.push(c.offset); \
+             c.sync(at(6000), 2000, 2400); seen.push(c.offset); \
+             c.sync(at(7004), 3000, 3004); seen.push(c.offset); \
+             c.sync(at(8000), 604000, 604010); seen.push(c.offset); \
+             return seen;",
+        )
+        .await;
+    assert_eq!(offsets, json!([3995, 3995, 4002, -596005]));
+    // A success that is not the service's JSON (a captive portal's page)
+    // is told as the service not reached, not thrown in the page.
+    let answer = browser
+        .run_async(
+            "const done = arguments[arguments.length - 1]; \
+             Seckill.call('GET', '/shop/').then(a => done([a.status, a.body.error]));",
+        )
+        .await;
+    assert_eq!(answer, json!([0, "network"]));
     browser.close().await;
 }
 
