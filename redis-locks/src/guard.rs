@@ -83,7 +83,12 @@ impl<L: GuardedLock> GuardCore<L> {
     ) -> Self {
         let life = if term.watched {
             let watchdog = &lock.shared().watchdog;
-            Life::Watched(watchdog.watch(lock.hash_key().clone(), owner.clone(), renewal()))
+            Life::Watched(watchdog.watch(
+                lock.hash_key().clone(),
+                owner.clone(),
+                renewal(),
+                term.sent,
+            ))
         } else {
             Life::Until(term.sent + term.lease)
         };

@@ -452,6 +452,69 @@ async fn the_watchdog_keeps_a_lock_past_three_leases_and_stops_after_unlock() {
     assert!(!lock.is_locked().await.unwrap());
 }
 
+#[test]
+fn the_watchdog_renews_on_a_new_runtime_after_its_first_runtime_ended() {
+    let locks = TestLocks::with_watchdog();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    // A hold on a runtime that ends: the renewal task ends with it.
+    let first = runtime();
+    first.block_on(async {
+        let guard = take(
+            &locks.lock("order:first"),
+            &locks.owner("a"),
+            Lease::Watchdog,
+        )
+        .await;
+        std::mem::forget(guard);
+    });
+    drop(first);
+    // The next watched hold, on another runtime, is renewed all the same.
+    runtime().block_on(async {
+        let lock = locks.lock("order:second");
+        let owner = locks.owner("b");
+        let guard = take(&lock, &owner, Lease::Watchdog).await;
+        tokio::time::sleep(SHORT_WATCHDOG_LEASE * 2).await;
+        assert!(!guard.is_lost(), "told lost: no renewal task ran");
+        assert!(lock.is_held_by(&owner).await.unwrap());
+        guard.unlock().await.unwrap();
+    });
+}
+
+#[tokio::test]
+async fn a_holder_hears_its_lock_is_lost_by_the_time_its_lease_can_run_out_while_redis_is_frozen() {
+    let redis = OwnRedis::start();
+    let lease = Duration::from_millis(600);
+    let locks = client_on(&redis.url(), "", Some(lease));
+    let guard = take(
+        &locks.lock("order:frozen"),
+        &locks.owner("holder"),
+        Lease::Watchdog,
+    )
+    .await;
+    tokio::time::sleep(lease).await;
+    assert!(!guard.is_lost());
+    // Every renewal sent from now on hangs for the command's deadline
+    // (2 s, longer than the lease); the last one confirmed was sent before
+    // this, so the key can be gone a lease after it.
+    let frozen = Instant::now();
+    redis.freeze();
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the lost signal fired");
+    let heard = frozen.elapsed();
+    redis.thaw();
+    // A busy machine's timers: 200 ms of slack, well short of the deadline.
+    assert!(
+        heard <= lease + Duration::from_millis(200),
+        "told {heard:?} after the freeze; the lease can have ended {lease:?} after it"
+    );
+}
+
 #[tokio::test]
 async fn the_holder_hears_at_once_when_its_lock_is_deleted() {
     let locks = TestLocks::on(&redis_url(), Some(Duration::from_millis(600)));
