@@ -1,13 +1,19 @@
 //! Fair locks, on the model of Redisson's RFairLock.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::lock::{lease_ms, wait_turn, FENCE_KEY_TTL_MS};
 use super::{Lease, Lock, LockError, LockGuard, Owner};
 
+/// How long a waiter keeps its place without trying again: a live one tries
+/// at least every third of it, so one that died blocks the line this long
+/// at most (Redisson's `threadWaitTime` is 5 s too).
+pub const WAITER_HEARTBEAT: Duration = Duration::from_secs(5);
+
 /// A reentrant lock granted in the order owners asked, with the same hash
-/// and guard as [`Lock`]. A waiter keeps its place only for its own wait, so
-/// one that died cannot block the line. Cheap to clone.
+/// and guard as [`Lock`]. A waiter keeps its place while it waits and tries
+/// again at least every third of [`WAITER_HEARTBEAT`], so one that died
+/// blocks the line for that long at most. Cheap to clone.
 #[derive(Clone)]
 pub struct FairLock {
     pub(super) lock: Lock,
@@ -47,7 +53,8 @@ impl FairLock {
                     .arg(lease_ms(term.lease))
                     .arg(owner.as_str())
                     .arg(FENCE_KEY_TTL_MS)
-                    .arg(lease_ms(wait)),
+                    .arg(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX))
+                    .arg(lease_ms(WAITER_HEARTBEAT)),
             )
             .await?;
         Ok(self.lock.granted(owner, term, answer))
@@ -62,11 +69,18 @@ impl FairLock {
         lease: impl Into<Lease>,
     ) -> Result<Option<LockGuard>, LockError> {
         let lease = lease.into();
+        let until = Instant::now() + wait;
         let got = wait_turn(
             &self.lock.shared.subscriber,
             &self.lock.channel(),
             wait,
-            || self.attempt(owner, lease, wait),
+            || {
+                self.attempt(
+                    owner,
+                    lease,
+                    until.saturating_duration_since(Instant::now()),
+                )
+            },
         )
         .await;
         if !matches!(got, Ok(Some(_))) {

@@ -91,7 +91,7 @@ mod watchdog;
 pub use client::{LockClient, LOCKS_PER_CALL};
 pub use conn::SharedConnection;
 pub use endpoint::{cluster_client, Endpoint};
-pub use fairlock::FairLock;
+pub use fairlock::{FairLock, WAITER_HEARTBEAT};
 pub use lock::{Lock, LockGuard};
 pub use redlock::{MultiGuard, MultiNodeLocks, Quorum};
 pub use rwlock::{Hold, ReadWriteLock, RwGuard};

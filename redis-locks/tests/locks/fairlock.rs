@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis_locks::{FairLock, Lease, LockGuard};
+use redis_locks::{FairLock, Lease, LockGuard, WAITER_HEARTBEAT};
 
 use crate::support::{held, refused, TestLocks, LEASE, SHORT_WATCHDOG_LEASE};
 
@@ -62,6 +62,35 @@ async fn waiters_get_the_lock_in_the_order_they_asked() {
     }
     assert_eq!(*order.lock().unwrap(), vec![1, 2, 3, 4, 5]);
     assert!(lock.queue().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_dies_with_a_long_wait_blocks_the_line_only_for_its_heartbeat() {
+    let locks = TestLocks::new();
+    let (lock, holder) = held_tickets(&locks).await;
+    // A waiter that asked to wait a minute, and dies in line.
+    let dead = locks.spawn_as("dead", &lock, |lock, owner| async move {
+        lock.acquire(&owner, Duration::from_secs(60), LEASE).await
+    });
+    line_reaches(&lock, 1).await;
+    dead.abort();
+    let patient = locks.spawn_as("patient", &lock, |lock, owner| async move {
+        let guard = lock.acquire(&owner, Duration::from_secs(60), LEASE).await;
+        (guard, Instant::now())
+    });
+    line_reaches(&lock, 2).await;
+    let freed = Instant::now();
+    holder.unlock().await.unwrap();
+    let (guard, got_it) = patient.await.unwrap();
+    let guard = held(guard, "the patient waiter got the lock");
+    // Its heartbeat window (5 s) after its last attempt, and a third of
+    // that for the patient one's next attempt; never the dead one's minute.
+    let waited = got_it - freed;
+    assert!(
+        waited < WAITER_HEARTBEAT * 2,
+        "the dead waiter blocked the line for {waited:?}"
+    );
+    guard.unlock().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
