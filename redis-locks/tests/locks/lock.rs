@@ -31,6 +31,13 @@ async fn take(lock: &Lock, owner: &Owner, lease: impl Into<Lease>) -> LockGuard 
     acquired(lock.try_acquire(owner, lease).await)
 }
 
+/// Asserts that less than `bound` has passed since `since`.
+#[track_caller]
+fn assert_within(since: Instant, bound: Duration, otherwise: &str) {
+    let took = since.elapsed();
+    assert!(took < bound, "{otherwise}: {took:?}");
+}
+
 /// A release (or unlock) that must have been refused: the owner holds no
 /// hold on the lock (any more).
 #[track_caller]
@@ -280,11 +287,7 @@ async fn a_subscription_redis_never_confirms_ends_at_the_deadline_and_the_next_w
     let released = Instant::now();
     holder.unlock().await.unwrap();
     let guard = held(waiter.await.unwrap(), "woken by the unlock");
-    assert!(
-        released.elapsed() < LEASE / 2,
-        "woke by the lease, not the unlock: {:?}",
-        released.elapsed()
-    );
+    assert_within(released, LEASE / 2, "woke by the lease, not the unlock");
     guard.unlock().await.unwrap();
 }
 
@@ -298,11 +301,7 @@ async fn a_waiter_takes_a_lock_whose_lease_ran_out_without_a_message() {
         lock.acquire(&locks.owner("waiter"), LEASE, LEASE).await,
         "the lease ran out",
     );
-    assert!(
-        asked.elapsed() < LEASE / 2,
-        "slept past the holder's lease: {:?}",
-        asked.elapsed()
-    );
+    assert_within(asked, LEASE / 2, "slept past the holder's lease");
     guard.unlock().await.unwrap();
 }
 
