@@ -90,15 +90,21 @@ impl From<sqlx::Error> for StoreError {
                     Self::Conflict(error)
                 } else if code.starts_with("08")
                     || code.starts_with("53")
-                    || code.starts_with("57P")
+                    || code.starts_with("57")
+                    || code == "55P03"
+                    || code == "25P03"
                     || code == "25006"
                 {
                     // connection exceptions, insufficient resources
-                    // (too many connections), admin shutdown, cannot
-                    // connect now: all pass once the server is back. And a
-                    // write refused as read-only: a failover left this
-                    // connection on a standby, or on a leader still being
-                    // promoted; the next connection finds the new primary.
+                    // (too many connections), a statement cancelled (its
+                    // `statement_timeout`, `pg_cancel_backend`), admin
+                    // shutdown, cannot connect now, a lock not had within
+                    // `lock_timeout`, a transaction idle past its timeout:
+                    // all pass once the server is back or the lock is
+                    // free. And a write refused as read-only: a failover
+                    // left this connection on a standby, or on a leader
+                    // still being promoted; the next connection finds the
+                    // new primary.
                     Self::Unavailable(error)
                 } else {
                     Self::Other(error)

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
-use crate::helpers::{crowd, send_purchase, spawn_app_on_redis, OwnRedis, TestApp};
+use crate::helpers::{crowd, send_purchase, spawn_app_on_redis, spawn_app_with, OwnRedis, TestApp};
 use crate::proxy::spawn_app_behind_pg_proxy;
 
 const DURING_OUTAGE: [&str; 5] = [
@@ -166,4 +166,66 @@ async fn a_purchase_meets_one_deadline_at_most_when_postgres_hangs() {
     // Whatever the frozen batches did is whole: a 503 was an unknown
     // outcome, never a lost or a doubled unit.
     one_deadline_while_frozen(app, || proxy.freeze(), Duration::ZERO, || proxy.thaw()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_whose_statement_postgres_cancels_is_a_503_never_a_500() {
+    // A long deadline: the answer must come from the cancel, not from it.
+    let app = spawn_app_with(|mut s| {
+        s.dependency_timeout = Duration::from_secs(20);
+        s
+    })
+    .await;
+    let voucher = app.open_voucher(5).await;
+    let token = app.token(11).await;
+    // The purchase's batch waits for the voucher's row, held here.
+    let mut blocker = app.db.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM seckill_vouchers WHERE voucher_id = $1 FOR UPDATE")
+        .bind(voucher)
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let purchase = {
+        let (client, base, token) = (app.client.clone(), app.base.clone(), token.clone());
+        tokio::spawn(async move {
+            send_purchase(&client, &format!("{base}/seckill/{voucher}"), &token).await
+        })
+    };
+    // The backend waiting for that row lock, cancelled as an operator's
+    // `pg_cancel_backend` (or a `statement_timeout`) would.
+    let mut cancelled = false;
+    for _ in 0..500 {
+        cancelled = sqlx::query_scalar::<_, bool>(
+            "SELECT coalesce(bool_or(pg_cancel_backend(pid)), false) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() \
+             AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        if cancelled {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(cancelled, "no backend waited for the voucher's row");
+    let answer = purchase.await.unwrap();
+    assert_eq!(
+        answer.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        answer.body
+    );
+    assert_eq!(answer.body["error"], "unavailable");
+    assert!(answer.retry_after.is_some());
+    blocker.rollback().await.unwrap();
+    // Nothing was sold by the cancelled statement; the retry buys.
+    let again = send_purchase(
+        &app.client,
+        &app.url(&format!("/seckill/{voucher}")),
+        &token,
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert_eq!(app.check_invariants(voucher).await, 1);
 }
