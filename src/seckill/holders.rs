@@ -9,7 +9,8 @@
 //! 250 ms from the feed's place at start-up); an order cancelled or
 //! expired is forgotten here at once (and its creation, should a read of
 //! the feed that began before the close bring it afterwards, is not taken
-//! back), and on every other instance at its next read. Not knowing is safe: a user missing here takes the purchase's
+//! back, nor is the order of a batch that read it live before the close
+//! committed), and on every other instance at its next read. Not knowing is safe: a user missing here takes the purchase's
 //! usual path, which finds the order. Knowing wrongly is bounded: an order
 //! closed on another instance is still held here for at most one read.
 
@@ -32,15 +33,17 @@ const CAPACITY: u64 = 2_000_000;
 /// path again (and is kept again from there).
 const KEPT: Duration = Duration::from_secs(3_600);
 
-/// How long an order this instance closed is remembered as closed: a read
-/// of the feed that began before the close may bring its creation after
-/// it, which must not make it live again.
+/// How long an order known closed (closed here, or read closed from the
+/// feed) is remembered as closed: a read of the feed that began before the
+/// close may bring its creation after it, and a batch that read the order
+/// live before the close committed may answer after it; neither must make
+/// it live again.
 const CLOSED_KEPT: Duration = Duration::from_secs(60);
 
 /// The live orders this instance knows of, by voucher and user.
 pub(super) struct Holders {
     live: moka::sync::Cache<(VoucherId, UserId), OrderId>,
-    /// Orders this instance closed lately (see [`CLOSED_KEPT`]).
+    /// Orders known closed lately (see [`CLOSED_KEPT`]).
     closed: moka::sync::Cache<OrderId, ()>,
 }
 
@@ -63,9 +66,12 @@ impl Holders {
         self.live.get(&(voucher_id, user))
     }
 
-    /// `order_id` of `user` for `voucher_id` is live.
+    /// `order_id` of `user` for `voucher_id` is live, unless it is known
+    /// closed (whoever says it is live read it before its close).
     pub(super) fn hold(&self, voucher_id: VoucherId, user: UserId, order_id: OrderId) {
-        self.live.insert((voucher_id, user), order_id);
+        if !self.closed.contains_key(&order_id) {
+            self.live.insert((voucher_id, user), order_id);
+        }
     }
 
     /// `order_id` is closed (cancelled or expired): forgotten, unless the
@@ -90,10 +96,9 @@ impl Holders {
     fn apply(&self, change: &HolderChange) {
         let (voucher_id, user, order_id) = (change.voucher_id, change.user_id, change.order_id);
         if change.closed {
+            self.closed.insert(order_id, ());
             self.let_go(voucher_id, user, order_id);
-        } else if self.holder(voucher_id, user) != Some(order_id)
-            && !self.closed.contains_key(&order_id)
-        {
+        } else if self.holder(voucher_id, user) != Some(order_id) {
             self.hold(voucher_id, user, order_id);
         }
     }
@@ -232,6 +237,24 @@ mod tests {
         holders.apply(&change(first, true));
         assert_eq!(holders.holder(v, u), Some(second));
         holders.apply(&change(second, true));
+        assert_eq!(holders.holder(v, u), None);
+    }
+
+    #[test]
+    fn an_order_read_closed_from_the_feed_is_not_held_again_by_a_batch_that_read_it_live() {
+        let holders = Holders::new();
+        let (v, u, order) = ids(1, 7, 100);
+        // Cancelled on another instance; this one reads the cancel before
+        // a batch that saw the order live (its snapshot was taken before
+        // the cancel committed) answers `already_purchased` with it.
+        holders.apply(&HolderChange {
+            at: crate::domain::EventId::default(),
+            order_id: order,
+            user_id: u,
+            voucher_id: v,
+            closed: true,
+        });
+        holders.hold(v, u, order);
         assert_eq!(holders.holder(v, u), None);
     }
 }
