@@ -189,7 +189,9 @@ pub struct Settings {
           default_value = "1000", value_name = "MS", value_parser = millis)]
     pub voucher_cache_ttl: Duration,
 
-    /// At start-up, how long to keep retrying an unreachable Postgres.
+    /// At start-up, how long to keep retrying a Postgres that refuses or
+    /// does not answer; also the migrations' deadline (at least 10 s),
+    /// their wait for another instance's migration lock included.
     #[arg(long = "startup-wait-ms", env = "SECKILL_STARTUP_WAIT_MS",
           default_value = "30000", value_name = "MS", value_parser = millis)]
     pub startup_wait: Duration,

@@ -447,6 +447,11 @@ fn kv(settings: &Settings) -> Result<Kv, StartupError> {
 
 /// Connects to Postgres, retrying while it is unreachable (it may still be
 /// starting next to us) for at most the configured start-up wait.
+/// The migrations' deadline is the start-up wait, but never less than this
+/// (a start-up wait of 0 means "do not wait for Postgres", not "do not
+/// migrate").
+const MIGRATIONS_AT_LEAST: std::time::Duration = std::time::Duration::from_secs(10);
+
 async fn connect_store(settings: &Settings) -> Result<Store, StoreError> {
     let pool = PoolSettings {
         max_connections: settings.pg_pool_size(),
@@ -457,11 +462,16 @@ async fn connect_store(settings: &Settings) -> Result<Store, StoreError> {
             .database_direct_url
             .clone()
             .filter(|url| !url.trim().is_empty()),
+        migrations_deadline: settings.startup_wait.max(MIGRATIONS_AT_LEAST),
     };
     let started = Instant::now();
     loop {
         match Store::connect(&settings.database_url, &pool).await {
-            Err(StoreError::Unavailable(error)) if started.elapsed() < settings.startup_wait => {
+            // Refused, or accepted and not answered in time (starting, or
+            // frozen): tried again until the start-up wait is spent.
+            Err(error @ (StoreError::Unavailable(_) | StoreError::TimedOut(_)))
+                if started.elapsed() < settings.startup_wait =>
+            {
                 tracing::warn!(%error, "Postgres is not reachable yet; retrying");
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }

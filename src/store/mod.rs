@@ -155,6 +155,11 @@ pub struct PoolSettings {
     /// cannot carry: creating the database and the migrations (which hold
     /// a session advisory lock). `None`: the pool's own URL.
     pub direct_url: Option<String>,
+    /// The longest the migrations may take, their wait for another
+    /// instance's migration lock included: a session that holds that lock
+    /// and never lets go (stuck, or frozen) is a clear error, not a start-up
+    /// that hangs for ever.
+    pub migrations_deadline: Duration,
 }
 
 #[derive(Clone)]
@@ -185,7 +190,7 @@ impl Store {
             None => options.clone(),
         };
         create_database_if_missing(&direct, timeout).await?;
-        migrate(&direct, timeout).await?;
+        migrate(&direct, timeout, settings.migrations_deadline).await?;
         let pool = |size: u32| {
             PgPoolOptions::new()
                 .max_connections(size)
@@ -448,16 +453,16 @@ impl Store {
 
 /// Applies the migrations over one direct connection (they take a session
 /// advisory lock, so that instances starting together migrate once).
-async fn migrate(options: &PgConnectOptions, timeout: Duration) -> Result<()> {
+async fn migrate(options: &PgConnectOptions, timeout: Duration, deadline: Duration) -> Result<()> {
     let mut conn = options.connect().within(timeout).await?;
     let mut migrator = sqlx::migrate!("./migrations");
     // A database migrated by a version whose product held the lab (or by
     // `seckill-lab`) lists the lab's migration, which this set lacks.
     migrator.set_ignore_missing(true);
-    migrator
-        .run(&mut conn)
-        .await
-        .map_err(|e| StoreError::Other(e.into()))?;
+    match tokio::time::timeout(deadline, migrator.run(&mut conn)).await {
+        Err(_) => return Err(StoreError::TimedOut(deadline)),
+        Ok(ran) => ran.map_err(|e| StoreError::Other(e.into()))?,
+    }
     conn.close().within(timeout).await?;
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 
 use crate::helpers::{crowd, send_purchase, spawn_app_on_redis, spawn_app_with, OwnRedis, TestApp};
-use crate::proxy::spawn_app_behind_pg_proxy;
+use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy};
 
 const DURING_OUTAGE: [&str; 5] = [
     "ok",
@@ -228,4 +228,39 @@ async fn a_purchase_whose_statement_postgres_cancels_is_a_503_never_a_500() {
     .await;
     assert_eq!(again.status, StatusCode::OK, "{}", again.body);
     assert_eq!(app.check_invariants(voucher).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_that_accepts_and_stays_silent_at_start_up_is_waited_for() {
+    // Connections are accepted and held without an answer for two seconds
+    // (a server starting, or frozen): each attempt times out after 500 ms
+    // and is made again within the start-up wait, not fatal at once.
+    let (proxy, via_proxy) = pg_proxy().await;
+    proxy.hold_new();
+    let proxy = std::sync::Arc::new(proxy);
+    let released = {
+        let proxy = proxy.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            proxy.release();
+        })
+    };
+    let app = spawn_app_with(|mut s| {
+        let database = s.database_url.rsplit('/').next().unwrap().to_owned();
+        s.database_url = format!("{via_proxy}/{database}");
+        s.dependency_timeout = Duration::from_millis(500);
+        s.startup_wait = Duration::from_secs(30);
+        s
+    })
+    .await;
+    released.await.unwrap();
+    let voucher = app.open_voucher(1).await;
+    let token = app.token(5).await;
+    let answer = send_purchase(
+        &app.client,
+        &app.url(&format!("/seckill/{voucher}")),
+        &token,
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
 }
