@@ -261,12 +261,16 @@ impl Application {
             "serving"
         );
         let timeout = settings.shutdown_timeout;
+        // The drain may take the timeout less a fifth (at most a second),
+        // kept for the workers and the lock releases after it: the whole
+        // shutdown ends within the timeout, whatever clients do.
+        let reserve = (timeout / 5).min(Duration::from_secs(1));
         let (began, drained) = serve(
             listener,
             http::router(state, settings.body_timeout, mounted_routes),
             serve_settings,
             shutdown,
-            timeout,
+            timeout - reserve,
         )
         .await;
         drop(metrics_stop);
@@ -278,12 +282,8 @@ impl Application {
         }
         // The background workers, then the lock releases of requests cut
         // off above (they release as they drop), get what is left of the
-        // deadline, and a moment at least.
-        let left = || {
-            (began + timeout)
-                .saturating_duration_since(tokio::time::Instant::now())
-                .max(Duration::from_millis(100))
-        };
+        // deadline: the reserve at least, unless the drain overran it.
+        let left = || (began + timeout).saturating_duration_since(tokio::time::Instant::now());
         if !seckill.stop_workers(left()).await {
             tracing::warn!(
                 running = seckill.workers_running(),

@@ -353,8 +353,9 @@ async fn shutdown_ends_within_its_timeout_whatever_half_sent_requests_do() {
     running.stop.send(()).unwrap();
     let stopped = tokio::time::timeout(Duration::from_secs(10), running.stopped).await;
     assert!(stopped.is_ok(), "still running 10 s after shutdown began");
+    // The timeout, and half a second for a busy machine's scheduling.
     assert!(
-        asked.elapsed() < Duration::from_secs(3),
+        asked.elapsed() < Duration::from_millis(1_500),
         "shutdown took {:?} with a 1 s timeout",
         asked.elapsed()
     );
