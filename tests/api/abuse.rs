@@ -161,12 +161,7 @@ async fn a_duplicate_in_flight_is_refused_at_once_and_another_voucher_is_not() {
     let other = app.open_voucher(5).await;
     let token = app.token(7).await;
     // The first purchase waits in its batch: the voucher's row is locked.
-    let mut blocker = app.db.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM seckill_vouchers WHERE voucher_id = $1 FOR UPDATE")
-        .bind(held)
-        .execute(&mut *blocker)
-        .await
-        .unwrap();
+    let blocker = app.lock_voucher_row(held).await;
     let first = {
         let (client, base, token) = (app.client.clone(), app.base.clone(), token.clone());
         tokio::spawn(async move { buy(&client, &base, &token, held).await })

@@ -402,6 +402,21 @@ impl TestApp {
         .unwrap()
     }
 
+    /// Locks the voucher's row in a transaction of the test's own, so that
+    /// a purchase's batch waits for it until the transaction ends.
+    pub async fn lock_voucher_row(
+        &self,
+        voucher_id: i64,
+    ) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let mut blocker = self.db.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM seckill_vouchers WHERE voucher_id = $1 FOR UPDATE")
+            .bind(voucher_id)
+            .execute(&mut *blocker)
+            .await
+            .unwrap();
+        blocker
+    }
+
     /// Checks the contract's invariants for a voucher straight in the
     /// database; returns the number of live (`unpaid` or `paid`) orders.
     pub async fn check_invariants(&self, voucher_id: i64) -> i64 {

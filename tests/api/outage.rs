@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
-use crate::helpers::{crowd, send_purchase, spawn_app_on_redis, spawn_app_with, OwnRedis, TestApp};
+use crate::helpers::{
+    buy, crowd, send_purchase, spawn_app_on_redis, spawn_app_with, OwnRedis, TestApp,
+};
 use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy};
 
 const DURING_OUTAGE: [&str; 5] = [
@@ -179,12 +181,7 @@ async fn a_purchase_whose_statement_postgres_cancels_is_a_503_never_a_500() {
     let voucher = app.open_voucher(5).await;
     let token = app.token(11).await;
     // The purchase's batch waits for the voucher's row, held here.
-    let mut blocker = app.db.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM seckill_vouchers WHERE voucher_id = $1 FOR UPDATE")
-        .bind(voucher)
-        .execute(&mut *blocker)
-        .await
-        .unwrap();
+    let blocker = app.lock_voucher_row(voucher).await;
     let purchase = {
         let (client, base, token) = (app.client.clone(), app.base.clone(), token.clone());
         tokio::spawn(async move {
@@ -256,11 +253,6 @@ async fn a_postgres_that_accepts_and_stays_silent_at_start_up_is_waited_for() {
     released.await.unwrap();
     let voucher = app.open_voucher(1).await;
     let token = app.token(5).await;
-    let answer = send_purchase(
-        &app.client,
-        &app.url(&format!("/seckill/{voucher}")),
-        &token,
-    )
-    .await;
-    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let (status, code) = buy(&app.client, &app.base, &token, voucher).await;
+    assert_eq!(status, StatusCode::OK, "{code}");
 }
