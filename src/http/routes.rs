@@ -118,7 +118,7 @@ pub fn table(public_metrics: bool, mounted: Option<Mounted>) -> Table {
         .documented(Class::of(Reads), routes!(demo::new_user))
         .documented(Class::of(Orders), routes!(demo::pay))
         .documented(Class::probe(), routes!(ops::healthz))
-        .documented(Class::of(RouteClass::Ops), routes!(ops::readyz));
+        .documented(Class::probe(), routes!(ops::readyz));
     table = if public_metrics {
         table.documented(Class::probe(), routes!(ops::metrics))
     } else {
@@ -260,7 +260,7 @@ mod tests {
         assert_eq!(shed("/payments/notify"), Some(Criticality::Orders));
         assert_eq!(shed("/orders/7/cancel"), Some(Criticality::Orders));
         assert_eq!(shed("/vouchers/1"), Some(Criticality::Reads));
-        assert_eq!(shed("/readyz"), Some(Criticality::Reads));
+        assert_eq!(shed("/readyz"), None);
         assert_eq!(shed("/admin/vouchers"), Some(Criticality::Admin));
         assert_eq!(shed("/healthz"), None);
         assert_eq!(shed("/metrics"), None);

@@ -61,7 +61,9 @@ impl Criticality {
 
     /// How critical the routes of a class are. The route table marks the
     /// probes that are never shed: `/healthz` (a process that answers is
-    /// alive) and `/metrics` (the operator's eyes during an attack).
+    /// alive), `/readyz` (a load balancer that saw it refused would take a
+    /// saturated, healthy instance out of its pool, and then all of them)
+    /// and `/metrics` (the operator's eyes during an attack).
     pub fn of(class: RouteClass) -> Self {
         match class {
             RouteClass::Purchase | RouteClass::Queue => Self::Sale,

@@ -1,7 +1,7 @@
 //! Shedding by criticality, wired end to end: an instance whose target
 //! delay every probe exceeds refuses its classes from the least critical
 //! up, each `503 unavailable` held and carrying `Retry-After`, and never
-//! sheds `/healthz` or `/metrics`.
+//! sheds `/healthz`, `/readyz` or `/metrics`.
 
 use std::time::{Duration, Instant};
 
@@ -60,15 +60,12 @@ async fn a_saturated_instance_sheds_every_class_each_refusal_held_but_never_its_
         (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable"))
     );
 
-    assert_eq!(
-        app.client
-            .get(app.url("/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        StatusCode::OK
-    );
+    // The probes answer: a load balancer reading a refused `/readyz` would
+    // take this busy, healthy instance out of its pool.
+    for probe in ["/healthz", "/readyz"] {
+        let status = app.client.get(app.url(probe)).send().await.unwrap().status();
+        assert_eq!(status, StatusCode::OK, "{probe}");
+    }
     let page = app.metrics().await;
     for class in ["reads", "sale"] {
         let refused = metric(
