@@ -21,7 +21,7 @@ use super::endpoint::{Endpoint, Multiplexed};
 /// Every call has one deadline covering connecting, the command and loading
 /// a script; a call that gives up drops only its own answer (redis-rs
 /// matches answers to callers). An answer of `READONLY` or `MASTERDOWN`, a
-/// broken connection, and behind Sentinel a timeout, drop the connection:
+/// broken connection, and a timeout, drop the connection:
 /// the next call connects afresh. Never send a blocking command (`BLPOP`)
 /// or a transaction on it: it is shared.
 ///
@@ -56,7 +56,6 @@ pub(crate) struct Handle {
     conn: Multiplexed,
     /// Set when the connection is found useless: the next call replaces it.
     stale: Arc<AtomicBool>,
-    follow_failover: bool,
 }
 
 impl SharedConnection {
@@ -153,7 +152,6 @@ impl SharedConnection {
         let handle = Handle {
             conn,
             stale: Arc::new(AtomicBool::new(false)),
-            follow_failover: self.endpoint.follows_failover(),
         };
         *self.current.write().expect("connection lock") = Some(handle.clone());
         Ok(handle)
@@ -169,17 +167,19 @@ impl SharedConnection {
     }
 }
 
-/// A call's answer, or its timeout; behind Sentinel, silence may be a
-/// master that is gone, so the connection is made again.
+/// A call's answer, or its timeout. Silence may be a master that is gone
+/// (frozen, or cut off without a reset, with a replica promoted behind the
+/// same address or found by Sentinel), or a path that lost the bytes sent
+/// (after which the answers that do come would be out of step): the
+/// connection is made again, which costs one connect against a socket the
+/// kernel could keep for a quarter of an hour.
 fn settle<T>(
     handle: &Handle,
     deadline: Instant,
     answer: Result<RedisResult<T>, tokio::time::error::Elapsed>,
 ) -> RedisResult<T> {
     answer.unwrap_or_else(|_| {
-        if handle.follow_failover {
-            handle.stale.store(true, Ordering::Relaxed);
-        }
+        handle.stale.store(true, Ordering::Relaxed);
         Err(timed_out(deadline))
     })
 }
@@ -206,7 +206,7 @@ impl Handle {
                     || error.is_io_error()
                     || error.is_connection_dropped()
                     || error.is_connection_refusal()
-                    || (self.follow_failover && error.is_timeout())
+                    || error.is_timeout()
             }
             Ok(values) => values.into_iter().any(reaches_no_master),
         };

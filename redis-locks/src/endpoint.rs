@@ -100,11 +100,6 @@ impl Endpoint {
         }
     }
 
-    /// Whether a broken connection is made again through a new look-up.
-    pub(super) fn follows_failover(&self) -> bool {
-        matches!(self, Self::Sentinel(_))
-    }
-
     /// Whether the keys of one script call must share a cluster slot.
     pub(super) fn is_cluster(&self) -> bool {
         matches!(self, Self::Cluster(_))

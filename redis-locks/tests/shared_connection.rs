@@ -82,3 +82,72 @@ async fn a_call_to_a_server_that_never_answers_ends_at_its_deadline() {
     assert!(took < Duration::from_millis(600), "took {took:?}");
     held.abort();
 }
+
+/// A proxy to the local Redis that, once `cut` is raised, passes nothing
+/// more on the connections it had (a master frozen, or cut off without a
+/// reset, behind one address) while it forwards the ones it accepts after
+/// (the replica promoted behind that address).
+async fn cutting_proxy(cut: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> String {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let target = redis_url()
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                continue;
+            };
+            let born = cut.load(Ordering::SeqCst);
+            let (client_in, client_out) = client.into_split();
+            let (server_in, server_out) = server.into_split();
+            for (mut from, mut to) in [(client_in, server_out), (server_in, client_out)] {
+                let cut = cut.clone();
+                tokio::spawn(async move {
+                    let mut buffer = [0_u8; 4096];
+                    while let Ok(n @ 1..) = from.read(&mut buffer).await {
+                        if cut.load(Ordering::SeqCst) == born
+                            && to.write_all(&buffer[..n]).await.is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    format!("redis://{addr}")
+}
+
+#[tokio::test]
+async fn a_connection_that_went_silent_is_left_after_its_timeout_for_a_new_one() {
+    // A plain address, no Sentinel: a timeout is all the caller sees of a
+    // master that went away behind it, and the next call must not queue on
+    // the same dead socket.
+    let cut = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let client = redis::Client::open(cutting_proxy(cut.clone()).await).unwrap();
+    let shared = SharedConnection::new(client, Duration::from_millis(300));
+    let ping = redis::cmd("PING");
+    assert_eq!(shared.query::<String>(&ping).await.unwrap(), "PONG");
+    cut.store(1, std::sync::atomic::Ordering::SeqCst);
+    // A deadline of its own, shorter than the connection's: the call gives
+    // up before redis-rs's own response timeout could say anything.
+    let error = shared
+        .query_within::<String>(Duration::from_millis(100), &ping)
+        .await
+        .unwrap_err();
+    assert!(error.is_timeout(), "{error}");
+    assert_eq!(
+        shared
+            .query::<String>(&ping)
+            .await
+            .expect("the next call connects anew"),
+        "PONG"
+    );
+}

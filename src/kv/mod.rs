@@ -6,8 +6,8 @@
 //! One layer for both, so one place holds the failover rules: a call that
 //! outlives its deadline answers a timeout, and its late answer is thrown
 //! away, never read by the next call; a connection that answers `READONLY`
-//! or `MASTERDOWN` (a failover left it on a replica), and behind Sentinel
-//! one that broke or timed out, is dropped, and the next call connects
+//! or `MASTERDOWN` (a failover left it on a replica), or that broke or
+//! timed out (a master frozen or cut off behind it), is dropped, and the next call connects
 //! afresh, through the proxy or managed endpoint, or to whichever server
 //! the sentinels name master now. On a Redis Cluster the connection routes
 //! each command to its key's master and follows `MOVED` and `ASK` by itself.

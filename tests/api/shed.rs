@@ -63,7 +63,13 @@ async fn a_saturated_instance_sheds_every_class_each_refusal_held_but_never_its_
     // The probes answer: a load balancer reading a refused `/readyz` would
     // take this busy, healthy instance out of its pool.
     for probe in ["/healthz", "/readyz"] {
-        let status = app.client.get(app.url(probe)).send().await.unwrap().status();
+        let status = app
+            .client
+            .get(app.url(probe))
+            .send()
+            .await
+            .unwrap()
+            .status();
         assert_eq!(status, StatusCode::OK, "{probe}");
     }
     let page = app.metrics().await;
