@@ -452,8 +452,9 @@ fn kv(settings: &Settings) -> Result<Kv, StartupError> {
 /// migrate").
 const MIGRATIONS_AT_LEAST: std::time::Duration = std::time::Duration::from_secs(10);
 
-async fn connect_store(settings: &Settings) -> Result<Store, StoreError> {
-    let pool = PoolSettings {
+/// The pools' sizes, deadline and way to Postgres, from the settings.
+pub fn pool_settings(settings: &Settings) -> PoolSettings {
+    PoolSettings {
         max_connections: settings.pg_pool_size(),
         other_connections: settings.pg_pool_other_size(),
         timeout: settings.dependency_timeout,
@@ -463,7 +464,11 @@ async fn connect_store(settings: &Settings) -> Result<Store, StoreError> {
             .clone()
             .filter(|url| !url.trim().is_empty()),
         migrations_deadline: settings.startup_wait.max(MIGRATIONS_AT_LEAST),
-    };
+    }
+}
+
+async fn connect_store(settings: &Settings) -> Result<Store, StoreError> {
+    let pool = pool_settings(settings);
     let started = Instant::now();
     loop {
         match Store::connect(&settings.database_url, &pool).await {

@@ -162,6 +162,49 @@ pub struct PoolSettings {
     pub migrations_deadline: Duration,
 }
 
+/// How the pools' sessions reach Postgres. Without a pooler between, each
+/// session carries bounds that Postgres keeps by itself
+/// ([`server_bound`]): an instance frozen (`SIGSTOP`) or cut off inside a
+/// transaction would otherwise hold its row locks, and with them every
+/// instance's sales of the voucher and the event feed's horizon, until it
+/// ran again; and a statement its caller gave up on would wait on for
+/// ever. Behind pgbouncer no startup parameter it does not know may be
+/// sent: `deploy/pgbouncer.ini` sets the same bounds there.
+pub fn session_options(url: &str, settings: &PoolSettings) -> Result<PgConnectOptions> {
+    let options = unbounded_options(url, settings.transaction_pooler)?;
+    if settings.transaction_pooler {
+        return Ok(options);
+    }
+    let bound = server_bound(settings.timeout).as_millis().to_string();
+    Ok(options.options([
+        ("idle_in_transaction_session_timeout", bound.as_str()),
+        ("statement_timeout", bound.as_str()),
+    ]))
+}
+
+/// The URL's options, and behind a transaction pooler unnamed statements
+/// only, parsed anew each time, and no startup parameter pgbouncer does
+/// not know.
+fn unbounded_options(url: &str, transaction_pooler: bool) -> Result<PgConnectOptions> {
+    let options = PgConnectOptions::from_str(url)?
+        .log_statements(tracing::log::LevelFilter::Trace)
+        .application_name("seckill");
+    Ok(if transaction_pooler {
+        options.statement_cache_capacity(0).extra_float_digits(None)
+    } else {
+        options
+    })
+}
+
+/// How long Postgres lets a session sit idle inside a transaction, or run
+/// one statement: twice the deadline, at least a second. Every query and
+/// transaction of the store ends within the deadline on the client's side,
+/// so only a session whose client is gone (frozen, cut off) or gave up
+/// reaches it.
+pub fn server_bound(timeout: Duration) -> Duration {
+    (timeout * 2).max(Duration::from_secs(1))
+}
+
 #[derive(Clone)]
 pub struct Store {
     /// Everything but the sale's commits.
@@ -175,20 +218,15 @@ impl Store {
     /// opens a pool.
     pub async fn connect(url: &str, settings: &PoolSettings) -> Result<Self> {
         let timeout = settings.timeout;
-        let mut options = PgConnectOptions::from_str(url)?
-            .log_statements(tracing::log::LevelFilter::Trace)
-            .application_name("seckill");
-        if settings.transaction_pooler {
-            // Unnamed statements only, parsed anew each time; and no
-            // startup parameter that pgbouncer does not know.
-            options = options.statement_cache_capacity(0).extra_float_digits(None);
-        }
+        // The migrations without the sessions' bounds: an index built on a
+        // large table may take longer than twice the deadline.
         let direct = match &settings.direct_url {
             Some(direct) => PgConnectOptions::from_str(direct)?
                 .log_statements(tracing::log::LevelFilter::Trace)
                 .application_name("seckill-migrate"),
-            None => options.clone(),
+            None => unbounded_options(url, settings.transaction_pooler)?,
         };
+        let options = session_options(url, settings)?;
         create_database_if_missing(&direct, timeout).await?;
         migrate(&direct, timeout, settings.migrations_deadline).await?;
         let pool = |size: u32| {

@@ -417,6 +417,15 @@ impl TestApp {
         blocker
     }
 
+    /// A session to the app's database opened as the service opens its
+    /// own (`seckill::store::session_options`): for a test that plays an
+    /// instance's session.
+    pub async fn service_session(&self) -> sqlx::PgConnection {
+        let pool = seckill::startup::pool_settings(&self.settings);
+        let options = seckill::store::session_options(&self.settings.database_url, &pool).unwrap();
+        sqlx::ConnectOptions::connect(&options).await.unwrap()
+    }
+
     /// Checks the contract's invariants for a voucher straight in the
     /// database; returns the number of live (`unpaid` or `paid`) orders.
     pub async fn check_invariants(&self, voucher_id: i64) -> i64 {

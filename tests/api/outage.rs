@@ -227,6 +227,54 @@ async fn a_purchase_whose_statement_postgres_cancels_is_a_503_never_a_500() {
     assert_eq!(app.check_invariants(voucher).await, 1);
 }
 
+#[tokio::test]
+async fn a_transaction_left_open_by_a_frozen_instance_is_ended_by_postgres_and_sales_resume() {
+    let deadline = Duration::from_millis(300);
+    let app = spawn_app_with(|mut s| {
+        s.dependency_timeout = deadline;
+        s
+    })
+    .await;
+    let voucher = app.open_voucher(5).await;
+    // An instance's session inside a transaction that holds the voucher's
+    // row, whose instance then stops (`SIGSTOP`, or a cut network): it
+    // sends nothing more, neither the next statement nor the commit.
+    let mut frozen = app.service_session().await;
+    sqlx::query("BEGIN").execute(&mut frozen).await.unwrap();
+    sqlx::query("SELECT 1 FROM seckill_vouchers WHERE voucher_id = $1 FOR UPDATE")
+        .bind(voucher)
+        .execute(&mut frozen)
+        .await
+        .unwrap();
+    let held = std::time::Instant::now();
+    // Meanwhile every purchase waits for the row, until its deadline.
+    let (status, body) = buy(&app.client, &app.base, &app.token(1).await, voucher).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    // Postgres ends that session by itself (twice the deadline, at least
+    // a second), and the voucher sells again: before, never. (A purchase
+    // answered 503 may commit once the row is free: its retry is then
+    // told `already_purchased`.)
+    let bound = seckill::store::server_bound(deadline);
+    let token = app.token(2).await;
+    loop {
+        let (status, body) = buy(&app.client, &app.base, &token, voucher).await;
+        if status == StatusCode::OK || body.contains("already_purchased") {
+            break;
+        }
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(
+            held.elapsed() < bound * 4,
+            "still refused {:?} after the row was taken",
+            held.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(held.elapsed() >= bound, "sold while the row was held");
+    let gone = sqlx::query("SELECT 1").execute(&mut frozen).await;
+    assert!(gone.is_err(), "the frozen session was not ended");
+    assert!(app.check_invariants(voucher).await >= 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_that_accepts_and_stays_silent_at_start_up_is_waited_for() {
     // Connections are accepted and held without an answer for two seconds
