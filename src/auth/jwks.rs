@@ -70,6 +70,14 @@ pub struct Jwks {
     fetch: tokio::sync::Mutex<Option<Instant>>,
 }
 
+/// Whether a fetch asked within 5 s of the last one is skipped or waits
+/// for its turn.
+#[derive(Clone, Copy)]
+enum Pace {
+    SkipTooSoon,
+    WaitTurn,
+}
+
 /// What a fetch did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fetched {
@@ -115,13 +123,27 @@ impl Jwks {
     /// does not cut it off half-way, which would leave the set unfetched
     /// for 5 s and the callers waiting on it refused.
     pub async fn refresh(this: &Arc<Self>) -> Fetched {
+        Self::refresh_spawned(this, Pace::SkipTooSoon).await
+    }
+
+    /// Fetches the set for a token whose `kid` it lacks: as [`Self::refresh`],
+    /// but within 5 s of the last fetch it waits until the next one is
+    /// allowed and makes it (callers that come meanwhile wait for that one),
+    /// so that a key the identity provider published just after a fetch is
+    /// found within 5 s, not refused as unknown. A flood of made-up kids
+    /// still costs one fetch per 5 s.
+    pub async fn refresh_for_unknown_kid(this: &Arc<Self>) -> Fetched {
+        Self::refresh_spawned(this, Pace::WaitTurn).await
+    }
+
+    async fn refresh_spawned(this: &Arc<Self>, pace: Pace) -> Fetched {
         let set = Arc::clone(this);
-        tokio::spawn(async move { set.refresh_here().await })
+        tokio::spawn(async move { set.refresh_here(pace).await })
             .await
             .unwrap_or(Fetched::Failed)
     }
 
-    async fn refresh_here(&self) -> Fetched {
+    async fn refresh_here(&self, pace: Pace) -> Fetched {
         let mut last = match self.fetch.try_lock() {
             Ok(last) => last,
             Err(_) => {
@@ -129,8 +151,14 @@ impl Jwks {
                 return Fetched::TooSoon;
             }
         };
-        if last.is_some_and(|at| at.elapsed() < MIN_FETCH_INTERVAL) {
-            return Fetched::TooSoon;
+        if let Some(at) = *last {
+            let allowed = at + MIN_FETCH_INTERVAL;
+            if Instant::now() < allowed {
+                match pace {
+                    Pace::SkipTooSoon => return Fetched::TooSoon,
+                    Pace::WaitTurn => tokio::time::sleep_until(allowed.into()).await,
+                }
+            }
         }
         *last = Some(Instant::now());
         match self.load().await {

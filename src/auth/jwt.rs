@@ -143,7 +143,8 @@ impl JwtVerifier {
 
     /// The key that must have signed a token with this header: by its
     /// algorithm (HS256: the shared secret) and `kid`; a `kid` the set does
-    /// not hold fetches the set again (at most once per 5 s).
+    /// not hold fetches the set again (at most once per 5 s: within 5 s of
+    /// the last fetch, the token waits for the next).
     async fn key_for(&self, header: &Header) -> Result<Key, JwtError> {
         if header.alg == Algorithm::HS256 {
             return self
@@ -175,7 +176,7 @@ impl JwtVerifier {
             Some(kid) => match find(&keys, kid) {
                 Some(key) => key,
                 None => {
-                    let refreshed = match Jwks::refresh(jwks).await {
+                    let refreshed = match Jwks::refresh_for_unknown_kid(jwks).await {
                         Fetched::Loaded { .. } | Fetched::TooSoon => jwks.keys(),
                         Fetched::Failed => None,
                     };
