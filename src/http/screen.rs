@@ -128,11 +128,20 @@ impl http_body::Body for Deadline {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        // What has arrived is read first: the deadline counts from the
+        // headers, and the time the request spent before its handler read
+        // the body (a JWK Set fetched for its token, a lookup of its
+        // subject) is not the client's. Only a body still missing when the
+        // deadline has passed fails; the deadline's timer wakes this task
+        // then.
+        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
+        }
         if self.sleep.as_mut().poll(cx).is_ready() {
             self.expired.store(true, Ordering::Relaxed);
             return Poll::Ready(Some(Err(TooSlow(self.limit).into())));
         }
-        Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
+        Poll::Pending
     }
 
     fn is_end_stream(&self) -> bool {

@@ -406,6 +406,37 @@ impl JwksServer {
     }
 }
 
+#[tokio::test]
+async fn a_body_sent_whole_is_read_though_its_token_waited_for_the_jwk_set_past_the_body_deadline()
+{
+    let (a, b) = (es256_key("a"), es256_key("b"));
+    let (server, url) = JwksServer::start().await;
+    server.serve(Some(jwk_set(&[&a])));
+    let app = spawn_app_with(move |mut s| {
+        s.jwt_issuer = Some(ISSUER.into());
+        s.jwt_audience = Some(AUDIENCE.into());
+        s.jwt_jwks = Some(url);
+        s.body_timeout = Duration::from_secs(1);
+        s
+    })
+    .await;
+    app.wait_ready().await;
+    let voucher = app.open_voucher(10).await;
+    // b is new and the identity provider slow: b's token waits for the
+    // next fetch allowed and for its answer, past the body's deadline,
+    // though its body arrived with its headers.
+    server.serve(Some(jwk_set(&[&a, &b])));
+    *server.delay.lock().unwrap() = Duration::from_millis(1_200);
+    let (status, body) = answer(
+        app.client
+            .post(app.url(&format!("/seckill/{voucher}")))
+            .bearer_auth(b.sign(&claims("1")))
+            .json(&json!({ "quantity": 1 })),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fetch_for_a_new_kid_completes_though_the_request_that_started_it_gave_up() {
     let (a, b) = (es256_key("a"), es256_key("b"));
