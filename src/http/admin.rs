@@ -125,11 +125,28 @@ pub struct UnstoredBody {
     reason: String,
 }
 
+/// A user id as the body of `POST /admin/tokens` lists it: a positive
+/// integer (described only; the body holds `i64`s, checked in the handler).
+struct UserIdValue;
+
+impl utoipa::PartialSchema for UserIdValue {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(1))
+            .into()
+    }
+}
+
+impl ToSchema for UserIdValue {}
+
 /// Users to mint tokens for.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MintTokens {
-    #[schema(min_items = 1, max_items = 10000, value_type = Vec<i64>)]
+    #[schema(min_items = 1, max_items = 10000, value_type = Vec<UserIdValue>)]
     user_ids: Vec<i64>,
     /// Lifetime of the tokens: 1 s to 30 days (default a day).
     #[serde(default)]

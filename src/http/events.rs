@@ -19,7 +19,7 @@ use crate::seckill::SeckillError;
 #[into_params(parameter_in = Query)]
 pub struct FeedQuery {
     /// The last event id seen (absent: from the oldest kept event).
-    #[param(pattern = "^[0-9a-f]{32}$")]
+    #[param(pattern = "^[0-7][0-9a-f]{15}[0-7][0-9a-f]{15}$")]
     after: Option<String>,
     /// Most events to return: 1 to 1000 (default 100).
     #[param(value_type = Option<i64>, minimum = 1, maximum = 1000)]
@@ -32,7 +32,7 @@ pub struct FeedBody {
     /// In commit order.
     events: Vec<EventBody>,
     /// The id to ask after next: the last event's, or the `after` given.
-    #[schema(pattern = "^[0-9a-f]{32}$")]
+    #[schema(pattern = "^[0-7][0-9a-f]{15}[0-7][0-9a-f]{15}$")]
     next: String,
 }
 

@@ -163,7 +163,18 @@ impl<S: Send + Sync> FromRequestParts<S> for OrderIdPath {
         raw.parse()
             .map(Self)
             .map_err(|_: crate::domain::NotAnOrderId| {
-                ApiError::BadRequest(format!("order id {raw:?} is not a positive 64-bit integer"))
+                // Written as the description's pattern allows, but past 2^63:
+                // no order has it.
+                if raw.len() <= 19
+                    && !raw.starts_with('0')
+                    && raw.bytes().all(|b| b.is_ascii_digit())
+                {
+                    ApiError::NotFound("order not found".into())
+                } else {
+                    ApiError::BadRequest(format!(
+                        "order id {raw:?} is not a positive 64-bit integer"
+                    ))
+                }
             })
     }
 }

@@ -141,6 +141,64 @@ async fn openapi_json_describes_every_route_status_and_error_code() {
     assert!(schemes.contains_key("admin") && schemes.contains_key("user"));
 }
 
+/// The pattern or bounds the description gives the parameter named `name`
+/// of the operation at `path`, `method`.
+fn parameter_schema<'d>(doc: &'d Value, method: &str, path: &str, name: &str) -> &'d Value {
+    doc["paths"][path][method]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .map(|p| &p["schema"])
+        .unwrap_or_else(|| panic!("{method} {path} has no parameter {name}"))
+}
+
+#[tokio::test]
+async fn values_the_description_allows_are_never_refused_as_malformed() {
+    // What a fuzzer generating from the description sends as valid: the
+    // edges of each pattern and bound are answered as such, not 400.
+    let app = spawn_app().await;
+    let doc: Value = app
+        .client
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let order = parameter_schema(&doc, "get", "/orders/{order_id}", "order_id");
+    assert_eq!(order["pattern"], "^[1-9][0-9]{0,18}$");
+    // Nineteen nines fit the pattern and not an i64: no such order.
+    let token = app.token(1).await;
+    for path in ["/orders/9999999999999999999", "/orders/9223372036854775808"] {
+        let (status, body) = app.get_as(path, &token).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (StatusCode::NOT_FOUND, Some("not_found")),
+            "{path}: {body}"
+        );
+    }
+    let (status, body) = app.get_as("/orders/99999999999999999999", &token).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "twenty digits: {body}");
+
+    // An event id is two non-negative i64s in hex: the pattern says so.
+    let after = parameter_schema(&doc, "get", "/admin/events", "after");
+    assert_eq!(after["pattern"], "^[0-7][0-9a-f]{15}[0-7][0-9a-f]{15}$");
+    let (status, body) = app
+        .admin_get(&format!("/admin/events?after={}", "7f".repeat(16)))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // The users to mint tokens for are positive.
+    let minted = &doc["components"]["schemas"]["MintTokens"]["properties"]["user_ids"]["items"];
+    let item = match minted["$ref"].as_str() {
+        Some(reference) => &doc["components"]["schemas"][reference.rsplit('/').next().unwrap()],
+        None => minted,
+    };
+    assert_eq!(item["minimum"], 1, "{minted}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_docs_page_shows_the_purchase_operation_in_a_browser_without_network_needs_chromium() {
     let app = spawn_app().await;
