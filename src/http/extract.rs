@@ -179,6 +179,18 @@ impl<S: Send + Sync> FromRequestParts<S> for OrderIdPath {
     }
 }
 
+/// The single segment a path captures (a file's name), or the JSON
+/// `bad_request` that says why it cannot be read (not UTF-8 once decoded).
+pub struct Segment(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Segment {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        path_segment(parts, state).await.map(Self)
+    }
+}
+
 async fn path_segment<S: Send + Sync>(parts: &mut Parts, state: &S) -> Result<String, ApiError> {
     Path::<String>::from_request_parts(parts, state)
         .await

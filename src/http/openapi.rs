@@ -8,7 +8,6 @@
 use std::sync::{Arc, OnceLock};
 
 use axum::body::Bytes;
-use axum::extract::Path;
 use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::Extension;
@@ -18,6 +17,7 @@ use utoipa::{Modify, OpenApi};
 use utoipa_swagger_ui::Config;
 
 use super::error::ApiError;
+use super::extract::Segment;
 use super::responses::error_response;
 use crate::domain::{OrderStatus, SaleMode};
 
@@ -216,7 +216,7 @@ pub(super) async fn docs() -> Response {
 }
 
 /// A file of the reference page.
-pub(super) async fn docs_file(Path(file): Path<String>) -> Response {
+pub(super) async fn docs_file(Segment(file): Segment) -> Response {
     match utoipa_swagger_ui::serve(&file, swagger_config()) {
         Ok(Some(found)) => (
             StatusCode::OK,

@@ -8,13 +8,15 @@
 use std::sync::LazyLock;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
+use super::extract::Segment;
 use super::state::AppState;
 
 const HTML: &str = "text/html; charset=utf-8";
@@ -191,12 +193,8 @@ pub(super) async fn buyer(State(state): State<AppState>, headers: HeaderMap) -> 
     FILES.buyer[usize::from(state.demo)].answer(&headers, PAGE_CACHE, true)
 }
 
-/// The buyer's page for one voucher.
-pub(super) async fn buyer_voucher(
-    state: State<AppState>,
-    Path(_): Path<String>,
-    headers: HeaderMap,
-) -> Response {
+/// The buyer's page for one voucher (the page reads which from its address).
+pub(super) async fn buyer_voucher(state: State<AppState>, headers: HeaderMap) -> Response {
     buyer(state, headers).await
 }
 
@@ -214,10 +212,14 @@ pub(super) struct AssetQuery {
 /// (`?v=`), as the pages link it, it is cached for a year; otherwise
 /// revalidated each time.
 pub(super) async fn asset(
-    Path(name): Path<String>,
-    Query(query): Query<AssetQuery>,
+    Segment(name): Segment,
+    query: Result<Query<AssetQuery>, QueryRejection>,
     headers: HeaderMap,
 ) -> Response {
+    let query = match query {
+        Ok(Query(query)) => query,
+        Err(rejection) => return ApiError::BadRequest(rejection.body_text()).into_response(),
+    };
     let files = &*FILES;
     let Some((_, served)) = files.assets.iter().find(|(known, _)| *known == name) else {
         return ApiError::NotFound("no such file".into()).into_response();

@@ -380,6 +380,21 @@ async fn the_pages_come_from_the_binary_cached_and_within_their_budget() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(body["error"], "not_found");
+    // Addresses no page can read are refused in JSON like any error; a
+    // voucher's page is the buyer's page whatever its address holds.
+    for path in [
+        "/docs/%FF",
+        "/shop/assets/%FF",
+        "/shop/assets/shop.js?v=1&v=2",
+    ] {
+        let (status, headers, body) = fetch(&app, path, false).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(headers[header::CONTENT_TYPE], "application/json", "{path}");
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"], "bad_request", "{path}");
+    }
+    let (status, _, _) = fetch(&app, "/shop/vouchers/%FF", false).await;
+    assert_eq!(status, StatusCode::OK);
     let response = app.client.get(app.url("/shop")).send().await.unwrap();
     assert_eq!(
         response.url().path(),
