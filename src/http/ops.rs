@@ -94,7 +94,10 @@ pub async fn readyz(State(state): State<AppState>) -> Result<StatusCode, ApiErro
 
 #[utoipa::path(
     get, path = "/metrics", tag = "ops",
-    responses((status = 200, description = "Prometheus text format", content_type = "text/plain; version=0.0.4", body = String))
+    responses(
+        (status = 200, description = "Prometheus text format", content_type = "text/plain; version=0.0.4", body = String),
+        (status = 404, description = "not_found: served on SECKILL_METRICS_ADDR instead", body = super::error::ErrorBody),
+    )
 )]
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let usage = state.seckill.pool_usage();

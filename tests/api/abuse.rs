@@ -593,4 +593,8 @@ async fn metrics_on_their_own_address_leave_the_public_one() {
         let (got, _) = answer(db_app.client.get(format!("{public}{path}"))).await;
         assert_eq!(got, status, "{path}");
     }
+    // The public address still describes /metrics, its 404 included.
+    let (_, doc) = answer(db_app.client.get(format!("{public}/openapi.json"))).await;
+    let described = &doc["paths"]["/metrics"]["get"]["responses"];
+    assert!(described.get("404").is_some(), "{described}");
 }
