@@ -166,8 +166,9 @@ pub struct Settings {
           default_value = "2000", value_name = "MS", value_parser = millis)]
     pub dependency_timeout: Duration,
 
-    /// Longest time to read a request's headers, and to wait for the next
-    /// request on an idle keep-alive connection, in milliseconds.
+    /// Longest time to read a request's headers, to wait for the next
+    /// request on an idle keep-alive connection, and to wait for a client
+    /// to take any of its answer, in milliseconds.
     #[arg(long = "header-timeout-ms", env = "SECKILL_HEADER_TIMEOUT_MS",
           default_value = "10000", value_name = "MS", value_parser = millis)]
     pub header_timeout: Duration,

@@ -3,14 +3,18 @@
 //! bound on open connections, and a drain on shutdown that ends within its
 //! deadline whatever clients do.
 //!
-//! Slow clients (slowloris: headers sent a byte at a time, or never ended)
-//! each hold a connection for at most the header deadline, and at most
+//! Slow clients (slowloris: headers sent a byte at a time, or never ended;
+//! or an answer never read) each hold a connection for at most the header
+//! deadline (for an answer, since it last took any of it), and at most
 //! `max_connections` are open at once, so they cannot use up the process's
 //! file descriptors and starve the clients that buy; past the bound, new
 //! connections wait in the listen backlog until one closes.
 
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
@@ -18,6 +22,7 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -81,6 +86,7 @@ pub async fn serve(
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(settings.header_timeout);
+            let stream = Stalls::new(stream, settings.header_timeout);
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             tokio::select! {
@@ -111,6 +117,96 @@ pub async fn serve(
     };
     tracing::info!(open_at_shutdown = open, ?outcome, "connections drained");
     (began, outcome)
+}
+
+/// A connection whose writes fail once the client has taken none of the
+/// answer for `limit`: a client that stops reading (or a peer gone without
+/// a word) would otherwise hold its connection, and one of the
+/// `max_connections`, for as long as the kernel keeps the socket, since
+/// hyper's own deadline covers only reading the headers. Any progress
+/// restarts the wait.
+struct Stalls<S> {
+    inner: S,
+    limit: Duration,
+    /// Running while the last write could not go out.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> Stalls<S> {
+    fn new(inner: S, limit: Duration) -> Self {
+        Self {
+            inner,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// A write's outcome, or the error that ends a connection whose writes
+    /// made no progress for `limit`.
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        written: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if written.is_ready() {
+            self.stalled = None;
+            return written;
+        }
+        let limit = self.limit;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client took none of the answer for {limit:?}"),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Stalls<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Stalls<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch(cx, written)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.watch(cx, written)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let flushed = Pin::new(&mut self.inner).poll_flush(cx);
+        self.watch(cx, flushed)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// How the drain ended.

@@ -409,6 +409,50 @@ async fn slow_clients_are_cut_off_and_cannot_hold_the_door() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_its_answer_is_cut_off_and_cannot_hold_the_door() {
+    // One connection at a time: a client that holds it holds the door.
+    let app = spawn_app_with(|mut s| {
+        s.header_timeout = Duration::from_millis(500);
+        s.max_connections = Some(1);
+        s
+    })
+    .await;
+    // It asks for more than the socket buffers hold (a 1.4 MB file, eight
+    // times over, pipelined), with a small window of its own, and reads
+    // none of it.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(2048).unwrap();
+    let addr = app.base.trim_start_matches("http://").parse().unwrap();
+    let mut reader = socket.connect(addr).await.unwrap();
+    reader
+        .write_all(&b"GET /docs/swagger-ui-bundle.js HTTP/1.1\r\nHost: x\r\n\r\n".repeat(8))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The server gives up on it once it has taken nothing for the header
+    // deadline, and the next client gets the connection.
+    let started = Instant::now();
+    let health = tokio::time::timeout(
+        Duration::from_secs(10),
+        client().get(app.url("/healthz")).send(),
+    )
+    .await;
+    assert_eq!(
+        health.expect("/healthz answered").unwrap().status(),
+        StatusCode::OK,
+        "after {:?}",
+        started.elapsed()
+    );
+    // What the reader gets when it reads at last is a part of the file,
+    // then the end of the connection.
+    let mut taken = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(10), reader.read_to_end(&mut taken)).await;
+    assert!(ended.is_ok(), "the stalled connection is still open");
+    assert!(String::from_utf8_lossy(&taken).starts_with("HTTP/1.1 200"));
+    drop(reader);
+}
+
 // 5. Metrics labels come from bounded sets.
 
 #[tokio::test]
