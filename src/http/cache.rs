@@ -1,5 +1,5 @@
 //! Reads a CDN or a proxy in front may keep for a moment: `Cache-Control`
-//! (public, about a second, then stale while it asks again), an `ETag` of
+//! (public, a second, and one more while it asks again), an `ETag` of
 //! what the answer says, and `304 Not Modified` to a matching
 //! `If-None-Match`, so that a flood of reads can be absorbed before it
 //! reaches an instance, and a client that asks again is told "unchanged"
@@ -12,10 +12,11 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-/// How long a cache in front may serve an answer without asking (one
-/// second: the stock it shows is at most that stale again), and how long
-/// after that it may serve it while it asks.
-pub const CACHE_CONTROL_VALUE: &str = "public, max-age=1, stale-while-revalidate=5";
+/// How long a cache in front may serve an answer without asking (a
+/// second), and how long after that it may still serve it while one
+/// request asks (a second more, so that a flood waits for no one; and no
+/// longer, so that a reader after a quiet spell gets a fresh one).
+pub const CACHE_CONTROL_VALUE: &str = "public, max-age=1, stale-while-revalidate=1";
 
 /// The answer to a cacheable read: `body` serialized, its tag computed from
 /// `tagged` (the body itself, or the part of it that changes what it means:

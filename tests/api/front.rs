@@ -103,4 +103,17 @@ async fn a_read_flood_through_the_front_reaches_the_instance_about_once_per_vouc
         |stock| *stock == Some(9),
     )
     .await;
+
+    // A reader who comes after a quiet spell is not served the copy kept
+    // since the last one, nor its server time: at most a second stale.
+    for path in ["/vouchers".to_owned(), format!("/vouchers/{}", vouchers[1])] {
+        answer(app.client.get(format!("{base}{path}"))).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (status, list) = answer(app.client.get(format!("{base}/vouchers"))).await;
+    assert_eq!(status, StatusCode::OK);
+    let server_time: chrono::DateTime<chrono::Utc> =
+        list["server_time"].as_str().unwrap().parse().unwrap();
+    let age = chrono::Utc::now() - server_time;
+    assert!(age <= chrono::Duration::milliseconds(1_500), "the list is {age} old");
 }
