@@ -76,6 +76,15 @@ pub fn is_transient(error: &redis::RedisError) -> bool {
             error.code(),
             Some("OOM" | "MISCONF" | "BUSY" | "NOREPLICAS" | "LOADING")
         )
+        // The same said in a generic `ERR`: a Redis at `maxclients`, and a
+        // script refused for memory or on a replica by Redis 6, which wraps
+        // the refusal in "Error running script".
+        || (error.code() == Some("ERR")
+            && error.detail().is_some_and(|detail| {
+                ["max number of clients reached", "-OOM ", "-READONLY ", "-MISCONF ", "-NOREPLICAS "]
+                    .iter()
+                    .any(|said| detail.contains(said))
+            }))
 }
 
 /// Where the service's Redis is, as `REDIS_URL` names it.
@@ -240,6 +249,9 @@ mod tests {
             "NOREPLICAS Not enough good replicas to write.",
             "LOADING Redis is loading the dataset in memory",
             "READONLY You can't write against a read only replica.",
+            "ERR max number of clients reached",
+            "ERR Error running script (call to f_0123): @user_script:5: @user_script: 5: -OOM command not allowed when used memory > 'maxmemory'. ",
+            "ERR Error running script (call to f_0123): @user_script:5: @user_script: 5: -READONLY You can't write against a read only replica. ",
         ] {
             assert!(is_transient(&answered(line)), "{line}");
         }

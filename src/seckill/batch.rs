@@ -139,7 +139,10 @@ impl Batcher {
                 |arrivals, stop| write(self.inner.clone(), voucher_id, arrivals, stop),
             )
             .await
-            .map_err(|_| SeckillError::internal("the sale writer stopped"))?
+            .map_err(|_| {
+                // Only at shutdown: the writer stops with its queue served.
+                SeckillError::postgres_unavailable("the sale's writer stopped before answering")
+            })?
     }
 }
 
@@ -159,7 +162,13 @@ async fn write(
     loop {
         if waiting.is_empty() {
             if retiring {
-                return;
+                // The queue is closed; a purchase sent between the last look
+                // and the close is still this writer's to answer.
+                match arrivals.recv().await {
+                    Some(pending) => waiting.push_back(pending),
+                    None => return,
+                }
+                continue;
             }
             // `None`: idle for IDLE, or shutdown: time to retire.
             let arrived = tokio::select! {

@@ -115,5 +115,8 @@ async fn a_read_flood_through_the_front_reaches_the_instance_about_once_per_vouc
     let server_time: chrono::DateTime<chrono::Utc> =
         list["server_time"].as_str().unwrap().parse().unwrap();
     let age = chrono::Utc::now() - server_time;
-    assert!(age <= chrono::Duration::milliseconds(1_500), "the list is {age} old");
+    assert!(
+        age <= chrono::Duration::milliseconds(1_500),
+        "the list is {age} old"
+    );
 }
