@@ -340,7 +340,11 @@ impl Store {
     }
 
     /// Up to `limit` events of `webhook_failed`, oldest first: those put
-    /// back for a retry, or those failed and not (yet) put back.
+    /// back for a retry, or those failed and not (yet) put back. A retry
+    /// never passes an earlier event of its order that failed again (put
+    /// back in an earlier batch that was given up): within an order, an
+    /// event goes out only after every earlier one; it waits for the next
+    /// retry.
     async fn failed_where(&self, retry: bool, limit: i64) -> Result<Vec<OrderEvent>> {
         const SQL: &str = concat!(
             "SELECT ",
@@ -349,6 +353,10 @@ impl Store {
              JOIN order_events e ON e.tx = f.tx AND e.id = f.id
              LEFT JOIN user_refs u ON u.user_id = e.user_id
              WHERE f.retry = $2
+               AND NOT ($2 AND EXISTS (
+                   SELECT 1 FROM webhook_failed g
+                   WHERE g.order_id = f.order_id AND NOT g.retry
+                     AND (g.tx, g.id) < (f.tx, f.id)))
              ORDER BY f.tx, f.id LIMIT $1"
         );
         self.db

@@ -224,6 +224,8 @@ async fn the_feed_reads_on_from_any_id_with_no_event_missed_or_repeated() {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
     Acknowledge,
+    /// Acknowledges a batch of one event, fails a larger one.
+    AcknowledgeOne,
     Fail,
     Hang,
     Redirect,
@@ -319,14 +321,18 @@ async fn receive(
         .as_array()
         .unwrap()
         .clone();
-    let mode = *receiver.mode.lock().unwrap();
+    let mode = match *receiver.mode.lock().unwrap() {
+        Mode::AcknowledgeOne if events.len() == 1 => Mode::Acknowledge,
+        Mode::AcknowledgeOne => Mode::Fail,
+        mode => mode,
+    };
     receiver
         .batches
         .lock()
         .unwrap()
         .push((events, mode == Mode::Acknowledge));
     match mode {
-        Mode::Acknowledge => AxumStatus::NO_CONTENT.into_response(),
+        Mode::Acknowledge | Mode::AcknowledgeOne => AxumStatus::NO_CONTENT.into_response(),
         Mode::Fail => AxumStatus::SERVICE_UNAVAILABLE.into_response(),
         Mode::Redirect => {
             (AxumStatus::TEMPORARY_REDIRECT, [("location", "/hooks")]).into_response()
@@ -470,6 +476,65 @@ async fn a_hanging_or_redirecting_receiver_is_a_failure_and_failed_events_are_li
     .await;
     let (_, failed) = app.admin_get("/admin/webhooks/failed").await;
     assert_eq!(failed, json!({ "events": [] }));
+}
+
+#[tokio::test]
+async fn failed_events_put_back_in_more_than_one_batch_still_go_out_in_order_per_order() {
+    let (receiver, url) = Receiver::start(Mode::Fail).await;
+    // Failed once a batch's first attempt is a second old; seven a batch.
+    let app = app_with_webhook(&url, 1).await;
+    let voucher = app.priced_voucher(4, "sync", 0, 900).await;
+    let tokens = app.tokens(1..=4).await;
+    crate::helpers::crowd(&[&app.base], &tokens, voucher, 1).await;
+    let (_, orders) = app
+        .admin_get(&format!("/admin/vouchers/{voucher}/orders"))
+        .await;
+    for (i, order) in orders["orders"].as_array().unwrap().iter().enumerate() {
+        let id = order["order_id"].as_str().unwrap();
+        let (status, _) = notify(&app.client, &app.base, &format!("p{i}"), id, 0).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    // Four orders created, then paid: eight events, all failed.
+    poll_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        "the eight events failed",
+        || async { app.admin_get("/admin/webhooks/failed").await.1 },
+        |body| body["events"].as_array().is_some_and(|e| e.len() == 8),
+    )
+    .await;
+    // Put back: the first batch of seven fails again and is failed; the
+    // eighth, the last order's payment, would go alone, before the
+    // creation of its order, failed in the first batch.
+    receiver.set(Mode::AcknowledgeOne);
+    let (status, _) = answer(
+        app.client
+            .post(app.url("/admin/webhooks/retry"))
+            .bearer_auth(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let attempts = receiver.attempts();
+    receiver.attempted(attempts + 2).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_in_order_per_order(&receiver.acknowledged());
+    // Once the receiver takes them, every event goes out, in order.
+    receiver.set(Mode::Acknowledge);
+    answer(
+        app.client
+            .post(app.url("/admin/webhooks/retry"))
+            .bearer_auth(ADMIN_TOKEN),
+    )
+    .await;
+    let acknowledged = poll_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        "the eight events acknowledged",
+        || async { receiver.acknowledged() },
+        |a| a.len() >= 8,
+    )
+    .await;
+    assert_in_order_per_order(&acknowledged);
 }
 
 #[tokio::test]
