@@ -8,9 +8,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::RedisResult;
-use tokio::sync::Mutex;
 
 /// A lock client's Redis. The Sentinel master is looked up again for every
 /// new connection, so the client follows a failover.
@@ -18,10 +16,90 @@ use tokio::sync::Mutex;
 pub enum Endpoint {
     /// One address: a server, a proxy or a managed endpoint.
     Server(redis::Client),
-    /// The master of `master`, as the sentinels say.
-    Sentinel(Arc<Mutex<SentinelClient>>),
+    /// The master of a name, as the sentinels say.
+    Sentinel(Arc<Sentinels>),
     /// A Redis Cluster, reached through any of its nodes.
     Cluster(Arc<Cluster>),
+}
+
+/// The sentinels that name a master. Each is asked in turn, each within
+/// its share of the caller's deadline, starting with the last one that
+/// answered: one sentinel frozen or black-holed costs the first look-up
+/// its share, not every look-up its whole deadline. (redis-rs's own
+/// `SentinelClient` asks them one after another on connections with no
+/// deadline, so a silent first sentinel kept the others from being asked.)
+pub struct Sentinels {
+    nodes: Vec<redis::Client>,
+    master: String,
+    /// The sentinel asked first.
+    first: AtomicUsize,
+}
+
+/// The shortest time a sentinel is given to answer.
+const SENTINEL_AT_LEAST: Duration = Duration::from_millis(100);
+
+impl Sentinels {
+    /// The master's address as the first sentinel to answer names it,
+    /// within `budget` in all.
+    async fn master(&self, budget: Duration) -> RedisResult<redis::Client> {
+        let count = self.nodes.len().max(1);
+        let share = (budget / u32::try_from(count).unwrap_or(u32::MAX)).max(SENTINEL_AT_LEAST);
+        let start = self.first.load(Ordering::Relaxed);
+        let mut last_error = None;
+        for turn in 0..count {
+            let at = (start + turn) % count;
+            let asked = tokio::time::timeout(share, self.ask(&self.nodes[at], share)).await;
+            match asked {
+                Ok(Ok(Some((host, port)))) => {
+                    self.first.store(at, Ordering::Relaxed);
+                    let host = if host.contains(':') {
+                        format!("[{host}]")
+                    } else {
+                        host
+                    };
+                    return redis::Client::open(format!("redis://{host}:{port}"));
+                }
+                Ok(Ok(None)) => {
+                    last_error = Some(redis::RedisError::from((
+                        redis::ErrorKind::MasterNameNotFoundBySentinel,
+                        "a sentinel does not know the master",
+                        self.master.clone(),
+                    )));
+                }
+                Ok(Err(error)) => last_error = Some(error),
+                Err(_) => {
+                    last_error = Some(
+                        std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("a sentinel did not answer within {share:?}"),
+                        )
+                        .into(),
+                    )
+                }
+            }
+        }
+        Err(last_error
+            .unwrap_or_else(|| (redis::ErrorKind::EmptySentinelList, "no sentinel to ask").into()))
+    }
+
+    /// What one sentinel names as the master, on a connection of its own.
+    async fn ask(
+        &self,
+        sentinel: &redis::Client,
+        within: Duration,
+    ) -> RedisResult<Option<(String, u16)>> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(within)
+            .set_response_timeout(within);
+        let mut conn = sentinel
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.master)
+            .query_async(&mut conn)
+            .await
+    }
 }
 
 /// The nodes a cluster is first reached through.
@@ -46,13 +124,18 @@ impl Endpoint {
     /// The master called `master`, as the sentinels at these `redis://` URLs
     /// name it.
     pub fn sentinel(sentinels: Vec<String>, master: &str) -> RedisResult<Self> {
-        let client = SentinelClient::build(
-            sentinels,
-            master.to_owned(),
-            None,
-            SentinelServerType::Master,
-        )?;
-        Ok(Self::Sentinel(Arc::new(Mutex::new(client))))
+        if sentinels.is_empty() {
+            return Err((redis::ErrorKind::EmptySentinelList, "no sentinel given").into());
+        }
+        let nodes = sentinels
+            .iter()
+            .map(|url| redis::Client::open(url.as_str()))
+            .collect::<RedisResult<Vec<_>>>()?;
+        Ok(Self::Sentinel(Arc::new(Sentinels {
+            nodes,
+            master: master.to_owned(),
+            first: AtomicUsize::new(0),
+        })))
     }
 
     /// A cluster reached through any of these nodes (`redis://` URLs).
@@ -80,19 +163,19 @@ impl Endpoint {
             .set_response_timeout(timeout)
             .set_number_of_retries(1);
         let manager = self
-            .subscriber_client()
+            .subscriber_client(timeout)
             .await?
             .get_connection_manager_with_config(config)
             .await?;
         Ok(Multiplexed::Single(manager))
     }
 
-    /// The server to subscribe on now: the current master, or a cluster's
-    /// next node in turn.
-    pub(super) async fn subscriber_client(&self) -> RedisResult<redis::Client> {
+    /// The server to subscribe on now: the current master (looked up
+    /// within `budget`), or a cluster's next node in turn.
+    pub(super) async fn subscriber_client(&self, budget: Duration) -> RedisResult<redis::Client> {
         match self {
             Self::Server(client) => Ok(client.clone()),
-            Self::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await,
+            Self::Sentinel(sentinels) => sentinels.master(budget).await,
             Self::Cluster(cluster) => {
                 let turn = cluster.next.fetch_add(1, Ordering::Relaxed);
                 Ok(cluster.nodes[turn % cluster.nodes.len()].clone())

@@ -165,7 +165,7 @@ impl Subscriber {
         if slot.is_none() {
             let (sink, mut stream) = self
                 .client
-                .subscriber_client()
+                .subscriber_client(self.timeout)
                 .await?
                 .get_async_pubsub()
                 .await?

@@ -65,7 +65,12 @@ impl Sentinels {
     }
 
     fn url(&self) -> String {
-        let hosts = loopback_hosts(self.ports.iter().copied());
+        self.url_after(&[])
+    }
+
+    /// The URL naming `first` before the sentinels.
+    fn url_after(&self, first: &[u16]) -> String {
+        let hosts = loopback_hosts(first.iter().chain(&self.ports).copied());
         format!("redis+sentinel://{hosts}/mymaster")
     }
 }
@@ -122,4 +127,30 @@ async fn the_service_follows_a_sentinel_failover_by_itself() {
     app.wait_ready().await;
     app.check_invariants(voucher).await;
     drop(replica);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_first_sentinel_does_not_keep_the_others_from_being_asked() {
+    let master = OwnRedis::start();
+    let sentinels = Sentinels::start(&master);
+    // The first sentinel named accepts and never answers: frozen, or
+    // black-holed by the network.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let app = spawn_app_on_redis(sentinels.url_after(&[silent_port]), Some(1_000)).await;
+    let voucher = app.open_voucher(10).await;
+    let tokens = app.tokens(1..=3).await;
+    for user in 1..=3 {
+        let (status, code) = buy(&app.client, &app.base, &tokens[&user], voucher).await;
+        assert_eq!(status, StatusCode::OK, "user {user}: {code}");
+    }
+    app.wait_ready().await;
+    app.check_invariants(voucher).await;
+    held.abort();
 }
