@@ -45,7 +45,13 @@ impl Monitor {
         self.began.elapsed().as_secs()
     }
 
-    /// Counts a purchase answer of `voucher`.
+    /// Counts a purchase answer of `voucher`. A voucher not watched yet is
+    /// watched from an answer that shows it is on sale (an order, or a
+    /// refusal the sale made: sold out, not started, ...), never from one
+    /// given before the sale was asked (no token, over a limit, shed, a
+    /// purchase of the same already in flight): a flood of made-up ids
+    /// would otherwise take the write lock and evict a real sale's window
+    /// at each request.
     fn record(&self, voucher: VoucherId, outcome: Outcome, took: Duration) {
         let second = self.now();
         let found = self
@@ -56,6 +62,7 @@ impl Monitor {
             .cloned();
         let window = match found {
             Some(window) => window,
+            None if !names_a_sale(outcome) => return,
             None => {
                 let mut windows = self.windows.write().unwrap_or_else(|p| p.into_inner());
                 if windows.len() >= MAX_VOUCHERS && !windows.contains_key(&voucher) {
@@ -136,6 +143,25 @@ pub async fn record<S: AsRef<Monitor>>(
     response
 }
 
+/// Whether an answer shows its voucher is on sale: only the sale itself
+/// gives it.
+fn names_a_sale(outcome: Outcome) -> bool {
+    use ErrorCode as C;
+    matches!(
+        outcome,
+        Ok(())
+            | Err(Some(
+                C::NotStarted
+                    | C::Ended
+                    | C::SoldOut
+                    | C::NotEnoughStock
+                    | C::AlreadyPurchased
+                    | C::TooManyOrders
+                    | C::NotAdmitted
+            ))
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +176,25 @@ mod tests {
         assert_eq!(purchased_voucher("/seckill/0"), None);
         assert_eq!(purchased_voucher("/seckill/x"), None);
         assert_eq!(purchased_voucher("/lab/naive/seckill/42"), None);
+    }
+
+    #[test]
+    fn a_voucher_is_watched_from_an_answer_of_its_sale_not_from_a_refusal_at_the_door() {
+        let monitor = Monitor::default();
+        let took = Duration::from_millis(1);
+        for door in [
+            ErrorCode::Unauthorized,
+            ErrorCode::RateLimited,
+            ErrorCode::Unavailable,
+        ] {
+            monitor.record(v(7), Err(Some(door)), took);
+        }
+        monitor.record(v(7), Err(None), took);
+        assert!(monitor.windows.read().unwrap().is_empty());
+        monitor.record(v(7), Err(Some(ErrorCode::SoldOut)), took);
+        monitor.record(v(7), Err(Some(ErrorCode::RateLimited)), took);
+        let windows = monitor.windows.read().unwrap();
+        assert_eq!(windows.keys().copied().collect::<Vec<_>>(), vec![v(7)]);
     }
 
     #[test]
