@@ -82,14 +82,10 @@ impl Application {
         // Before anything records: a metric set before the recorder is
         // installed is lost (the clock's first offset was).
         let metrics = http::ops::prometheus();
-        let store = connect_store(&settings).await?;
+        let (store, namespace) = connect_store(&settings).await?;
         // Every key under the database's own namespace: Redis state of
         // another database (or of this one before a reset) is never read.
-        let prefix = format!(
-            "{}{}:",
-            settings.redis_prefix,
-            store.namespace().await?.simple()
-        );
+        let prefix = format!("{}{}:", settings.redis_prefix, namespace.simple());
         let redis = kv(&settings)?;
         let locks = user_locks(&settings, &prefix)?;
         let clock = SaleClock::start(
@@ -467,11 +463,17 @@ pub fn pool_settings(settings: &Settings) -> PoolSettings {
     }
 }
 
-async fn connect_store(settings: &Settings) -> Result<Store, StoreError> {
+/// The store, and the database's namespace read through it.
+async fn connect_store(settings: &Settings) -> Result<(Store, uuid::Uuid), StoreError> {
     let pool = pool_settings(settings);
     let started = Instant::now();
     loop {
-        match Store::connect(&settings.database_url, &pool).await {
+        let connected = async {
+            let store = Store::connect(&settings.database_url, &pool).await?;
+            let namespace = store.namespace().await?;
+            Ok((store, namespace))
+        };
+        match connected.await {
             // Refused, or accepted and not answered in time (starting, or
             // frozen): tried again until the start-up wait is spent.
             Err(error @ (StoreError::Unavailable(_) | StoreError::TimedOut(_)))

@@ -499,6 +499,12 @@ async fn migrate(options: &PgConnectOptions, timeout: Duration, deadline: Durati
     migrator.set_ignore_missing(true);
     match tokio::time::timeout(deadline, migrator.run(&mut conn)).await {
         Err(_) => return Err(StoreError::TimedOut(deadline)),
+        // A connection lost or refused mid-way is Postgres away (tried
+        // again at start-up), not a migration's fault.
+        Ok(Err(
+            sqlx::migrate::MigrateError::Execute(error)
+            | sqlx::migrate::MigrateError::ExecuteMigration(error, _),
+        )) => return Err(StoreError::from(error)),
         Ok(ran) => ran.map_err(|e| StoreError::Other(e.into()))?,
     }
     conn.close().within(timeout).await?;
