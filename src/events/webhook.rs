@@ -91,7 +91,8 @@ pub async fn deliver(store: Store, settings: WebhookSettings, stop: Cancellation
     loop {
         // A bug in one step must not end deliveries for good: it is
         // logged, and the next step starts from the cursor again.
-        let step = std::panic::AssertUnwindSafe(deliver_once(&store, &settings, &client, me));
+        let step =
+            std::panic::AssertUnwindSafe(deliver_once(&store, &settings, &client, me, &stop));
         let wait = match futures_util::FutureExt::catch_unwind(step).await {
             Ok(Ok(wait)) => wait,
             Ok(Err(error)) => {
@@ -125,6 +126,7 @@ async fn deliver_once(
     settings: &WebhookSettings,
     client: &reqwest::Client,
     me: uuid::Uuid,
+    stop: &CancellationToken,
 ) -> Result<Duration, StoreError> {
     let lease = settings.timeout + LEASE_MARGIN;
     let Some(cursor) = store.take_webhook_lease(me, lease).await? else {
@@ -182,7 +184,13 @@ async fn deliver_once(
         return Ok(Duration::ZERO);
     }
     let sent: Vec<(EventId, OrderId)> = send.iter().map(|e| (e.id, e.order.id)).collect();
-    let delivery = post(client, settings, EventsBody::of(send)).await;
+    // A stop does not wait for a receiver that hangs: the batch is left
+    // as it was (the next holder sends it, at least once), and the lease
+    // is given back at once.
+    let delivery = tokio::select! {
+        delivery = post(client, settings, EventsBody::of(send)) => delivery,
+        () = stop.cancelled() => return Ok(Duration::ZERO),
+    };
     metrics::counter!(super::DELIVERIES, "outcome" => delivery.outcome()).increment(1);
     match delivery {
         Delivery::Acknowledged => {

@@ -13,7 +13,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    answer, assert_refused_to_start, notify, poll_until, spawn_app, spawn_app_with, TestApp,
+    answer, assert_refused_to_start, buy, notify, poll_until, spawn_app, spawn_app_with, TestApp,
     ADMIN_TOKEN,
 };
 
@@ -619,6 +619,50 @@ async fn an_instance_that_stops_gives_the_webhooks_lease_back() {
     let _ = (&mut running.stopped).await;
     // Another instance would take over now, not when the lease runs out.
     assert_eq!(holder().await, None, "the lease was given back");
+    db.close().await;
+    crate::helpers::drop_database(&db_name, &prefix).await;
+}
+
+#[tokio::test]
+async fn an_instance_that_stops_while_its_receiver_hangs_gives_the_lease_back_at_once() {
+    let (receiver, url) = Receiver::start(Mode::Hang).await;
+    let db_name = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let db_url = format!("{}/{db_name}", crate::helpers::pg_server());
+    let mut settings = crate::helpers::settings(&db_url, &crate::helpers::redis_url(), &prefix);
+    settings.webhook_url = Some(url);
+    settings.webhook_secret = Some(WEBHOOK_SECRET.to_owned().into());
+    // A delivery may hang for 30 s; the whole shutdown has 2.
+    settings.webhook_timeout = Duration::from_secs(30);
+    settings.shutdown_timeout = Duration::from_secs(2);
+    let mut running = crate::helpers::start_stoppable(settings).await;
+    let admin = testkit::AdminApi::new(running.base.clone(), ADMIN_TOKEN);
+    let now = chrono::Utc::now();
+    let voucher = admin
+        .create_voucher(&json!({
+            "title": "hangs", "stock": 1,
+            "begin_time": now - chrono::Duration::minutes(1),
+            "end_time": now + chrono::Duration::hours(1),
+        }))
+        .await
+        .unwrap();
+    let token = admin.tokens(&[1], 3600).await.unwrap().remove(0);
+    let client = reqwest::Client::new();
+    let (status, _) = buy(&client, &running.base, &token, voucher).await;
+    assert_eq!(status, StatusCode::OK);
+    // The order's event is being delivered to a receiver that hangs.
+    receiver.attempted(1).await;
+    let _ = running.stop.send(());
+    let _ = (&mut running.stopped).await;
+    let db = sqlx::PgPool::connect(&db_url).await.unwrap();
+    let holder: Option<uuid::Uuid> = sqlx::query_scalar("SELECT holder FROM webhook_cursor")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(
+        holder, None,
+        "the lease was given back, not left to run out"
+    );
     db.close().await;
     crate::helpers::drop_database(&db_name, &prefix).await;
 }
