@@ -102,6 +102,13 @@ impl Sentinels {
     }
 }
 
+/// A client of each of these `redis://` URLs.
+fn clients(urls: &[String]) -> RedisResult<Vec<redis::Client>> {
+    urls.iter()
+        .map(|url| redis::Client::open(url.as_str()))
+        .collect()
+}
+
 /// The nodes a cluster is first reached through.
 pub struct Cluster {
     urls: Vec<String>,
@@ -127,12 +134,8 @@ impl Endpoint {
         if sentinels.is_empty() {
             return Err((redis::ErrorKind::EmptySentinelList, "no sentinel given").into());
         }
-        let nodes = sentinels
-            .iter()
-            .map(|url| redis::Client::open(url.as_str()))
-            .collect::<RedisResult<Vec<_>>>()?;
         Ok(Self::Sentinel(Arc::new(Sentinels {
-            nodes,
+            nodes: clients(&sentinels)?,
             master: master.to_owned(),
             first: AtomicUsize::new(0),
         })))
@@ -140,10 +143,7 @@ impl Endpoint {
 
     /// A cluster reached through any of these nodes (`redis://` URLs).
     pub fn cluster(urls: Vec<String>) -> RedisResult<Self> {
-        let nodes = urls
-            .iter()
-            .map(|url| redis::Client::open(url.as_str()))
-            .collect::<RedisResult<Vec<_>>>()?;
+        let nodes = clients(&urls)?;
         Ok(Self::Cluster(Arc::new(Cluster {
             urls,
             nodes,

@@ -7,9 +7,7 @@ use std::time::Duration;
 use redis_locks::SharedConnection;
 use tokio::task::JoinSet;
 
-fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
+use testkit::redis_url;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_timed_out_never_hands_its_late_answer_to_another() {
@@ -93,12 +91,7 @@ async fn cutting_proxy(cut: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> S
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let target = redis_url()
-        .trim_start_matches("redis://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
+    let target = testkit::redis_addr();
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let Ok(server) = tokio::net::TcpStream::connect(&target).await else {

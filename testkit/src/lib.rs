@@ -34,6 +34,14 @@ pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
+/// `host:port` of [`redis_url`], for a proxy in front of it.
+pub fn redis_addr() -> String {
+    let url = redis_url();
+    let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+    let host = rest.split('/').next().unwrap_or(rest);
+    host.rsplit('@').next().unwrap_or(host).to_owned()
+}
+
 /// The Postgres server the tests use (`DATABASE_URL` without its database
 /// name and query), so that each test can make a database of its own.
 pub fn pg_server() -> String {

@@ -274,6 +274,19 @@ impl Receiver {
             .collect()
     }
 
+    /// Waits (30 s at most) until `n` events were acknowledged; all of
+    /// them, in the order received.
+    async fn acknowledged_at_least(&self, n: usize) -> Vec<Value> {
+        poll_until(
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            &format!("{n} events acknowledged"),
+            || async { self.acknowledged() },
+            |a| a.len() >= n,
+        )
+        .await
+    }
+
     fn attempts(&self) -> usize {
         self.batches.lock().unwrap().len()
     }
@@ -344,6 +357,56 @@ async fn receive(
     }
 }
 
+/// A receiver in `mode`, an app whose webhooks go to it (failed after
+/// `retry_seconds`), and a priced voucher of `orders` units, each bought
+/// by a user of its own.
+async fn sold_with_webhook(
+    mode: Mode,
+    retry_seconds: u64,
+    orders: i64,
+) -> (Receiver, TestApp, i64) {
+    let (receiver, url) = Receiver::start(mode).await;
+    let app = app_with_webhook(&url, retry_seconds).await;
+    let voucher = app.priced_voucher(orders, "sync", 0, 900).await;
+    let tokens = app.tokens(1..=orders).await;
+    crate::helpers::crowd(&[&app.base], &tokens, voucher, 1).await;
+    (receiver, app, voucher)
+}
+
+/// `GET /admin/webhooks/failed` once it lists `n` events (30 s at most).
+async fn failed_at_least(app: &TestApp, n: usize) -> Value {
+    poll_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        &format!("{n} events failed"),
+        || async { app.admin_get("/admin/webhooks/failed").await.1 },
+        |body| body["events"].as_array().is_some_and(|e| e.len() >= n),
+    )
+    .await
+}
+
+/// Pays every order of `voucher` through the provider's notification.
+async fn pay_every_order(app: &TestApp, voucher: i64) {
+    let (_, orders) = app
+        .admin_get(&format!("/admin/vouchers/{voucher}/orders"))
+        .await;
+    for (i, order) in orders["orders"].as_array().unwrap().iter().enumerate() {
+        let id = order["order_id"].as_str().unwrap();
+        let (status, _) = notify(&app.client, &app.base, &format!("p{i}"), id, 0).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+}
+
+/// `POST /admin/webhooks/retry`: every failed event put back.
+async fn put_back(app: &TestApp) -> (StatusCode, Value) {
+    answer(
+        app.client
+            .post(app.url("/admin/webhooks/retry"))
+            .bearer_auth(ADMIN_TOKEN),
+    )
+    .await
+}
+
 async fn app_with_webhook(url: &str, retry_seconds: u64) -> TestApp {
     let url = url.to_owned();
     spawn_app_with(move |mut s| {
@@ -376,32 +439,14 @@ fn assert_in_order_per_order(acknowledged: &[Value]) {
 
 #[tokio::test]
 async fn webhooks_deliver_every_event_signed_and_retry_a_failing_receiver_in_order() {
-    let (receiver, url) = Receiver::start(Mode::Fail).await;
-    let app = app_with_webhook(&url, 86_400).await;
-    let voucher = app.priced_voucher(20, "sync", 0, 900).await;
-    let tokens = app.tokens(1..=20).await;
-    crate::helpers::crowd(&[&app.base], &tokens, voucher, 1).await;
+    let (receiver, app, voucher) = sold_with_webhook(Mode::Fail, 86_400, 20).await;
     // Failing: attempts come (the first retry within 2 s), nothing acked.
     receiver.attempted(2).await;
     assert!(receiver.acknowledged().is_empty());
     // Pay every order while the receiver is down: a later event of each.
-    let (_, orders) = app
-        .admin_get(&format!("/admin/vouchers/{voucher}/orders"))
-        .await;
-    for (i, order) in orders["orders"].as_array().unwrap().iter().enumerate() {
-        let id = order["order_id"].as_str().unwrap();
-        let (status, _) = notify(&app.client, &app.base, &format!("p{i}"), id, 0).await;
-        assert_eq!(status, StatusCode::OK);
-    }
+    pay_every_order(&app, voucher).await;
     receiver.set(Mode::Acknowledge);
-    let acknowledged = poll_until(
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        "all 40 events acknowledged",
-        || async { receiver.acknowledged() },
-        |a| a.len() >= 40,
-    )
-    .await;
+    let acknowledged = receiver.acknowledged_at_least(40).await;
     assert_in_order_per_order(&acknowledged);
     let mut ids: Vec<&str> = acknowledged
         .iter()
@@ -436,14 +481,7 @@ async fn a_hanging_or_redirecting_receiver_is_a_failure_and_failed_events_are_li
     // The hang meets the 500 ms timeout; then redirects are not followed.
     receiver.attempted(1).await;
     receiver.set(Mode::Redirect);
-    let failed = poll_until(
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        "the three events failed",
-        || async { app.admin_get("/admin/webhooks/failed").await.1 },
-        |body| body["events"].as_array().is_some_and(|e| e.len() == 3),
-    )
-    .await;
+    let failed = failed_at_least(&app, 3).await;
     assert!(failed["events"]
         .as_array()
         .unwrap()
@@ -459,12 +497,7 @@ async fn a_hanging_or_redirecting_receiver_is_a_failure_and_failed_events_are_li
     );
 
     receiver.set(Mode::Acknowledge);
-    let (status, body) = answer(
-        app.client
-            .post(app.url("/admin/webhooks/retry"))
-            .bearer_auth(ADMIN_TOKEN),
-    )
-    .await;
+    let (status, body) = put_back(&app).await;
     assert_eq!((status, body), (StatusCode::OK, json!({ "retried": 3 })));
     poll_until(
         Duration::from_secs(10),
@@ -480,60 +513,24 @@ async fn a_hanging_or_redirecting_receiver_is_a_failure_and_failed_events_are_li
 
 #[tokio::test]
 async fn failed_events_put_back_in_more_than_one_batch_still_go_out_in_order_per_order() {
-    let (receiver, url) = Receiver::start(Mode::Fail).await;
     // Failed once a batch's first attempt is a second old; seven a batch.
-    let app = app_with_webhook(&url, 1).await;
-    let voucher = app.priced_voucher(4, "sync", 0, 900).await;
-    let tokens = app.tokens(1..=4).await;
-    crate::helpers::crowd(&[&app.base], &tokens, voucher, 1).await;
-    let (_, orders) = app
-        .admin_get(&format!("/admin/vouchers/{voucher}/orders"))
-        .await;
-    for (i, order) in orders["orders"].as_array().unwrap().iter().enumerate() {
-        let id = order["order_id"].as_str().unwrap();
-        let (status, _) = notify(&app.client, &app.base, &format!("p{i}"), id, 0).await;
-        assert_eq!(status, StatusCode::OK);
-    }
+    let (receiver, app, voucher) = sold_with_webhook(Mode::Fail, 1, 4).await;
+    pay_every_order(&app, voucher).await;
     // Four orders created, then paid: eight events, all failed.
-    poll_until(
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        "the eight events failed",
-        || async { app.admin_get("/admin/webhooks/failed").await.1 },
-        |body| body["events"].as_array().is_some_and(|e| e.len() == 8),
-    )
-    .await;
+    failed_at_least(&app, 8).await;
     // Put back: the first batch of seven fails again and is failed; the
     // eighth, the last order's payment, would go alone, before the
     // creation of its order, failed in the first batch.
     receiver.set(Mode::AcknowledgeOne);
-    let (status, _) = answer(
-        app.client
-            .post(app.url("/admin/webhooks/retry"))
-            .bearer_auth(ADMIN_TOKEN),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
+    assert_eq!(put_back(&app).await.0, StatusCode::OK);
     let attempts = receiver.attempts();
     receiver.attempted(attempts + 2).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_in_order_per_order(&receiver.acknowledged());
     // Once the receiver takes them, every event goes out, in order.
     receiver.set(Mode::Acknowledge);
-    answer(
-        app.client
-            .post(app.url("/admin/webhooks/retry"))
-            .bearer_auth(ADMIN_TOKEN),
-    )
-    .await;
-    let acknowledged = poll_until(
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        "the eight events acknowledged",
-        || async { receiver.acknowledged() },
-        |a| a.len() >= 8,
-    )
-    .await;
+    put_back(&app).await;
+    let acknowledged = receiver.acknowledged_at_least(8).await;
     assert_in_order_per_order(&acknowledged);
 }
 
@@ -590,53 +587,86 @@ async fn an_event_that_comes_while_a_batch_fails_is_not_failed_with_it() {
     );
 }
 
+/// The instance that holds the webhooks' lease in `db`, if any.
+async fn lease_holder(db: &sqlx::PgPool) -> Option<uuid::Uuid> {
+    sqlx::query_scalar("SELECT holder FROM webhook_cursor")
+        .fetch_one(db)
+        .await
+        .unwrap()
+}
+
+/// An instance of a database of its own whose webhooks go to a receiver,
+/// stopped by the test.
+struct WebhookInstance {
+    running: crate::helpers::Stoppable,
+    receiver: Receiver,
+    db: sqlx::PgPool,
+    db_name: String,
+    prefix: String,
+}
+
+impl WebhookInstance {
+    async fn start(mode: Mode, tune: impl FnOnce(&mut seckill::config::Settings)) -> Self {
+        let (receiver, url) = Receiver::start(mode).await;
+        let db_name = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
+        let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+        let db_url = format!("{}/{db_name}", crate::helpers::pg_server());
+        let mut settings = crate::helpers::settings(&db_url, &crate::helpers::redis_url(), &prefix);
+        settings.webhook_url = Some(url);
+        settings.webhook_secret = Some(WEBHOOK_SECRET.to_owned().into());
+        tune(&mut settings);
+        let running = crate::helpers::start_stoppable(settings).await;
+        let db = sqlx::PgPool::connect(&db_url).await.unwrap();
+        Self {
+            running,
+            receiver,
+            db,
+            db_name,
+            prefix,
+        }
+    }
+
+    /// The instance that holds the webhooks' lease, if any.
+    async fn holder(&self) -> Option<uuid::Uuid> {
+        lease_holder(&self.db).await
+    }
+
+    /// Stops the instance; who holds the lease then.
+    async fn stop(self) -> Option<uuid::Uuid> {
+        let crate::helpers::Stoppable { stop, stopped, .. } = self.running;
+        let _ = stop.send(());
+        let _ = stopped.await;
+        let holder = lease_holder(&self.db).await;
+        self.db.close().await;
+        crate::helpers::drop_database(&self.db_name, &self.prefix).await;
+        holder
+    }
+}
+
 #[tokio::test]
 async fn an_instance_that_stops_gives_the_webhooks_lease_back() {
-    let (_receiver, url) = Receiver::start(Mode::Acknowledge).await;
-    let db_name = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
-    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
-    let db_url = format!("{}/{db_name}", crate::helpers::pg_server());
-    let mut settings = crate::helpers::settings(&db_url, &crate::helpers::redis_url(), &prefix);
-    settings.webhook_url = Some(url);
-    settings.webhook_secret = Some(WEBHOOK_SECRET.to_owned().into());
-    let mut running = crate::helpers::start_stoppable(settings).await;
-    let db = sqlx::PgPool::connect(&db_url).await.unwrap();
-    let holder = || async {
-        sqlx::query_scalar::<_, Option<uuid::Uuid>>("SELECT holder FROM webhook_cursor")
-            .fetch_one(&db)
-            .await
-            .unwrap()
-    };
+    let instance = WebhookInstance::start(Mode::Acknowledge, |_| {}).await;
     poll_until(
         Duration::from_secs(10),
         Duration::from_millis(50),
         "the instance holds the webhooks' lease",
-        holder,
+        || instance.holder(),
         Option::is_some,
     )
     .await;
-    let _ = running.stop.send(());
-    let _ = (&mut running.stopped).await;
     // Another instance would take over now, not when the lease runs out.
-    assert_eq!(holder().await, None, "the lease was given back");
-    db.close().await;
-    crate::helpers::drop_database(&db_name, &prefix).await;
+    assert_eq!(instance.stop().await, None, "the lease was given back");
 }
 
 #[tokio::test]
 async fn an_instance_that_stops_while_its_receiver_hangs_gives_the_lease_back_at_once() {
-    let (receiver, url) = Receiver::start(Mode::Hang).await;
-    let db_name = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
-    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
-    let db_url = format!("{}/{db_name}", crate::helpers::pg_server());
-    let mut settings = crate::helpers::settings(&db_url, &crate::helpers::redis_url(), &prefix);
-    settings.webhook_url = Some(url);
-    settings.webhook_secret = Some(WEBHOOK_SECRET.to_owned().into());
     // A delivery may hang for 30 s; the whole shutdown has 2.
-    settings.webhook_timeout = Duration::from_secs(30);
-    settings.shutdown_timeout = Duration::from_secs(2);
-    let mut running = crate::helpers::start_stoppable(settings).await;
-    let admin = testkit::AdminApi::new(running.base.clone(), ADMIN_TOKEN);
+    let instance = WebhookInstance::start(Mode::Hang, |s| {
+        s.webhook_timeout = Duration::from_secs(30);
+        s.shutdown_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let admin = testkit::AdminApi::new(instance.running.base.clone(), ADMIN_TOKEN);
     let now = chrono::Utc::now();
     let voucher = admin
         .create_voucher(&json!({
@@ -647,24 +677,21 @@ async fn an_instance_that_stops_while_its_receiver_hangs_gives_the_lease_back_at
         .await
         .unwrap();
     let token = admin.tokens(&[1], 3600).await.unwrap().remove(0);
-    let client = reqwest::Client::new();
-    let (status, _) = buy(&client, &running.base, &token, voucher).await;
+    let (status, _) = buy(
+        &reqwest::Client::new(),
+        &instance.running.base,
+        &token,
+        voucher,
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     // The order's event is being delivered to a receiver that hangs.
-    receiver.attempted(1).await;
-    let _ = running.stop.send(());
-    let _ = (&mut running.stopped).await;
-    let db = sqlx::PgPool::connect(&db_url).await.unwrap();
-    let holder: Option<uuid::Uuid> = sqlx::query_scalar("SELECT holder FROM webhook_cursor")
-        .fetch_one(&db)
-        .await
-        .unwrap();
+    instance.receiver.attempted(1).await;
     assert_eq!(
-        holder, None,
+        instance.stop().await,
+        None,
         "the lease was given back, not left to run out"
     );
-    db.close().await;
-    crate::helpers::drop_database(&db_name, &prefix).await;
 }
 
 #[tokio::test]

@@ -219,12 +219,7 @@ async fn a_waiter_wakes_on_unlock_long_before_the_lease_ends() {
 async fn silencing_proxy(silent: Arc<AtomicBool>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let target = redis_url()
-        .trim_start_matches("redis://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
+    let target = testkit::redis_addr();
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
             let (silent, target) = (silent.load(Ordering::SeqCst), target.clone());
