@@ -53,10 +53,18 @@ impl LabStore {
     pub async fn migrate(&self) -> Result<()> {
         let mut migrator = sqlx::migrate!("./migrations");
         migrator.set_ignore_missing(true);
-        migrator
-            .run(self.db.pool())
+        // On a connection of its own, without the pool's statement_timeout:
+        // the wait for another instance's migration lock may be longer.
+        let mut conn = self.db.pool().acquire().await?.detach();
+        sqlx::query("SET statement_timeout = 0")
+            .execute(&mut conn)
+            .await?;
+        let ran = migrator
+            .run(&mut conn)
             .await
-            .map_err(|e| StoreError::Other(e.into()))
+            .map_err(|e| StoreError::Other(e.into()));
+        let _ = sqlx::Connection::close(conn).await;
+        ran
     }
 
     pub async fn create_voucher(&self, stock: i32) -> Result<i64> {

@@ -179,7 +179,9 @@ fn settle<T>(
     answer: Result<RedisResult<T>, tokio::time::error::Elapsed>,
 ) -> RedisResult<T> {
     answer.unwrap_or_else(|_| {
-        handle.stale.store(true, Ordering::Relaxed);
+        if !handle.is_cluster() {
+            handle.stale.store(true, Ordering::Relaxed);
+        }
         Err(timed_out(deadline))
     })
 }
@@ -195,6 +197,13 @@ fn timed_out(deadline: Instant) -> RedisError {
 }
 
 impl Handle {
+    /// A cluster's connection follows failed nodes by itself, and one slow
+    /// shard must not cost every node's socket and the slot map: a timeout
+    /// does not drop it.
+    fn is_cluster(&self) -> bool {
+        matches!(self.conn, Multiplexed::Cluster(_))
+    }
+
     /// Marks the connection stale when it broke or an answer says it
     /// reaches no master (server errors are still values here).
     fn check<'v>(&self, answer: Result<impl IntoIterator<Item = &'v Value>, &RedisError>) {
@@ -206,7 +215,7 @@ impl Handle {
                     || error.is_io_error()
                     || error.is_connection_dropped()
                     || error.is_connection_refusal()
-                    || error.is_timeout()
+                    || (error.is_timeout() && !self.is_cluster())
             }
             Ok(values) => values.into_iter().any(reaches_no_master),
         };

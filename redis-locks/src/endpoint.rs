@@ -50,19 +50,14 @@ impl Sentinels {
             let at = (start + turn) % count;
             let asked = tokio::time::timeout(share, self.ask(&self.nodes[at], share)).await;
             match asked {
-                Ok(Ok(Some((host, port)))) => {
+                Ok(Ok(Some(master))) => {
                     self.first.store(at, Ordering::Relaxed);
-                    let host = if host.contains(':') {
-                        format!("[{host}]")
-                    } else {
-                        host
-                    };
-                    return redis::Client::open(format!("redis://{host}:{port}"));
+                    return Ok(master);
                 }
                 Ok(Ok(None)) => {
                     last_error = Some(redis::RedisError::from((
                         redis::ErrorKind::MasterNameNotFoundBySentinel,
-                        "a sentinel does not know the master",
+                        "a sentinel names no master that says it is one",
                         self.master.clone(),
                     )));
                 }
@@ -82,23 +77,44 @@ impl Sentinels {
             .unwrap_or_else(|| (redis::ErrorKind::EmptySentinelList, "no sentinel to ask").into()))
     }
 
-    /// What one sentinel names as the master, on a connection of its own.
+    /// The master one sentinel names, if the server there says it is one
+    /// (`ROLE`): a sentinel cut off from the others, or restarted with an
+    /// old view, may name a master since demoted to a replica.
     async fn ask(
         &self,
         sentinel: &redis::Client,
         within: Duration,
-    ) -> RedisResult<Option<(String, u16)>> {
+    ) -> RedisResult<Option<redis::Client>> {
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(within)
             .set_response_timeout(within);
         let mut conn = sentinel
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
-        redis::cmd("SENTINEL")
+        let named: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
             .arg(&self.master)
             .query_async(&mut conn)
-            .await
+            .await?;
+        let Some((host, port)) = named else {
+            return Ok(None);
+        };
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        let master = redis::Client::open(format!("redis://{host}:{port}"))?;
+        let mut there = master
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut there).await?;
+        let says_master = match role.first() {
+            Some(redis::Value::BulkString(word)) => word.as_slice() == b"master",
+            Some(redis::Value::SimpleString(word)) => word == "master",
+            _ => false,
+        };
+        Ok(says_master.then_some(master))
     }
 }
 

@@ -68,7 +68,13 @@ pub struct Jwks {
     generation: AtomicU64,
     /// One fetch at a time; holds when the last one started.
     fetch: tokio::sync::Mutex<Option<Instant>>,
+    /// Room for the tokens of unknown kids that wait for the next fetch.
+    waiting: tokio::sync::Semaphore,
 }
+
+/// Most tokens of unknown kids that wait for the next fetch at once, per
+/// instance.
+const MOST_WAITING: usize = 64;
 
 /// Whether a fetch asked within 5 s of the last one is skipped or waits
 /// for its turn.
@@ -104,6 +110,7 @@ impl Jwks {
             keys: RwLock::new(None),
             generation: AtomicU64::new(0),
             fetch: tokio::sync::Mutex::new(None),
+            waiting: tokio::sync::Semaphore::new(MOST_WAITING),
         }
     }
 
@@ -131,9 +138,15 @@ impl Jwks {
     /// allowed and makes it (callers that come meanwhile wait for that one),
     /// so that a key the identity provider published just after a fetch is
     /// found within 5 s, not refused as unknown. A flood of made-up kids
-    /// still costs one fetch per 5 s.
+    /// still costs one fetch per 5 s, and past [`MOST_WAITING`] tokens
+    /// waiting, the others are answered from the set as it is.
     pub async fn refresh_for_unknown_kid(this: &Arc<Self>) -> Fetched {
-        Self::refresh_spawned(this, Pace::WaitTurn).await
+        // Anyone can send a made-up kid: at most so many tokens wait, each
+        // holding its connection; the others are answered at once.
+        match this.waiting.try_acquire() {
+            Ok(_waits) => Self::refresh_spawned(this, Pace::WaitTurn).await,
+            Err(_) => Self::refresh_spawned(this, Pace::SkipTooSoon).await,
+        }
     }
 
     async fn refresh_spawned(this: &Arc<Self>, pace: Pace) -> Fetched {

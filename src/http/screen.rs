@@ -95,6 +95,7 @@ pub async fn body_deadline(
             inner: body,
             sleep: Box::pin(tokio::time::sleep(limit)),
             limit,
+            polled: false,
             expired: expired.clone(),
         })
     });
@@ -112,8 +113,17 @@ struct Deadline {
     inner: Body,
     sleep: Pin<Box<Sleep>>,
     limit: Duration,
+    /// Whether the handler has asked for the body yet.
+    polled: bool,
     expired: Arc<AtomicBool>,
 }
+
+/// What a body is given from the moment its handler first asks for it,
+/// whenever its own deadline falls: hyper reads a body frame by frame as
+/// it is asked (and answers `Expect: 100-continue` only then), so a body
+/// that arrived whole while its request waited before the handler (a JWK
+/// Set fetched for its token) still needs a moment to be read.
+const AFTER_FIRST_ASK: Duration = Duration::from_secs(1);
 
 /// The error of a body that came too slowly.
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +138,13 @@ impl http_body::Body for Deadline {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if !self.polled {
+            self.polled = true;
+            let floor = tokio::time::Instant::now() + AFTER_FIRST_ASK.min(self.limit);
+            if self.sleep.deadline() < floor {
+                self.sleep.as_mut().reset(floor);
+            }
+        }
         // What has arrived is read first: the deadline counts from the
         // headers, and the time the request spent before its handler read
         // the body (a JWK Set fetched for its token, a lookup of its

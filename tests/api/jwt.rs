@@ -435,6 +435,31 @@ async fn a_body_sent_whole_is_read_though_its_token_waited_for_the_jwk_set_past_
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    // A client that asks `Expect: 100-continue` sends its body only once
+    // the handler asks for it, after the deadline has passed: it is given
+    // a moment from then.
+    let c = es256_key("c");
+    server.serve(Some(jwk_set(&[&a, &b, &c])));
+    let mut stream = tokio::net::TcpStream::connect(app.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let body = r#"{"quantity": 1}"#;
+    let head = format!(
+        "POST /seckill/{voucher} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\
+         Connection: close\r\n\r\n",
+        c.sign(&claims("2")),
+        body.len()
+    );
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut interim = [0_u8; 25];
+    stream.read_exact(&mut interim).await.unwrap();
+    assert!(interim.starts_with(b"HTTP/1.1 100 Continue"), "{interim:?}");
+    stream.write_all(body.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
