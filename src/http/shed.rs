@@ -7,7 +7,10 @@
 //! as a connection is, and the time from the write to the read is how long
 //! ready work waits for a core (CoDel's signal: time spent queued, not how
 //! many are queued, which says nothing about requests that wait on
-//! Postgres). While that
+//! Postgres). The delay is the instance's own only while its runtime is
+//! busy: when its workers were idle half the time or more, the cores went
+//! to other processes on the machine (a build, a database), and refusing
+//! this instance's requests would give back nothing. While that
 //! delay, smoothed, is over the target, the share refused of the least
 //! critical class that still gets in rises; a class is touched only once
 //! every class below it is refused whole, and the more critical ones need a
@@ -106,6 +109,9 @@ const PROBE_EVERY: Duration = Duration::from_millis(10);
 /// under half of it: quick to shed, slow to let in again.
 const RISE: u32 = 100;
 const FALL: u32 = 10;
+/// The share of its workers' time the runtime must spend busy, smoothed,
+/// for a delay over the target to be its own, in thousandths.
+const BUSY_FLOOR: u32 = 500;
 
 /// The shedder of one instance.
 #[derive(Clone)]
@@ -118,6 +124,9 @@ struct Shares {
     refused: [AtomicU32; 4],
     /// The smoothed queueing delay, in microseconds.
     delay_us: AtomicU64,
+    /// The smoothed share of its workers' time the runtime was busy, in
+    /// thousandths.
+    busy: AtomicU32,
     /// Requests seen, to spread refusals evenly over a class.
     seen: AtomicU64,
     /// `None`: shedding off.
@@ -134,6 +143,7 @@ impl Shedder {
         let inner = Arc::new(Shares {
             refused: Default::default(),
             delay_us: AtomicU64::new(0),
+            busy: AtomicU32::new(0),
             seen: AtomicU64::new(0),
             target: (!target.is_zero()).then_some(target),
             hold,
@@ -186,14 +196,18 @@ impl Shedder {
 }
 
 impl Shares {
-    /// One probe's delay: smooths it in and moves the shares.
-    fn observe(&self, delay: Duration, target: Duration) {
+    /// One probe's delay, and the share of the workers' time (in
+    /// thousandths) the runtime was busy since the last: smooths both in
+    /// and moves the shares.
+    fn observe(&self, delay: Duration, busy: u32, target: Duration) {
         let sample = delay.as_micros() as u64;
         let old = self.delay_us.load(Ordering::Relaxed);
         let smoothed = (old * 7 + sample) / 8;
         self.delay_us.store(smoothed, Ordering::Relaxed);
+        let busy = (self.busy.load(Ordering::Relaxed) * 7 + busy.min(WHOLE)) / 8;
+        self.busy.store(busy, Ordering::Relaxed);
         let target_us = target.as_micros() as u64;
-        if smoothed > target_us {
+        if smoothed > target_us && busy >= BUSY_FLOOR {
             // The least critical class not yet refused whole, if the delay
             // is over its patience.
             for class in Criticality::ALL.into_iter().rev() {
@@ -207,7 +221,7 @@ impl Shares {
                 }
                 break;
             }
-        } else if smoothed < target_us / 2 {
+        } else if smoothed < target_us / 2 || busy < BUSY_FLOOR {
             // The most critical class still refused in part.
             for class in Criticality::ALL {
                 let share = &self.refused[class.index()];
@@ -257,6 +271,7 @@ async fn probe(shares: Weak<Shares>) {
         tracing::warn!(error = %Chain(&error), "no thread for the shedder's probe: shedding is off");
         return;
     }
+    let mut busy = Busy::new(tokio::runtime::Handle::current().metrics());
     let mut byte = [0u8; 64];
     loop {
         // The writer ends (and this read sees the end) once the shedder is
@@ -278,9 +293,47 @@ async fn probe(shares: Weak<Shares>) {
             return;
         };
         if let Some(target) = shares.target {
-            shares.observe(read_at.saturating_sub(sent), target);
+            shares.observe(read_at.saturating_sub(sent), busy.since_last(), target);
         }
         publish(&shares);
+    }
+}
+
+/// How busy the runtime's workers were between two looks.
+struct Busy {
+    metrics: tokio::runtime::RuntimeMetrics,
+    /// The workers' busy time, summed, and when, at the last look.
+    total: Duration,
+    at: Instant,
+}
+
+impl Busy {
+    fn new(metrics: tokio::runtime::RuntimeMetrics) -> Self {
+        let total = Self::total(&metrics);
+        Self {
+            metrics,
+            total,
+            at: Instant::now(),
+        }
+    }
+
+    fn total(metrics: &tokio::runtime::RuntimeMetrics) -> Duration {
+        (0..metrics.num_workers())
+            .map(|worker| metrics.worker_total_busy_duration(worker))
+            .sum()
+    }
+
+    /// The share of the workers' time spent busy since the last look, in
+    /// thousandths.
+    fn since_last(&mut self) -> u32 {
+        let (total, at) = (Self::total(&self.metrics), Instant::now());
+        let busy = total.saturating_sub(self.total);
+        let span = at.saturating_duration_since(self.at) * self.metrics.num_workers() as u32;
+        (self.total, self.at) = (total, at);
+        if span.is_zero() {
+            return 0;
+        }
+        (busy.as_nanos() * u128::from(WHOLE) / span.as_nanos()).min(u128::from(WHOLE)) as u32
     }
 }
 
@@ -308,6 +361,7 @@ struct Meters {
     shed: [metrics::Counter; 4],
     refused_share: [metrics::Gauge; 4],
     delay: metrics::Gauge,
+    busy: metrics::Gauge,
 }
 
 fn meters() -> &'static Meters {
@@ -324,6 +378,7 @@ fn meters() -> &'static Meters {
             refused_share: Criticality::ALL
                 .map(|c| metrics::gauge!("seckill_shed_refused_share", "class" => c.label())),
             delay: metrics::gauge!("seckill_shed_delay_seconds"),
+            busy: metrics::gauge!("seckill_shed_busy_share"),
         }
     })
 }
@@ -342,6 +397,9 @@ fn publish(shares: &Shares) {
     meters
         .delay
         .set(shares.delay_us.load(Ordering::Relaxed) as f64 / 1e6);
+    meters
+        .busy
+        .set(f64::from(shares.busy.load(Ordering::Relaxed)) / f64::from(WHOLE));
 }
 
 /// The shedder as a layer, just inside the address's limit: a refused
@@ -379,6 +437,7 @@ mod tests {
         Shares {
             refused: Default::default(),
             delay_us: AtomicU64::new(0),
+            busy: AtomicU32::new(0),
             seen: AtomicU64::new(0),
             target: Some(target),
             hold: Duration::ZERO,
@@ -396,26 +455,48 @@ mod tests {
         // Twice the target: reads are refused whole; admin and orders are
         // not, short of ten and 25 times it.
         for _ in 0..200 {
-            s.observe(Duration::from_millis(25), target);
+            s.observe(Duration::from_millis(25), WHOLE, target);
         }
         assert_eq!(refused(&s), [0, 0, 0, WHOLE]);
         // 30 times: admin, then orders too; the sale's purchases not,
         // short of a hundred.
         for _ in 0..200 {
-            s.observe(Duration::from_millis(300), target);
+            s.observe(Duration::from_millis(300), WHOLE, target);
         }
         assert_eq!(refused(&s), [0, WHOLE, WHOLE, WHOLE]);
         for _ in 0..200 {
-            s.observe(Duration::from_millis(1_100), target);
+            s.observe(Duration::from_millis(1_100), WHOLE, target);
         }
         assert_eq!(refused(&s), [WHOLE, WHOLE, WHOLE, WHOLE]);
         // Under half the target: let in again, the most critical first.
         for _ in 0..250 {
-            s.observe(Duration::ZERO, target);
+            s.observe(Duration::ZERO, WHOLE, target);
         }
         let back = refused(&s);
         assert_eq!(back[0], 0);
         assert!(back[3] > 0, "reads are let in last: {back:?}");
+    }
+
+    #[test]
+    fn a_delay_over_the_target_while_the_runtime_idles_is_the_machines_and_sheds_nothing() {
+        let target = Duration::from_millis(2);
+        let s = shares(target);
+        // Other processes hold the cores: the probe waits 50 ms while the
+        // runtime's workers are busy a fifth of the time.
+        for _ in 0..200 {
+            s.observe(Duration::from_millis(50), 200, target);
+        }
+        assert_eq!(refused(&s), [0; 4]);
+        // The instance's own work: the same delay with its workers busy.
+        for _ in 0..200 {
+            s.observe(Duration::from_millis(50), 900, target);
+        }
+        assert_eq!(refused(&s), [0, 0, WHOLE, WHOLE]);
+        // Idle again while the delay stays: let in again.
+        for _ in 0..200 {
+            s.observe(Duration::from_millis(50), 100, target);
+        }
+        assert!(refused(&s)[2] < WHOLE, "{:?}", refused(&s));
     }
 
     #[test]
