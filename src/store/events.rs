@@ -45,6 +45,15 @@ const FEED: &str = concat!(
 /// The feed's end, as [`FEED`]'s upper bound: past every event.
 const FEED_END: (&str, i64) = ("18446744073709551615", i64::MAX);
 
+/// Whether the row `f` of `webhook_failed` waits behind an earlier event
+/// of its order that failed (and was not put back).
+macro_rules! behind_a_failed_event {
+    () => {
+        "SELECT 1 FROM webhook_failed g
+         WHERE g.order_id = f.order_id AND NOT g.retry AND (g.tx, g.id) < (f.tx, f.id)"
+    };
+}
+
 /// Moves the cursor forward to `($2, $3)` for holder `$1` (never back),
 /// holds back the events `$4` (tx), `$5` (id), `$6` (order) behind their
 /// orders' earlier held events (waiting for a retry if all of those do),
@@ -334,17 +343,20 @@ impl Store {
         self.failed_where(true, limit).await
     }
 
-    /// Up to `limit` events whose delivery failed, oldest first.
+    /// Up to `limit` events whose delivery failed, oldest first: with
+    /// them, those put back that wait behind an earlier event of their
+    /// order that failed again (they go out only after it, once it is put
+    /// back too).
     pub async fn failed_events(&self, limit: i64) -> Result<Vec<OrderEvent>> {
         self.failed_where(false, limit).await
     }
 
     /// Up to `limit` events of `webhook_failed`, oldest first: those put
-    /// back for a retry, or those failed and not (yet) put back. A retry
-    /// never passes an earlier event of its order that failed again (put
-    /// back in an earlier batch that was given up): within an order, an
-    /// event goes out only after every earlier one; it waits for the next
-    /// retry.
+    /// back for a retry (`retry`), or the failed ones. A retry never passes
+    /// an earlier event of its order that failed again (put back in an
+    /// earlier batch that was given up): within an order, an event goes
+    /// out only after every earlier one; it waits for the next retry, and
+    /// is listed as failed meanwhile.
     async fn failed_where(&self, retry: bool, limit: i64) -> Result<Vec<OrderEvent>> {
         const SQL: &str = concat!(
             "SELECT ",
@@ -352,11 +364,9 @@ impl Store {
             " FROM webhook_failed f
              JOIN order_events e ON e.tx = f.tx AND e.id = f.id
              LEFT JOIN user_refs u ON u.user_id = e.user_id
-             WHERE f.retry = $2
-               AND NOT ($2 AND EXISTS (
-                   SELECT 1 FROM webhook_failed g
-                   WHERE g.order_id = f.order_id AND NOT g.retry
-                     AND (g.tx, g.id) < (f.tx, f.id)))
+             WHERE (f.retry AND NOT EXISTS (",
+            behind_a_failed_event!(),
+            ")) = $2
              ORDER BY f.tx, f.id LIMIT $1"
         );
         self.db
@@ -482,13 +492,14 @@ impl Store {
     }
 
     /// Puts every failed event back to be delivered, before the feed and
-    /// oldest first; how many.
+    /// oldest first; how many (those [`Self::failed_events`] listed).
     pub async fn retry_failed_events(&self) -> Result<u64> {
-        self.db
-            .execute(sqlx::query(
-                "UPDATE webhook_failed SET retry = true WHERE NOT retry",
-            ))
-            .await
+        const SQL: &str = concat!(
+            "UPDATE webhook_failed f SET retry = true WHERE NOT f.retry OR EXISTS (",
+            behind_a_failed_event!(),
+            ")"
+        );
+        self.db.execute(sqlx::query(SQL)).await
     }
 
     /// Deletes up to `limit` of the oldest events, of those older than
@@ -532,14 +543,17 @@ impl Store {
         self.db
             .run(move |c, persistent| {
                 Box::pin(
-                    sqlx::query_as(
+                    sqlx::query_as(concat!(
                         "SELECT coalesce((
                                     SELECT extract(epoch FROM now() - e.created_at)::float8
                                     FROM order_events e, webhook_cursor w
                                     WHERE (e.tx, e.id) > (w.after_tx, w.after_id)
                                     ORDER BY e.tx, e.id LIMIT 1), 0) AS lag_seconds,
-                                (SELECT count(*) FROM webhook_failed WHERE NOT retry) AS failed",
-                    )
+                                (SELECT count(*) FROM webhook_failed f
+                                 WHERE NOT f.retry OR EXISTS (",
+                        behind_a_failed_event!(),
+                        ")) AS failed"
+                    ))
                     .persistent(persistent)
                     .fetch_one(c),
                 )

@@ -526,10 +526,25 @@ async fn failed_events_put_back_in_more_than_one_batch_still_go_out_in_order_per
     let attempts = receiver.attempts();
     receiver.attempted(attempts + 2).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_in_order_per_order(&receiver.acknowledged());
+    let taken = receiver.acknowledged();
+    assert_in_order_per_order(&taken);
+    // Every event not taken is listed as failed, the one waiting behind
+    // its order's creation too, and put back by the next retry.
+    let (_, failed) = app.admin_get("/admin/webhooks/failed").await;
+    let failed = failed["events"].as_array().unwrap().len();
+    assert_eq!(
+        failed + taken.len(),
+        8,
+        "{failed} failed, {} taken",
+        taken.len()
+    );
     // Once the receiver takes them, every event goes out, in order.
     receiver.set(Mode::Acknowledge);
-    put_back(&app).await;
+    let (status, retried) = put_back(&app).await;
+    assert_eq!(
+        (status, retried["retried"].as_u64()),
+        (StatusCode::OK, Some(failed as u64))
+    );
     let acknowledged = receiver.acknowledged_at_least(8).await;
     assert_in_order_per_order(&acknowledged);
 }
