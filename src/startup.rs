@@ -17,6 +17,7 @@ use crate::config::{PgPooler, Settings, SettingsError, Switch};
 use crate::events::{Events, WebhookSettings};
 use crate::http::serve::{serve, DrainOutcome, ServeSettings};
 use crate::http::shed::Shedder;
+use crate::http::starting::Starting;
 use crate::http::{self, AdminToken, AppParts, AppState, Limits, RouteClass};
 use crate::kv::{Kv, RedisTarget};
 use crate::seckill::{LockBackend, SaleClock, Seckill, SeckillSettings};
@@ -82,6 +83,9 @@ impl Application {
         // Before anything records: a metric set before the recorder is
         // installed is lost (the clock's first offset was).
         let metrics = http::ops::prometheus();
+        // The address first: while Postgres is waited for, `/healthz` says
+        // the process runs and the rest is `503` (a port taken fails now).
+        let starting = Starting::serve(bind(&settings.addr).await?, settings.header_timeout);
         let (store, namespace) = connect_store(&settings).await?;
         // Every key under the database's own namespace: Redis state of
         // another database (or of this one before a reset) is never read.
@@ -132,7 +136,10 @@ impl Application {
             demo: settings.demo,
             monitor: Default::default(),
         });
-        let listener = bind(&settings.addr).await?;
+        let listener = starting.stop().await.map_err(|source| StartupError::Bind {
+            addr: settings.addr.clone(),
+            source,
+        })?;
         // Once the address is ours: an instance that cannot serve (its port
         // taken) starts no expiry, relay or writers to compete with the one
         // that can.

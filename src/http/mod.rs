@@ -20,6 +20,7 @@ mod screen;
 pub mod serve;
 pub mod shed;
 mod shop;
+pub mod starting;
 mod state;
 mod tally;
 

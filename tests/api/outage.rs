@@ -304,3 +304,57 @@ async fn a_postgres_that_accepts_and_stays_silent_at_start_up_is_waited_for() {
     let (status, code) = buy(&app.client, &app.base, &token, voucher).await;
     assert_eq!(status, StatusCode::OK, "{code}");
 }
+
+#[tokio::test]
+async fn a_starting_instance_answers_healthz_and_is_not_ready_while_it_waits_for_postgres() {
+    // Postgres accepts and stays silent for three seconds: the instance
+    // has its address meanwhile, says it runs and is not ready, and
+    // refuses every other request as unavailable, never a refused port.
+    let (proxy, via_proxy) = pg_proxy().await;
+    proxy.hold_new();
+    let port = crate::helpers::free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let starting = spawn_app_with(move |mut s| {
+        let database = s.database_url.rsplit('/').next().unwrap().to_owned();
+        s.database_url = format!("{via_proxy}/{database}");
+        s.dependency_timeout = Duration::from_millis(500);
+        s.startup_wait = Duration::from_secs(30);
+        s.addr = format!("127.0.0.1:{port}");
+        s
+    });
+    let client = crate::helpers::client();
+    let probed = async {
+        let healthz = crate::helpers::poll_until(
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            "the starting instance's /healthz",
+            || client.get(format!("{base}/healthz")).send(),
+            |answer| answer.is_ok(),
+        )
+        .await;
+        assert_eq!(healthz.unwrap().status(), StatusCode::OK);
+        for (method, path) in [
+            (reqwest::Method::GET, "/readyz"),
+            (reqwest::Method::GET, "/vouchers"),
+            (reqwest::Method::POST, "/seckill/1"),
+        ] {
+            let response = client
+                .request(method, format!("{base}{path}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "{path}");
+            assert!(response.headers().contains_key("retry-after"), "{path}");
+            let body: serde_json::Value = response.json().await.unwrap();
+            assert_eq!(body["error"], "unavailable", "{path}");
+        }
+        // Only now may the instance's start end.
+        proxy.release();
+    };
+    let (app, ()) = tokio::join!(starting, probed);
+    assert_eq!(app.base, base);
+    let voucher = app.open_voucher(1).await;
+    let token = app.token(5).await;
+    let (status, code) = buy(&app.client, &app.base, &token, voucher).await;
+    assert_eq!(status, StatusCode::OK, "{code}");
+}
