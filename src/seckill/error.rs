@@ -228,7 +228,9 @@ impl From<StoreError> for SeckillError {
             // keeps losing it, which another moment may not.
             e @ StoreError::DuplicateOrderId => Self::redis_unavailable(e),
             StoreError::OutOfRange(_) => Self::Invalid("the stock would exceed its maximum".into()),
-            e @ StoreError::Other(_) => Self::internal_from("Postgres", e),
+            e @ (StoreError::Other(_) | StoreError::MigrationsDiffer(_)) => {
+                Self::internal_from("Postgres", e)
+            }
         }
     }
 }

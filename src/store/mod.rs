@@ -69,6 +69,10 @@ pub enum StoreError {
     Conflict(#[source] sqlx::Error),
     #[error("Postgres failed a query")]
     Other(#[source] sqlx::Error),
+    /// The database was migrated with other migrations of the same
+    /// versions: made by another version of this service.
+    #[error("the database's migrations differ from this build's (was it made by another version of seckill?): point DATABASE_URL at a new database, or drop this one")]
+    MigrationsDiffer(#[source] sqlx::migrate::MigrateError),
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -505,6 +509,9 @@ async fn migrate(options: &PgConnectOptions, timeout: Duration, deadline: Durati
             sqlx::migrate::MigrateError::Execute(error)
             | sqlx::migrate::MigrateError::ExecuteMigration(error, _),
         )) => return Err(StoreError::from(error)),
+        Ok(Err(error @ sqlx::migrate::MigrateError::VersionMismatch(_))) => {
+            return Err(StoreError::MigrationsDiffer(error))
+        }
         Ok(ran) => ran.map_err(|e| StoreError::Other(e.into()))?,
     }
     conn.close().within(timeout).await?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 
 use crate::helpers::{
-    buy, crowd, send_purchase, spawn_app_on_redis, spawn_app_with, OwnRedis, TestApp,
+    buy, crowd, send_purchase, spawn_app, spawn_app_on_redis, spawn_app_with, OwnRedis, TestApp,
 };
 use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy};
 
@@ -357,4 +357,27 @@ async fn a_starting_instance_answers_healthz_and_is_not_ready_while_it_waits_for
     let token = app.token(5).await;
     let (status, code) = buy(&app.client, &app.base, &token, voucher).await;
     assert_eq!(status, StatusCode::OK, "{code}");
+}
+
+#[tokio::test]
+async fn a_database_migrated_by_another_version_is_refused_with_what_to_do() {
+    // The last migration applied with other content, as by another
+    // version of the service whose migration of that version differed.
+    let app = spawn_app().await;
+    sqlx::query(
+        "UPDATE _sqlx_migrations SET checksum = '\\x00'
+         WHERE version = (SELECT max(version) FROM _sqlx_migrations)",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let error = seckill::startup::Application::build(app.settings().clone())
+        .await
+        .err()
+        .expect("the start is refused");
+    let said = seckill::telemetry::Chain(&error).to_string();
+    assert!(
+        said.contains("migrations differ") && said.contains("DATABASE_URL"),
+        "{said}"
+    );
 }
