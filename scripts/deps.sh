@@ -80,9 +80,16 @@ start_redis_from_packages() {
 docker_engine() { command -v docker >/dev/null && docker info >/dev/null 2>&1; }
 
 if ! pg_answers || ! redis_answers; then
-    if docker_engine; then
-        say "starting Postgres and Redis with Docker Compose"
-        docker compose -f "$(dirname "${BASH_SOURCE[0]}")/../docker-compose.yml" up -d postgres redis
+    # Only what is down: the other one's port is taken by what answers.
+    down=""
+    pg_answers || down="postgres"
+    redis_answers || down="$down redis"
+    if docker_engine && {
+        say "starting$(printf ' %s' $down) with Docker Compose"
+        # shellcheck disable=SC2086
+        docker compose -f "$(dirname "${BASH_SOURCE[0]}")/../docker-compose.yml" up -d $down
+    }; then
+        :
     else
         pg_answers || { say "Postgres is not answering at $PG_HOST:$PG_PORT"; start_postgres_from_packages; }
         redis_answers || { say "Redis is not answering at $REDIS_HOST:$REDIS_PORT"; start_redis_from_packages; }
