@@ -300,16 +300,14 @@ async fn a_postgres_that_accepts_and_stays_silent_at_start_up_is_waited_for() {
     .await;
     released.await.unwrap();
     let voucher = app.open_voucher(1).await;
-    let token = app.token(5).await;
-    let (status, code) = buy(&app.client, &app.base, &token, voucher).await;
-    assert_eq!(status, StatusCode::OK, "{code}");
+    app.assert_bought(&app.token(5).await, voucher).await;
 }
 
 #[tokio::test]
 async fn a_starting_instance_answers_healthz_and_is_not_ready_while_it_waits_for_postgres() {
-    // Postgres accepts and stays silent for three seconds: the instance
-    // has its address meanwhile, says it runs and is not ready, and
-    // refuses every other request as unavailable, never a refused port.
+    // Postgres accepts and stays silent until the probes are done: the
+    // instance has its address meanwhile, says it runs and is not ready,
+    // and refuses every other request as unavailable, never a refused port.
     let (proxy, via_proxy) = pg_proxy().await;
     proxy.hold_new();
     let port = crate::helpers::free_port();
@@ -354,9 +352,7 @@ async fn a_starting_instance_answers_healthz_and_is_not_ready_while_it_waits_for
     let (app, ()) = tokio::join!(starting, probed);
     assert_eq!(app.base, base);
     let voucher = app.open_voucher(1).await;
-    let token = app.token(5).await;
-    let (status, code) = buy(&app.client, &app.base, &token, voucher).await;
-    assert_eq!(status, StatusCode::OK, "{code}");
+    app.assert_bought(&app.token(5).await, voucher).await;
 }
 
 #[tokio::test]
