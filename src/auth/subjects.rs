@@ -1,11 +1,13 @@
 //! A JWT's `sub` as a user id: a positive decimal integer up to 2^53 - 1
 //! is the id itself; any other subject gets the id Postgres keeps for its
-//! (issuer, subject), cached here. Numeric subjects are recorded too, in
-//! batches off the request's path, so that orders can show them.
+//! (issuer, subject), cached here. Numeric subjects are recorded too, so
+//! that orders can show them: a user's first request waits for its
+//! subject's row, written in one statement with those of every request
+//! that came meanwhile.
 
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::AuthError;
 use crate::domain::{parse_positive, UserId};
@@ -23,6 +25,13 @@ const CAPACITY: u64 = 1_000_000;
 const BACKLOG: usize = 50_000;
 /// Most subjects recorded in one statement.
 const RECORD_BATCH: usize = 1_000;
+/// Longest a request waits for its subject's row; past it (a backlog, a
+/// Postgres away) it goes on, and what it orders shows no `user_ref` until
+/// the row is written.
+const RECORD_WAIT: Duration = Duration::from_secs(1);
+
+/// A numeric user to record, and who waits for its row.
+type ToRecord = (UserId, oneshot::Sender<()>);
 
 pub(super) struct Subjects {
     store: Store,
@@ -31,7 +40,7 @@ pub(super) struct Subjects {
     mapped: moka::sync::Cache<String, UserId>,
     /// Numeric ids whose subject is recorded (or on its way).
     recorded: moka::sync::Cache<UserId, ()>,
-    to_record: mpsc::Sender<UserId>,
+    to_record: mpsc::Sender<ToRecord>,
 }
 
 impl Subjects {
@@ -57,8 +66,14 @@ impl Subjects {
     /// The user `subject` (of the configured issuer) is.
     pub(super) async fn user(&self, subject: &str) -> Result<UserId, AuthError> {
         if let Some(user) = numeric(subject) {
-            if !self.recorded.contains_key(&user) && self.to_record.try_send(user).is_ok() {
-                self.recorded.insert(user, ());
+            if !self.recorded.contains_key(&user) {
+                let (done, written) = oneshot::channel();
+                if self.to_record.try_send((user, done)).is_ok() {
+                    self.recorded.insert(user, ());
+                    // So that the order this request may make shows its
+                    // subject from its first read on.
+                    let _ = tokio::time::timeout(RECORD_WAIT, written).await;
+                }
             }
             return Ok(user);
         }
@@ -85,36 +100,35 @@ fn numeric(subject: &str) -> Option<UserId> {
         .and_then(UserId::new)
 }
 
-/// Writes queued numeric subjects in batches until the sender is dropped;
-/// a batch that fails is forgotten as recorded, to be queued again at its
-/// users' next sign-in.
+/// Writes queued numeric subjects in batches until the sender is dropped,
+/// each batch what came while the last was written (one statement for a
+/// crowd's burst), and tells their requests; a batch that fails is
+/// forgotten as recorded, to be queued again at its users' next sign-in.
 async fn record(
     store: Store,
     issuer: String,
-    mut queue: mpsc::Receiver<UserId>,
+    mut queue: mpsc::Receiver<ToRecord>,
     recorded: moka::sync::Cache<UserId, ()>,
 ) {
     let mut batch = Vec::with_capacity(RECORD_BATCH);
     while queue.recv_many(&mut batch, RECORD_BATCH).await > 0 {
-        // A moment for more to arrive: one statement for a crowd's burst.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        while batch.len() < RECORD_BATCH {
-            match queue.try_recv() {
-                Ok(user) => batch.push(user),
-                Err(_) => break,
-            }
-        }
         let rows = batch
             .iter()
-            .map(|user| (*user, issuer.clone(), user.get().to_string()))
+            .map(|(user, _)| (*user, issuer.clone(), user.get().to_string()))
             .collect();
-        if let Err(error) = store.record_subjects(rows).await {
-            tracing::warn!(error = %Chain(&error), users = batch.len(), "cannot record the JWT subjects of numeric users yet");
-            for user in &batch {
-                recorded.invalidate(user);
+        match store.record_subjects(rows).await {
+            Ok(()) => {
+                for (_, done) in batch.drain(..) {
+                    let _ = done.send(());
+                }
+            }
+            Err(error) => {
+                tracing::warn!(error = %Chain(&error), users = batch.len(), "cannot record the JWT subjects of numeric users yet");
+                for (user, _) in batch.drain(..) {
+                    recorded.invalidate(&user);
+                }
             }
         }
-        batch.clear();
     }
 }
 

@@ -145,11 +145,12 @@ window.Seckill = (function () {
     const code = body.error || (answer.status ? "internal" : "network");
     const retry = answer.retryAfter === null ? 1 : answer.retryAfter;
     const template = MESSAGES[code] || body.message || "Refused: " + code;
+    // Replaced by functions: a `$` in the server's text is not a pattern.
     const text = template
-      .replace("{detail}", body.message || "")
-      .replace("{retry}", String(retry))
-      .replace("{at}", clockTime(Date.now() + retry * 1000))
-      .replace("{stock}", body.stock === undefined ? "a few units" : unitsText(body.stock));
+      .replace("{detail}", () => body.message || "")
+      .replace("{retry}", () => String(retry))
+      .replace("{at}", () => clockTime(Date.now() + retry * 1000))
+      .replace("{stock}", () => (body.stock === undefined ? "a few units" : unitsText(body.stock)));
     return { code: code, text: text };
   }
 

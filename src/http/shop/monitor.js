@@ -12,7 +12,7 @@
   const KEPT = 120;
   const SVG = "http://www.w3.org/2000/svg";
 
-  const state = { voucherId: null, timer: null, samples: [], generation: 0 };
+  const state = { voucherId: null, timer: null, samples: [], generation: 0, pause: null };
 
   function adminToken() {
     return sessionStorage.getItem(ADMIN_KEY) || "";
@@ -23,10 +23,29 @@
     if (node.textContent !== text) node.textContent = text;
   }
 
-  function refusalsText(refusals) {
+  // The refusals a second, all codes together (a number, as every live
+  // figure), and by code beside it.
+  function refusalsTotal(refusals) {
+    const sum = Object.values(refusals || {}).reduce((a, b) => a + b, 0);
+    return String(Math.round(sum * 10) / 10);
+  }
+
+  function refusalsByCode(refusals) {
     const codes = Object.keys(refusals || {});
-    if (codes.length === 0) return "none";
-    return codes.map((code) => code + " " + refusals[code] + "/s").join(", ");
+    if (codes.length === 0) return "";
+    return "(" + codes.map((code) => code + " " + refusals[code] + "/s").join(", ") + ")";
+  }
+
+  const LIVE = ["live-stock", "live-sold", "live-orders-per-second", "live-serving", "live-waiting", "live-refusals", "live-p99-ms"];
+
+  // Nothing of a voucher no longer watched stays on the page.
+  function blank() {
+    for (const id of LIVE) setText(id, "–");
+    setText("live-voucher", "");
+    setText("live-refusal-codes", "");
+    $("live-refusals").dataset.codes = "";
+    state.samples = [];
+    draw();
   }
 
   function show(body) {
@@ -35,11 +54,11 @@
     setText("live-sold", body.sold + " of " + body.initial_stock);
     setText("live-orders-per-second", String(body.orders_per_second));
     const room = body.waiting_room;
-    setText("live-serving", room ? String(room.serving) : "no waiting room");
-    setText("live-waiting", room ? room.waiting + " (" + room.admit_per_second + " admitted a second)" : "–");
-    const refusals = $("live-refusals");
-    setText("live-refusals", refusalsText(body.refusals_per_second));
-    refusals.dataset.codes = Object.keys(body.refusals_per_second || {}).join(" ");
+    setText("live-serving", room ? String(room.serving) : "0");
+    setText("live-waiting", room ? room.waiting + " (" + room.admit_per_second + " admitted a second)" : "no waiting room");
+    setText("live-refusals", refusalsTotal(body.refusals_per_second));
+    setText("live-refusal-codes", refusalsByCode(body.refusals_per_second));
+    $("live-refusals").dataset.codes = Object.keys(body.refusals_per_second || {}).join(" ");
     setText("live-p99-ms", body.purchase_p99_ms === null ? "–" : String(body.purchase_p99_ms));
     state.samples.push({ at: Date.now(), stock: body.stock, initial: body.initial_stock });
     if (state.samples.length > KEPT) state.samples.shift();
@@ -97,10 +116,11 @@
       show(answer.body);
     } else {
       S.sayError(answer);
-      if (answer.status === 403 || answer.status === 404) {
+      if ([400, 403, 404].includes(answer.status)) {
         // A wrong admin token, or no such voucher: asking again each
         // second changes nothing. The token goes (it is asked for again);
         // watching resumes with the next choice.
+        blank();
         if (answer.status === 403) {
           sessionStorage.removeItem(ADMIN_KEY);
           $("admin-token").placeholder = "";
@@ -112,12 +132,17 @@
     state.timer = setTimeout(() => read(generation), Math.max(0, wait - (Date.now() - began)));
   }
 
-  function watch() {
+  // Starts watching what the form says. `typing`: started by a pause in
+  // typing, which keeps the token in its field (it may not be whole yet).
+  function watch(typing) {
+    clearTimeout(state.pause);
     const typed = $("admin-token").value.trim();
     if (typed) {
       sessionStorage.setItem(ADMIN_KEY, typed);
-      $("admin-token").value = "";
-      $("admin-token").placeholder = "saved for this tab";
+      if (typing !== true) {
+        $("admin-token").value = "";
+        $("admin-token").placeholder = "saved for this tab";
+      }
     }
     const id = Number.parseInt($("monitor-voucher").value, 10);
     if (!Number.isInteger(id) || id < 1) {
@@ -128,7 +153,7 @@
       S.say("Enter the admin token.", "");
       return;
     }
-    if (id !== state.voucherId) state.samples = [];
+    if (id !== state.voucherId) blank();
     state.voucherId = id;
     history.replaceState(null, "", "#/vouchers/" + id);
     S.say("Watching voucher " + id + ".", "");
@@ -159,7 +184,16 @@
     event.preventDefault();
     watch();
   });
-  $("monitor-voucher").addEventListener("change", watch);
+  $("monitor-voucher").addEventListener("change", () => watch());
+  // Both fields filled, in whichever order: watching starts once typing
+  // pauses, without a click.
+  for (const field of ["admin-token", "monitor-voucher"]) {
+    $(field).addEventListener("input", () => {
+      clearTimeout(state.pause);
+      if (!$("monitor-voucher").value || !($("admin-token").value.trim() || adminToken())) return;
+      state.pause = setTimeout(() => watch(true), 600);
+    });
+  }
   if (adminToken()) $("admin-token").placeholder = "saved for this tab";
   const wanted = /^#\/vouchers\/(\d+)$/.exec(location.hash);
   if (wanted) $("monitor-voucher").value = wanted[1];

@@ -16,6 +16,10 @@
   // How often a pending order is asked after (well under the per-user
   // limit of the order routes).
   const ORDER_POLL_MS = 700;
+  // How often an unpaid order is read again: paid through the provider,
+  // cancelled elsewhere, or expired, it changes without this page.
+  const UNPAID_POLL_MS = 2000;
+  const QUEUE_KEY = "seckill.queue.";
 
   const state = {
     vouchers: [],
@@ -27,7 +31,15 @@
     orderTimer: null,
     blockedUntil: 0,
     busy: false,
+    joining: false,
+    refreshing: false,
   };
+
+  // Writes `text` only when it changes (a live region is not told again).
+  function setText(id, text) {
+    const node = $(id);
+    if (node.textContent !== text) node.textContent = text;
+  }
 
   function token() {
     return sessionStorage.getItem(TOKEN_KEY);
@@ -90,6 +102,9 @@
   function signOut() {
     sessionStorage.removeItem(TOKEN_KEY);
     sessionStorage.removeItem(USER_KEY);
+    for (const key of Object.keys(sessionStorage)) {
+      if (key.startsWith(QUEUE_KEY)) sessionStorage.removeItem(key);
+    }
     stopQueue();
     stopOrder();
     state.queue = null;
@@ -134,6 +149,7 @@
     const now = S.clock.now();
     const shown = Array.from(list.children).map((card) => card.dataset.voucherId);
     const ids = state.vouchers.map((v) => String(v.id));
+    $("list-empty").hidden = state.vouchers.length > 0;
     if (shown.join(",") === ids.join(",")) {
       state.vouchers.forEach((v, i) => {
         list.children[i].querySelector("p").textContent = cardFacts(v, now);
@@ -156,7 +172,6 @@
       item.append(title, facts);
       list.append(item);
     }
-    $("list-empty").hidden = state.vouchers.length > 0;
   }
 
   async function loadVoucher() {
@@ -195,7 +210,14 @@
       (max > 1 ? "up to " + max + " units an order, " : "one unit an order, ") +
       v.max_orders_per_user + " orders at most";
     $("quantity-box").hidden = max <= 1;
-    $("quantity").max = String(max);
+    const box = $("quantity");
+    box.max = String(max);
+    // Named only where more than one unit may be bought; a value out of
+    // the range (from another voucher) would stop the form unseen.
+    if (max > 1) box.setAttribute("data-testid", "quantity");
+    else box.removeAttribute("data-testid");
+    const asked = Number.parseInt(box.value, 10);
+    if (!Number.isInteger(asked) || asked < 1 || asked > max) box.value = "1";
     $("room").hidden = !v.waiting_room;
     tick();
   }
@@ -205,11 +227,13 @@
     const v = state.voucher;
     if (!v || $("voucher-view").hidden) return;
     const p = phase(v, S.clock.now());
-    $("v-countdown").textContent = S.duration(p.left);
+    setText("v-countdown", S.duration(p.left));
     $("v-countdown").dataset.seconds = String(Math.ceil(p.left / 1000));
-    $("v-when-label").textContent = p.word === "coming" ? "Starts in" : "Started";
-    $("v-phase").textContent =
-      p.word === "coming" ? "Coming soon." : p.word === "on sale" ? "On sale now." : "The sale is over.";
+    setText("v-when-label", p.word === "coming" ? "Starts in" : "Started");
+    setText(
+      "v-phase",
+      p.word === "coming" ? "Coming soon." : p.word === "on sale" ? "On sale now." : "The sale is over.",
+    );
     updateButtons();
   }
 
@@ -224,6 +248,7 @@
   function leaveQueue() {
     stopQueue();
     state.queue = null;
+    if (state.voucherId !== null) sessionStorage.removeItem(QUEUE_KEY + state.voucherId);
     showQueue();
     updateButtons();
   }
@@ -250,6 +275,8 @@
 
   function queued(answer) {
     state.queue = answer.body;
+    // Kept for the tab: a reload polls with it rather than joining again.
+    if (answer.body.ticket) sessionStorage.setItem(QUEUE_KEY + state.voucherId, answer.body.ticket);
     showQueue();
     updateButtons();
     if (answer.body.status === "sold_out") S.say(S.MESSAGES.sold_out, "sold_out");
@@ -336,6 +363,18 @@
   }
 
   async function joinQueue() {
+    if (state.joining) return;
+    state.joining = true;
+    $("join-queue").disabled = true;
+    try {
+      await join();
+    } finally {
+      state.joining = false;
+      updateButtons();
+    }
+  }
+
+  async function join() {
     const id = state.voucherId;
     let answer = await S.call("POST", "/vouchers/" + id + "/queue", { token: token() });
     if (state.voucherId !== id) return;
@@ -400,7 +439,7 @@
     else if (Date.now() < state.blockedUntil) hint = "Wait before trying again.";
     buy.disabled = hint !== "" || state.busy;
     $("buy-hint").textContent = hint;
-    $("join-queue").disabled = !token() || p.word === "ended";
+    $("join-queue").disabled = !token() || p.word === "ended" || state.joining;
   }
 
   function quantity() {
@@ -504,6 +543,12 @@
     if (answer.status === 200) {
       setOrder(answer.body);
       if (answer.body.status === "pending") state.orderTimer = setTimeout(loadOrder, ORDER_POLL_MS);
+      else if (answer.body.status === "unpaid") {
+        // Read again until it changes; at the latest just after its
+        // payment's deadline, when it expires.
+        const expires = answer.body.pay_by ? Date.parse(answer.body.pay_by) - S.clock.now() + 500 : UNPAID_POLL_MS;
+        state.orderTimer = setTimeout(loadOrder, Math.max(250, Math.min(UNPAID_POLL_MS, expires)));
+      }
     } else if (answer.status === 404) {
       sessionStorage.removeItem(ORDER_KEY + id);
       state.order = null;
@@ -538,6 +583,8 @@
     $("cancel").disabled = false;
     if (answer.status !== 200) {
       refused(answer);
+      // Paid or expired meanwhile: show what it is now.
+      loadOrder();
     } else {
       S.say("Cancelled: the units went back on sale.", "");
       setOrder(answer.body);
@@ -560,6 +607,7 @@
       state.queue = null;
       state.order = null;
       state.voucher = null;
+      clearVoucher();
       showQueue();
       showOrder();
       S.say("", "");
@@ -572,13 +620,41 @@
       loadList().then(renderList);
     } else {
       document.title = "Voucher " + id + " · Flash sale";
-      loadVoucher().then(loadOrder);
+      loadVoucher().then(() => {
+        loadOrder();
+        resumeQueue();
+      });
     }
   }
 
+  // Another voucher's facts are not left on the page while this one loads
+  // (or when it does not exist).
+  function clearVoucher() {
+    for (const id of ["v-title", "v-price", "v-stock", "v-countdown", "v-limits", "v-phase", "buy-hint"]) {
+      $(id).textContent = "";
+    }
+    $("buy").disabled = true;
+    $("room").hidden = true;
+    $("quantity-box").hidden = true;
+    $("quantity").value = "1";
+  }
+
+  // The ticket this tab holds for the voucher, if any: asked about at once.
+  function resumeQueue() {
+    const ticket = sessionStorage.getItem(QUEUE_KEY + state.voucherId);
+    if (!ticket || state.queue || !state.voucher || !state.voucher.waiting_room || !token()) return;
+    state.queue = { ticket: ticket, status: "waiting", place: null, serving: 0 };
+    pollQueue();
+  }
+
+  // One refresh at a time: a slow answer is not asked for again meanwhile.
   function refresh() {
-    if (state.voucherId === null) loadList().then(renderList);
-    else loadVoucher();
+    if (state.refreshing) return;
+    state.refreshing = true;
+    const done = () => {
+      state.refreshing = false;
+    };
+    (state.voucherId === null ? loadList().then(renderList) : loadVoucher()).then(done, done);
   }
 
   $("sign-in").addEventListener("click", demoSignIn);

@@ -45,13 +45,7 @@ async fn placed_admitted_and_bought(browser: &Browser) {
             |place| place.as_deref().is_some_and(|p| p.parse::<i64>().is_ok()),
         )
         .await;
-    browser
-        .wait_for(
-            "the buy button open",
-            || browser.enabled("buy"),
-            |open| *open,
-        )
-        .await;
+    browser.wait_enabled("buy").await;
     browser.click("buy").await;
     browser.wait_text("order-status", "unpaid").await;
 }
@@ -147,13 +141,7 @@ async fn a_buyer_counts_down_queues_buys_and_pays_and_the_next_finds_it_sold_out
     if outcome.0.as_deref() != Some("sold_out") {
         browser.click("buy").await;
     }
-    browser
-        .wait_for(
-            "the message sold_out",
-            || browser.attribute("message", "data-error"),
-            |error| error.as_deref() == Some("sold_out"),
-        )
-        .await;
+    browser.wait_error("sold_out").await;
     let message = browser.text("message").await.unwrap_or_default();
     assert!(message.starts_with("Sold out"), "{message}");
     browser.screenshot("shop-sold-out.png").await;
@@ -282,5 +270,75 @@ async fn a_buyer_joins_a_room_that_asks_for_proof_of_work_and_buys_needs_chromiu
         .await;
     browser.click("join-queue").await;
     placed_admitted_and_bought(&browser).await;
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn the_page_follows_an_order_changed_elsewhere_and_shows_only_the_voucher_it_is_on_needs_chromium(
+) {
+    let app = spawn_demo().await;
+    let browser = Browser::start(1280).await;
+    browser.goto(&app.url("/shop/")).await;
+    sign_in(&browser).await;
+    let one_unit = app
+        .create_voucher_from(json!({
+            "title": "One unit an order",
+            "stock": 5,
+            "begin_time": Utc::now() - Duration::seconds(5),
+            "end_time": Utc::now() + Duration::hours(1),
+        }))
+        .await;
+    let units = app
+        .create_voucher_from(json!({
+            "title": "Up to three",
+            "stock": 5,
+            "max_units_per_user": 3,
+            "begin_time": Utc::now() - Duration::seconds(5),
+            "end_time": Utc::now() + Duration::hours(1),
+        }))
+        .await;
+    let named_quantities = "return document.querySelectorAll('[data-testid=\"quantity\"]').length";
+
+    // A voucher of more than one unit an order names its quantity box.
+    browser
+        .goto(&app.url(&format!("/shop/#/vouchers/{units}")))
+        .await;
+    browser.wait_text("stock", "5").await;
+    assert_eq!(browser.run(named_quantities).await, json!(1));
+    browser
+        .run("const q = document.getElementById('quantity'); q.value = '3';")
+        .await;
+
+    // One unit an order: no quantity box named; the 3 typed for the last
+    // voucher does not stop the form.
+    browser
+        .goto(&app.url(&format!("/shop/#/vouchers/{one_unit}")))
+        .await;
+    browser.wait_text("stock", "5").await;
+    assert_eq!(browser.run(named_quantities).await, json!(0));
+    browser.wait_enabled("buy").await;
+    browser.click("buy").await;
+    browser.wait_text("order-status", "unpaid").await;
+
+    // Cancelled by the admin, not on this page: the page shows it.
+    let order = browser
+        .run("return document.getElementById('order-id').textContent")
+        .await;
+    let order = order.as_str().unwrap();
+    let (status, _) = crate::helpers::answer(
+        app.client
+            .post(app.url(&format!("/orders/{order}/cancel")))
+            .bearer_auth(crate::helpers::ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::OK);
+    browser.wait_text("order-status", "cancelled").await;
+
+    // A voucher that does not exist: told, and nothing of the last one
+    // left to buy.
+    browser.goto(&app.url("/shop/#/vouchers/999999")).await;
+    browser.wait_error("not_found").await;
+    assert_eq!(browser.text("stock").await.as_deref(), Some(""));
+    assert!(!browser.enabled("buy").await, "buy is open on no voucher");
     browser.close().await;
 }

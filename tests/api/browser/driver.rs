@@ -245,6 +245,26 @@ impl Browser {
         .await;
     }
 
+    /// Waits until the message line names the error `code`.
+    pub async fn wait_error(&self, code: &str) {
+        self.wait_for(
+            &format!("the message {code}"),
+            || self.attribute("message", "data-error"),
+            |error| error.as_deref() == Some(code),
+        )
+        .await;
+    }
+
+    /// Waits until the element `testid` names can be clicked.
+    pub async fn wait_enabled(&self, testid: &str) {
+        self.wait_for(
+            &format!("{testid} open"),
+            || self.enabled(testid),
+            |open| *open,
+        )
+        .await;
+    }
+
     /// A screenshot of the page, written to `name` under
     /// `SECKILL_SCREENSHOTS` when that is set (the guide's pictures are
     /// refreshed so: `scripts/screenshots.sh`).
