@@ -19,6 +19,7 @@ use jwks::{Fetched, Jwks, MIN_FETCH_INTERVAL, REFRESH_EVERY};
 pub use jwks::{JwksError, Source};
 use jwt::{JwtError, JwtVerifier};
 use subjects::Subjects;
+pub use subjects::MAX_NUMERIC_SUBJECT;
 
 use crate::domain::UserId;
 use crate::store::Store;

@@ -14,6 +14,7 @@ use super::extract::{AppJson, NoBody, VoucherIdPath};
 use super::responses::NotFound;
 use super::sale::VoucherBody;
 use super::state::AppState;
+use crate::auth::MAX_NUMERIC_SUBJECT;
 use crate::domain::OrderStatus;
 use crate::seckill::VoucherDraft;
 
@@ -126,7 +127,9 @@ pub struct UnstoredBody {
 }
 
 /// A user id as the body of `POST /admin/tokens` lists it: a positive
-/// integer (described only; the body holds `i64`s, checked in the handler).
+/// integer up to 2^53 - 1 (ids above are those of the shop's non-numeric
+/// subjects; described only, the body holds `i64`s, checked in the
+/// handler).
 struct UserIdValue;
 
 impl utoipa::PartialSchema for UserIdValue {
@@ -136,6 +139,7 @@ impl utoipa::PartialSchema for UserIdValue {
             .schema_type(Type::Integer)
             .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
             .minimum(Some(1))
+            .maximum(Some(MAX_NUMERIC_SUBJECT))
             .into()
     }
 }
@@ -183,9 +187,15 @@ pub async fn mint_tokens(
             "user_ids must hold 1 to {MAX_TOKENS_PER_CALL} ids"
         )));
     }
-    if let Some(bad) = body.user_ids.iter().find(|id| **id <= 0) {
+    if let Some(bad) = body
+        .user_ids
+        .iter()
+        .find(|id| !(1..=MAX_NUMERIC_SUBJECT).contains(*id))
+    {
+        // Above 2^53 - 1 are the ids drawn for the shop's non-numeric
+        // subjects: a token of the service's own must not name one.
         return Err(ApiError::BadRequest(format!(
-            "user id {bad} is not positive"
+            "user id {bad} is not between 1 and {MAX_NUMERIC_SUBJECT}"
         )));
     }
     let ttl = body.ttl_seconds.unwrap_or(DEFAULT_TOKEN_TTL_SECS);

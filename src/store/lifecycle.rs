@@ -267,7 +267,19 @@ async fn pay_in(
     .fetch_optional(&mut *tx)
     .await?;
     let Some(order) = order else {
-        return Ok(PaymentOutcome::UnknownOrder);
+        // A payment id used already, for an order that is stored, is a
+        // reuse whatever this order is (unknown, or not stored yet).
+        let used: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM payments WHERE payment_id = $1)")
+                .bind(&payment.payment_id)
+                .persistent(persistent)
+                .fetch_one(&mut *tx)
+                .await?;
+        return Ok(if used {
+            PaymentOutcome::Reused
+        } else {
+            PaymentOutcome::UnknownOrder
+        });
     };
     // Read after the order's row is ours: an earlier delivery of this
     // payment has committed or rolled back by now.

@@ -200,6 +200,12 @@ async fn a_payment_in_time_pays_once_and_every_other_payment_is_refunded() {
     let (status, body) = notify(&app.client, &app.base, "p-1", &other, 990).await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(body["error"], "payment_conflict");
+    // So is an order that is not stored under it: the id is taken.
+    let (status, body) = notify(&app.client, &app.base, "p-1", "123456789", 990).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("payment_conflict"))
+    );
 
     let order = app.order_as_admin(&order_id).await;
     assert_eq!(order["status"], "paid");

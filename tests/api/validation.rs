@@ -228,6 +228,8 @@ async fn malformed_bodies_are_refused() {
             r#"{"user_ids":[]}"#.to_owned(),
             r#"{"user_ids":[0]}"#.to_owned(),
             r#"{"user_ids":[-5]}"#.to_owned(),
+            // The first id drawn for a shop's non-numeric subject.
+            r#"{"user_ids":[9007199254740992]}"#.to_owned(),
             r#"{"user_ids":["1"]}"#.to_owned(),
             r#"{"user_ids":[1],"ttl_seconds":0}"#.to_owned(),
             r#"{"users":[1]}"#.to_owned(),

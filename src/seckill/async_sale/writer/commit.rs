@@ -247,7 +247,10 @@ async fn report(
             .arg(sales.pending_key(*order_id))
             .arg(order_id)
             .clone();
-        let _ = redis.query::<()>(&forget).await;
+        // A lookup left behind would say `pending` for its two days: a
+        // failure here fails the batch, written again (refused again) and
+        // reported again.
+        redis.query::<()>(&forget).await?;
     }
     Ok(())
 }
