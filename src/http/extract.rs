@@ -57,7 +57,9 @@ fn json_rejection(rejection: JsonRejection) -> ApiError {
 }
 
 /// A request without a body, for routes that take none: a body is refused
-/// (`400`), not silently ignored, and one over the limit is `413`.
+/// (`400`), not silently ignored, and one over the limit is `413`. An
+/// empty JSON object says nothing either, and is taken as none (clients
+/// that send `{}` with every POST).
 pub struct NoBody;
 
 impl<S: Send + Sync> FromRequest<S> for NoBody {
@@ -66,6 +68,12 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         match body_if_any(req, state).await? {
             None => Ok(Self),
+            Some(body)
+                if serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body)
+                    .is_ok_and(|object| object.is_empty()) =>
+            {
+                Ok(Self)
+            }
             Some(_) => Err(ApiError::BadRequest("this route takes no body".into())),
         }
     }

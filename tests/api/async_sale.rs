@@ -1008,3 +1008,56 @@ async fn a_cancel_right_after_an_async_purchase_is_cancelled_or_pending_never_un
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciliation_holds_its_sale_for_a_lease_of_ten_deadlines_not_for_ten_minutes() {
+    // A reconciliation stalled on its snapshot (the orders' table locked)
+    // is what one in a process killed or frozen there looks like to the
+    // other instances: its mark on the sale must run out within its lease
+    // (ten dependency deadlines, 4 s here), not the ten minutes a rebuild
+    // could take, or every supervisor waits that long to reopen the sale.
+    let (app, _proxy) = crate::proxy::spawn_app_behind_pg_proxy_timing_out(400).await;
+    let voucher = app.open_async_voucher(5).await;
+    let reconciling = Keys::new(app.keyspace().await)
+        .async_sale(VoucherId::new(voucher).unwrap())
+        .reconciling;
+    let mut lock = app.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE voucher_orders IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let stalled = {
+        let client = app.client.clone();
+        let url = app.url(&format!("/admin/vouchers/{voucher}/reconcile"));
+        tokio::spawn(async move { client.post(url).bearer_auth(ADMIN_TOKEN).send().await })
+    };
+    let conn = redis_conn(&redis_url()).await;
+    let lease_left = crate::helpers::poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        "the stalled reconciliation's mark",
+        || async {
+            redis::cmd("PTTL")
+                .arg(&reconciling)
+                .query_async::<i64>(&mut conn.clone())
+                .await
+                .unwrap()
+        },
+        |ttl| *ttl > 0,
+    )
+    .await;
+    assert!(lease_left <= 4_000, "{lease_left} ms");
+    lock.rollback().await.unwrap();
+    let answer = stalled.await.unwrap().unwrap();
+    assert!(
+        [StatusCode::OK, StatusCode::SERVICE_UNAVAILABLE].contains(&answer.status()),
+        "{}",
+        answer.status()
+    );
+    // The sale reopens and sells.
+    let (status, body) = app.reconcile(voucher).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let tokens = app.tokens(1..=1).await;
+    let order = accept(&app, &app.base, &tokens[&1], voucher).await;
+    app.wait_confirmed(&[order]).await;
+}

@@ -265,6 +265,22 @@ async fn a_cancel_returns_the_unit_once_and_the_other_instance_sells_it_within_a
     );
     let (status, again) = app.cancel(&other, &order_id, &owner).await;
     assert_eq!((status, &again), (StatusCode::OK, &first));
+    // A client that sends `{}` with every POST is heard; a body that says
+    // something is refused, not ignored.
+    for (body, expected) in [
+        ("{}", StatusCode::OK),
+        (r#"{"why":"x"}"#, StatusCode::BAD_REQUEST),
+    ] {
+        let (status, _) = crate::helpers::answer(
+            app.client
+                .post(format!("{other}/orders/{order_id}/cancel"))
+                .bearer_auth(&owner)
+                .header("content-type", "application/json")
+                .body(body),
+        )
+        .await;
+        assert_eq!(status, expected, "{body}");
+    }
     let returned = std::time::Instant::now();
 
     // The other instance had it sold out: it sells the unit within a second.

@@ -35,10 +35,16 @@ use crate::telemetry::Chain;
 
 /// Most members (or field-value pairs) in one write of a staged set.
 const CHUNK: usize = 1_000;
-/// How long a reconciliation counts as under way: one that died stops
-/// holding back the loading of a sale after this; one that outlives it
-/// does not reopen the sale (the next one does).
-const UNDER_WAY_MS: u64 = 600_000;
+/// How long a staged set outlives a reconciliation that died before its
+/// swap (deleted at the swap or the release otherwise).
+const STAGED_MS: u64 = 600_000;
+/// A reconciliation's lease, in the instance's dependency deadlines: it
+/// counts as under way while it renews the lease between its steps (each
+/// within one deadline); one that died (killed, frozen) holds back the
+/// others' rebuild, and the sale's purchases, until the lease runs out.
+const LEASE_IN_DEADLINES: u32 = 10;
+/// The shortest lease.
+const LEASE_AT_LEAST: Duration = Duration::from_secs(3);
 
 static PAUSE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/async_pause.lua")));
@@ -46,6 +52,8 @@ static REOPEN: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/async_reopen.lua")));
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/async_release.lua")));
+static RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/async_renew.lua")));
 
 /// When a reconciliation pauses the sale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,7 +162,7 @@ impl AsyncSales {
                     .key(&keys.sale)
                     .key(&keys.reconciling)
                     .arg(&token)
-                    .arg(UNDER_WAY_MS)
+                    .arg(self.lease_ms())
                     .arg(match pause {
                         Pause::Always => String::new(),
                         Pause::IfBehind(initial) => initial.to_string(),
@@ -188,7 +196,7 @@ impl AsyncSales {
         let background = &self.inner.background;
         let stop = background.stop.clone();
         background.tasks.spawn(async move {
-            let give_up = tokio::time::Instant::now() + Duration::from_millis(UNDER_WAY_MS);
+            let give_up = tokio::time::Instant::now() + Duration::from_millis(sales.lease_ms());
             for attempt in 0.. {
                 let mut release = RELEASE.key(&keys.reconciling);
                 release
@@ -216,19 +224,52 @@ impl AsyncSales {
     }
 
     /// Writes `members` (field-value pairs for HSET, members for SADD) into
-    /// the staging key `key` with `command`, in chunks; the key expires by
-    /// itself if the reconciliation dies before the swap.
-    async fn stage<T: ToRedisArgs>(&self, command: &str, key: &str, members: &[T]) -> Result<()> {
+    /// the staging key `key` with `command`, in chunks, the lease of the
+    /// reconciliation `token` renewed every ten after the first ten; the
+    /// key expires by itself
+    /// if the reconciliation dies before the swap.
+    async fn stage<T: ToRedisArgs>(
+        &self,
+        command: &str,
+        key: &str,
+        members: &[T],
+        keys: &SaleKeys,
+        token: &str,
+    ) -> Result<()> {
         for (i, chunk) in members.chunks(CHUNK).enumerate() {
+            // Ended rather than written on: the reopen would refuse it.
+            if i > 0 && i % 10 == 0 && !self.renew(keys, token).await? {
+                return Err(SeckillError::redis_unavailable(
+                    "the reconciliation's lease ran out",
+                ));
+            }
             let mut write = redis::cmd(command);
             write.arg(key).arg(chunk);
             self.inner.redis.query::<()>(&write).await?;
             if i == 0 {
-                let expire = redis::cmd("PEXPIRE").arg(key).arg(UNDER_WAY_MS).clone();
+                let expire = redis::cmd("PEXPIRE").arg(key).arg(STAGED_MS).clone();
                 self.inner.redis.query::<()>(&expire).await?;
             }
         }
         Ok(())
+    }
+
+    /// A reconciliation's lease on the sale, in ms.
+    fn lease_ms(&self) -> u64 {
+        let lease = (self.inner.redis.timeout() * LEASE_IN_DEADLINES).max(LEASE_AT_LEAST);
+        u64::try_from(lease.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Renews the reconciliation's lease before its next step; `false`
+    /// once it is no longer the one under way (it ran out: another may be
+    /// rebuilding the sale).
+    async fn renew(&self, keys: &SaleKeys, token: &str) -> Result<bool> {
+        let renewed: i64 = self
+            .inner
+            .redis
+            .invoke(RENEW.key(&keys.reconciling).arg(token).arg(self.lease_ms()))
+            .await?;
+        Ok(renewed == 1)
     }
 
     /// The reconciliation's work once the sale is paused under `token`.
@@ -266,20 +307,25 @@ impl AsyncSales {
             }
         }
         let stock = (i64::from(snapshot.voucher.level.stock) - pending_units).max(0);
+        if !self.renew(keys, token).await? {
+            return Ok(Reconciliation::Superseded);
+        }
         self.raise_id_counter_past(&accepted).await?;
 
         // The buyers are rebuilt aside, and replace the live ones as the
         // sale reopens, in one step.
         let pairs: Vec<(UserId, OrderId)> = buyers.into_iter().collect();
-        self.stage("HSET", &staged.buyers, &pairs).await?;
+        self.stage("HSET", &staged.buyers, &pairs, keys, token)
+            .await?;
         // Orders closed in this snapshot: their units are in its stock, so
         // a return of one of them still queued for Redis changes nothing.
-        self.stage("SADD", &staged.returned, &snapshot.closed)
+        self.stage("SADD", &staged.returned, &snapshot.closed, keys, token)
             .await?;
         // What max_orders_per_user bounds: every order of each user, stored
         // (of any status) or accepted and still to be written.
         let counts: Vec<(UserId, i64)> = orders_per_user.into_iter().collect();
-        self.stage("HSET", &staged.orders_per_user, &counts).await?;
+        self.stage("HSET", &staged.orders_per_user, &counts, keys, token)
+            .await?;
         if !writer::ensure_group(self, keys).await {
             return Err(SeckillError::redis_unavailable(
                 "cannot create the sale's consumer group",
