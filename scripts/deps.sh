@@ -2,8 +2,10 @@
 # Makes sure Postgres and Redis answer at DATABASE_URL and REDIS_URL.
 # Source it (the other scripts do): it exports both URLs.
 #   1. If they answer already, they are used as they are.
-#   2. Else, if a Docker engine answers, `docker compose up -d postgres redis`.
-#   3. Else they are installed from the OS packages (Debian/Ubuntu, apt-get)
+#   2. Else, if a Docker engine answers, `docker compose up -d` of the one(s)
+#      that do not answer.
+#   3. Else (or if Compose cannot start them) they are installed from the OS
+#      packages (Debian/Ubuntu, apt-get)
 #      and started on loopback: Postgres with trust auth for loopback, Redis
 #      without persistence.
 # For the tests (SECKILL_TEST_TOOLS=1) it also makes sure that `redis-server`

@@ -68,15 +68,18 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         match body_if_any(req, state).await? {
             None => Ok(Self),
-            Some(body)
-                if serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body)
-                    .is_ok_and(|object| object.is_empty()) =>
-            {
-                Ok(Self)
-            }
+            Some(body) if is_empty_object(&body) => Ok(Self),
             Some(_) => Err(ApiError::BadRequest("this route takes no body".into())),
         }
     }
+}
+
+/// Whether `body` is `{}`, JSON whitespace allowed (read as bytes: a large
+/// body is not parsed to be refused).
+fn is_empty_object(body: &[u8]) -> bool {
+    let json_space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    let mut bytes = body.iter().filter(|b| !json_space(b));
+    bytes.next() == Some(&b'{') && bytes.next() == Some(&b'}') && bytes.next().is_none()
 }
 
 /// The request's body, or `None` when it has none (or an empty one). The
@@ -325,7 +328,26 @@ impl<S: SignIn> FromRequestParts<S> for Caller {
 
 #[cfg(test)]
 mod tests {
-    use super::{says_no_body, AdminToken};
+    use super::{is_empty_object, says_no_body, AdminToken};
+
+    #[test]
+    fn only_an_empty_json_object_counts_as_no_body() {
+        for empty in ["{}", " { } ", "\n{\r\n}\t"] {
+            assert!(is_empty_object(empty.as_bytes()), "{empty:?}");
+        }
+        for other in [
+            "{\"a\":1}",
+            "[]",
+            "{}{}",
+            "{",
+            "}",
+            "x",
+            "{ x }",
+            "\u{a0}{}",
+        ] {
+            assert!(!is_empty_object(other.as_bytes()), "{other:?}");
+        }
+    }
 
     #[test]
     fn the_admin_token_matches_itself_only() {

@@ -217,7 +217,10 @@
     if (max > 1) box.setAttribute("data-testid", "quantity");
     else box.removeAttribute("data-testid");
     const asked = Number.parseInt(box.value, 10);
-    if (!Number.isInteger(asked) || asked < 1 || asked > max) box.value = "1";
+    // Not while the buyer types in it (an empty box on the way to a number).
+    if (document.activeElement !== box && (!Number.isInteger(asked) || asked < 1 || asked > max)) {
+      box.value = "1";
+    }
     $("room").hidden = !v.waiting_room;
     tick();
   }
@@ -546,8 +549,11 @@
       else if (answer.body.status === "unpaid") {
         // Read again until it changes; at the latest just after its
         // payment's deadline, when it expires.
+        // Past its deadline, the sweep expires it within seconds: asked
+        // after at the usual pace, not at once again and again.
         const expires = answer.body.pay_by ? Date.parse(answer.body.pay_by) - S.clock.now() + 500 : UNPAID_POLL_MS;
-        state.orderTimer = setTimeout(loadOrder, Math.max(250, Math.min(UNPAID_POLL_MS, expires)));
+        const wait = expires > 0 ? Math.min(UNPAID_POLL_MS, expires) : UNPAID_POLL_MS;
+        state.orderTimer = setTimeout(loadOrder, Math.max(250, wait));
       }
     } else if (answer.status === 404) {
       sessionStorage.removeItem(ORDER_KEY + id);

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use redis::{self, Script, ToRedisArgs};
 use serde::Serialize;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::{writer, Accepted, AsyncSales, SaleKeys};
 use crate::domain::SaleMode;
@@ -39,9 +40,9 @@ const CHUNK: usize = 1_000;
 /// swap (deleted at the swap or the release otherwise).
 const STAGED_MS: u64 = 600_000;
 /// A reconciliation's lease, in the instance's dependency deadlines: it
-/// counts as under way while it renews the lease between its steps (each
-/// within one deadline); one that died (killed, frozen) holds back the
-/// others' rebuild, and the sale's purchases, until the lease runs out.
+/// counts as under way while a task beside it renews the lease (every
+/// third of it); one that died (killed, frozen) holds back the others'
+/// rebuild, and the sale's purchases, until the lease runs out.
 const LEASE_IN_DEADLINES: u32 = 10;
 /// The shortest lease.
 const LEASE_AT_LEAST: Duration = Duration::from_secs(3);
@@ -170,7 +171,12 @@ impl AsyncSales {
             )
             .await;
         let rebuilt = match paused {
-            Ok(1) => self.rebuild(voucher_id, &keys, &token, &staged).await,
+            Ok(1) => {
+                // The lease is renewed beside the rebuild for as long as it
+                // runs (until this is dropped), whatever each step takes.
+                let _heartbeat = self.renew_while_running(&keys, &token);
+                self.rebuild(voucher_id, &keys, &token, &staged).await
+            }
             Ok(0) => return Ok(Reconciliation::Loaded),
             Ok(_) => return Ok(Reconciliation::UnderWay),
             // Unanswered, the pause may still be applied (a Redis stuck, not
@@ -224,25 +230,11 @@ impl AsyncSales {
     }
 
     /// Writes `members` (field-value pairs for HSET, members for SADD) into
-    /// the staging key `key` with `command`, in chunks, the lease of the
-    /// reconciliation `token` renewed every ten after the first ten; the
-    /// key expires by itself
+    /// the staging key `key` with `command`, in chunks; the key expires by
+    /// itself
     /// if the reconciliation dies before the swap.
-    async fn stage<T: ToRedisArgs>(
-        &self,
-        command: &str,
-        key: &str,
-        members: &[T],
-        keys: &SaleKeys,
-        token: &str,
-    ) -> Result<()> {
+    async fn stage<T: ToRedisArgs>(&self, command: &str, key: &str, members: &[T]) -> Result<()> {
         for (i, chunk) in members.chunks(CHUNK).enumerate() {
-            // Ended rather than written on: the reopen would refuse it.
-            if i > 0 && i % 10 == 0 && !self.renew(keys, token).await? {
-                return Err(SeckillError::redis_unavailable(
-                    "the reconciliation's lease ran out",
-                ));
-            }
             let mut write = redis::cmd(command);
             write.arg(key).arg(chunk);
             self.inner.redis.query::<()>(&write).await?;
@@ -260,16 +252,26 @@ impl AsyncSales {
         u64::try_from(lease.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Renews the reconciliation's lease before its next step; `false`
-    /// once it is no longer the one under way (it ran out: another may be
-    /// rebuilding the sale).
-    async fn renew(&self, keys: &SaleKeys, token: &str) -> Result<bool> {
-        let renewed: i64 = self
-            .inner
-            .redis
-            .invoke(RENEW.key(&keys.reconciling).arg(token).arg(self.lease_ms()))
-            .await?;
-        Ok(renewed == 1)
+    /// Renews the lease of the reconciliation `token` every third of it,
+    /// until the handle is dropped or the lease is another's (it ran out:
+    /// the rebuild's reopen will be refused). A renewal that fails is tried
+    /// again at the next turn.
+    fn renew_while_running(&self, keys: &SaleKeys, token: &str) -> AbortOnDropHandle<()> {
+        let (sales, key, token) = (self.clone(), keys.reconciling.clone(), token.to_owned());
+        AbortOnDropHandle::new(tokio::spawn(async move {
+            let lease = sales.lease_ms();
+            loop {
+                tokio::time::sleep(Duration::from_millis(lease / 3)).await;
+                let renewed = sales
+                    .inner
+                    .redis
+                    .invoke::<i64>(RENEW.key(&key).arg(&token).arg(lease))
+                    .await;
+                if matches!(renewed, Ok(0)) {
+                    return;
+                }
+            }
+        }))
     }
 
     /// The reconciliation's work once the sale is paused under `token`.
@@ -307,25 +309,20 @@ impl AsyncSales {
             }
         }
         let stock = (i64::from(snapshot.voucher.level.stock) - pending_units).max(0);
-        if !self.renew(keys, token).await? {
-            return Ok(Reconciliation::Superseded);
-        }
         self.raise_id_counter_past(&accepted).await?;
 
         // The buyers are rebuilt aside, and replace the live ones as the
         // sale reopens, in one step.
         let pairs: Vec<(UserId, OrderId)> = buyers.into_iter().collect();
-        self.stage("HSET", &staged.buyers, &pairs, keys, token)
-            .await?;
+        self.stage("HSET", &staged.buyers, &pairs).await?;
         // Orders closed in this snapshot: their units are in its stock, so
         // a return of one of them still queued for Redis changes nothing.
-        self.stage("SADD", &staged.returned, &snapshot.closed, keys, token)
+        self.stage("SADD", &staged.returned, &snapshot.closed)
             .await?;
         // What max_orders_per_user bounds: every order of each user, stored
         // (of any status) or accepted and still to be written.
         let counts: Vec<(UserId, i64)> = orders_per_user.into_iter().collect();
-        self.stage("HSET", &staged.orders_per_user, &counts, keys, token)
-            .await?;
+        self.stage("HSET", &staged.orders_per_user, &counts).await?;
         if !writer::ensure_group(self, keys).await {
             return Err(SeckillError::redis_unavailable(
                 "cannot create the sale's consumer group",
