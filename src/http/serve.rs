@@ -12,6 +12,7 @@
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -23,8 +24,8 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::ServiceExt;
@@ -57,19 +58,10 @@ pub async fn serve(
     tokio::pin!(shutdown);
     loop {
         while connections.try_join_next().is_some() {}
-        let permit = tokio::select! {
-            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-            () = &mut shutdown => break,
-        };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    accept_failed(&error).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
+        let Some((permit, stream, peer)) =
+            next_connection(&listener, &permits, shutdown.as_mut()).await
+        else {
+            break;
         };
         let _ = stream.set_nodelay(true);
         // Every request knows its connection's peer (the rate limits'
@@ -216,6 +208,28 @@ pub enum DrainOutcome {
     Drained,
     /// The deadline came first: these connections were closed mid-way.
     CutOff { left: usize },
+}
+
+/// The next connection on `listener` once one of `permits` is free, with
+/// its permit and its peer; `None` once `shutdown` completes first.
+pub(super) async fn next_connection(
+    listener: &TcpListener,
+    permits: &Arc<Semaphore>,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+) -> Option<(OwnedSemaphorePermit, TcpStream, SocketAddr)> {
+    let permit = tokio::select! {
+        permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+        () = shutdown.as_mut() => return None,
+    };
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => return Some((permit, stream, peer)),
+                Err(error) => accept_failed(&error).await,
+            },
+            () = shutdown.as_mut() => return None,
+        }
+    }
 }
 
 /// An accept error: a connection that died in the backlog is nothing; out

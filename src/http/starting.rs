@@ -20,6 +20,7 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::error::ApiError;
+use super::serve::next_connection;
 use crate::seckill::SeckillError;
 
 /// Most connections served at once while starting (more wait in the
@@ -65,26 +66,17 @@ impl Drop for Starting {
 async fn accept(
     listener: TcpListener,
     header_timeout: Duration,
-    mut stopped: oneshot::Receiver<()>,
+    stopped: oneshot::Receiver<()>,
 ) -> TcpListener {
     let permits = Arc::new(Semaphore::new(MOST_CONNECTIONS));
     let service = TowerToHyperService::new(router());
-    loop {
-        let permit = tokio::select! {
-            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-            _ = &mut stopped => return listener,
-        };
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                // Out of descriptors, say: the backlog keeps the client.
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = &mut stopped => return listener,
-        };
+    let stopped = async {
+        let _ = stopped.await;
+    };
+    tokio::pin!(stopped);
+    while let Some((permit, stream, _)) =
+        next_connection(&listener, &permits, stopped.as_mut()).await
+    {
         let service = service.clone();
         tokio::spawn(async move {
             let mut builder = http1::Builder::new();
@@ -98,6 +90,7 @@ async fn accept(
             drop(permit);
         });
     }
+    listener
 }
 
 fn router() -> Router {

@@ -45,12 +45,14 @@ const FEED: &str = concat!(
 /// The feed's end, as [`FEED`]'s upper bound: past every event.
 const FEED_END: (&str, i64) = ("18446744073709551615", i64::MAX);
 
-/// Whether the row `f` of `webhook_failed` waits behind an earlier event
-/// of its order that failed (and was not put back).
-macro_rules! behind_a_failed_event {
+/// Whether the row `f` of `webhook_failed` is listed as failed: not put
+/// back, or put back behind an earlier event of its order that was not
+/// (it goes out only after that one).
+macro_rules! listed_as_failed {
     () => {
-        "SELECT 1 FROM webhook_failed g
-         WHERE g.order_id = f.order_id AND NOT g.retry AND (g.tx, g.id) < (f.tx, f.id)"
+        "(NOT f.retry OR EXISTS (
+             SELECT 1 FROM webhook_failed g
+             WHERE g.order_id = f.order_id AND NOT g.retry AND (g.tx, g.id) < (f.tx, f.id)))"
     };
 }
 
@@ -364,9 +366,9 @@ impl Store {
             " FROM webhook_failed f
              JOIN order_events e ON e.tx = f.tx AND e.id = f.id
              LEFT JOIN user_refs u ON u.user_id = e.user_id
-             WHERE (f.retry AND NOT EXISTS (",
-            behind_a_failed_event!(),
-            ")) = $2
+             WHERE ",
+            listed_as_failed!(),
+            " <> $2
              ORDER BY f.tx, f.id LIMIT $1"
         );
         self.db
@@ -495,9 +497,8 @@ impl Store {
     /// oldest first; how many (those [`Self::failed_events`] listed).
     pub async fn retry_failed_events(&self) -> Result<u64> {
         const SQL: &str = concat!(
-            "UPDATE webhook_failed f SET retry = true WHERE NOT f.retry OR EXISTS (",
-            behind_a_failed_event!(),
-            ")"
+            "UPDATE webhook_failed f SET retry = true WHERE ",
+            listed_as_failed!()
         );
         self.db.execute(sqlx::query(SQL)).await
     }
@@ -549,10 +550,9 @@ impl Store {
                                     FROM order_events e, webhook_cursor w
                                     WHERE (e.tx, e.id) > (w.after_tx, w.after_id)
                                     ORDER BY e.tx, e.id LIMIT 1), 0) AS lag_seconds,
-                                (SELECT count(*) FROM webhook_failed f
-                                 WHERE NOT f.retry OR EXISTS (",
-                        behind_a_failed_event!(),
-                        ")) AS failed"
+                                (SELECT count(*) FROM webhook_failed f WHERE ",
+                        listed_as_failed!(),
+                        ") AS failed"
                     ))
                     .persistent(persistent)
                     .fetch_one(c),

@@ -19,29 +19,16 @@ fn metric(page: &str, series: &str) -> Option<f64> {
 
 /// Keeps the test's runtime (the instance's) busy until dropped: a task
 /// that spins 5 ms at a time, as a flood of reads from memory would.
-struct Burner(std::sync::Arc<std::sync::atomic::AtomicBool>);
-
-impl Burner {
-    fn start() -> Self {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stopped = stop.clone();
-        tokio::spawn(async move {
-            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
-                let spun = Instant::now();
-                while spun.elapsed() < Duration::from_millis(5) {
-                    std::hint::spin_loop();
-                }
-                tokio::task::yield_now().await;
+fn burner() -> tokio_util::task::AbortOnDropHandle<()> {
+    tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async {
+        loop {
+            let spun = Instant::now();
+            while spun.elapsed() < Duration::from_millis(5) {
+                std::hint::spin_loop();
             }
-        });
-        Self(stop)
-    }
-}
-
-impl Drop for Burner {
-    fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
+            tokio::task::yield_now().await;
+        }
+    }))
 }
 
 #[tokio::test]
@@ -55,7 +42,7 @@ async fn a_saturated_instance_sheds_every_class_each_refusal_held_but_never_its_
         s
     })
     .await;
-    let _burner = Burner::start();
+    let _burner = burner();
     let page = poll_until(
         Duration::from_secs(10),
         Duration::from_millis(100),

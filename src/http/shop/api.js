@@ -169,6 +169,13 @@ window.Seckill = (function () {
     return described;
   }
 
+  // Writes `text` into the element `id` only when it changes: a live
+  // region is not told again, a countdown not redrawn for nothing.
+  function setText(id, text) {
+    const node = document.getElementById(id);
+    if (node.textContent !== text) node.textContent = text;
+  }
+
   // "1 unit", "3 units".
   function unitsText(n) {
     return n + (n === 1 ? " unit" : " units");
@@ -188,6 +195,7 @@ window.Seckill = (function () {
     describe: describe,
     say: say,
     sayError: sayError,
+    setText: setText,
     money: money,
     unitsText: unitsText,
   };

@@ -6,6 +6,7 @@
 (function () {
   const S = window.Seckill;
   const $ = (id) => document.getElementById(id);
+  const setText = S.setText;
   const ADMIN_KEY = "seckill.admin";
   const EVERY_MS = 1000;
   // Two minutes of readings.
@@ -16,11 +17,6 @@
 
   function adminToken() {
     return sessionStorage.getItem(ADMIN_KEY) || "";
-  }
-
-  function setText(id, text) {
-    const node = $(id);
-    if (node.textContent !== text) node.textContent = text;
   }
 
   // The refusals a second, all codes together (a number, as every live

@@ -6,6 +6,7 @@
 (function () {
   const S = window.Seckill;
   const $ = (id) => document.getElementById(id);
+  const setText = S.setText;
   const DEMO = document.body.dataset.demo === "true";
   const TOKEN_KEY = "seckill.token";
   const USER_KEY = "seckill.user";
@@ -34,12 +35,6 @@
     joining: false,
     refreshing: false,
   };
-
-  // Writes `text` only when it changes (a live region is not told again).
-  function setText(id, text) {
-    const node = $(id);
-    if (node.textContent !== text) node.textContent = text;
-  }
 
   function token() {
     return sessionStorage.getItem(TOKEN_KEY);
@@ -547,11 +542,10 @@
       setOrder(answer.body);
       if (answer.body.status === "pending") state.orderTimer = setTimeout(loadOrder, ORDER_POLL_MS);
       else if (answer.body.status === "unpaid") {
-        // Read again until it changes; at the latest just after its
-        // payment's deadline, when it expires.
-        // Past its deadline, the sweep expires it within seconds: asked
-        // after at the usual pace, not at once again and again.
-        const expires = answer.body.pay_by ? Date.parse(answer.body.pay_by) - S.clock.now() + 500 : UNPAID_POLL_MS;
+        // Read again until it changes: sooner just after its payment's
+        // deadline, when it expires; past it (the sweep expires it within
+        // seconds) at the usual pace.
+        const expires = answer.body.pay_by ? Date.parse(answer.body.pay_by) - S.clock.now() + 500 : 0;
         const wait = expires > 0 ? Math.min(UNPAID_POLL_MS, expires) : UNPAID_POLL_MS;
         state.orderTimer = setTimeout(loadOrder, Math.max(250, wait));
       }

@@ -231,8 +231,7 @@ impl AsyncSales {
 
     /// Writes `members` (field-value pairs for HSET, members for SADD) into
     /// the staging key `key` with `command`, in chunks; the key expires by
-    /// itself
-    /// if the reconciliation dies before the swap.
+    /// itself if the reconciliation dies before the swap.
     async fn stage<T: ToRedisArgs>(&self, command: &str, key: &str, members: &[T]) -> Result<()> {
         for (i, chunk) in members.chunks(CHUNK).enumerate() {
             let mut write = redis::cmd(command);
