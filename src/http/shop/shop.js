@@ -62,19 +62,39 @@
     $("who").textContent = signedIn
       ? "Signed in" + (user ? " as user " + user : "") + "."
       : "Not signed in.";
-    $("sign-in").hidden = !DEMO || signedIn;
+    // Shown signed in too: the next buyer in this tab signs in as another
+    // demo user without signing out first.
+    $("sign-in").hidden = !DEMO;
+    $("sign-in").textContent = signedIn ? "Sign in as another demo user" : "Sign in as a new demo user";
     $("paste").hidden = signedIn;
     $("paste").open = !DEMO && !signedIn;
     $("sign-out").hidden = !signedIn;
     updateButtons();
   }
 
+  // Forgets the user signed in: their token, tickets and the order shown
+  // (an order id kept for the tab is read again with the next token: the
+  // same user sees it, another is answered 404 and forgets it).
+  function forgetUser() {
+    sessionStorage.removeItem(TOKEN_KEY);
+    sessionStorage.removeItem(USER_KEY);
+    for (const key of Object.keys(sessionStorage)) {
+      if (key.startsWith(QUEUE_KEY)) sessionStorage.removeItem(key);
+    }
+    stopQueue();
+    stopOrder();
+    state.queue = null;
+    state.order = null;
+    showQueue();
+    showOrder();
+  }
+
   function signedIn(value, user) {
+    // A ticket and an order are their user's: the one signed in now
+    // starts afresh.
+    forgetUser();
     sessionStorage.setItem(TOKEN_KEY, value);
     if (user) sessionStorage.setItem(USER_KEY, String(user));
-    else sessionStorage.removeItem(USER_KEY);
-    // A ticket is its user's: the one signed in now joins for themselves.
-    leaveQueue();
     showAccount();
     S.say("Signed in.", "");
     if (state.voucherId) loadOrder();
@@ -95,17 +115,7 @@
   }
 
   function signOut() {
-    sessionStorage.removeItem(TOKEN_KEY);
-    sessionStorage.removeItem(USER_KEY);
-    for (const key of Object.keys(sessionStorage)) {
-      if (key.startsWith(QUEUE_KEY)) sessionStorage.removeItem(key);
-    }
-    stopQueue();
-    stopOrder();
-    state.queue = null;
-    state.order = null;
-    showQueue();
-    showOrder();
+    forgetUser();
     showAccount();
     S.say("Signed out.", "");
   }

@@ -12,19 +12,24 @@ use serde_json::json;
 use super::driver::Browser;
 use crate::storefront::spawn_demo;
 
-/// Signs in as a fresh demo user on the page that is open.
-async fn sign_in(browser: &Browser) {
+/// Signs in as a fresh demo user on the page that is open (signed in as
+/// another or not); answers the page's line naming the user.
+async fn sign_in(browser: &Browser) -> String {
+    let who = || async {
+        browser
+            .run("return document.getElementById('who').textContent")
+            .await
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let before = who().await;
     browser.click("sign-in").await;
     browser
-        .wait_for(
-            "signed in as a demo user",
-            || browser.run("return document.getElementById('who').textContent"),
-            |who| {
-                who.as_str()
-                    .is_some_and(|w| w.starts_with("Signed in as user"))
-            },
-        )
-        .await;
+        .wait_for("signed in as a new demo user", who, |now| {
+            now.starts_with("Signed in as user") && *now != before
+        })
+        .await
 }
 
 /// The countdown's seconds left, as the page shows them.
@@ -121,12 +126,17 @@ async fn a_buyer_counts_down_queues_buys_and_pays_and_the_next_finds_it_sold_out
         Some("")
     );
 
-    // The next buyer in this tab: signed out, a fresh demo user, the room
+    // The next buyer in this tab signs in over the first (no sign-out): a
+    // fresh demo user, who sees no order and is not in the room; the room
     // or the purchase says sold out.
-    browser
-        .run("document.getElementById('sign-out').click()")
-        .await;
     sign_in(&browser).await;
+    browser
+        .wait_for(
+            "the last buyer's order no longer shown",
+            || browser.text("order-status"),
+            |status| status.is_none(),
+        )
+        .await;
     browser.click("join-queue").await;
     let outcome = browser
         .wait_for(

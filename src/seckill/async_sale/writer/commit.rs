@@ -236,10 +236,7 @@ async fn report(
     let mut hash = redis::cmd("HSET");
     hash.arg(&keys.unstored);
     for (order_id, refusal) in refused {
-        let reason = refusal.code();
-        tracing::error!(%order_id, reason, "Postgres refused an order Redis accepted");
-        metrics::counter!(metric::ASYNC_UNSTORED, "reason" => reason).increment(1);
-        hash.arg(order_id).arg(reason);
+        hash.arg(order_id).arg(refusal.code());
     }
     redis.query::<()>(&hash).await?;
     for (order_id, _) in refused {
@@ -251,6 +248,13 @@ async fn report(
         // failure here fails the batch, written again (refused again) and
         // reported again.
         redis.query::<()>(&forget).await?;
+    }
+    // Told once all is recorded: a batch that failed above is written and
+    // reported again, and would count its refusals twice.
+    for (order_id, refusal) in refused {
+        let reason = refusal.code();
+        tracing::error!(%order_id, reason, "Postgres refused an order Redis accepted");
+        metrics::counter!(metric::ASYNC_UNSTORED, "reason" => reason).increment(1);
     }
     Ok(())
 }
