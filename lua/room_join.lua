@@ -15,10 +15,14 @@
 -- handed out (an empty room does not bank admissions for a later crowd),
 -- and not at all while the voucher is sold out: then it only keeps the
 -- time, so that admission resumes, without a burst, when units come back.
+-- The part of an admission that the time so far has earned is kept
+-- ("credit", in thousandths of one), so that the pace is exact however
+-- often the script runs: rounding each step's time to a whole millisecond
+-- admitted 500/s in a room of 999/s asked every millisecond.
 --
 -- All keys carry the voucher's hash tag (one cluster slot).
 --
--- KEYS[1]  the room: a hash {serving, last_ms, late}
+-- KEYS[1]  the room: a hash {serving, last_ms, credit, late}
 -- KEYS[2]  the pre-queue: a sorted set user -> draw
 -- KEYS[3]  later joiners: a hash user -> order of arrival (1, 2, ...)
 -- KEYS[4]  admissions: a hash user -> when Redis's clock first saw the
@@ -74,36 +78,39 @@ if KEYS[5] then
     end
 end
 
-local state = redis.call('hmget', KEYS[1], 'serving', 'last_ms', 'late')
+local state = redis.call('hmget', KEYS[1], 'serving', 'last_ms', 'late', 'credit')
 local serving = tonumber(state[1]) or 0
 local last = tonumber(state[2]) or begin
 local late = tonumber(state[3]) or 0
+local credit = tonumber(state[4]) or 0
 local early = redis.call('zcard', KEYS[2])
 local placed = early + late
 
 if sold_out or serving >= placed then
-    -- Nothing to admit: the clock moves, the counter does not.
-    last = now
-else
-    local steps = math.floor((now - last) * rate / 1000)
+    -- Nothing to admit: the clock moves, the counter does not, and no
+    -- credit is banked.
+    credit = 0
+elseif now > last then
+    -- Whole numbers throughout (below 2^53 for any window and pace).
+    credit = credit + (now - last) * rate
+    local steps = math.floor(credit / 1000)
     if steps > 0 then
         serving = math.min(serving + steps, placed)
+        credit = credit - steps * 1000
         if serving >= placed then
-            last = now
-        else
-            -- The time those admissions took, rounded up: rounded down, a
-            -- rate above 1000/s that 1000 does not divide (1500/s, one
-            -- millisecond: one step, zero ms) admitted one more on every
-            -- call within the same millisecond. Never past now: steps *
-            -- 1000 / rate <= now - last, a whole number.
-            last = last + math.ceil(steps * 1000 / rate)
+            credit = 0
         end
     end
 end
+last = math.max(last, now)
+
+local function save()
+    redis.call('hset', KEYS[1], 'serving', serving, 'last_ms', last, 'late', late, 'credit', credit)
+    keep(KEYS[1])
+end
 
 if peek then
-    redis.call('hset', KEYS[1], 'serving', serving, 'last_ms', last, 'late', late)
-    keep(KEYS[1])
+    save()
     return {-1, serving, 0, now, placed, sold_out and 1 or 0}
 end
 
@@ -134,14 +141,17 @@ if place <= serving then
         redis.call('hdel', KEYS[4], user)
         place = place_last()
         admitted = 0
-    elseif not admitted then
+    elseif not admitted and not sold_out then
+        -- Sold out, the place waits for units to come back: its window
+        -- starts once it can buy.
         admitted = now
         redis.call('hset', KEYS[4], user, now)
         keep(KEYS[4])
     end
+    -- (nil would end the answer's array here)
+    admitted = admitted or 0
 end
-redis.call('hset', KEYS[1], 'serving', serving, 'last_ms', last, 'late', late)
-keep(KEYS[1])
+save()
 local out = 0
 if sold_out then
     out = 1

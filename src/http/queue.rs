@@ -86,6 +86,7 @@ fn queue_answer(status: StatusCode, state: QueueState) -> Response {
     responses(
         (status = 202, description = "In the room (joined now, or the user's place already); Retry-After says when to poll", body = QueueBody),
         (status = 400, description = "bad_request: a body, or a missing or wrong proof of work where the room asks for one", body = ErrorBody),
+        (status = 409, description = "ended: the sale is over", body = ErrorBody),
         Unauthorized,
         RoomNotFound,
         TooLarge, Unavailable,
@@ -113,6 +114,7 @@ pub async fn join(
     responses(
         (status = 200, description = "Where the user stands; Retry-After says when to poll again", body = QueueBody),
         (status = 400, description = "bad_request: no X-Queue-Ticket, or not this user's for this voucher", body = ErrorBody),
+        (status = 409, description = "ended: the sale is over", body = ErrorBody),
         Unauthorized,
         RoomNotFound,
         TooLarge, Unavailable,

@@ -438,6 +438,129 @@ async fn a_room_above_a_thousand_a_second_admits_at_its_rate_however_often_it_is
 }
 
 #[tokio::test]
+async fn a_room_asked_every_millisecond_admits_exactly_its_pace() {
+    // The room's script itself at 999 a second (1000 does not divide it),
+    // asked again about every millisecond: each call must keep the part of
+    // an admission its time earned, so that the counter, read by the last
+    // call, is what 999 a second allows since the room began, exactly,
+    // whatever the calls' spacing (500 a second before: each step's time
+    // was rounded up to a whole millisecond).
+    let (mut redis, keys) = room_keys().await;
+    let script = redis::Script::new(include_str!("../../lua/room_join.lua"));
+    let started = redis_ms(&mut redis).await - 1;
+    let _: () = redis::cmd("HSET")
+        .arg(&keys[0])
+        .arg(&[("serving", 0), ("last_ms", started), ("late", 100_000)])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let mut last = Vec::new();
+    for _ in 0..200 {
+        let mut invocation = script.prepare_invoke();
+        for key in &keys {
+            invocation.key(key);
+        }
+        // no user (move the counter on), draw, begin, rate, sold out,
+        // life, window
+        invocation
+            .arg("")
+            .arg(0)
+            .arg(0)
+            .arg(999)
+            .arg(0)
+            .arg(60)
+            .arg(60_000);
+        last = invocation
+            .invoke_async::<Vec<i64>>(&mut redis)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let _: () = redis::cmd("DEL")
+        .arg(&keys)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    // [place, serving, admitted_ms, now_ms, placed, sold_out]
+    let (serving, now) = (last[1], last[3]);
+    assert_eq!(
+        serving,
+        (now - started) * 999 / 1000,
+        "{serving} admitted in {} ms at 999/s",
+        now - started
+    );
+}
+
+#[tokio::test]
+async fn a_place_reached_while_sold_out_starts_its_window_only_once_it_can_buy() {
+    // The room's script itself: place 3 of 10, all of them served, asked
+    // first while the voucher is sold out (its window would run out before
+    // a cancel's unit came back), then once units are back.
+    let (mut redis, keys) = room_keys().await;
+    let _: () = redis::cmd("HSET")
+        .arg(&keys[0])
+        .arg(&[("serving", 10), ("last_ms", 0), ("late", 10)])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&keys[2])
+        .arg("7")
+        .arg(3)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let script = redis::Script::new(include_str!("../../lua/room_join.lua"));
+    let mut ask = async |sold_out: u8| -> Vec<i64> {
+        let mut invocation = script.prepare_invoke();
+        for key in &keys {
+            invocation.key(key);
+        }
+        // user, draw, begin (long past), rate, sold out, life, window
+        invocation
+            .arg("7")
+            .arg(0)
+            .arg(0)
+            .arg(1000)
+            .arg(sold_out)
+            .arg(60)
+            .arg(60_000);
+        invocation.invoke_async(&mut redis).await.unwrap()
+    };
+    // [place, serving, admitted_ms, now_ms, placed, sold_out]
+    let sold_out = ask(1).await;
+    assert_eq!(
+        (sold_out[0], sold_out[2], sold_out[5]),
+        (3, 0, 1),
+        "{sold_out:?}"
+    );
+    let back = ask(0).await;
+    assert_eq!((back[0], back[5]), (3, 0), "{back:?}");
+    assert_eq!(
+        back[2], back[3],
+        "admitted when it could first buy: {back:?}"
+    );
+    let _: () = redis::cmd("DEL")
+        .arg(&keys)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_room_whose_sale_ended_takes_no_one() {
+    let app = spawn_app().await;
+    let voucher = room_voucher(&app, 5, 100, chrono::Duration::seconds(-3601)).await;
+    let tokens = app.tokens([1]).await;
+    let (status, body) = join(&app, voucher, &tokens[&1]).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("ended")),
+        "{body}"
+    );
+}
+
+#[tokio::test]
 async fn an_admission_past_its_window_is_over_and_its_user_waits_again_at_the_back() {
     // The room's script itself, with a window of 50 ms (the service's is
     // ADMISSION_WINDOW, a minute), at 1000 admissions a second.

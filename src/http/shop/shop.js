@@ -290,14 +290,23 @@
     if (answer.body.status === "sold_out") S.say(S.MESSAGES.sold_out, "sold_out");
     else if (answer.body.status === "admitted") S.say("You are admitted: buy now.", "");
     // Exactly when the service says to ask again; admitted, once the
-    // admission's window is over (the service then places the ticket again
-    // at the back of the room).
+    // admission's window is over: the service then places the ticket again
+    // at the back of the room, which a buyer who bought does not want (the
+    // ticket is forgotten instead, and joining again is one click).
     let wait = (answer.retryAfter === null ? 1 : answer.retryAfter) * 1000;
+    let next = pollQueue;
     if (answer.body.status === "admitted") {
       wait = Math.max(1000, Date.parse(answer.body.admitted_until) - S.clock.now() + 500);
+      next = () => (liveOrder() ? leaveQueue() : pollQueue());
     }
     stopQueue();
-    state.queueTimer = setTimeout(pollQueue, wait);
+    state.queueTimer = setTimeout(next, wait);
+  }
+
+  // Whether the buyer holds an order of this voucher that is not over.
+  function liveOrder() {
+    const o = state.order;
+    return Boolean(o) && !["cancelled", "expired"].includes(o.status);
   }
 
   // SHA-256's round constants and first hash (FIPS 180-4).
@@ -413,8 +422,9 @@
     if (state.voucherId !== id || state.queue !== q) return;
     if (answer.status !== 200) {
       refused(answer);
-      if ([400, 401, 403, 404].includes(answer.status)) {
-        // The ticket is not (or no longer) good here: join again.
+      if ([400, 401, 403, 404, 409].includes(answer.status)) {
+        // The ticket is not (or no longer) good here, or the sale ended:
+        // join again, where there is a sale to join.
         leaveQueue();
         return;
       }

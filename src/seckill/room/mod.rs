@@ -17,7 +17,7 @@ use redis::Script;
 use secrecy::ExposeSecret;
 use sha2::Sha256;
 
-use super::error::{Result, SeckillError};
+use super::error::{PurchaseError, Refusal, Result, SeckillError};
 use super::metric;
 use crate::domain::Voucher;
 use crate::domain::{UserId, VoucherId};
@@ -329,18 +329,17 @@ impl Rooms {
             }
         };
         let expires = match admitted_until_ms {
-            Some(until) if status == QueueStatus::Admitted => until / 1000,
-            _ => voucher.terms.end_time.timestamp(),
+            Some(until) => until / 1000,
+            None => voucher.terms.end_time.timestamp(),
         };
+        // An admission is signed whatever the status: a ticket admitted
+        // while the voucher is sold out still buys, within its window, the
+        // units a cancel or an expiry gives back (the body says until when).
         let ticket = self.sign(&Ticket {
             voucher_id: voucher.id,
             user_id,
             place: p.place.max(0),
-            admitted_until_ms: if status == QueueStatus::Admitted {
-                admitted_until_ms.unwrap_or(0)
-            } else {
-                0
-            },
+            admitted_until_ms: admitted_until_ms.unwrap_or(0),
             expires_unix: expires,
         });
         QueueState {
@@ -397,7 +396,7 @@ impl super::Seckill {
         user_id: UserId,
         voucher_id: VoucherId,
         proof: Option<&str>,
-    ) -> Result<QueueState> {
+    ) -> Result<QueueState, PurchaseError> {
         metrics::counter!(metric::QUEUE_REQUESTS, "kind" => metric::JOIN).increment(1);
         let (voucher, rate) = self.room_of(voucher_id).await?;
         let bits = u32::try_from(voucher.terms.queue_proof_bits).unwrap_or(0);
@@ -405,13 +404,15 @@ impl super::Seckill {
             return Err(SeckillError::ProofNeeded {
                 challenge: challenge(voucher_id, user_id),
                 bits,
-            });
+            }
+            .into());
         }
         let (sold_out, async_sale) = self.sale_state(&voucher).await?;
-        self.inner
+        Ok(self
+            .inner
             .rooms
             .join(&voucher, rate, user_id, sold_out, async_sale)
-            .await
+            .await?)
     }
 
     /// Where the holder of `ticket` (their own, for this voucher) stands.
@@ -420,7 +421,7 @@ impl super::Seckill {
         user_id: UserId,
         voucher_id: VoucherId,
         ticket: &str,
-    ) -> Result<QueueState> {
+    ) -> Result<QueueState, PurchaseError> {
         metrics::counter!(metric::QUEUE_REQUESTS, "kind" => metric::POLL).increment(1);
         // The room first: a voucher without one is 404 whatever the ticket.
         let (voucher, rate) = self.room_of(voucher_id).await?;
@@ -429,10 +430,11 @@ impl super::Seckill {
         let now = self.inner.clock.now();
         // Where the script is asked, a poll joins too: a Redis that lost
         // the room places the ticket's holder again rather than forget them.
-        self.inner
+        Ok(self
+            .inner
             .rooms
             .poll(&voucher, rate, &ticket, now, sold_out, async_sale)
-            .await
+            .await?)
     }
 
     /// `voucher_id`'s waiting room counter (`None`: it has no room): one
@@ -451,13 +453,17 @@ impl super::Seckill {
             .map(Some)
     }
 
-    /// A voucher with a room, and the room's pace.
-    async fn room_of(&self, voucher_id: VoucherId) -> Result<(Arc<Voucher>, i32)> {
+    /// A voucher with a room, and the room's pace; `ended` once its sale
+    /// is over (a join then would hold a place, and keys, for nothing).
+    async fn room_of(&self, voucher_id: VoucherId) -> Result<(Arc<Voucher>, i32), PurchaseError> {
         let voucher = self.selling(voucher_id).await?;
-        match voucher.terms.admit_per_second {
-            Some(rate) => Ok((voucher, rate)),
-            None => Err(SeckillError::NotFound("waiting room")),
+        let Some(rate) = voucher.terms.admit_per_second else {
+            return Err(SeckillError::NotFound("waiting room").into());
+        };
+        if self.inner.clock.now() >= voucher.terms.end_time {
+            return Err(Refusal::Ended.into());
         }
+        Ok((voucher, rate))
     }
 
     /// Whether this instance knows a sync sale sold out, and an async
