@@ -76,12 +76,14 @@ pub struct Jwks {
 /// instance.
 const MOST_WAITING: usize = 64;
 
-/// Whether a fetch asked within 5 s of the last one is skipped or waits
-/// for its turn.
+/// Whether a fetch asked within 5 s of the last one (or while another
+/// runs) is skipped, or waits for its turn.
 #[derive(Clone, Copy)]
 enum Pace {
     SkipTooSoon,
-    WaitTurn,
+    /// For a token that came at this instant: a fetch begun since answers
+    /// it (the set it read holds what was published before the token).
+    WaitTurn(Instant),
 }
 
 /// What a fetch did.
@@ -101,7 +103,19 @@ impl Jwks {
         let client = reqwest::Client::builder()
             .timeout(FETCH_TIMEOUT)
             .connect_timeout(FETCH_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::limited(3))
+            .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                // A few redirects, never from https to http: the keys
+                // decide who signs in.
+                let downgrade = attempt.url().scheme() != "https"
+                    && attempt.previous().iter().any(|u| u.scheme() == "https");
+                if downgrade {
+                    attempt.error("a redirect from https to http")
+                } else if attempt.previous().len() > 3 {
+                    attempt.error("more than 3 redirects")
+                } else {
+                    attempt.follow()
+                }
+            }))
             .build()
             .expect("a client with rustls and no other settings builds");
         Self {
@@ -123,9 +137,8 @@ impl Jwks {
         self.keys.read().expect("never poisoned").clone()
     }
 
-    /// Fetches the set unless one was fetched less than 5 s ago (or a
-    /// fetch is running: this one then waits for it and reports
-    /// `TooSoon`, the set being as fresh as it gets). The fetch is a task
+    /// Fetches the set unless one was fetched less than 5 s ago or a
+    /// fetch is running (`TooSoon` at once). The fetch is a task
     /// of its own: a caller that gives up (a request whose client hung up)
     /// does not cut it off half-way, which would leave the set unfetched
     /// for 5 s and the callers waiting on it refused.
@@ -137,14 +150,17 @@ impl Jwks {
     /// but within 5 s of the last fetch it waits until the next one is
     /// allowed and makes it (callers that come meanwhile wait for that one),
     /// so that a key the identity provider published just after a fetch is
-    /// found within 5 s, not refused as unknown. A flood of made-up kids
-    /// still costs one fetch per 5 s, and past [`MOST_WAITING`] tokens
-    /// waiting, the others are answered from the set as it is.
+    /// found within 5 s, not refused as unknown; a token that waited while
+    /// another fetch ran is answered by it only if it began after the
+    /// token came. A flood of made-up kids still costs one fetch per 5 s,
+    /// and past [`MOST_WAITING`] tokens waiting, the others are answered at
+    /// once from the set as it is.
     pub async fn refresh_for_unknown_kid(this: &Arc<Self>) -> Fetched {
         // Anyone can send a made-up kid: at most so many tokens wait, each
         // holding its connection; the others are answered at once.
+        let came = Instant::now();
         match this.waiting.try_acquire() {
-            Ok(_waits) => Self::refresh_spawned(this, Pace::WaitTurn).await,
+            Ok(_waits) => Self::refresh_spawned(this, Pace::WaitTurn(came)).await,
             Err(_) => Self::refresh_spawned(this, Pace::SkipTooSoon).await,
         }
     }
@@ -157,19 +173,29 @@ impl Jwks {
     }
 
     async fn refresh_here(&self, pace: Pace) -> Fetched {
-        let mut last = match self.fetch.try_lock() {
-            Ok(last) => last,
-            Err(_) => {
-                drop(self.fetch.lock().await);
-                return Fetched::TooSoon;
-            }
+        let mut last = match pace {
+            // Nothing waits here: a fetch under way (or its turn, up to
+            // 5 s) is not waited for (anyone can send made-up kids).
+            Pace::SkipTooSoon => match self.fetch.try_lock() {
+                Ok(last) => last,
+                Err(_) => return Fetched::TooSoon,
+            },
+            Pace::WaitTurn(_) => self.fetch.lock().await,
         };
         if let Some(at) = *last {
+            if let Pace::WaitTurn(came) = pace {
+                if at >= came {
+                    // Fetched since this token came, while it waited.
+                    return Fetched::TooSoon;
+                }
+            }
             let allowed = at + MIN_FETCH_INTERVAL;
             if Instant::now() < allowed {
                 match pace {
                     Pace::SkipTooSoon => return Fetched::TooSoon,
-                    Pace::WaitTurn => tokio::time::sleep_until(allowed.into()).await,
+                    // A fetch begun before this token came may have missed
+                    // its key: the next one is this token's.
+                    Pace::WaitTurn(_) => tokio::time::sleep_until(allowed.into()).await,
                 }
             }
         }

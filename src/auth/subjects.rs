@@ -68,11 +68,15 @@ impl Subjects {
         if let Some(user) = numeric(subject) {
             if !self.recorded.contains_key(&user) {
                 let (done, written) = oneshot::channel();
+                // Marked first: a batch that fails forgets the mark, which
+                // it could not do before the mark was made.
+                self.recorded.insert(user, ());
                 if self.to_record.try_send((user, done)).is_ok() {
-                    self.recorded.insert(user, ());
                     // So that the order this request may make shows its
                     // subject from its first read on.
                     let _ = tokio::time::timeout(RECORD_WAIT, written).await;
+                } else {
+                    self.recorded.invalidate(&user);
                 }
             }
             return Ok(user);

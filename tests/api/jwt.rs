@@ -500,6 +500,75 @@ async fn a_fetch_for_a_new_kid_completes_though_the_request_that_started_it_gave
     assert_eq!(server.fetches(), before + 1, "no second fetch was needed");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_published_while_a_fetch_runs_is_found_and_tokens_past_the_waiting_bound_are_not_held(
+) {
+    let (a, b) = (es256_key("a"), es256_key("b"));
+    let (server, url) = JwksServer::start().await;
+    server.serve(Some(jwk_set(&[&a])));
+    let app = jwt_app(Some(url)).await;
+    app.wait_ready().await;
+    let voucher = app.open_voucher(10).await;
+    let made_up = |i: usize| {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(format!("made-up-{i}"));
+        encode(&header, &claims("3"), &a.signing).unwrap()
+    };
+    let buying = |token: String| {
+        let (client, url) = (app.client.clone(), app.url(&format!("/seckill/{voucher}")));
+        tokio::spawn(async move {
+            let answer = client.post(url).bearer_auth(token).send().await.unwrap();
+            answer.status()
+        })
+    };
+    // A made-up kid starts a fetch of the set as it is (a alone), which the
+    // identity provider answers in 2 s...
+    *server.delay.lock().unwrap() = Duration::from_millis(2_000);
+    tokio::time::sleep(Duration::from_millis(5_200)).await;
+    let (fetched, answered) = (server.fetches(), server.answered());
+    let first = buying(made_up(0));
+    poll_until(
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+        "a fetch for the made-up kid",
+        || async { server.fetches() },
+        |n| *n > fetched,
+    )
+    .await;
+    // ...while it runs, b is published and b's token comes: the running
+    // fetch began before b, so b's token waits for the next one (refused as
+    // unknown before, answered by the fetch that missed b).
+    server.serve(Some(jwk_set(&[&a, &b])));
+    let b_buys = buying(b.sign(&claims("2")));
+    // Made-up kids past the tokens that may wait (64) are refused at once,
+    // not held until the running fetch ends (they waited for it before).
+    let mut flood: Vec<_> = (1..=80).map(|i| buying(made_up(i))).collect();
+    let refused_at_once = poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        "made-up kids past the bound refused, or the fetch answered",
+        || async {
+            let done = flood.iter().filter(|t| t.is_finished()).count();
+            (done, server.answered())
+        },
+        |(done, now_answered)| *done >= 10 || *now_answered > answered,
+    )
+    .await;
+    assert!(
+        refused_at_once.1 == answered,
+        "no made-up kid was answered before the running fetch ended: {refused_at_once:?}"
+    );
+    for task in flood.drain(..) {
+        assert_eq!(task.await.unwrap(), StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(first.await.unwrap(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        b_buys.await.unwrap(),
+        StatusCode::OK,
+        "b's token, published during a fetch"
+    );
+}
+
 #[tokio::test]
 async fn a_jwk_set_by_url_gates_readiness_rotates_and_is_fetched_at_most_once_per_5_s() {
     let (a, b) = (es256_key("a"), es256_key("b"));
