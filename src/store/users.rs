@@ -14,14 +14,22 @@ impl Store {
         self.db
             .run(move |c, persistent| {
                 Box::pin(
-                    // DO UPDATE (of nothing that changes), not DO NOTHING:
-                    // then RETURNING answers the row a concurrent first
-                    // sign-in made, too.
+                    // Read first: a subject known already (every user's
+                    // first request after a restart) writes nothing. Made
+                    // with DO UPDATE (of nothing that changes), not DO
+                    // NOTHING: then RETURNING answers the row a concurrent
+                    // first sign-in made, too.
                     sqlx::query_scalar(
-                        "INSERT INTO user_refs (user_id, issuer, subject)
-                         VALUES (nextval('user_ref_ids'), $1, $2)
-                         ON CONFLICT (issuer, subject) DO UPDATE SET subject = EXCLUDED.subject
-                         RETURNING user_id",
+                        "WITH known AS (
+                             SELECT user_id FROM user_refs WHERE issuer = $1 AND subject = $2
+                         ), made AS (
+                             INSERT INTO user_refs (user_id, issuer, subject)
+                             SELECT nextval('user_ref_ids'), $1, $2
+                             WHERE NOT EXISTS (SELECT 1 FROM known)
+                             ON CONFLICT (issuer, subject) DO UPDATE SET subject = EXCLUDED.subject
+                             RETURNING user_id
+                         )
+                         SELECT user_id FROM known UNION ALL SELECT user_id FROM made",
                     )
                     .bind(issuer)
                     .bind(subject)
