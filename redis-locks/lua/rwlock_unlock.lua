@@ -12,7 +12,8 @@
 -- KEYS[3]  the lock's channel
 -- ARGV[1]  'read' or 'write'
 -- ARGV[2]  the owner
--- ARGV[3]  lease in milliseconds (renewed while write holds remain)
+-- ARGV[3]  lease in milliseconds (renewed while write holds remain, never
+--          shortened: the holds left may have longer ones)
 --
 -- Returns -1  the owner holds no such hold: nothing changed
 --        >=0  holds of this kind left to the owner
@@ -28,7 +29,9 @@ if ARGV[1] == 'write' then
     end
     local holds = redis.call('hincrby', KEYS[1], writer, -1)
     if holds > 0 then
-        redis.call('pexpire', KEYS[1], ARGV[3])
+        if redis.call('pttl', KEYS[1]) < tonumber(ARGV[3]) then
+            redis.call('pexpire', KEYS[1], ARGV[3])
+        end
         return holds
     end
     redis.call('hdel', KEYS[1], writer)

@@ -69,7 +69,7 @@ impl FairLock {
         lease: impl Into<Lease>,
     ) -> Result<Option<LockGuard>, LockError> {
         let lease = lease.into();
-        let until = Instant::now() + wait;
+        let until = super::lock::deadline_after(wait);
         let got = wait_turn(
             &self.lock.shared.subscriber,
             &self.lock.channel(),

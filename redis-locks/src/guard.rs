@@ -90,7 +90,7 @@ impl<L: GuardedLock> GuardCore<L> {
                 term.sent,
             ))
         } else {
-            Life::Until(term.sent + term.lease)
+            Life::Until(super::lock::later(term.sent, term.lease))
         };
         Self {
             lock,

@@ -72,7 +72,8 @@
 //! - **RedLock.** A node that restarts without having persisted its keys can
 //!   grant a held lock again. When too few nodes answer, the answer is
 //!   [`LockError::NodesUnavailable`]: unknown, not "held".
-//! - **Redis 5** or later (the scripts write after reading `TIME`).
+//! - **Redis 6.2** or later (the acquire's `SET ... GET` of the fencing
+//!   token).
 //!
 //! The key layout and a comparison with Redisson and rslock are in the
 //! crate's README.

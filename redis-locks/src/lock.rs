@@ -394,7 +394,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Result<G, Option<Duration>>, LockError>>,
 {
-    let deadline = Instant::now() + wait;
+    let deadline = deadline_after(wait);
     if let Ok(won) = attempt().await? {
         return Ok(Some(won));
     }
@@ -433,5 +433,25 @@ pub(super) fn lease_left(ms: i64) -> Option<Duration> {
 
 pub(super) fn lease_ms(lease: Duration) -> u64 {
     // PEXPIRE 0 would delete the key at once; a lease is at least 1 ms.
-    u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
+    // And at most what PEXPIRE takes (a longer one failed after the hold
+    // was written, leaving a key with no expiry): about 292,000 years.
+    u64::try_from(lease.as_millis())
+        .unwrap_or(u64::MAX)
+        .clamp(1, MOST_LEASE_MS)
+}
+
+/// The longest lease in milliseconds: PEXPIRE adds it to Redis's clock in
+/// milliseconds, and refuses a sum past `i64::MAX`.
+const MOST_LEASE_MS: u64 = 1 << 53;
+
+/// `wait` from now (see [`later`]).
+pub(super) fn deadline_after(wait: Duration) -> Instant {
+    later(Instant::now(), wait)
+}
+
+/// `by` after `at`, or a century after it where the clock cannot count
+/// so far (`Duration::MAX`: for ever).
+pub(super) fn later(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by)
+        .unwrap_or_else(|| at + Duration::from_secs(100 * 365 * 24 * 3600))
 }

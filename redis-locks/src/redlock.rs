@@ -187,7 +187,7 @@ impl MultiNodeLocks {
             return Ok(Some(MultiGuard {
                 guards,
                 late,
-                valid_until: started + validity,
+                valid_until: super::lock::later(started, validity),
             }));
         }
         self.hear_out(asking, Weak::new());
@@ -272,16 +272,19 @@ impl MultiNodeLocks {
         lease: Duration,
         node_timeout: Duration,
     ) -> Result<Option<MultiGuard>, LockError> {
-        let deadline = Instant::now() + wait;
+        let deadline = super::lock::deadline_after(wait);
         loop {
-            match self.try_acquire(name, id, lease, node_timeout).await {
+            // The last round's answer, if it could not tell: when the wait
+            // runs out on it, the lock's state is unknown, not "held".
+            let unknown = match self.try_acquire(name, id, lease, node_timeout).await {
                 Ok(Some(guard)) => return Ok(Some(guard)),
-                Ok(None) | Err(LockError::NodesUnavailable { .. }) => {}
+                Ok(None) => None,
+                Err(unavailable @ LockError::NodesUnavailable { .. }) => Some(unavailable),
                 Err(other) => return Err(other),
-            }
+            };
             let pause = Duration::from_millis(rand::random_range(5..50));
             if Instant::now() + pause >= deadline {
-                return Ok(None);
+                return unknown.map_or(Ok(None), Err);
             }
             tokio::time::sleep(pause).await;
         }

@@ -851,3 +851,27 @@ async fn try_acquire_all_tries_many_locks_in_one_call_each_answered_as_try_acqui
         assert!(!lock.is_locked().await.unwrap());
     }
 }
+
+#[tokio::test]
+async fn a_lease_or_a_wait_of_duration_max_holds_with_an_expiry_and_does_not_panic() {
+    // "For ever", written the usual way: the lease was sent as u64::MAX
+    // ms, which PEXPIRE refused after the hold was written (a key held
+    // with no expiry, and an error); the wait overflowed the clock.
+    let locks = TestLocks::new();
+    let lock = locks.lock("forever");
+    let owner = locks.owner("a");
+    let guard = lock
+        .acquire(&owner, Duration::MAX, Lease::Fixed(Duration::MAX))
+        .await
+        .unwrap()
+        .expect("a free lock is taken at once");
+    assert!(!guard.is_lost());
+    let mut conn = redis_conn(&redis_url()).await;
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(lock.key())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(ttl > 0, "the lock's key has no expiry: {ttl}");
+    guard.unlock().await.unwrap();
+}

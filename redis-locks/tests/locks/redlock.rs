@@ -251,3 +251,26 @@ async fn a_grant_after_the_hold_was_given_back_is_given_back_too() {
     joined_by(&next, 3).await;
     next.unlock().await;
 }
+
+#[tokio::test]
+async fn a_redlock_wait_that_runs_out_with_too_few_nodes_is_unknown_not_held() {
+    let mut servers = start_nodes(3);
+    let locks = locks_on(&servers, Quorum::Majority);
+    servers[0].stop();
+    servers[1].stop();
+    let waited = locks
+        .acquire(
+            "order:3",
+            "a",
+            Duration::from_millis(300),
+            LEASE,
+            NODE_TIMEOUT,
+        )
+        .await;
+    // Ok(None) before: "someone holds it", which nobody could know.
+    assert!(
+        matches!(waited, Err(LockError::NodesUnavailable { .. })),
+        "{:?}",
+        waited.map(|g| g.is_some())
+    );
+}

@@ -153,3 +153,26 @@ async fn the_watchdog_keeps_read_and_write_holds_alive_and_reports_a_lost_one() 
         .await
         .expect("the writer heard its lock was lost");
 }
+
+#[tokio::test]
+async fn a_writer_giving_back_a_short_nested_hold_keeps_the_long_lease_of_the_other() {
+    let (locks, lock) = new_catalog();
+    let w = locks.owner("w");
+    let long = Lease::Fixed(Duration::from_secs(60));
+    let outer = held(lock.try_write(&w, long).await, "a free lock writes");
+    let inner = held(
+        lock.try_write(&w, Lease::Fixed(Duration::from_secs(1)))
+            .await,
+        "the writer reenters",
+    );
+    assert_eq!(inner.unlock().await.unwrap(), 1);
+    let mut conn = crate::support::redis_conn(&redis_url()).await;
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(lock.key())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Cut to the nested hold's 1 s before: another writer got in 1 s later.
+    assert!(ttl > 30_000, "the outer hold's lease was cut to {ttl} ms");
+    assert_eq!(outer.unlock().await.unwrap(), 0);
+}
