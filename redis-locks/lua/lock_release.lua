@@ -17,19 +17,26 @@
 -- the lock is next taken; a resend that arrives after that is told the
 -- owner no longer holds the lock, which is true.
 --
+-- A guard gives back only a hold of its own tenure: it sends its fencing
+-- token, and a hold of the same owner under another token (its lease ran
+-- out, and the owner took the lock again: a retry of the same job) is not
+-- its to give back.
+--
 -- For the i-th lock (i = 1, 2, ...):
 -- KEYS[3i-2]  the lock's key
 -- KEYS[3i-1]  the lock's channel
 -- KEYS[3i]    the lock's fencing-token key
--- ARGV[3i-2]  the lease in milliseconds, renewed while holds remain (never
+-- ARGV[4i-3]  the lease in milliseconds, renewed while holds remain (never
 --             shortened)
--- ARGV[3i-1]  the owner
--- ARGV[3i]    the request id
+-- ARGV[4i-2]  the owner
+-- ARGV[4i-1]  the request id
+-- ARGV[4i]    the holder's fencing token, or '' (any hold of the owner)
 -- and last, ARGV[#ARGV]: lifetime of the fencing-token keys in milliseconds.
 --
 -- Returns one answer per lock, in order:
 --         -1  the owner does not hold the lock (never did, or its lease
---             ran out): nothing was changed
+--             ran out), or holds it under another token: nothing was
+--             changed
 --          0  the last hold was released, the key deleted, waiters told
 --         >0  holds still left to this owner; the lease was renewed
 local token_life = ARGV[#ARGV]
@@ -43,7 +50,7 @@ local function extend(key, lease)
     end
 end
 
-local function release(lock, channel, fence, lease, owner, request)
+local function release(lock, channel, fence, lease, owner, request, tenure)
     local record = 'req:' .. owner
     local found = redis.call('hmget', lock, owner, record)
     local holds, token, id = string.match(found[2] or '', '^(%d+) (%d*) (.*)$')
@@ -58,22 +65,25 @@ local function release(lock, channel, fence, lease, owner, request)
         end
         return -1
     end
-
-    if tonumber(found[1]) > 1 then
-        holds = redis.call('hincrby', lock, owner, -1)
-        -- The holder's token stays in its record ('' for a hold the fair
-        -- lock's script took, which writes no record).
-        redis.call('hset', lock, record, holds .. ' ' .. (token or '') .. ' ' .. request)
-        extend(lock, lease)
-        return holds
-    end
-    redis.call('del', lock)
-    redis.call('publish', channel, 'released')
     -- A hold the fair lock's script took has no token in a record: the
     -- fencing-token key has it.
     if token == nil or token == '' then
         token = string.match(redis.call('get', fence) or '', '^%d+') or '0'
     end
+    if tenure ~= '' and tenure ~= token then
+        return -1
+    end
+
+    if tonumber(found[1]) > 1 then
+        holds = redis.call('hincrby', lock, owner, -1)
+        -- The holder's token stays in its record (for a hold the fair
+        -- lock's script took, the one its fencing-token key holds).
+        redis.call('hset', lock, record, holds .. ' ' .. token .. ' ' .. request)
+        extend(lock, lease)
+        return holds
+    end
+    redis.call('del', lock)
+    redis.call('publish', channel, 'released')
     redis.call('set', fence, token .. ' ' .. request, 'PX', token_life)
     return 0
 end
@@ -81,6 +91,6 @@ end
 local answers = {}
 for i = 1, #KEYS / 3 do
     answers[i] = release(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i],
-        ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i])
+        ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1], ARGV[4 * i])
 end
 return answers

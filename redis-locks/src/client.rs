@@ -247,10 +247,11 @@ impl LockClient {
         let give_backs: Vec<_> = ours
             .iter_mut()
             .map(|(at, guard)| {
+                let fence = guard.fence();
                 let (lock, owner, lease) = guard.core.give_back();
                 (
                     *at,
-                    HoldChange::new(lock, owner, GiveBack(lease), new_request_id()),
+                    HoldChange::new(lock, owner, GiveBack(lease, Some(fence)), new_request_id()),
                 )
             })
             .collect();

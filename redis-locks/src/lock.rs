@@ -134,7 +134,20 @@ impl Lock {
         lease: Duration,
         request_id: &str,
     ) -> Result<Released, LockError> {
-        let give_back = HoldChange::new(self, owner, GiveBack(lease), request_id.to_owned());
+        let give_back = HoldChange::new(self, owner, GiveBack(lease, None), request_id.to_owned());
+        self.shared.change_one(&give_back).await
+    }
+
+    /// Gives back a guard's hold: one of the tenure whose fencing token is
+    /// `fence`, not a later hold of the same owner.
+    async fn give_back_hold(
+        &self,
+        owner: &Owner,
+        lease: Duration,
+        fence: i64,
+    ) -> Result<Released, LockError> {
+        let give_back =
+            HoldChange::new(self, owner, GiveBack(lease, Some(fence)), new_request_id());
         self.shared.change_one(&give_back).await
     }
 
@@ -255,16 +268,19 @@ impl LockGuard {
     /// Gives the hold back. `Err(NotHeld)`: the lease ran out first, and
     /// someone else may have held the lock meanwhile.
     pub async fn unlock(mut self) -> Result<Released, LockError> {
+        let fence = self.fence;
         let (lock, owner, lease) = self.core.give_back();
-        lock.release(owner, lease).await
+        lock.give_back_hold(owner, lease, fence).await
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        self.core.release_on_drop(|lock, owner, lease| async move {
-            lock.release(&owner, lease).await.map(drop)
-        });
+        let fence = self.fence;
+        self.core
+            .release_on_drop(move |lock, owner, lease| async move {
+                lock.give_back_hold(&owner, lease, fence).await.map(drop)
+            });
     }
 }
 
@@ -286,6 +302,8 @@ pub(super) trait ChangeKind {
     fn lease(&self) -> Duration;
     /// Adds the keys that follow the lock's own.
     fn add_keys(lock: &Lock, invocation: &mut ScriptInvocation<'_>);
+    /// Adds the arguments that follow the lease, owner and request id.
+    fn add_args(&self, _invocation: &mut ScriptInvocation<'_>) {}
     fn answer(
         &self,
         lock: &Lock,
@@ -311,6 +329,7 @@ impl<'a, K: ChangeKind> HoldChange<'a, K> {
             .arg(lease_ms(self.kind.lease()))
             .arg(self.owner.as_str())
             .arg(self.request_id.as_str());
+        self.kind.add_args(invocation);
     }
 
     /// This lock's answer (`None`: the script gave none).
@@ -353,8 +372,10 @@ impl ChangeKind for Take {
     }
 }
 
-/// A release (`lua/lock_release.lua`) renewing the holds left for this lease.
-pub(super) struct GiveBack(pub(super) Duration);
+/// A release (`lua/lock_release.lua`) renewing the holds left for this
+/// lease; of the tenure whose fencing token is given (a guard's), or of any
+/// hold of the owner.
+pub(super) struct GiveBack(pub(super) Duration, pub(super) Option<i64>);
 
 impl ChangeKind for GiveBack {
     /// The holds left, or -1: not held.
@@ -371,6 +392,10 @@ impl ChangeKind for GiveBack {
 
     fn add_keys(lock: &Lock, invocation: &mut ScriptInvocation<'_>) {
         invocation.key(lock.channel()).key(lock.fence_key());
+    }
+
+    fn add_args(&self, invocation: &mut ScriptInvocation<'_>) {
+        invocation.arg(self.1.map_or_else(String::new, |fence| fence.to_string()));
     }
 
     fn answer(&self, lock: &Lock, owner: &Owner, left: Option<i64>) -> Result<Released, LockError> {

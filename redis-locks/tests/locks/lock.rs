@@ -875,3 +875,27 @@ async fn a_lease_or_a_wait_of_duration_max_holds_with_an_expiry_and_does_not_pan
     assert!(ttl > 0, "the lock's key has no expiry: {ttl}");
     guard.unlock().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_guard_whose_lease_ran_out_cannot_give_back_its_owners_next_hold() {
+    // A job's worker stalls past its lease; a retry of the same job (the
+    // same owner) takes the lock again; the stalled worker, resuming,
+    // gives its guard back. That hold is another tenure's: before, the
+    // owner's name was all the release checked, the retry's hold was
+    // deleted and a third owner could take the lock beside it.
+    let (locks, lock) = new_lock("job-7");
+    let job = locks.owner("job-7");
+    let stalled = take(&lock, &job, Lease::Fixed(Duration::from_millis(100))).await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let retry = take(&lock, &job, LEASE).await;
+    assert!(retry.fence() > stalled.fence());
+    assert!(
+        matches!(stalled.unlock().await, Err(LockError::NotHeld { .. })),
+        "a stale guard gave back a later hold"
+    );
+    match lock.try_acquire(&locks.owner("other"), LEASE).await.unwrap() {
+        Acquired::HeldByOther { .. } => {}
+        Acquired::Yes(_) => panic!("a third owner took the retry's lock"),
+    }
+    assert_eq!(retry.unlock().await.unwrap(), Released::Free);
+}
