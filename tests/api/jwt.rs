@@ -128,6 +128,23 @@ async fn purchase(app: &TestApp, voucher: i64, token: &str) -> (StatusCode, Valu
     .await
 }
 
+/// A token for `sub` signed with `key` under the kid `kid` (a made-up one,
+/// or another key's).
+fn under_kid(key: &TestKey, kid: &str, sub: &str) -> String {
+    let mut header = Header::new(key.algorithm);
+    header.kid = Some(kid.to_owned());
+    encode(&header, &claims(sub), &key.signing).unwrap()
+}
+
+/// A purchase with `token` under way: its status, once answered.
+fn buying(app: &TestApp, voucher: i64, token: String) -> tokio::task::JoinHandle<StatusCode> {
+    let (client, url) = (app.client.clone(), app.url(&format!("/seckill/{voucher}")));
+    tokio::spawn(async move {
+        let answer = client.post(url).bearer_auth(token).send().await.unwrap();
+        answer.status()
+    })
+}
+
 #[tokio::test]
 async fn a_jwt_signs_a_buyer_in_whose_sub_is_their_user_or_maps_to_a_stable_one() {
     let app = jwt_app(None).await;
@@ -401,6 +418,17 @@ impl JwksServer {
     }
 }
 
+/// An app whose JWK Set, served by a server of the test's, holds `key`;
+/// ready (the set loaded), with a voucher of 10 on sale.
+async fn ready_on_jwks_server(key: &TestKey) -> (JwksServer, TestApp, i64) {
+    let (server, url) = JwksServer::start().await;
+    server.serve(Some(jwk_set(&[key])));
+    let app = jwt_app(Some(url)).await;
+    app.wait_ready().await;
+    let voucher = app.open_voucher(10).await;
+    (server, app, voucher)
+}
+
 #[tokio::test]
 async fn a_body_sent_whole_is_read_though_its_token_waited_for_the_jwk_set_past_the_body_deadline()
 {
@@ -460,11 +488,7 @@ async fn a_body_sent_whole_is_read_though_its_token_waited_for_the_jwk_set_past_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fetch_for_a_new_kid_completes_though_the_request_that_started_it_gave_up() {
     let (a, b) = (es256_key("a"), es256_key("b"));
-    let (server, url) = JwksServer::start().await;
-    server.serve(Some(jwk_set(&[&a])));
-    let app = jwt_app(Some(url)).await;
-    app.wait_ready().await;
-    let voucher = app.open_voucher(10).await;
+    let (server, app, voucher) = ready_on_jwks_server(&a).await;
     // b is published, and the identity provider is slow. Once the start's
     // fetch is 5 s old, a token of b starts a fetch; its client hangs up
     // long before the answer.
@@ -504,23 +528,9 @@ async fn a_fetch_for_a_new_kid_completes_though_the_request_that_started_it_gave
 async fn a_key_published_while_a_fetch_runs_is_found_and_tokens_past_the_waiting_bound_are_not_held(
 ) {
     let (a, b) = (es256_key("a"), es256_key("b"));
-    let (server, url) = JwksServer::start().await;
-    server.serve(Some(jwk_set(&[&a])));
-    let app = jwt_app(Some(url)).await;
-    app.wait_ready().await;
-    let voucher = app.open_voucher(10).await;
-    let made_up = |i: usize| {
-        let mut header = Header::new(Algorithm::ES256);
-        header.kid = Some(format!("made-up-{i}"));
-        encode(&header, &claims("3"), &a.signing).unwrap()
-    };
-    let buying = |token: String| {
-        let (client, url) = (app.client.clone(), app.url(&format!("/seckill/{voucher}")));
-        tokio::spawn(async move {
-            let answer = client.post(url).bearer_auth(token).send().await.unwrap();
-            answer.status()
-        })
-    };
+    let (server, app, voucher) = ready_on_jwks_server(&a).await;
+    let made_up = |i: usize| under_kid(&a, &format!("made-up-{i}"), "3");
+    let buying = |token: String| buying(&app, voucher, token);
     // A made-up kid starts a fetch of the set as it is (a alone), which the
     // identity provider answers in 2 s...
     *server.delay.lock().unwrap() = Duration::from_millis(2_000);
@@ -607,24 +617,11 @@ async fn a_jwk_set_by_url_gates_readiness_rotates_and_is_fetched_at_most_once_pe
     // A flood of made-up kids: every one 401, the set fetched at most once
     // more (the 5 s bound).
     let before = server.fetches();
-    let mut flood = tokio::task::JoinSet::new();
-    for i in 0..200 {
-        let mut header = Header::new(Algorithm::ES256);
-        header.kid = Some(format!("made-up-{i}"));
-        let token = encode(&header, &claims("3"), &a.signing).unwrap();
-        let (client, url) = (app.client.clone(), app.url(&format!("/seckill/{voucher}")));
-        flood.spawn(async move {
-            client
-                .post(url)
-                .bearer_auth(token)
-                .send()
-                .await
-                .unwrap()
-                .status()
-        });
-    }
-    while let Some(status) = flood.join_next().await {
-        assert_eq!(status.unwrap(), StatusCode::UNAUTHORIZED);
+    let flood: Vec<_> = (0..200)
+        .map(|i| buying(&app, voucher, under_kid(&a, &format!("made-up-{i}"), "3")))
+        .collect();
+    for status in flood {
+        assert_eq!(status.await.unwrap(), StatusCode::UNAUTHORIZED);
     }
     assert!(
         server.fetches() - before <= 1,
@@ -652,9 +649,7 @@ async fn a_jwk_set_by_url_gates_readiness_rotates_and_is_fetched_at_most_once_pe
     server.serve(Some(jwk_set(&[&b])));
     // An unknown kid makes the next fetch (once 5 s have passed): a's
     // token, verified before, is verified again and refused.
-    let mut header = Header::new(Algorithm::ES256);
-    header.kid = Some("c".into());
-    let unknown = encode(&header, &claims("6"), &b.signing).unwrap();
+    let unknown = under_kid(&b, "c", "6");
     poll_until(
         Duration::from_secs(15),
         Duration::from_millis(500),

@@ -360,23 +360,79 @@ async fn a_room_that_redis_lost_lets_admitted_tickets_buy_and_places_returning_b
     assert_eq!(app.check_invariants(voucher).await, 3);
 }
 
-/// Redis's clock in milliseconds, as the room's script reads it.
-async fn redis_ms(redis: &mut redis::aio::MultiplexedConnection) -> i64 {
-    let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(redis).await.unwrap();
-    seconds * 1000 + micros / 1000
+/// A room of a test's own in the shared Redis (its four keys: room,
+/// pre-queue, later joiners, admissions), driven by `lua/room_join.lua`
+/// itself; [`ScriptRoom::delete`] removes it.
+struct ScriptRoom {
+    redis: redis::aio::MultiplexedConnection,
+    keys: Vec<String>,
+    script: redis::Script,
 }
 
-/// A connection to the shared Redis and the four keys of a room of the
-/// script's own (room, pre-queue, later joiners, admissions), for a test
-/// that runs `lua/room_join.lua` itself; the test deletes them.
-async fn room_keys() -> (redis::aio::MultiplexedConnection, Vec<String>) {
-    let redis = crate::helpers::redis_conn(&crate::helpers::redis_url()).await;
-    let prefix = format!("test:{}:room:{{1}}:", uuid::Uuid::new_v4().simple());
-    let keys = ["room", "early", "late", "admitted"]
-        .iter()
-        .map(|k| format!("{prefix}{k}"))
-        .collect();
-    (redis, keys)
+impl ScriptRoom {
+    async fn new() -> Self {
+        let redis = crate::helpers::redis_conn(&crate::helpers::redis_url()).await;
+        let prefix = format!("test:{}:room:{{1}}:", uuid::Uuid::new_v4().simple());
+        let keys = ["room", "early", "late", "admitted"]
+            .iter()
+            .map(|k| format!("{prefix}{k}"))
+            .collect();
+        let script = redis::Script::new(include_str!("../../lua/room_join.lua"));
+        Self {
+            redis,
+            keys,
+            script,
+        }
+    }
+
+    /// The room as if it had begun: `serving` served, its counter last
+    /// moved at `last_ms`, `late` later joiners placed.
+    async fn begun(&mut self, serving: i64, last_ms: i64, late: i64) {
+        let _: () = redis::cmd("HSET")
+            .arg(&self.keys[0])
+            .arg(&[("serving", serving), ("last_ms", last_ms), ("late", late)])
+            .query_async(&mut self.redis)
+            .await
+            .unwrap();
+    }
+
+    /// One call of the script for `user` ("": only move the counter on) in
+    /// a room that began long ago, at `rate` a second, with an admission
+    /// window of `window_ms`: `[place, serving, admitted_ms, now_ms,
+    /// placed, sold_out]`.
+    async fn ask(&mut self, user: &str, rate: i64, sold_out: u8, window_ms: i64) -> Vec<i64> {
+        let mut invocation = self.script.prepare_invoke();
+        for key in &self.keys {
+            invocation.key(key);
+        }
+        // user, draw, begin, rate, sold out, life, window
+        invocation
+            .arg(user)
+            .arg(0)
+            .arg(0)
+            .arg(rate)
+            .arg(sold_out)
+            .arg(60)
+            .arg(window_ms);
+        invocation.invoke_async(&mut self.redis).await.unwrap()
+    }
+
+    /// Redis's clock in milliseconds, as the script reads it.
+    async fn redis_ms(&mut self) -> i64 {
+        let (seconds, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut self.redis)
+            .await
+            .unwrap();
+        seconds * 1000 + micros / 1000
+    }
+
+    async fn delete(mut self) {
+        let _: () = redis::cmd("DEL")
+            .arg(&self.keys)
+            .query_async(&mut self.redis)
+            .await
+            .unwrap();
+    }
 }
 
 #[tokio::test]
@@ -385,28 +441,23 @@ async fn a_room_above_a_thousand_a_second_admits_at_its_rate_however_often_it_is
     // pipeline: most calls within the same millisecond), at 1500 a second,
     // with a hundred thousand places handed out: it may admit what 1500 a
     // second allows in the time Redis's clock says passed, no more.
-    let (mut redis, keys) = room_keys().await;
+    let mut room = ScriptRoom::new().await;
     // Loaded first, so that the pipeline's EVALSHAs find it.
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(include_str!("../../lua/room_join.lua"))
-        .query_async(&mut redis)
+        .query_async(&mut room.redis)
         .await
         .unwrap();
-    let started = redis_ms(&mut redis).await - 1;
-    let _: () = redis::cmd("HSET")
-        .arg(&keys[0])
-        .arg(&[("serving", 0), ("last_ms", started), ("late", 100_000)])
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let started = room.redis_ms().await - 1;
+    room.begun(0, started, 100_000).await;
     let mut pipeline = redis::pipe();
     for _ in 0..1000 {
         pipeline
             .cmd("EVALSHA")
             .arg(&sha)
-            .arg(keys.len())
-            .arg(&keys)
+            .arg(room.keys.len())
+            .arg(&room.keys)
             .arg("")
             .arg(0)
             .arg(0)
@@ -416,19 +467,15 @@ async fn a_room_above_a_thousand_a_second_admits_at_its_rate_however_often_it_is
             .arg(60_000)
             .ignore();
     }
-    let _: () = pipeline.query_async(&mut redis).await.unwrap();
-    let elapsed = redis_ms(&mut redis).await - started;
+    let _: () = pipeline.query_async(&mut room.redis).await.unwrap();
+    let elapsed = room.redis_ms().await - started;
     let serving: i64 = redis::cmd("HGET")
-        .arg(&keys[0])
+        .arg(&room.keys[0])
         .arg("serving")
-        .query_async(&mut redis)
+        .query_async(&mut room.redis)
         .await
         .unwrap();
-    let _: () = redis::cmd("DEL")
-        .arg(&keys)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    room.delete().await;
     let allowed = (elapsed + 1) * 1500 / 1000 + 1;
     assert!(
         serving <= allowed,
@@ -445,43 +492,15 @@ async fn a_room_asked_every_millisecond_admits_exactly_its_pace() {
     // call, is what 999 a second allows since the room began, exactly,
     // whatever the calls' spacing (500 a second before: each step's time
     // was rounded up to a whole millisecond).
-    let (mut redis, keys) = room_keys().await;
-    let script = redis::Script::new(include_str!("../../lua/room_join.lua"));
-    let started = redis_ms(&mut redis).await - 1;
-    let _: () = redis::cmd("HSET")
-        .arg(&keys[0])
-        .arg(&[("serving", 0), ("last_ms", started), ("late", 100_000)])
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let mut room = ScriptRoom::new().await;
+    let started = room.redis_ms().await - 1;
+    room.begun(0, started, 100_000).await;
     let mut last = Vec::new();
     for _ in 0..200 {
-        let mut invocation = script.prepare_invoke();
-        for key in &keys {
-            invocation.key(key);
-        }
-        // no user (move the counter on), draw, begin, rate, sold out,
-        // life, window
-        invocation
-            .arg("")
-            .arg(0)
-            .arg(0)
-            .arg(999)
-            .arg(0)
-            .arg(60)
-            .arg(60_000);
-        last = invocation
-            .invoke_async::<Vec<i64>>(&mut redis)
-            .await
-            .unwrap();
+        last = room.ask("", 999, 0, 60_000).await;
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let _: () = redis::cmd("DEL")
-        .arg(&keys)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    // [place, serving, admitted_ms, now_ms, placed, sold_out]
+    room.delete().await;
     let (serving, now) = (last[1], last[3]);
     assert_eq!(
         serving,
@@ -496,55 +515,28 @@ async fn a_place_reached_while_sold_out_starts_its_window_only_once_it_can_buy()
     // The room's script itself: place 3 of 10, all of them served, asked
     // first while the voucher is sold out (its window would run out before
     // a cancel's unit came back), then once units are back.
-    let (mut redis, keys) = room_keys().await;
+    let mut room = ScriptRoom::new().await;
+    room.begun(10, 0, 10).await;
     let _: () = redis::cmd("HSET")
-        .arg(&keys[0])
-        .arg(&[("serving", 10), ("last_ms", 0), ("late", 10)])
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("HSET")
-        .arg(&keys[2])
+        .arg(&room.keys[2])
         .arg("7")
         .arg(3)
-        .query_async(&mut redis)
+        .query_async(&mut room.redis)
         .await
         .unwrap();
-    let script = redis::Script::new(include_str!("../../lua/room_join.lua"));
-    let mut ask = async |sold_out: u8| -> Vec<i64> {
-        let mut invocation = script.prepare_invoke();
-        for key in &keys {
-            invocation.key(key);
-        }
-        // user, draw, begin (long past), rate, sold out, life, window
-        invocation
-            .arg("7")
-            .arg(0)
-            .arg(0)
-            .arg(1000)
-            .arg(sold_out)
-            .arg(60)
-            .arg(60_000);
-        invocation.invoke_async(&mut redis).await.unwrap()
-    };
-    // [place, serving, admitted_ms, now_ms, placed, sold_out]
-    let sold_out = ask(1).await;
+    let sold_out = room.ask("7", 1000, 1, 60_000).await;
     assert_eq!(
         (sold_out[0], sold_out[2], sold_out[5]),
         (3, 0, 1),
         "{sold_out:?}"
     );
-    let back = ask(0).await;
+    let back = room.ask("7", 1000, 0, 60_000).await;
+    room.delete().await;
     assert_eq!((back[0], back[5]), (3, 0), "{back:?}");
     assert_eq!(
         back[2], back[3],
         "admitted when it could first buy: {back:?}"
     );
-    let _: () = redis::cmd("DEL")
-        .arg(&keys)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
 }
 
 #[tokio::test]
@@ -564,50 +556,28 @@ async fn a_room_whose_sale_ended_takes_no_one() {
 async fn an_admission_past_its_window_is_over_and_its_user_waits_again_at_the_back() {
     // The room's script itself, with a window of 50 ms (the service's is
     // ADMISSION_WINDOW, a minute), at 1000 admissions a second.
-    let (mut redis, keys) = room_keys().await;
-    let script = redis::Script::new(include_str!("../../lua/room_join.lua"));
-    let mut ask = async |user: &str| -> Vec<i64> {
-        let mut invocation = script.prepare_invoke();
-        for key in &keys {
-            invocation.key(key);
-        }
-        // user, draw, begin (long past), rate, sold out, life, window
-        invocation
-            .arg(user)
-            .arg(0)
-            .arg(0)
-            .arg(1000)
-            .arg(0)
-            .arg(60)
-            .arg(50);
-        invocation.invoke_async(&mut redis).await.unwrap()
-    };
-    // [place, serving, admitted_ms, now_ms, placed, sold_out]
-    let joined = ask("7").await;
+    let mut room = ScriptRoom::new().await;
+    let joined = room.ask("7", 1000, 0, 50).await;
     assert_eq!((joined[0], joined[2]), (1, 0), "{joined:?}");
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let first = ask("7").await;
+    let first = room.ask("7", 1000, 0, 50).await;
     assert_eq!(first[0], 1, "{first:?}");
     assert!(first[2] > 0, "admitted once its place is served: {first:?}");
     // Within the window, the same admission.
-    assert_eq!(ask("7").await[2], first[2]);
+    assert_eq!(room.ask("7", 1000, 0, 50).await[2], first[2]);
     tokio::time::sleep(Duration::from_millis(60)).await;
-    let over = ask("7").await;
+    let over = room.ask("7", 1000, 0, 50).await;
     assert_eq!(
         (over[0], over[2], over[4]),
         (2, 0, 2),
         "past its window: placed again at the back, waiting: {over:?}"
     );
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let again = ask("7").await;
+    let again = room.ask("7", 1000, 0, 50).await;
+    room.delete().await;
     assert_eq!(again[0], 2, "{again:?}");
     assert!(
         again[2] > first[2] + 50,
         "admitted anew once the new place is served: {again:?} after {first:?}"
     );
-    let _: () = redis::cmd("DEL")
-        .arg(&keys)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
 }

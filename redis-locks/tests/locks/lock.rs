@@ -387,11 +387,7 @@ async fn a_hundred_tasks_on_four_clients_count_exactly_and_leave_nothing_behind(
     let base = format!("{prefix}lock:{{counter}}");
     assert_eq!(keys, vec![format!("{base}:fence")], "lock keys left");
     for key in &keys {
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let ttl = crate::support::pttl(key).await;
         assert!(ttl > 0, "{key} never expires");
     }
     assert!(clients.iter().all(|c| c.waiting_channels() == 0));
@@ -866,12 +862,7 @@ async fn a_lease_or_a_wait_of_duration_max_holds_with_an_expiry_and_does_not_pan
         .unwrap()
         .expect("a free lock is taken at once");
     assert!(!guard.is_lost());
-    let mut conn = redis_conn(&redis_url()).await;
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(lock.key())
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let ttl = crate::support::pttl(lock.key()).await;
     assert!(ttl > 0, "the lock's key has no expiry: {ttl}");
     guard.unlock().await.unwrap();
 }
@@ -893,7 +884,11 @@ async fn a_guard_whose_lease_ran_out_cannot_give_back_its_owners_next_hold() {
         matches!(stalled.unlock().await, Err(LockError::NotHeld { .. })),
         "a stale guard gave back a later hold"
     );
-    match lock.try_acquire(&locks.owner("other"), LEASE).await.unwrap() {
+    match lock
+        .try_acquire(&locks.owner("other"), LEASE)
+        .await
+        .unwrap()
+    {
         Acquired::HeldByOther { .. } => {}
         Acquired::Yes(_) => panic!("a third owner took the retry's lock"),
     }

@@ -166,12 +166,7 @@ async fn a_writer_giving_back_a_short_nested_hold_keeps_the_long_lease_of_the_ot
         "the writer reenters",
     );
     assert_eq!(inner.unlock().await.unwrap(), 1);
-    let mut conn = crate::support::redis_conn(&redis_url()).await;
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(lock.key())
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let ttl = crate::support::pttl(lock.key()).await;
     // Cut to the nested hold's 1 s before: another writer got in 1 s later.
     assert!(ttl > 30_000, "the outer hold's lease was cut to {ttl} ms");
     assert_eq!(outer.unlock().await.unwrap(), 0);

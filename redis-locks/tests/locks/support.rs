@@ -131,6 +131,17 @@ pub fn refused<T>(attempt: Result<Option<T>, LockError>, why: &str) {
     }
 }
 
+/// The lease left to `key` in the shared Redis, in ms (-1: none, -2: no
+/// such key).
+pub async fn pttl(key: &str) -> i64 {
+    let mut conn = redis_conn(&redis_url()).await;
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
 /// Deletes `key` behind the lock library's back, as an operator or an
 /// eviction would.
 pub async fn delete_behind_its_back(url: &str, key: &str) {
