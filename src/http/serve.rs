@@ -30,6 +30,13 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+/// Most bytes of a request's start line and headers; past it the answer
+/// is `431` and the connection is closed. A token is at most 8 KiB, and a
+/// path of tens of KiB is still read and answered `400` in JSON; without
+/// this bound hyper buffered about 400 KiB of an unfinished header per
+/// connection for the whole header deadline.
+pub const MAX_HEADER_BYTES: usize = 128 * 1024;
+
 /// How connections are served.
 #[derive(Debug, Clone, Copy)]
 pub struct ServeSettings {
@@ -77,7 +84,8 @@ pub async fn serve(
             let mut builder = http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
-                .header_read_timeout(settings.header_timeout);
+                .header_read_timeout(settings.header_timeout)
+                .max_header_size(MAX_HEADER_BYTES);
             let stream = Stalls::new(stream, settings.header_timeout);
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);

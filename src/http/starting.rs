@@ -83,6 +83,7 @@ async fn accept(
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
+                .max_header_size(super::serve::MAX_HEADER_BYTES)
                 .keep_alive(false);
             let _ = builder
                 .serve_connection(TokioIo::new(stream), service)

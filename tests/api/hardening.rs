@@ -415,6 +415,29 @@ async fn slow_clients_are_cut_off_and_cannot_hold_the_door() {
     assert_healthy_within_10_s(&app).await;
 }
 
+#[tokio::test]
+async fn headers_past_128_kib_are_refused_at_once_not_buffered() {
+    // 160 KiB of one header, its end not sent: refused as soon as the bound
+    // is passed (hyper buffered up to about 400 KiB of an unfinished header
+    // per connection, for the whole header deadline, before).
+    let app = spawn_app().await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let mut stream = TcpStream::connect(&addr).await.unwrap();
+    let mut request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Filler: ".to_vec();
+    request.extend(std::iter::repeat_n(b'a', 160 * 1024));
+    stream.write_all(&request).await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    assert!(
+        read.is_ok(),
+        "the connection was held with its header unfinished"
+    );
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    // A request with headers of a usual size is served.
+    assert_healthy_within_10_s(&app).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_its_answer_is_cut_off_and_cannot_hold_the_door() {
     // One connection at a time: a client that holds it holds the door.
