@@ -134,20 +134,19 @@ impl Lock {
         lease: Duration,
         request_id: &str,
     ) -> Result<Released, LockError> {
-        let give_back = HoldChange::new(self, owner, GiveBack(lease, None), request_id.to_owned());
-        self.shared.change_one(&give_back).await
+        self.give_back(owner, GiveBack(lease, None), request_id.to_owned())
+            .await
     }
 
-    /// Gives back a guard's hold: one of the tenure whose fencing token is
-    /// `fence`, not a later hold of the same owner.
-    async fn give_back_hold(
+    /// Gives back a hold of `owner` as `kind` says (of any tenure, or of a
+    /// guard's only).
+    async fn give_back(
         &self,
         owner: &Owner,
-        lease: Duration,
-        fence: i64,
+        kind: GiveBack,
+        request_id: String,
     ) -> Result<Released, LockError> {
-        let give_back =
-            HoldChange::new(self, owner, GiveBack(lease, Some(fence)), new_request_id());
+        let give_back = HoldChange::new(self, owner, kind, request_id);
         self.shared.change_one(&give_back).await
     }
 
@@ -270,7 +269,8 @@ impl LockGuard {
     pub async fn unlock(mut self) -> Result<Released, LockError> {
         let fence = self.fence;
         let (lock, owner, lease) = self.core.give_back();
-        lock.give_back_hold(owner, lease, fence).await
+        lock.give_back(owner, GiveBack(lease, Some(fence)), new_request_id())
+            .await
     }
 }
 
@@ -279,7 +279,9 @@ impl Drop for LockGuard {
         let fence = self.fence;
         self.core
             .release_on_drop(move |lock, owner, lease| async move {
-                lock.give_back_hold(&owner, lease, fence).await.map(drop)
+                lock.give_back(&owner, GiveBack(lease, Some(fence)), new_request_id())
+                    .await
+                    .map(drop)
             });
     }
 }

@@ -303,10 +303,10 @@
     state.queueTimer = setTimeout(next, wait);
   }
 
-  // Whether the buyer holds an order of this voucher that is not over.
+  // Whether the buyer holds a live order of this voucher.
   function liveOrder() {
     const o = state.order;
-    return Boolean(o) && !["cancelled", "expired"].includes(o.status);
+    return Boolean(o) && ["pending", "unpaid", "paid"].includes(o.status);
   }
 
   // SHA-256's round constants and first hash (FIPS 180-4).
@@ -447,13 +447,12 @@
     const buy = $("buy");
     if (!v) return;
     const p = phase(v, S.clock.now());
-    const live = state.order && ["pending", "unpaid", "paid"].includes(state.order.status);
     let hint = "";
     if (!token()) hint = DEMO ? "Sign in to buy." : "Sign in with your token to buy.";
     else if (p.word === "coming") hint = "The button opens when the sale starts.";
     else if (p.word === "ended") hint = "The sale is over.";
     else if (v.waiting_room && !admitted()) hint = "Join the waiting room; you can buy once admitted.";
-    else if (live) hint = "You hold an order for this voucher.";
+    else if (liveOrder()) hint = "You hold an order for this voucher.";
     else if (Date.now() < state.blockedUntil) hint = "Wait before trying again.";
     buy.disabled = hint !== "" || state.busy;
     $("buy-hint").textContent = hint;
