@@ -45,6 +45,15 @@ impl Monitor {
         self.began.elapsed().as_secs()
     }
 
+    /// `voucher`'s window, if it is watched (under the read lock only).
+    fn watched(&self, voucher: VoucherId) -> Option<Arc<Mutex<Window>>> {
+        self.windows
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&voucher)
+            .cloned()
+    }
+
     /// Counts a purchase answer of `voucher`. A voucher not watched yet is
     /// watched from an answer that shows it is on sale (an order, or a
     /// refusal the sale made: sold out, not started, ...), never from one
@@ -54,13 +63,7 @@ impl Monitor {
     /// at each request.
     fn record(&self, voucher: VoucherId, outcome: Outcome, took: Duration) {
         let second = self.now();
-        let found = self
-            .windows
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&voucher)
-            .cloned();
-        let window = match found {
+        let window = match self.watched(voucher) {
             Some(window) => window,
             None if !names_a_sale(outcome) => return,
             None => {
@@ -82,18 +85,13 @@ impl Monitor {
 
     /// `voucher`'s counts as they stand now.
     pub(super) fn read(&self, voucher: VoucherId) -> window::Reading {
-        let window = self
-            .windows
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&voucher)
-            .cloned();
-        window.map_or_else(Default::default, |window| {
-            window
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .read(self.now())
-        })
+        self.watched(voucher)
+            .map_or_else(Default::default, |window| {
+                window
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .read(self.now())
+            })
     }
 }
 
