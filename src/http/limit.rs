@@ -367,42 +367,33 @@ mod tests {
 
     #[tokio::test]
     async fn the_forwarded_hops_count_only_behind_trusted_proxies() {
-        let proxy: IpAddr = "10.0.0.5".parse().unwrap();
+        let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+        let proxy = ip("10.0.0.5");
         let limits = Limits::new(1, 1, vec!["10.0.0.0/24".parse().unwrap()]);
-        let client = |peer: IpAddr, h: &[&'static str]| limits.client(peer, &headers(h));
-        // The last hop is the one the proxy appended; earlier ones are the
-        // client's own words.
-        assert_eq!(
-            client(proxy, &["1.1.1.1, 2.2.2.2"]),
-            "2.2.2.2".parse::<IpAddr>().unwrap()
-        );
-        assert_eq!(
-            client(proxy, &["1.1.1.1", "3.3.3.3"]),
-            "3.3.3.3".parse::<IpAddr>().unwrap()
-        );
-        assert_eq!(client(proxy, &["garbage"]), proxy);
-        // Two trusted proxies (a CDN, then nginx): the hop before both.
-        assert_eq!(
-            client(proxy, &["1.1.1.1, 2.2.2.2, 10.0.0.9"]),
-            "2.2.2.2".parse::<IpAddr>().unwrap()
-        );
-        assert_eq!(
-            client(proxy, &["2.2.2.2", "10.0.0.9"]),
-            "2.2.2.2".parse::<IpAddr>().unwrap()
-        );
-        // Every hop trusted: the furthest of them.
-        assert_eq!(
-            client(proxy, &["10.0.0.7, 10.0.0.9"]),
-            "10.0.0.7".parse::<IpAddr>().unwrap()
-        );
-        // Garbage behind a trusted hop: that hop, never the garbage's left.
-        assert_eq!(
-            client(proxy, &["1.1.1.1, garbage, 10.0.0.9"]),
-            "10.0.0.9".parse::<IpAddr>().unwrap()
-        );
-        assert_eq!(client(proxy, &[]), proxy);
-        let stranger: IpAddr = "192.0.2.7".parse().unwrap();
-        assert_eq!(client(stranger, &["2.2.2.2"]), stranger);
+        let stranger = ip("192.0.2.7");
+        let cases: &[(IpAddr, &[&'static str], IpAddr)] = &[
+            // The last hop is the one the proxy appended; earlier ones are
+            // the client's own words.
+            (proxy, &["1.1.1.1, 2.2.2.2"], ip("2.2.2.2")),
+            (proxy, &["1.1.1.1", "3.3.3.3"], ip("3.3.3.3")),
+            (proxy, &["garbage"], proxy),
+            // Two trusted proxies (a CDN, then nginx): the hop before both.
+            (proxy, &["1.1.1.1, 2.2.2.2, 10.0.0.9"], ip("2.2.2.2")),
+            (proxy, &["2.2.2.2", "10.0.0.9"], ip("2.2.2.2")),
+            // Every hop trusted: the furthest of them.
+            (proxy, &["10.0.0.7, 10.0.0.9"], ip("10.0.0.7")),
+            // Garbage behind a trusted hop: that hop, never the garbage's left.
+            (proxy, &["1.1.1.1, garbage, 10.0.0.9"], ip("10.0.0.9")),
+            (proxy, &[], proxy),
+            (stranger, &["2.2.2.2"], stranger),
+        ];
+        for (peer, hops, client) in cases {
+            assert_eq!(
+                limits.client(*peer, &headers(hops)),
+                *client,
+                "{hops:?} from {peer}"
+            );
+        }
     }
 
     #[tokio::test]
