@@ -1,27 +1,35 @@
--- Renew one read-write hold's leases (the watchdog, for read-write locks):
--- the lock's hash and, for a reader, every one of its per-hold lease keys.
+-- Renew one read-write hold's lease (the watchdog, for read-write locks):
+-- the writer's, or one read hold's (its member of the read holds).
 --
 -- KEYS[1]  the lock's hash
--- KEYS[2]  prefix of the per-hold lease keys
+-- KEYS[2]  the lock's read holds (see rwlock_read.lua)
 -- ARGV[1]  the new lease in milliseconds
 -- ARGV[2]  the owner
 -- ARGV[3]  'read' or 'write'
+-- ARGV[4]  for 'read', the hold's id
 --
 -- Returns 1 when renewed, 0 when the owner no longer holds such a hold
-local field = ARGV[2]
+-- (for a read hold: this one, its lease not yet run out)
+local lease = tonumber(ARGV[1])
 if ARGV[3] == 'write' then
-    field = ARGV[2] .. ':write'
+    if redis.call('hexists', KEYS[1], ARGV[2] .. ':write') == 0 then
+        return 0
+    end
+else
+    local member = ARGV[4] .. ':' .. ARGV[2]
+    local ends = tonumber(redis.call('zscore', KEYS[2], member))
+    local now = redis.call('time')
+    now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    if ends == nil or ends <= now or redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
+        return 0
+    end
+    if ends < now + lease then
+        redis.call('zadd', KEYS[2], string.format('%d', now + lease), member)
+    end
 end
-local holds = tonumber(redis.call('hget', KEYS[1], field))
-if holds == nil then
-    return 0
-end
-if redis.call('pttl', KEYS[1]) < tonumber(ARGV[1]) then
-    redis.call('pexpire', KEYS[1], ARGV[1])
-end
-if ARGV[3] == 'read' then
-    for i = holds, 1, -1 do
-        redis.call('pexpire', KEYS[2] .. ':' .. ARGV[2] .. ':' .. i, ARGV[1])
+for _, key in ipairs(KEYS) do
+    if redis.call('pttl', key) < lease then
+        redis.call('pexpire', key, lease)
     end
 end
 return 1

@@ -1,25 +1,59 @@
--- Give back one read or write hold of a read-write lock; only its owner can.
+-- Give back one read or write hold of a read-write lock; only its holder
+-- can.
 --
--- A read release deletes that hold's lease key; the lock then lives as long
--- as the longest read hold left (expired readers are dropped on the way),
--- or as the writer's hold, and is deleted when nothing is left. A write
+-- A read release ends that hold's lease (its member of the read holds,
+-- see rwlock_read.lua), and only that one; the lock then lives as long as
+-- the longest read hold left (expired holds are dropped on the way), or
+-- as the writer's hold, and is deleted when nothing is left. A write
 -- release that ends the writer's holds while the same owner still reads
 -- turns the lock into a read lock (downgrade). Waiters hear when the lock
 -- frees or turns to read.
 --
 -- KEYS[1]  the lock's hash
--- KEYS[2]  prefix of the per-hold lease keys
+-- KEYS[2]  the lock's read holds
 -- KEYS[3]  the lock's channel
 -- ARGV[1]  'read' or 'write'
 -- ARGV[2]  the owner
 -- ARGV[3]  lease in milliseconds (renewed while write holds remain, never
 --          shortened: the holds left may have longer ones)
+-- ARGV[4]  for 'read', the hold's id
 --
--- Returns -1  the owner holds no such hold: nothing changed
+-- Returns -1  the owner holds no such hold (a read hold: not this one, or
+--             its lease ran out): nothing changed
 --        >=0  holds of this kind left to the owner
 local mode = redis.call('hget', KEYS[1], 'mode')
 if mode == false then
     return -1
+end
+local now = redis.call('time')
+now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+
+-- One hold fewer for `field`; the field goes with its last hold.
+local function drop(field)
+    local left = redis.call('hincrby', KEYS[1], field, -1)
+    if left <= 0 then
+        redis.call('hdel', KEYS[1], field)
+    end
+    return left
+end
+
+-- A read lock after a release: drops the read holds whose leases ran out;
+-- the lock then lives as long as the longest hold left, or, with none
+-- left, is deleted and its waiters told.
+local function settle()
+    for _, member in ipairs(redis.call('zrangebyscore', KEYS[2], '-inf', now)) do
+        drop(string.match(member, '^[^:]*:(.*)$'))
+    end
+    redis.call('zremrangebyscore', KEYS[2], '-inf', now)
+    local longest = redis.call('zrange', KEYS[2], -1, -1, 'withscores')
+    if longest[2] then
+        local left = string.format('%d', tonumber(longest[2]) - now)
+        redis.call('pexpire', KEYS[1], left)
+        redis.call('pexpire', KEYS[2], left)
+    else
+        redis.call('del', KEYS[1], KEYS[2])
+        redis.call('publish', KEYS[3], 'released')
+    end
 end
 
 if ARGV[1] == 'write' then
@@ -27,58 +61,26 @@ if ARGV[1] == 'write' then
     if mode ~= 'write' or redis.call('hexists', KEYS[1], writer) == 0 then
         return -1
     end
-    local holds = redis.call('hincrby', KEYS[1], writer, -1)
+    local holds = drop(writer)
     if holds > 0 then
         if redis.call('pttl', KEYS[1]) < tonumber(ARGV[3]) then
             redis.call('pexpire', KEYS[1], ARGV[3])
         end
         return holds
     end
-    redis.call('hdel', KEYS[1], writer)
-    if redis.call('hlen', KEYS[1]) == 1 then
-        redis.call('del', KEYS[1])
-    else
-        redis.call('hset', KEYS[1], 'mode', 'read')
-    end
-    redis.call('publish', KEYS[3], 'released')
+    redis.call('hset', KEYS[1], 'mode', 'read')
+    settle()
     return 0
 end
 
-if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
+local member = ARGV[4] .. ':' .. ARGV[2]
+local ends = tonumber(redis.call('zscore', KEYS[2], member))
+if ends == nil or ends <= now or redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
     return -1
 end
-local holds = redis.call('hincrby', KEYS[1], ARGV[2], -1)
-redis.call('del', KEYS[2] .. ':' .. ARGV[2] .. ':' .. (holds + 1))
-if holds == 0 then
-    redis.call('hdel', KEYS[1], ARGV[2])
+redis.call('zrem', KEYS[2], member)
+local holds = math.max(drop(ARGV[2]), 0)
+if mode == 'read' then
+    settle()
 end
-if mode == 'write' then
-    return holds
-end
--- Longest read hold left; readers whose holds all expired are dropped.
-local longest = 0
-for _, field in ipairs(redis.call('hkeys', KEYS[1])) do
-    if field ~= 'mode' then
-        local count = tonumber(redis.call('hget', KEYS[1], field))
-        local alive = 0
-        for i = count, 1, -1 do
-            local ttl = redis.call('pttl', KEYS[2] .. ':' .. field .. ':' .. i)
-            if ttl > 0 then
-                alive = alive + 1
-                if ttl > longest then
-                    longest = ttl
-                end
-            end
-        end
-        if alive == 0 then
-            redis.call('hdel', KEYS[1], field)
-        end
-    end
-end
-if longest > 0 then
-    redis.call('pexpire', KEYS[1], longest)
-    return holds
-end
-redis.call('del', KEYS[1])
-redis.call('publish', KEYS[3], 'released')
 return holds

@@ -1,6 +1,8 @@
 //! Read-write locks on the model of Redisson's RReadWriteLock. Every read
-//! hold has its own lease key, so a reader that dies does not keep a writer
-//! out past its own lease once the other readers leave.
+//! hold has its own lease (an entry of the lock's read holds, named by the
+//! guard), so a reader that dies does not keep a writer out past its own
+//! lease once the other readers leave, and giving one hold back ends that
+//! hold's lease and no other.
 
 use std::fmt;
 use std::sync::Arc;
@@ -73,6 +75,8 @@ pub enum Hold {
 pub struct RwGuard {
     core: GuardCore<ReadWriteLock>,
     hold: Hold,
+    /// The read hold's id in the lock's read holds ('' for the write hold).
+    id: Arc<str>,
 }
 
 impl fmt::Debug for RwGuard {
@@ -100,8 +104,10 @@ impl ReadWriteLock {
         &self.key
     }
 
-    fn timeouts_prefix(&self) -> String {
-        format!("{}:timeout", self.key)
+    /// The key of the lock's read holds: a sorted set of `<id>:<owner>` by
+    /// when each hold's lease ends.
+    fn holds_key(&self) -> String {
+        format!("{}:holds", self.key)
     }
 
     fn channel(&self) -> String {
@@ -124,13 +130,18 @@ impl ReadWriteLock {
         lease: Lease,
     ) -> Result<Result<RwGuard, Option<Duration>>, LockError> {
         let term = self.shared.resolve(lease);
+        let id: Arc<str> = match hold {
+            Hold::Read => uuid::Uuid::new_v4().simple().to_string().into(),
+            Hold::Write => "".into(),
+        };
         let (granted, value): (i64, i64) = match hold {
             Hold::Read => {
                 let mut invocation = self.shared.rw_read.key(&*self.key);
                 invocation
-                    .key(self.timeouts_prefix())
+                    .key(self.holds_key())
                     .arg(lease_ms(term.lease))
-                    .arg(owner.as_str());
+                    .arg(owner.as_str())
+                    .arg(&*id);
                 self.run(invocation).await?
             }
             Hold::Write => {
@@ -141,12 +152,14 @@ impl ReadWriteLock {
         };
         if granted == 1 {
             let renewal = || Renewal::ReadWrite {
-                timeouts: self.timeouts_prefix().into(),
+                holds: self.holds_key().into(),
                 hold,
+                id: id.clone(),
             };
             Ok(Ok(RwGuard {
                 core: GuardCore::granted(self.clone(), owner, term, renewal),
                 hold,
+                id,
             }))
         } else {
             Ok(Err(lease_left(value)))
@@ -219,14 +232,21 @@ impl ReadWriteLock {
         })
     }
 
-    async fn release(&self, owner: &Owner, hold: Hold, lease: Duration) -> Result<u32, LockError> {
+    async fn release(
+        &self,
+        owner: &Owner,
+        hold: Hold,
+        id: &str,
+        lease: Duration,
+    ) -> Result<u32, LockError> {
         let mut invocation = self.shared.rw_unlock.key(&*self.key);
         invocation
-            .key(self.timeouts_prefix())
+            .key(self.holds_key())
             .key(self.channel())
             .arg(hold.as_arg())
             .arg(owner.as_str())
-            .arg(lease_ms(lease));
+            .arg(lease_ms(lease))
+            .arg(id);
         let left: i64 = self.run(invocation).await?;
         u32::try_from(left).map_err(|_| LockError::not_held(&self.key, owner))
     }
@@ -252,16 +272,16 @@ impl RwGuard {
     /// `Err(NotHeld)` if the lease ran out first.
     pub async fn unlock(mut self) -> Result<u32, LockError> {
         let (lock, owner, lease) = self.core.give_back();
-        lock.release(owner, self.hold, lease).await
+        lock.release(owner, self.hold, &self.id, lease).await
     }
 }
 
 impl Drop for RwGuard {
     fn drop(&mut self) {
-        let hold = self.hold;
+        let (hold, id) = (self.hold, self.id.clone());
         self.core
             .release_on_drop(move |lock, owner, lease| async move {
-                lock.release(&owner, hold, lease).await.map(drop)
+                lock.release(&owner, hold, &id, lease).await.map(drop)
             });
     }
 }

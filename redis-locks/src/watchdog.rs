@@ -43,8 +43,13 @@ struct State {
 pub(super) enum Renewal {
     /// A reentrant (or fair) lock's hash: renewed in batches.
     Plain,
-    /// A read-write lock's hold; read holds' lease keys are under `timeouts`.
-    ReadWrite { timeouts: Arc<str>, hold: Hold },
+    /// A read-write lock's hold: the write hold, or the read hold `id` of
+    /// the lock's read holds (`holds`).
+    ReadWrite {
+        holds: Arc<str>,
+        hold: Hold,
+        id: Arc<str>,
+    },
 }
 
 struct Watched {
@@ -176,16 +181,17 @@ impl Watchdog {
             );
         }
         for entry in &rw {
-            let (_, key, owner, Renewal::ReadWrite { timeouts, hold }) = entry else {
+            let (_, key, owner, Renewal::ReadWrite { holds, hold, id }) = entry else {
                 continue;
             };
             let sent = Instant::now();
             let mut invocation = self.renew_rw.key(&**key);
             invocation
-                .key(&**timeouts)
+                .key(&**holds)
                 .arg(lease_ms(self.lease))
                 .arg(owner.as_str())
-                .arg(hold.as_arg());
+                .arg(hold.as_arg())
+                .arg(&**id);
             let result: Result<bool, Arc<RedisError>> = self
                 .conn
                 .invoke::<i64>(&invocation)

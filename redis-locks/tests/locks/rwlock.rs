@@ -171,3 +171,63 @@ async fn a_writer_giving_back_a_short_nested_hold_keeps_the_long_lease_of_the_ot
     assert!(ttl > 30_000, "the outer hold's lease was cut to {ttl} ms");
     assert_eq!(outer.unlock().await.unwrap(), 0);
 }
+
+#[tokio::test]
+async fn a_reader_giving_back_one_hold_ends_that_holds_lease_and_no_other() {
+    let (locks, lock) = new_catalog();
+    let (reader, writer) = (locks.owner("r"), locks.owner("w"));
+    let short = held(
+        lock.try_read(&reader, Lease::Fixed(Duration::from_millis(200)))
+            .await,
+        "a free lock reads",
+    );
+    let long = held(
+        lock.try_read(&reader, Lease::Fixed(Duration::from_secs(60)))
+            .await,
+        "the reader reenters",
+    );
+    // The long hold goes back first: the short one is left, and when its
+    // lease runs out the lock is free.
+    assert_eq!(long.unlock().await.unwrap(), 1);
+    let long = held(
+        lock.try_read(&reader, Lease::Fixed(Duration::from_secs(60)))
+            .await,
+        "the reader reenters again",
+    );
+    // The short hold goes back early: the long one still holds the lock.
+    // (The numbered lease keys of before deleted the newest hold's key, the
+    // long one's, and the lock expired with the short lease under it.)
+    assert_eq!(short.unlock().await.unwrap(), 1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    refused(
+        lock.try_write(&writer, LEASE).await,
+        "a writer got in beside a live reader",
+    );
+    assert_eq!(lock.mode().await.unwrap(), Some(Hold::Read));
+    assert_eq!(long.unlock().await.unwrap(), 0);
+    assert_eq!(lock.mode().await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_read_hold_whose_lease_ran_out_is_not_given_back_for_another() {
+    let (locks, lock) = new_catalog();
+    let reader = locks.owner("r");
+    let stale = held(
+        lock.try_read(&reader, Lease::Fixed(Duration::from_millis(100)))
+            .await,
+        "a free lock reads",
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let live = held(lock.try_read(&reader, LEASE).await, "free again");
+    assert!(
+        stale.unlock().await.is_err(),
+        "a hold whose lease ran out was given back"
+    );
+    assert_eq!(lock.mode().await.unwrap(), Some(Hold::Read));
+    refused(
+        lock.try_write(&locks.owner("w"), LEASE).await,
+        "the stale guard gave back the live hold",
+    );
+    assert_eq!(live.unlock().await.unwrap(), 0);
+    assert_eq!(lock.mode().await.unwrap(), None);
+}
