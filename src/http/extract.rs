@@ -48,8 +48,13 @@ pub fn from_object<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, A
 }
 
 fn json_rejection(rejection: JsonRejection) -> ApiError {
-    let text = rejection.body_text();
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+    unread(rejection.status(), rejection.body_text())
+}
+
+/// A body that axum could not take, from its rejection's status and text:
+/// over the limit (`413`), else a `bad_request`.
+fn unread(status: StatusCode, text: String) -> ApiError {
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::PayloadTooLarge(text)
     } else {
         ApiError::BadRequest(text)
@@ -123,12 +128,7 @@ where
 
 /// A body that could not be read: over the limit (`413`) or cut short.
 fn body_rejection(rejection: BytesRejection) -> ApiError {
-    let text = rejection.body_text();
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::PayloadTooLarge(text)
-    } else {
-        ApiError::BadRequest(text)
-    }
+    unread(rejection.status(), rejection.body_text())
 }
 
 /// Whether an HTTP/1 request's head says it carries no body.
