@@ -133,12 +133,7 @@ async fn a_user_over_their_limit_is_refused_and_other_users_are_not() {
     forged[1] = "3";
     let forged = forged.join(".");
     for _ in 0..3 {
-        let (status, body) = answer(
-            app.client
-                .post(app.url(&format!("/seckill/{voucher}")))
-                .bearer_auth(&forged),
-        )
-        .await;
+        let (status, body) = app.post_as(&format!("/seckill/{voucher}"), &forged).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
         assert_eq!(body["error"], "unauthorized");
     }

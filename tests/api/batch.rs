@@ -276,14 +276,8 @@ async fn an_order_whose_client_left_while_its_batch_committed_stands() {
     // Postgres stalls while user 2's batch is on its way; the client gives
     // up; Postgres resumes within the service's deadline and commits.
     proxy.freeze();
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let gave_up = impatient
-        .post(app.url(&format!("/seckill/{voucher}")))
-        .bearer_auth(&tokens[&2])
-        .send()
+    let gave_up = app
+        .impatient_purchase(voucher, &tokens[&2], Duration::from_millis(300))
         .await;
     assert!(gave_up.is_err(), "the client was to give up: {gave_up:?}");
     tokio::time::sleep(Duration::from_millis(300)).await;

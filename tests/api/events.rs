@@ -13,7 +13,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    answer, assert_refused_to_start, buy, notify, poll_until, spawn_app, spawn_app_with, TestApp,
+    assert_refused_to_start, buy, notify, poll_until, spawn_app, spawn_app_with, TestApp,
     ADMIN_TOKEN,
 };
 
@@ -399,12 +399,7 @@ async fn pay_every_order(app: &TestApp, voucher: i64) {
 
 /// `POST /admin/webhooks/retry`: every failed event put back.
 async fn put_back(app: &TestApp) -> (StatusCode, Value) {
-    answer(
-        app.client
-            .post(app.url("/admin/webhooks/retry"))
-            .bearer_auth(ADMIN_TOKEN),
-    )
-    .await
+    app.post_as("/admin/webhooks/retry", ADMIN_TOKEN).await
 }
 
 async fn app_with_webhook(url: &str, retry_seconds: u64) -> TestApp {

@@ -143,12 +143,9 @@ async fn a_stalled_holder_is_refused_even_after_the_next_holders_order_was_cance
     // The user cancels B's order: the unit goes back, and no live order
     // of theirs is left for a stale write to collide with.
     let token = app.token(h.user).await;
-    let (status, body) = crate::helpers::answer(
-        app.client
-            .post(app.url(&format!("/orders/{b_order}/cancel")))
-            .bearer_auth(&token),
-    )
-    .await;
+    let (status, body) = app
+        .post_as(&format!("/orders/{b_order}/cancel"), &token)
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(app.check_invariants(voucher).await, 0);
 

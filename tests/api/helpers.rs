@@ -375,6 +375,31 @@ impl TestApp {
         answer(self.client.get(self.url(path)).bearer_auth(token)).await
     }
 
+    /// `POST path` with `token` and no body: the status and the JSON body
+    /// (null if none).
+    pub async fn post_as(&self, path: &str, token: &str) -> (StatusCode, Value) {
+        answer(self.client.post(self.url(path)).bearer_auth(token)).await
+    }
+
+    /// `POST /seckill/{voucher}` with `token` from a client that gives up
+    /// after `patience`: its error if it gave up, else the answer.
+    pub async fn impatient_purchase(
+        &self,
+        voucher: i64,
+        token: &str,
+        patience: Duration,
+    ) -> reqwest::Result<reqwest::Response> {
+        let impatient = reqwest::Client::builder()
+            .timeout(patience)
+            .build()
+            .unwrap();
+        impatient
+            .post(self.url(&format!("/seckill/{voucher}")))
+            .bearer_auth(token)
+            .send()
+            .await
+    }
+
     /// The `/metrics` page as text.
     pub async fn metrics(&self) -> String {
         let response = self.client.get(self.url("/metrics")).send().await;

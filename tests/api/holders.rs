@@ -59,12 +59,9 @@ async fn a_holder_is_refused_from_memory_on_every_instance_until_the_order_close
 
     // Cancelled on the first instance: it lets the buyer buy again at
     // once, the other within a second (one read of the events).
-    let (status, body) = answer(
-        app.client
-            .post(app.url(&format!("/orders/{order}/cancel")))
-            .bearer_auth(&token),
-    )
-    .await;
+    let (status, body) = app
+        .post_as(&format!("/orders/{order}/cancel"), &token)
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let cancelled = std::time::Instant::now();
     let (status, body) = poll_until(

@@ -120,12 +120,7 @@ async fn jwt_app(jwks: Option<String>) -> TestApp {
 
 /// `POST /seckill/{voucher}` with `token`: the status and the body.
 async fn purchase(app: &TestApp, voucher: i64, token: &str) -> (StatusCode, Value) {
-    answer(
-        app.client
-            .post(app.url(&format!("/seckill/{voucher}")))
-            .bearer_auth(token),
-    )
-    .await
+    app.post_as(&format!("/seckill/{voucher}"), token).await
 }
 
 /// A token for `sub` signed with `key` under the kid `kid` (a made-up one,
@@ -496,14 +491,8 @@ async fn a_fetch_for_a_new_kid_completes_though_the_request_that_started_it_gave
     *server.delay.lock().unwrap() = Duration::from_millis(1_500);
     tokio::time::sleep(Duration::from_millis(5_200)).await;
     let before = server.fetches();
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    let gave_up = impatient
-        .post(app.url(&format!("/seckill/{voucher}")))
-        .bearer_auth(b.sign(&claims("1")))
-        .send()
+    let gave_up = app
+        .impatient_purchase(voucher, &b.sign(&claims("1")), Duration::from_millis(200))
         .await;
     assert!(gave_up.is_err(), "the request waited for the fetch");
     assert_eq!(server.fetches(), before + 1, "the token started a fetch");

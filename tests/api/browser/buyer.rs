@@ -10,7 +10,16 @@ use chrono::{Duration, Utc};
 use serde_json::json;
 
 use super::driver::Browser;
+use crate::helpers::TestApp;
 use crate::storefront::spawn_demo;
+
+/// The demo, and a desktop-wide browser on its shop's front page.
+async fn demo_shop() -> (TestApp, Browser) {
+    let app = spawn_demo().await;
+    let browser = Browser::start(1280).await;
+    browser.goto(&app.url("/shop/")).await;
+    (app, browser)
+}
 
 /// Signs in as a fresh demo user on the page that is open (signed in as
 /// another or not); answers the page's line naming the user.
@@ -30,6 +39,17 @@ async fn sign_in(browser: &Browser) -> String {
             now.starts_with("Signed in as user") && *now != before
         })
         .await
+}
+
+/// Waits for the voucher's page, showing `stock` units left.
+async fn voucher_page_shows(browser: &Browser, stock: &str) {
+    browser
+        .wait_for(
+            "the voucher card's page",
+            || browser.text("stock"),
+            |shown| shown.as_deref() == Some(stock),
+        )
+        .await;
 }
 
 /// The countdown's seconds left, as the page shows them.
@@ -57,9 +77,7 @@ async fn placed_admitted_and_bought(browser: &Browser) {
 
 #[tokio::test]
 async fn a_buyer_counts_down_queues_buys_and_pays_and_the_next_finds_it_sold_out_needs_chromium() {
-    let app = spawn_demo().await;
-    let browser = Browser::start(1280).await;
-    browser.goto(&app.url("/shop/")).await;
+    let (app, browser) = demo_shop().await;
     sign_in(&browser).await;
 
     // The sale starts a few seconds from now: one unit, async, behind a
@@ -79,13 +97,7 @@ async fn a_buyer_counts_down_queues_buys_and_pays_and_the_next_finds_it_sold_out
     browser
         .goto(&app.url(&format!("/shop/#/vouchers/{voucher}")))
         .await;
-    browser
-        .wait_for(
-            "the voucher card's page",
-            || browser.text("stock"),
-            |stock| stock.as_deref() == Some("1"),
-        )
-        .await;
+    voucher_page_shows(&browser, "1").await;
     browser.assert_accessible("the voucher's page").await;
     let before = browser
         .wait_for(
@@ -220,9 +232,7 @@ async fn a_browser_whose_clock_is_ten_minutes_ahead_counts_down_to_the_same_star
 #[tokio::test]
 async fn the_page_keeps_the_clock_of_the_shortest_round_trip_and_takes_a_stepped_clock_needs_chromium(
 ) {
-    let app = spawn_demo().await;
-    let browser = Browser::start(1280).await;
-    browser.goto(&app.url("/shop/")).await;
+    let (_app, browser) = demo_shop().await;
     // Samples as (server's time, sent, received) in ms; the offset kept
     // after each. A slower answer that agrees with the kept offset leaves
     // it (the latest sample alone would say 3800); a shorter round trip
@@ -271,13 +281,7 @@ async fn a_buyer_joins_a_room_that_asks_for_proof_of_work_and_buys_needs_chromiu
         .goto(&app.url(&format!("/shop/#/vouchers/{voucher}")))
         .await;
     sign_in(&browser).await;
-    browser
-        .wait_for(
-            "the voucher card's page",
-            || browser.text("stock"),
-            |stock| stock.as_deref() == Some("2"),
-        )
-        .await;
+    voucher_page_shows(&browser, "2").await;
     browser.click("join-queue").await;
     placed_admitted_and_bought(&browser).await;
     browser.close().await;
@@ -286,9 +290,7 @@ async fn a_buyer_joins_a_room_that_asks_for_proof_of_work_and_buys_needs_chromiu
 #[tokio::test]
 async fn the_page_follows_an_order_changed_elsewhere_and_shows_only_the_voucher_it_is_on_needs_chromium(
 ) {
-    let app = spawn_demo().await;
-    let browser = Browser::start(1280).await;
-    browser.goto(&app.url("/shop/")).await;
+    let (app, browser) = demo_shop().await;
     sign_in(&browser).await;
     let one_unit = app
         .create_voucher_from(json!({
@@ -335,12 +337,12 @@ async fn the_page_follows_an_order_changed_elsewhere_and_shows_only_the_voucher_
         .run("return document.getElementById('order-id').textContent")
         .await;
     let order = order.as_str().unwrap();
-    let (status, _) = crate::helpers::answer(
-        app.client
-            .post(app.url(&format!("/orders/{order}/cancel")))
-            .bearer_auth(crate::helpers::ADMIN_TOKEN),
-    )
-    .await;
+    let (status, _) = app
+        .post_as(
+            &format!("/orders/{order}/cancel"),
+            crate::helpers::ADMIN_TOKEN,
+        )
+        .await;
     assert_eq!(status, reqwest::StatusCode::OK);
     browser.wait_text("order-status", "cancelled").await;
 
