@@ -239,6 +239,13 @@ impl Sale {
         }
     }
 
+    /// A sync sale started and warmed up (`warm_up`): ready to be disrupted.
+    async fn warmed_up(app: &TestApp, voucher: i64) -> Self {
+        let sale = Self::start(app, voucher, StatusCode::OK);
+        warm_up(&sale.committed, "the sale committed").await;
+        sale
+    }
+
     /// Runs `scripts/ha.sh <disruption>` on `cluster` under the sale; when
     /// it began and when it ended.
     async fn disrupt(
@@ -353,8 +360,7 @@ async fn sale_through(disruption: &'static str) -> Report {
     let (_, leader_before) = cluster.primary("postgres").await;
     let voucher = app.open_voucher(1_000_000).await;
 
-    let sale = Sale::start(&app, voucher, StatusCode::OK);
-    warm_up(&sale.committed, "the sale committed").await;
+    let sale = Sale::warmed_up(&app, voucher).await;
     let (disrupted, disruption_ended) = sale.disrupt(&cluster, disruption).await;
 
     // Sell on until a purchase sent after the disruption is answered 200.
@@ -633,8 +639,7 @@ async fn a_killed_primary_rejoins_as_a_replica_while_the_sale_goes_on_needs_patr
     let (_, old_port) = cluster.primary("postgres").await;
     let voucher = app.open_voucher(1_000_000).await;
 
-    let sale = Sale::start(&app, voucher, StatusCode::OK);
-    warm_up(&sale.committed, "the sale committed").await;
+    let sale = Sale::warmed_up(&app, voucher).await;
     let (killed, _) = sale.disrupt(&cluster, "kill-primary").await;
 
     // The old primary back as a running replica, the sale on meanwhile.
@@ -700,6 +705,25 @@ async fn a_killed_primary_rejoins_as_a_replica_while_the_sale_goes_on_needs_patr
     );
 }
 
+/// A pool on the app's database at the primary, which must still be the
+/// node that led before (`leader_before`, its port); `changed` says what
+/// it means if another node leads.
+async fn still_leading(
+    cluster: &Arc<Cluster>,
+    app: &TestApp,
+    leader_before: i32,
+    changed: &str,
+) -> PgPool {
+    let (pool, leader_after) = cluster.primary(&app.db_name).await;
+    assert_eq!(
+        leader_before,
+        leader_after,
+        "{changed}:\n{}",
+        cluster.status()
+    );
+    pool
+}
+
 /// Waits until Patroni reports the leader alone (`Cluster::leads_alone`)
 /// and the primary's own Postgres waits for no standby and streams to
 /// none, within 60 s of `stopped` (when `stop-replicas` began): when it
@@ -746,8 +770,7 @@ async fn every_standby_stopped_leaves_a_lone_primary_that_answers_200_needs_patr
     let (_, leader_before) = cluster.primary("postgres").await;
     let voucher = app.open_voucher(1_000_000).await;
 
-    let sale = Sale::start(&app, voucher, StatusCode::OK);
-    warm_up(&sale.committed, "the sale committed").await;
+    let sale = Sale::warmed_up(&app, voucher).await;
     let (stopped, script_done) = sale.disrupt(&cluster, "stop-replicas").await;
 
     let alone = alone_since(&cluster, stopped).await;
@@ -765,13 +788,7 @@ async fn every_standby_stopped_leaves_a_lone_primary_that_answers_200_needs_patr
     );
 
     // The same node leads, alone still, and holds every order answered.
-    let (pool, leader_after) = cluster.primary(&app.db_name).await;
-    assert_eq!(
-        leader_before,
-        leader_after,
-        "the leader changed:\n{}",
-        cluster.status()
-    );
+    let pool = still_leading(&cluster, &app, leader_before, "the leader changed").await;
     let (streaming,): (i64,) = sqlx::query_as("SELECT count(*) FROM pg_stat_replication")
         .fetch_one(&pool)
         .await
@@ -823,8 +840,7 @@ async fn a_lone_primary_killed_answers_503_until_its_patroni_restarts_it_in_plac
     let (_, leader_before) = cluster.primary("postgres").await;
     let voucher = app.open_voucher(1_000_000).await;
 
-    let sale = Sale::start(&app, voucher, StatusCode::OK);
-    warm_up(&sale.committed, "the sale committed").await;
+    let sale = Sale::warmed_up(&app, voucher).await;
     let stopped = Instant::now();
     cluster.run_ok("stop-replicas").await;
     let alone = alone_since(&cluster, stopped).await;
@@ -920,13 +936,13 @@ async fn a_lone_primary_killed_answers_503_until_its_patroni_restarts_it_in_plac
     );
 
     // The same node leads, alone, promoted once more by itself.
-    let (pool, leader_after) = cluster.primary(&app.db_name).await;
-    assert_eq!(
+    let pool = still_leading(
+        &cluster,
+        &app,
         leader_before,
-        leader_after,
-        "another node leads after the kill:\n{}",
-        cluster.status()
-    );
+        "another node leads after the kill",
+    )
+    .await;
     assert!(
         cluster.alone().await,
         "the restarted primary is not alone:\n{}",
