@@ -242,9 +242,10 @@ pub struct Settings {
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub webhook_batch: u32,
 
-    /// How long the receiver has to answer a delivery, in milliseconds.
+    /// How long the receiver has to answer a delivery, in milliseconds (1
+    /// to 60000).
     #[arg(long = "webhook-timeout-ms", env = "SECKILL_WEBHOOK_TIMEOUT_MS",
-          default_value = "5000", value_name = "MS", value_parser = millis)]
+          default_value = "5000", value_name = "MS", value_parser = delivery_timeout)]
     pub webhook_timeout: Duration,
 
     /// How long an event's delivery is retried before it is failed, in
@@ -514,6 +515,8 @@ enum BadValue {
         text: String,
         cause: std::num::ParseIntError,
     },
+    #[error("{0} ms is not within 1 to 60000 ms")]
+    NotADeliveryTimeout(u128),
 }
 
 /// A secret as given; empty counts as unset.
@@ -529,6 +532,18 @@ fn proxy_net(text: &str) -> Result<IpNet, BadValue> {
         .map_err(|_| BadValue::NotANetwork(text.to_owned()))
 }
 
+/// A webhook delivery's timeout: at least 1 ms (with 0 none would ever
+/// arrive), at most a minute (retries start at most 10 minutes apart,
+/// counted from the start of the attempt before).
+fn delivery_timeout(text: &str) -> Result<Duration, BadValue> {
+    let timeout = millis(text)?;
+    if (1..=60_000).contains(&timeout.as_millis()) {
+        Ok(timeout)
+    } else {
+        Err(BadValue::NotADeliveryTimeout(timeout.as_millis()))
+    }
+}
+
 /// A duration given in whole milliseconds, as every `*_MS` setting is.
 fn millis(text: &str) -> Result<Duration, BadValue> {
     text.parse::<u64>()
@@ -537,4 +552,20 @@ fn millis(text: &str) -> Result<Duration, BadValue> {
             text: text.to_owned(),
             cause,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_webhook_delivery_timeout_is_one_millisecond_to_a_minute() {
+        // 0 timed every delivery out; a huge one overflowed the lease.
+        assert!(delivery_timeout("0").is_err());
+        assert!(delivery_timeout("60001").is_err());
+        assert!(delivery_timeout("18446744073709551615").is_err());
+        assert_eq!(delivery_timeout("1").unwrap(), Duration::from_millis(1));
+        assert_eq!(delivery_timeout("5000").unwrap(), Duration::from_secs(5));
+        assert_eq!(delivery_timeout("60000").unwrap(), Duration::from_secs(60));
+    }
 }

@@ -6,6 +6,7 @@
 //! jitter, failed after the retry period (held back, with every later
 //! event of their orders, until an admin puts them back).
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
@@ -14,8 +15,8 @@ use sha2::Sha256;
 use tokio_util::sync::CancellationToken;
 
 use super::body::EventsBody;
-use crate::domain::{EventId, OrderId};
-use crate::store::{Store, StoreError};
+use crate::domain::{EventId, OrderEvent, OrderId};
+use crate::store::{BatchEnd, BatchOf, FeedEvent, Store, StoreError};
 
 /// The header that carries the signature.
 pub const SIGNATURE_HEADER: &str = "X-Seckill-Signature";
@@ -105,6 +106,7 @@ pub async fn deliver(store: Store, settings: WebhookSettings, stop: Cancellation
             }
         };
         tokio::select! {
+            biased;
             () = stop.cancelled() => {
                 // Within the dependency deadline, as every query; if it
                 // fails, the lease runs out as for an instance killed.
@@ -118,9 +120,9 @@ pub async fn deliver(store: Store, settings: WebhookSettings, stop: Cancellation
     }
 }
 
-/// One step: take the lease, send the next batch (held-back events put back
-/// for a retry first, then the feed), and record what came of it. How long
-/// to wait before the next step.
+/// One step: take the lease, send the next batch (held-back events put
+/// back for a retry first, when due; the feed otherwise), and record what
+/// came of it. How long to wait before the next step.
 async fn deliver_once(
     store: &Store,
     settings: &WebhookSettings,
@@ -133,63 +135,67 @@ async fn deliver_once(
         // Another instance sends; this one takes over if it dies.
         return Ok(Duration::from_secs(1));
     };
-    let until_due = (cursor.next_attempt_at - chrono::Utc::now())
-        .to_std()
-        .unwrap_or(Duration::ZERO);
-    if !until_due.is_zero() {
-        // Backing off after a failure; the lease is renewed meanwhile.
-        return Ok(until_due.min(Duration::from_secs(1)));
-    }
     let batch = i64::from(settings.batch);
-    // The lease said whether any: the usual step reads no retries.
-    let retries = if cursor.retries {
-        store.webhook_retries(batch).await?
-    } else {
-        Vec::new()
+    // The lease said whether any wait: the usual step reads no retries.
+    let put_back = match cursor.retries {
+        Some(attempts) if attempts.due_in.is_zero() => {
+            Some((attempts, store.webhook_retries(batch).await?))
+        }
+        _ => None,
     };
-    let (send, upto, held) = if retries.is_empty() {
-        let feed = store.feed(cursor.after, cursor.failing_upto, batch).await?;
-        let Some(last) = feed.last() else {
-            if cursor.failing_upto.is_some() {
-                // Nothing left of the failing batch (none is expected):
-                // the cursor moves to its end, and the feed goes on.
-                store
-                    .webhook_advance(me, cursor.failing_upto, Vec::new(), Vec::new())
-                    .await?;
-                return Ok(Duration::ZERO);
+    let (of, attempts, send, held) = match put_back.filter(|(_, retries)| !retries.is_empty()) {
+        Some((attempts, mut retries)) => {
+            retries.truncate(one_event_per_order(&retries));
+            (BatchOf::PutBack, attempts, retries, Vec::new())
+        }
+        None => {
+            if !cursor.feed.due_in.is_zero() {
+                // Backing off after a failure (the lease is renewed
+                // meanwhile), or until events put back are due (none was,
+                // or those due wait behind an earlier event of their order).
+                let put_back = match cursor.retries {
+                    Some(r) if !r.due_in.is_zero() => r.due_in,
+                    _ => Duration::MAX,
+                };
+                return Ok(cursor.feed.due_in.min(put_back).min(Duration::from_secs(1)));
             }
-            return Ok(IDLE_POLL);
-        };
-        let upto = Some(last.event.id);
-        let (held, send): (Vec<_>, Vec<_>) = feed.into_iter().partition(|e| e.held);
-        let held = held
-            .iter()
-            .map(|e| (e.event.id, e.event.order.id))
-            .collect();
-        (
-            send.into_iter().map(|e| e.event).collect::<Vec<_>>(),
-            upto,
-            held,
-        )
-    } else {
-        (retries, None, Vec::new())
+            let feed = store.feed(cursor.after, cursor.failing_upto, batch).await?;
+            if feed.is_empty() {
+                if let Some(upto) = cursor.failing_upto {
+                    // Nothing left of the failing batch (none is expected):
+                    // the cursor moves to its end, and the feed goes on.
+                    let of = BatchOf::Feed { upto };
+                    store.webhook_advance(me, of, BatchEnd::default()).await?;
+                    return Ok(Duration::ZERO);
+                }
+                return Ok(IDLE_POLL);
+            }
+            let (upto, send, held) = feed_batch(feed);
+            (BatchOf::Feed { upto }, cursor.feed, send, held)
+        }
     };
-    let retried: Vec<EventId> = if upto.is_none() {
-        send.iter().map(|e| e.id).collect()
-    } else {
-        Vec::new()
+    let retried: Vec<EventId> = match of {
+        BatchOf::PutBack => send.iter().map(|e| e.id).collect(),
+        BatchOf::Feed { .. } => Vec::new(),
+    };
+    let delivered = |held| BatchEnd {
+        held,
+        retried,
+        ..BatchEnd::default()
     };
     if send.is_empty() {
-        store.webhook_advance(me, upto, held, retried).await?;
+        store.webhook_advance(me, of, delivered(held)).await?;
         return Ok(Duration::ZERO);
     }
     let sent: Vec<(EventId, OrderId)> = send.iter().map(|e| (e.id, e.order.id)).collect();
+    let began = std::time::Instant::now();
     // A stop does not wait for a receiver that hangs: the batch is left
     // as it was (the next holder sends it, at least once), and the lease
     // is given back at once.
     let delivery = tokio::select! {
-        delivery = post(client, settings, EventsBody::of(send)) => delivery,
+        biased;
         () = stop.cancelled() => return Ok(Duration::ZERO),
+        delivery = post(client, settings, EventsBody::of(send)) => delivery,
     };
     metrics::counter!(super::DELIVERIES, "outcome" => delivery.outcome()).increment(1);
     match delivery {
@@ -197,36 +203,76 @@ async fn deliver_once(
             metrics::counter!(super::DELIVERED).increment(sent.len() as u64);
             // A lease lost meanwhile: the next holder sends the batch again
             // (at least once).
-            store.webhook_advance(me, upto, held, retried).await?;
+            store.webhook_advance(me, of, delivered(held)).await?;
             Ok(Duration::ZERO)
         }
         Delivery::Refused(why) => {
-            let wait = backoff(
-                u32::try_from(cursor.failures)
-                    .unwrap_or(0)
-                    .saturating_add(1),
-            );
+            // Attempts start at most MAX_BACKOFF apart: the wait counts
+            // from the failure, which came this long after the start.
+            let failures = u32::try_from(attempts.failures).unwrap_or(0);
+            let wait = backoff(failures.saturating_add(1))
+                .min(MAX_BACKOFF.saturating_sub(began.elapsed()));
             tracing::warn!(reason = %why, retry_in_ms = wait.as_millis() as u64, "webhook delivery failed");
-            let Some((_, first)) = store
-                .webhook_failed_attempt(me, wait, why.clone(), upto)
+            let Some((_, given_up)) = store
+                .webhook_failed_attempt(me, of, wait, settings.retry_for, why.clone())
                 .await?
             else {
                 return Ok(Duration::ZERO);
             };
-            let given_up = chrono::Utc::now() - first
-                >= chrono::TimeDelta::from_std(settings.retry_for)
-                    .unwrap_or(chrono::TimeDelta::MAX);
             if given_up {
                 let mut failed = sent;
                 failed.extend(held);
                 metrics::counter!(super::FAILED_BATCHES).increment(1);
                 tracing::error!(events = failed.len(), "webhook events failed after their retry period; see GET /admin/webhooks/failed");
-                store.webhook_give_up(me, upto, failed, why).await?;
+                let end = BatchEnd {
+                    failed,
+                    error: why,
+                    ..BatchEnd::default()
+                };
+                store.webhook_advance(me, of, end).await?;
                 return Ok(Duration::ZERO);
             }
             Ok(wait.min(Duration::from_secs(1)))
         }
     }
+}
+
+/// The next batch of the feed, read up to its limit: where it ends, the
+/// events to send, and those held back behind an earlier event of their
+/// order. It ends before a second event of an order it sends: an event
+/// goes out only after every earlier one of its order was acknowledged,
+/// not in the same delivery.
+fn feed_batch(feed: Vec<FeedEvent>) -> (EventId, Vec<OrderEvent>, Vec<(EventId, OrderId)>) {
+    let mut orders = HashSet::new();
+    let (mut send, mut held) = (Vec::new(), Vec::new());
+    let mut upto = feed[0].event.id;
+    for FeedEvent {
+        event,
+        held: behind,
+    } in feed
+    {
+        let id = event.id;
+        if behind {
+            held.push((id, event.order.id));
+        } else if orders.insert(event.order.id) {
+            send.push(event);
+        } else {
+            break;
+        }
+        upto = id;
+    }
+    (upto, send, held)
+}
+
+/// How many of `events` (oldest first) form a batch with one event per
+/// order at most: an order's next event waits for this one's
+/// acknowledgement.
+fn one_event_per_order(events: &[OrderEvent]) -> usize {
+    let mut orders = HashSet::new();
+    events
+        .iter()
+        .take_while(|e| orders.insert(e.order.id))
+        .count()
 }
 
 /// POSTs one batch, signed.

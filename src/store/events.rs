@@ -8,7 +8,6 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, Row};
 
-use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{Result, Store};
@@ -56,18 +55,30 @@ macro_rules! listed_as_failed {
     };
 }
 
-/// Moves the cursor forward to `($2, $3)` for holder `$1` (never back),
-/// holds back the events `$4` (tx), `$5` (id), `$6` (order) behind their
-/// orders' earlier held events (waiting for a retry if all of those do),
-/// forgets the retried events `$7`, `$8` that were delivered, and clears
-/// the failures. The cursor moves only while `$1` holds the lease.
+/// After a batch for holder `$1`: an acknowledged batch of the feed
+/// (`$9`) moves the cursor forward to `($2, $3)` (never back) and clears
+/// the feed's failures; a batch of events put back (not `$9`) clears
+/// theirs. The events `$4` (tx), `$5` (id), `$6` (order) are held back
+/// behind their orders' earlier held events (waiting for a retry if all
+/// of those do); the retried events `$7`, `$8` that were delivered are
+/// forgotten; the events `$10`, `$11`, `$12` of a batch given up are failed
+/// (error `$13`). Nothing changes unless `$1` holds the lease, in one
+/// statement: an instance that lost the lease meanwhile cannot fail events
+/// that its successor delivered.
 const ADVANCE: &str = "
 WITH cursor AS (
     UPDATE webhook_cursor
     SET after_tx = greatest(after_tx, $2::text::xid8),
         after_id = CASE WHEN (after_tx, after_id) < ($2::text::xid8, $3) THEN $3 ELSE after_id END,
-        failures = 0, first_failure_at = NULL, next_attempt_at = now(), last_error = NULL,
-        failing_upto_tx = NULL, failing_upto_id = NULL
+        failures = CASE WHEN $9 THEN 0 ELSE failures END,
+        first_failure_at = CASE WHEN $9 THEN NULL ELSE first_failure_at END,
+        next_attempt_at = CASE WHEN $9 THEN now() ELSE next_attempt_at END,
+        failing_upto_tx = CASE WHEN $9 THEN NULL ELSE failing_upto_tx END,
+        failing_upto_id = CASE WHEN $9 THEN NULL ELSE failing_upto_id END,
+        retry_failures = CASE WHEN $9 THEN retry_failures ELSE 0 END,
+        retry_first_failure_at = CASE WHEN $9 THEN retry_first_failure_at END,
+        retry_next_attempt_at = CASE WHEN $9 THEN retry_next_attempt_at ELSE now() END,
+        last_error = NULL
     WHERE holder = $1
     RETURNING 1
 ), held AS (
@@ -82,8 +93,40 @@ WITH cursor AS (
     DELETE FROM webhook_failed f
     USING unnest($7::bigint[], $8::bigint[]) AS d(tx, id)
     WHERE f.tx = d.tx::text::xid8 AND f.id = d.id AND EXISTS (SELECT 1 FROM cursor)
+), failed AS (
+    INSERT INTO webhook_failed (tx, id, order_id, retry, last_error)
+    SELECT b.tx::text::xid8, b.id, b.order_id, false, left($13, 300)
+    FROM unnest($10::bigint[], $11::bigint[], $12::bigint[]) AS b(tx, id, order_id)
+    WHERE EXISTS (SELECT 1 FROM cursor)
+    ON CONFLICT (tx, id) DO UPDATE
+    SET retry = false, failed_at = now(), last_error = EXCLUDED.last_error
 )
 SELECT count(*) FROM cursor";
+
+/// A failed delivery for holder `$1`, of the feed's batch ending at `($4,
+/// $5)` (`$6`) or of a batch put back (not `$6`): that kind's failures
+/// counted, its next attempt in `$2` ms, the feed's failing batch kept as
+/// it is until it is acknowledged or failed. Its failures in a row, and
+/// whether its first failure is `$7` seconds old (time to give up): both
+/// by Postgres's clock, which wrote the first.
+const FAILED_ATTEMPT: &str = "
+UPDATE webhook_cursor
+SET failures = failures + $6::int,
+    first_failure_at = CASE WHEN $6 THEN coalesce(first_failure_at, now()) ELSE first_failure_at END,
+    next_attempt_at = CASE WHEN $6 THEN now() + make_interval(secs => $2::double precision / 1000)
+                           ELSE next_attempt_at END,
+    failing_upto_tx = CASE WHEN $6 THEN coalesce(failing_upto_tx, $4::text::xid8) ELSE failing_upto_tx END,
+    failing_upto_id = CASE WHEN $6 AND failing_upto_tx IS NULL THEN $5 ELSE failing_upto_id END,
+    retry_failures = retry_failures + (NOT $6)::int,
+    retry_first_failure_at = CASE WHEN $6 THEN retry_first_failure_at
+                                  ELSE coalesce(retry_first_failure_at, now()) END,
+    retry_next_attempt_at = CASE WHEN $6 THEN retry_next_attempt_at
+                                 ELSE now() + make_interval(secs => $2::double precision / 1000) END,
+    last_error = left($3, 300)
+WHERE holder = $1
+RETURNING CASE WHEN $6 THEN failures ELSE retry_failures END AS failures,
+          now() - CASE WHEN $6 THEN first_failure_at ELSE retry_first_failure_at END
+              >= make_interval(secs => $7::double precision) AS given_up";
 
 impl FromRow<'_, PgRow> for OrderEvent {
     fn from_row(row: &PgRow) -> sqlx::Result<Self> {
@@ -124,30 +167,82 @@ impl FromRow<'_, PgRow> for OrderEvent {
 pub struct WebhookCursor {
     /// Everything up to here was acknowledged (or held back).
     pub after: EventId,
-    /// Failed attempts in a row at the head of the feed.
-    pub failures: i32,
+    /// The feed's batches: failed attempts in a row at its head, and when
+    /// the next attempt is due.
+    pub feed: Attempts,
     /// The last event of the batch that is failing: it is retried as it
     /// was, no event added.
     pub failing_upto: Option<EventId>,
-    pub first_failure_at: Option<DateTime<Utc>>,
-    pub next_attempt_at: DateTime<Utc>,
-    /// Held-back events wait for their retry: they go before the feed.
-    pub retries: bool,
+    /// Held-back events put back for a retry, on a clock of their own;
+    /// `None` when there are none. They go before the feed.
+    pub retries: Option<Attempts>,
+}
+
+/// One kind of batch's failed attempts in a row, and how long until the
+/// next attempt is due (by Postgres's clock, which set it).
+#[derive(Debug, Clone, Copy)]
+pub struct Attempts {
+    pub failures: i32,
+    pub due_in: Duration,
+}
+
+impl Attempts {
+    fn from_row(row: &PgRow, failures: &str, due_in_ms: &str) -> sqlx::Result<Self> {
+        let due_in_ms: i64 = row.try_get(due_in_ms)?;
+        Ok(Self {
+            failures: row.try_get(failures)?,
+            due_in: Duration::from_millis(due_in_ms.max(0).unsigned_abs()),
+        })
+    }
 }
 
 impl FromRow<'_, PgRow> for WebhookCursor {
     fn from_row(row: &PgRow) -> sqlx::Result<Self> {
         Ok(Self {
             after: event_id(row, "after_tx", "after_id")?,
-            failures: row.try_get("failures")?,
+            feed: Attempts::from_row(row, "failures", "due_in_ms")?,
             failing_upto: match row.try_get::<Option<i64>, _>("failing_upto_tx")? {
                 Some(_) => Some(event_id(row, "failing_upto_tx", "failing_upto_id")?),
                 None => None,
             },
-            first_failure_at: row.try_get("first_failure_at")?,
-            next_attempt_at: row.try_get("next_attempt_at")?,
-            retries: row.try_get("retries")?,
+            retries: match row.try_get("retries")? {
+                true => Some(Attempts::from_row(
+                    row,
+                    "retry_failures",
+                    "retry_due_in_ms",
+                )?),
+                false => None,
+            },
         })
+    }
+}
+
+/// Which batch a delivery sent: the feed's, up to an event (the cursor
+/// moves there once it is acknowledged), or one of events put back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchOf {
+    Feed { upto: EventId },
+    PutBack,
+}
+
+/// How a batch ended, for [`Store::webhook_advance`]: its events held back
+/// behind their orders' earlier held events, the events put back that it
+/// delivered, or, given up, its events failed and why.
+#[derive(Debug, Default)]
+pub struct BatchEnd {
+    pub held: Vec<(EventId, OrderId)>,
+    pub retried: Vec<EventId>,
+    pub failed: Vec<(EventId, OrderId)>,
+    pub error: String,
+}
+
+impl BatchOf {
+    /// The statements' `upto` and whether the batch is the feed's.
+    fn bind(self) -> (EventId, bool) {
+        match self {
+            Self::Feed { upto } => (upto, true),
+            Self::PutBack => (EventId::default(), false),
+        }
     }
 }
 
@@ -274,9 +369,13 @@ impl Store {
                          SET holder = $1,
                              lease_until = now() + make_interval(secs => $2::double precision / 1000)
                          WHERE holder = $1 OR holder IS NULL OR lease_until < now()
-                         RETURNING after_tx::text::bigint AS after_tx, after_id, failures,
-                                   failing_upto_tx::text::bigint AS failing_upto_tx,
-                                   failing_upto_id, first_failure_at, next_attempt_at,
+                         RETURNING after_tx::text::bigint AS after_tx, after_id,
+                                   failing_upto_tx::text::bigint AS failing_upto_tx, failing_upto_id,
+                                   failures, retry_failures,
+                                   (extract(epoch FROM next_attempt_at - now()) * 1000)::bigint
+                                       AS due_in_ms,
+                                   (extract(epoch FROM retry_next_attempt_at - now()) * 1000)::bigint
+                                       AS retry_due_in_ms,
                                    EXISTS (SELECT 1 FROM webhook_failed WHERE retry) AS retries",
                     )
                     .bind(holder)
@@ -384,25 +483,28 @@ impl Store {
             .await
     }
 
-    /// After an acknowledged delivery (or a batch with nothing to send):
-    /// the cursor moved to `upto` (none for a batch of retries), `held`
-    /// held back behind their orders, `retried` forgotten, failures
-    /// cleared. `false` when `holder` had lost the lease: nothing changed,
-    /// and the next holder sends the batch again.
+    /// Ends a batch as `end` says: acknowledged (or with nothing to send),
+    /// then for the feed's the cursor moves to its end, and that kind's
+    /// failures are cleared; or given up after its retry period, its
+    /// events failed (listed, and sent again only after a retry), the
+    /// cursor past a batch of the feed, the next batch tried at once.
+    /// `false` when `holder` had lost the lease: nothing changed, and the
+    /// next holder sends the batch again.
     pub async fn webhook_advance(
         &self,
         holder: Uuid,
-        upto: Option<EventId>,
-        held: Vec<(EventId, OrderId)>,
-        retried: Vec<EventId>,
+        batch: BatchOf,
+        end: BatchEnd,
     ) -> Result<bool> {
-        let upto = upto.unwrap_or_default();
-        let (held_tx, held_id, held_order) = columns(&held);
-        let retried_tx: Vec<i64> = retried.iter().map(|e| e.tx).collect();
-        let retried_id: Vec<i64> = retried.iter().map(|e| e.row).collect();
+        let (upto, of_feed) = batch.bind();
+        let (held_tx, held_id, held_order) = columns(&end.held);
+        let retried_tx: Vec<i64> = end.retried.iter().map(|e| e.tx).collect();
+        let retried_id: Vec<i64> = end.retried.iter().map(|e| e.row).collect();
+        let (failed_tx, failed_id, failed_order) = columns(&end.failed);
+        let error = end.error;
         self.db
             .run(move |c, persistent| {
-                Box::pin(async move {
+                Box::pin(
                     sqlx::query_scalar(ADVANCE)
                         .bind(holder)
                         .bind(upto.tx.to_string())
@@ -412,95 +514,70 @@ impl Store {
                         .bind(held_order)
                         .bind(retried_tx)
                         .bind(retried_id)
+                        .bind(of_feed)
+                        .bind(failed_tx)
+                        .bind(failed_id)
+                        .bind(failed_order)
+                        .bind(error)
                         .persistent(persistent)
-                        .fetch_one(c)
-                        .await
-                        .map(|n: i64| n > 0)
-                })
+                        .fetch_one(c),
+                )
             })
             .await
+            .map(|n: i64| n > 0)
     }
 
-    /// Records a failed delivery of the batch of the feed that ends at
-    /// `upto` (none for a batch of retries): nobody sends for `retry_in`,
-    /// and the feed's failing batch is kept as it is until it is
-    /// acknowledged or failed; the failures in a row and when the first of
-    /// them was.
+    /// Records a failed delivery of `batch`: nobody sends that kind for
+    /// `retry_in`, and the feed's failing batch is kept as it is until it
+    /// is acknowledged or failed. That kind's failures in a row, and
+    /// whether its first is `retry_for` old (time to give up); `None` when
+    /// `holder` had lost the lease.
     pub async fn webhook_failed_attempt(
         &self,
         holder: Uuid,
+        batch: BatchOf,
         retry_in: Duration,
+        retry_for: Duration,
         error: String,
-        upto: Option<EventId>,
-    ) -> Result<Option<(i32, DateTime<Utc>)>> {
+    ) -> Result<Option<(i32, bool)>> {
         let retry_ms = i64::try_from(retry_in.as_millis()).unwrap_or(i64::MAX);
-        let (upto_tx, upto_id) =
-            upto.map_or((None, None), |e| (Some(e.tx.to_string()), Some(e.row)));
+        let (upto, of_feed) = batch.bind();
         self.db
             .run(move |c, persistent| {
                 Box::pin(
-                    sqlx::query_as(
-                        "UPDATE webhook_cursor
-                         SET failures = failures + 1,
-                             first_failure_at = coalesce(first_failure_at, now()),
-                             next_attempt_at = now() + make_interval(secs => $2::double precision / 1000),
-                             last_error = left($3, 300),
-                             failing_upto_tx = coalesce(failing_upto_tx, $4::text::xid8),
-                             failing_upto_id = CASE WHEN failing_upto_tx IS NULL THEN $5
-                                                    ELSE failing_upto_id END
-                         WHERE holder = $1
-                         RETURNING failures, first_failure_at",
-                    )
-                    .bind(holder)
-                    .bind(retry_ms)
-                    .bind(error)
-                    .bind(upto_tx.clone())
-                    .bind(upto_id)
-                    .persistent(persistent)
-                    .fetch_optional(c),
+                    sqlx::query_as(FAILED_ATTEMPT)
+                        .bind(holder)
+                        .bind(retry_ms)
+                        .bind(error)
+                        .bind(upto.tx.to_string())
+                        .bind(upto.row)
+                        .bind(of_feed)
+                        .bind(retry_for.as_secs_f64())
+                        .persistent(persistent)
+                        .fetch_optional(c),
                 )
             })
-            .await
-    }
-
-    /// Gives up on `events` after their retry period: they are failed
-    /// (listed, and sent again only after a retry), the cursor moves past
-    /// `upto` (a batch of the feed), and the next batch is tried at once.
-    pub async fn webhook_give_up(
-        &self,
-        holder: Uuid,
-        upto: Option<EventId>,
-        events: Vec<(EventId, OrderId)>,
-        error: String,
-    ) -> Result<bool> {
-        let (tx, id, order) = columns(&events);
-        self.db
-            .execute(
-                sqlx::query(
-                    "INSERT INTO webhook_failed (tx, id, order_id, retry, last_error)
-                     SELECT b.tx::text::xid8, b.id, b.order_id, false, left($4, 300)
-                     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS b(tx, id, order_id)
-                     ON CONFLICT (tx, id) DO UPDATE
-                     SET retry = false, failed_at = now(), last_error = EXCLUDED.last_error",
-                )
-                .bind(tx)
-                .bind(id)
-                .bind(order)
-                .bind(error),
-            )
-            .await?;
-        self.webhook_advance(holder, upto, Vec::new(), Vec::new())
             .await
     }
 
     /// Puts every failed event back to be delivered, before the feed and
     /// oldest first; how many (those [`Self::failed_events`] listed).
+    /// They go out at once, with a retry period of their own.
     pub async fn retry_failed_events(&self) -> Result<u64> {
         const SQL: &str = concat!(
-            "UPDATE webhook_failed f SET retry = true WHERE ",
-            listed_as_failed!()
+            "WITH put AS (UPDATE webhook_failed f SET retry = true WHERE ",
+            listed_as_failed!(),
+            " RETURNING 1
+             ), fresh AS (
+                 UPDATE webhook_cursor
+                 SET retry_failures = 0, retry_first_failure_at = NULL,
+                     retry_next_attempt_at = now()
+                 WHERE EXISTS (SELECT 1 FROM put)
+             )
+             SELECT count(*) FROM put"
         );
-        self.db.execute(sqlx::query(SQL)).await
+        let put: i64 = self.db.scalar(SQL).await?;
+        Ok(put.unsigned_abs())
     }
 
     /// Deletes up to `limit` of the oldest events, of those older than

@@ -23,7 +23,7 @@ mod users;
 use crate::domain::{NewVoucher, Order, OrderId, OrderLine, StockLevel, Voucher, VoucherId};
 use db::Within;
 pub use db::{Db, Key};
-pub use events::{Backlog, HolderChange};
+pub use events::{Backlog, BatchEnd, BatchOf, FeedEvent, HolderChange};
 pub use lifecycle::{Closed, PaymentOutcome, StockReturn, CANCEL, EXPIRE_ONE};
 pub use reconcile::SaleSnapshot;
 pub use sale::{BatchSale, Sale, SaleRequest, SELL_BATCH};

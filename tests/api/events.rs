@@ -287,8 +287,59 @@ impl Receiver {
         .await
     }
 
+    /// Waits for `n` acknowledged events (as [`Self::acknowledged_at_least`]),
+    /// each in its order's sequence and sent only after its order's
+    /// earlier events were acknowledged.
+    async fn acknowledged_in_order(&self, n: usize) -> Vec<Value> {
+        let acknowledged = self.acknowledged_at_least(n).await;
+        assert_in_order_per_order(&acknowledged);
+        self.assert_each_sent_after_its_orders_earlier_ones_were_acknowledged();
+        acknowledged
+    }
+
+    /// Waits (10 s at most) until some event was acknowledged (`what`);
+    /// those acknowledged then.
+    async fn any_acknowledged(&self, what: &str) -> Vec<Value> {
+        poll_until(
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            what,
+            || async { self.acknowledged() },
+            |a| !a.is_empty(),
+        )
+        .await
+    }
+
     fn attempts(&self) -> usize {
         self.batches.lock().unwrap().len()
+    }
+
+    /// The contract's order, delivery by delivery: an event came (whatever
+    /// the answer) only after every earlier event of its order had been
+    /// acknowledged by an earlier delivery, not in the same one.
+    fn assert_each_sent_after_its_orders_earlier_ones_were_acknowledged(&self) {
+        let batches = self.batches.lock().unwrap();
+        let mut acknowledged: std::collections::HashMap<String, i64> = Default::default();
+        for (i, (events, acked)) in batches.iter().enumerate() {
+            let of = |e: &Value| {
+                let order = e["order"]["order_id"].as_str().unwrap().to_owned();
+                (order, e["sequence"].as_i64().unwrap())
+            };
+            for (order, sequence) in events.iter().map(of) {
+                let before = acknowledged.get(&order).copied().unwrap_or(0);
+                assert!(
+                    sequence <= before + 1,
+                    "delivery {i}: order {order}'s event {sequence} before its event {} was acknowledged",
+                    before + 1
+                );
+            }
+            if *acked {
+                for (order, sequence) in events.iter().map(of) {
+                    let highest = acknowledged.entry(order).or_default();
+                    *highest = (*highest).max(sequence);
+                }
+            }
+        }
     }
 
     /// Waits (10 s at most) until `n` deliveries have been attempted.
@@ -373,6 +424,25 @@ async fn sold_with_webhook(
     (receiver, app, voucher)
 }
 
+/// A failing receiver, an app whose webhooks go to it (failed after
+/// `retry_seconds`), a priced voucher of two units, two buyers' tokens,
+/// and the first buyer's order.
+async fn first_of_two_orders(
+    retry_seconds: u64,
+) -> (
+    Receiver,
+    TestApp,
+    i64,
+    std::collections::HashMap<i64, String>,
+) {
+    let (receiver, url) = Receiver::start(Mode::Fail).await;
+    let app = app_with_webhook(&url, retry_seconds).await;
+    let voucher = app.priced_voucher(2, "sync", 0, 900).await;
+    let tokens = app.tokens(1..=2).await;
+    app.assert_bought(&tokens[&1], voucher).await;
+    (receiver, app, voucher, tokens)
+}
+
 /// `GET /admin/webhooks/failed` once it lists `n` events (30 s at most).
 async fn failed_at_least(app: &TestApp, n: usize) -> Value {
     poll_until(
@@ -441,8 +511,7 @@ async fn webhooks_deliver_every_event_signed_and_retry_a_failing_receiver_in_ord
     // Pay every order while the receiver is down: a later event of each.
     pay_every_order(&app, voucher).await;
     receiver.set(Mode::Acknowledge);
-    let acknowledged = receiver.acknowledged_at_least(40).await;
-    assert_in_order_per_order(&acknowledged);
+    let acknowledged = receiver.acknowledged_in_order(40).await;
     let mut ids: Vec<&str> = acknowledged
         .iter()
         .map(|e| e["id"].as_str().unwrap())
@@ -523,6 +592,7 @@ async fn failed_events_put_back_in_more_than_one_batch_still_go_out_in_order_per
     tokio::time::sleep(Duration::from_secs(3)).await;
     let taken = receiver.acknowledged();
     assert_in_order_per_order(&taken);
+    receiver.assert_each_sent_after_its_orders_earlier_ones_were_acknowledged();
     // Every event not taken is listed as failed, the one waiting behind
     // its order's creation too, and put back by the next retry.
     let (_, failed) = app.admin_get("/admin/webhooks/failed").await;
@@ -540,18 +610,81 @@ async fn failed_events_put_back_in_more_than_one_batch_still_go_out_in_order_per
         (status, retried["retried"].as_u64()),
         (StatusCode::OK, Some(failed as u64))
     );
-    let acknowledged = receiver.acknowledged_at_least(8).await;
-    assert_in_order_per_order(&acknowledged);
+    receiver.acknowledged_in_order(8).await;
+}
+
+#[tokio::test]
+async fn an_order_created_and_paid_while_the_receiver_fails_is_sent_one_event_a_delivery() {
+    let (receiver, app, voucher, tokens) = first_of_two_orders(86_400).await;
+    // The first order's batch fails; the second order is made, and both
+    // are paid, meanwhile: its creation and payment come in one read of
+    // the feed once the first batch is acknowledged.
+    receiver.attempted(1).await;
+    app.assert_bought(&tokens[&2], voucher).await;
+    pay_every_order(&app, voucher).await;
+    receiver.set(Mode::Acknowledge);
+    // Before: the second order's order.created and order.paid went in one
+    // delivery, the payment before the creation was acknowledged.
+    receiver.acknowledged_in_order(4).await;
+}
+
+#[tokio::test]
+async fn events_put_back_retry_on_a_clock_of_their_own() {
+    // A batch is failed once its first attempt is 2 s old.
+    let (receiver, app, voucher, tokens) = first_of_two_orders(2).await;
+    let failed = failed_at_least(&app, 1).await;
+    let first = failed["events"][0]["order"]["order_id"].clone();
+    // The second order's batch fails now, as though for hours: its next
+    // attempt ten minutes away.
+    app.assert_bought(&tokens[&2], voucher).await;
+    // (Once its first failure is recorded, not before: the record would
+    // overwrite this.)
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        "the second order's batch failed",
+        || async {
+            sqlx::query(
+                "UPDATE webhook_cursor
+                 SET failures = 12, next_attempt_at = now() + interval '10 minutes'
+                 WHERE failing_upto_tx IS NOT NULL AND failures > 0",
+            )
+            .execute(&app.db)
+            .await
+            .unwrap()
+            .rows_affected()
+        },
+        |updated| *updated == 1,
+    )
+    .await;
+    receiver.set(Mode::Acknowledge);
+    // Put back, the first order's event goes at once (it waited out the
+    // feed's ten minutes before) ...
+    assert_eq!(put_back(&app).await.0, StatusCode::OK);
+    let acknowledged = receiver
+        .any_acknowledged("the event put back acknowledged")
+        .await;
+    assert_eq!(acknowledged.len(), 1, "{acknowledged:?}");
+    assert_eq!(acknowledged[0]["order"]["order_id"], first);
+    // ... and its acknowledgement leaves the feed's failing batch as it
+    // was (it cleared the feed's failures, which sent it at once).
+    let (failures, backing_off): (i32, bool) = sqlx::query_as(
+        "SELECT failures, next_attempt_at > now() + interval '1 minute' FROM webhook_cursor",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert!(
+        failures >= 12 && backing_off,
+        "{failures} failures, {backing_off}"
+    );
+    assert_eq!(receiver.acknowledged().len(), 1);
 }
 
 #[tokio::test]
 async fn an_event_that_comes_while_a_batch_fails_is_not_failed_with_it() {
-    let (receiver, url) = Receiver::start(Mode::Fail).await;
     // A batch is failed once its first attempt is 3 s old.
-    let app = app_with_webhook(&url, 3).await;
-    let voucher = app.open_voucher(2).await;
-    let tokens = app.tokens(1..=2).await;
-    app.assert_bought(&tokens[&1], voucher).await;
+    let (receiver, app, voucher, tokens) = first_of_two_orders(3).await;
     receiver.attempted(1).await;
     // The second order's event commits while the first one's batch fails.
     app.assert_bought(&tokens[&2], voucher).await;
@@ -582,14 +715,9 @@ async fn an_event_that_comes_while_a_batch_fails_is_not_failed_with_it() {
     );
     // The second event, in a batch of its own with a period of its own, is
     // delivered once the receiver answers.
-    let acknowledged = poll_until(
-        Duration::from_secs(10),
-        Duration::from_millis(100),
-        "the second order's event acknowledged",
-        || async { receiver.acknowledged() },
-        |a| !a.is_empty(),
-    )
-    .await;
+    let acknowledged = receiver
+        .any_acknowledged("the second order's event acknowledged")
+        .await;
     assert_eq!(acknowledged.len(), 1, "{acknowledged:?}");
     assert_ne!(
         acknowledged[0]["order"]["order_id"].as_str(),
