@@ -516,7 +516,7 @@ enum BadValue {
         cause: std::num::ParseIntError,
     },
     #[error("{0} ms is not within 1 to 60000 ms")]
-    NotADeliveryTimeout(u128),
+    DeliveryTimeoutOutOfRange(u128),
 }
 
 /// A secret as given; empty counts as unset.
@@ -540,7 +540,7 @@ fn delivery_timeout(text: &str) -> Result<Duration, BadValue> {
     if (1..=60_000).contains(&timeout.as_millis()) {
         Ok(timeout)
     } else {
-        Err(BadValue::NotADeliveryTimeout(timeout.as_millis()))
+        Err(BadValue::DeliveryTimeoutOutOfRange(timeout.as_millis()))
     }
 }
 
