@@ -379,14 +379,21 @@ async fn assert_healthy_within_10_s(app: &TestApp) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_clients_are_cut_off_and_cannot_hold_the_door() {
-    let app = spawn_app_with(|mut s| {
+/// An app with a door a stalled client could hold: at most `connections`
+/// client connections, and a header deadline of 500 ms that cuts a stalled
+/// one off.
+async fn app_with_a_door(connections: usize) -> TestApp {
+    spawn_app_with(|mut s| {
         s.header_timeout = Duration::from_millis(500);
-        s.max_connections = Some(20);
+        s.max_connections = Some(connections);
         s
     })
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off_and_cannot_hold_the_door() {
+    let app = app_with_a_door(20).await;
     let addr = app.base.trim_start_matches("http://").to_owned();
     // Sixty connections that start a request and never finish its headers.
     let mut slow = Vec::new();
@@ -441,12 +448,7 @@ async fn headers_past_128_kib_are_refused_at_once_not_buffered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_its_answer_is_cut_off_and_cannot_hold_the_door() {
     // One connection at a time: a client that holds it holds the door.
-    let app = spawn_app_with(|mut s| {
-        s.header_timeout = Duration::from_millis(500);
-        s.max_connections = Some(1);
-        s
-    })
-    .await;
+    let app = app_with_a_door(1).await;
     // It asks for more than the socket buffers hold (a 1.4 MB file, eight
     // times over, pipelined), with a small window of its own, and reads
     // none of it.
