@@ -6,8 +6,8 @@
 //! that asks for proof of work is joined (the page solves it). The page's
 //! clock keeps its best measure, and a non-JSON success is not the service.
 
-use chrono::{Duration, Utc};
-use serde_json::json;
+use chrono::{DateTime, Duration, Utc};
+use serde_json::{json, Value};
 
 use super::driver::Browser;
 use crate::helpers::TestApp;
@@ -39,6 +39,22 @@ async fn sign_in(browser: &Browser) -> String {
             now.starts_with("Signed in as user") && *now != before
         })
         .await
+}
+
+/// A voucher on sale for an hour from `begin`, with `fields` (its title,
+/// stock and the rest) in its `POST /admin/vouchers` body.
+async fn on_sale_for_an_hour(app: &TestApp, begin: DateTime<Utc>, fields: Value) -> i64 {
+    let mut body = fields;
+    body["begin_time"] = json!(begin);
+    body["end_time"] = json!(begin + Duration::hours(1));
+    app.create_voucher_from(body).await
+}
+
+/// Goes to the shop's page of `voucher`.
+async fn on_voucher_page(browser: &Browser, app: &TestApp, voucher: i64) {
+    browser
+        .goto(&app.url(&format!("/shop/#/vouchers/{voucher}")))
+        .await;
 }
 
 /// Waits for the voucher's page, showing `stock` units left.
@@ -83,20 +99,19 @@ async fn a_buyer_counts_down_queues_buys_and_pays_and_the_next_finds_it_sold_out
     // The sale starts a few seconds from now: one unit, async, behind a
     // waiting room.
     let begin = Utc::now() + Duration::seconds(4);
-    let voucher = app
-        .create_voucher_from(json!({
+    let voucher = on_sale_for_an_hour(
+        &app,
+        begin,
+        json!({
             "title": "Last unit",
             "stock": 1,
-            "begin_time": begin,
-            "end_time": begin + Duration::hours(1),
             "sale_mode": "async",
             "price_cents": 250,
             "waiting_room": { "admit_per_second": 100 },
-        }))
-        .await;
-    browser
-        .goto(&app.url(&format!("/shop/#/vouchers/{voucher}")))
-        .await;
+        }),
+    )
+    .await;
+    on_voucher_page(&browser, &app, voucher).await;
     voucher_page_shows(&browser, "1").await;
     browser.assert_accessible("the voucher's page").await;
     let before = browser
@@ -174,14 +189,7 @@ async fn a_buyer_counts_down_queues_buys_and_pays_and_the_next_finds_it_sold_out
 async fn a_browser_whose_clock_is_ten_minutes_ahead_counts_down_to_the_same_start_needs_chromium() {
     let app = spawn_demo().await;
     let begin = Utc::now() + Duration::minutes(20);
-    let voucher = app
-        .create_voucher_from(json!({
-            "title": "Later",
-            "stock": 5,
-            "begin_time": begin,
-            "end_time": begin + Duration::hours(1),
-        }))
-        .await;
+    let voucher = on_sale_for_an_hour(&app, begin, json!({ "title": "Later", "stock": 5 })).await;
     let browser = Browser::start(390).await;
     browser.goto(&app.url("/shop/")).await;
     browser
@@ -268,18 +276,17 @@ async fn a_buyer_joins_a_room_that_asks_for_proof_of_work_and_buys_needs_chromiu
     let app = spawn_demo().await;
     let browser = Browser::start(1280).await;
     let begin = Utc::now() - Duration::seconds(1);
-    let voucher = app
-        .create_voucher_from(json!({
+    let voucher = on_sale_for_an_hour(
+        &app,
+        begin,
+        json!({
             "title": "Proof",
             "stock": 2,
-            "begin_time": begin,
-            "end_time": begin + Duration::hours(1),
             "waiting_room": { "admit_per_second": 100, "proof_of_work_bits": 12 },
-        }))
-        .await;
-    browser
-        .goto(&app.url(&format!("/shop/#/vouchers/{voucher}")))
-        .await;
+        }),
+    )
+    .await;
+    on_voucher_page(&browser, &app, voucher).await;
     sign_in(&browser).await;
     voucher_page_shows(&browser, "2").await;
     browser.click("join-queue").await;
@@ -312,9 +319,7 @@ async fn the_page_follows_an_order_changed_elsewhere_and_shows_only_the_voucher_
     let named_quantities = "return document.querySelectorAll('[data-testid=\"quantity\"]').length";
 
     // A voucher of more than one unit an order names its quantity box.
-    browser
-        .goto(&app.url(&format!("/shop/#/vouchers/{units}")))
-        .await;
+    on_voucher_page(&browser, &app, units).await;
     browser.wait_text("stock", "5").await;
     assert_eq!(browser.run(named_quantities).await, json!(1));
     browser
@@ -323,9 +328,7 @@ async fn the_page_follows_an_order_changed_elsewhere_and_shows_only_the_voucher_
 
     // One unit an order: no quantity box named; the 3 typed for the last
     // voucher does not stop the form.
-    browser
-        .goto(&app.url(&format!("/shop/#/vouchers/{one_unit}")))
-        .await;
+    on_voucher_page(&browser, &app, one_unit).await;
     browser.wait_text("stock", "5").await;
     assert_eq!(browser.run(named_quantities).await, json!(0));
     browser.wait_enabled("buy").await;
