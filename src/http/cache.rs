@@ -98,9 +98,7 @@ mod tests {
     use super::*;
 
     fn asking(value: &str) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        headers.insert(IF_NONE_MATCH, HeaderValue::from_str(value).unwrap());
-        headers
+        crate::http::one_header(IF_NONE_MATCH, value)
     }
 
     #[test]

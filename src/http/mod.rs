@@ -148,3 +148,11 @@ fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<axum::body::
         .unwrap_or("unknown panic");
     ApiError::Seckill(SeckillError::internal(format!("handler panicked: {cause}"))).into_response()
 }
+
+/// A request head of one header, `name: value`, for the modules' tests.
+#[cfg(test)]
+fn one_header(name: impl axum::http::header::IntoHeaderName, value: &str) -> axum::http::HeaderMap {
+    let mut headers = axum::http::HeaderMap::new();
+    headers.insert(name, axum::http::HeaderValue::from_str(value).unwrap());
+    headers
+}

@@ -237,12 +237,7 @@ mod tests {
     use super::*;
 
     fn accepting(value: &str) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::ACCEPT_ENCODING,
-            HeaderValue::from_str(value).unwrap(),
-        );
-        headers
+        crate::http::one_header(header::ACCEPT_ENCODING, value)
     }
 
     #[test]
