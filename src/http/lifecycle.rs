@@ -215,12 +215,9 @@ fn parse_notice(body: &[u8]) -> Result<PaymentNotice, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::HeaderValue;
 
     fn headers(signature: &str) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        headers.insert(SIGNATURE_HEADER, HeaderValue::from_str(signature).unwrap());
-        headers
+        crate::http::one_header(SIGNATURE_HEADER, signature)
     }
 
     /// The whole check: the header's form, then the tag over the body.
