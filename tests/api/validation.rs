@@ -216,6 +216,10 @@ async fn malformed_bodies_are_refused() {
         voucher_with("extra", json!(1)),
         // A struct's fields as an array: serde would read it, the API must not.
         json!(["t", 5, begin, end]).to_string(),
+        // A key given twice (read through a map, the last one won unseen).
+        format!(
+            r#"{{"title":"t","stock":-1,"stock":5,"begin_time":"{begin}","end_time":"{end}"}}"#
+        ),
     ];
     refuse_all(&app, "/admin/vouchers", &admin, &bad_vouchers).await;
 
@@ -250,6 +254,19 @@ async fn malformed_bodies_are_refused() {
             r#"{"add":2147483647}"#,
             r#"{}"#,
             r#"[2]"#,
+            r#"{"add":-1,"add":2}"#,
+        ],
+    )
+    .await;
+    let buyer = format!("Bearer {}", app.tokens([1]).await[&1]);
+    refuse_all(
+        &app,
+        &format!("/seckill/{voucher}"),
+        &buyer,
+        &[
+            r#"{"quantity":1,"quantity":1}"#,
+            r#"[1]"#,
+            r#"{"quantity":1.0}"#,
         ],
     )
     .await;
