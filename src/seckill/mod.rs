@@ -327,17 +327,38 @@ impl Seckill {
         ticket: Option<&str>,
     ) -> Result<Purchase, PurchaseError> {
         // A quantity no voucher allows is bad input whoever asks; one this
-        // voucher does not allow is known once the voucher is read.
+        // voucher does not allow is known once the voucher is read, and is
+        // bad input too, before the buyer's order or a purchase under way
+        // is looked at: its answer must not hang on which instance is
+        // asked. One unit is within every voucher's limit, so the usual
+        // purchase (and a holder's repeat) reads no voucher for it.
         units_asked(quantity, Quantity::MAX, "")?;
+        let limit = " (this voucher's max_units_per_user)";
+        let several = quantity.is_some_and(|units| units > 1);
         let holders = &self.inner.holders;
         let purchase = async {
+            let checked = if several {
+                let voucher = self.selling(voucher_id).await?;
+                units_asked(quantity, voucher.terms.max_units_per_user, limit)?;
+                if let Some(order_id) = holders.holder(voucher_id, user_id) {
+                    return Err(Refusal::AlreadyPurchased {
+                        order_id: Some(order_id),
+                    }
+                    .into());
+                }
+                Some(voucher)
+            } else {
+                None
+            };
             // Held until this purchase ends: the user's duplicates are
             // refused here, before any Redis or Postgres work.
             let Some(_mark) = self.inner.in_flight.enter(user_id, voucher_id) else {
                 return Err(Refusal::InProgress.into());
             };
-            let voucher = self.selling(voucher_id).await?;
-            let limit = " (this voucher's max_units_per_user)";
+            let voucher = match checked {
+                Some(voucher) => voucher,
+                None => self.selling(voucher_id).await?,
+            };
             let quantity = units_asked(quantity, voucher.terms.max_units_per_user, limit)?;
             let roomed = voucher.terms.admit_per_second.is_some();
             if roomed {
@@ -367,12 +388,18 @@ impl Seckill {
             }
             bought
         };
-        // A buyer known to hold an order is refused before anything else.
+        // A buyer known to hold an order is refused before anything else
+        // (asking for several units, once the quantity is checked).
         // Otherwise, past the deadline the purchase is dropped, which is
         // safe at any step (a batch it joined still commits and releases),
         // and its outcome is unknown to the buyer: 503, whose retry finds
         // the order if there is one.
-        let result = match holders.holder(voucher_id, user_id) {
+        let known = if several {
+            None
+        } else {
+            holders.holder(voucher_id, user_id)
+        };
+        let result = match known {
             Some(order_id) => Err(Refusal::AlreadyPurchased {
                 order_id: Some(order_id),
             }

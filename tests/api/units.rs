@@ -150,6 +150,12 @@ async fn a_voucher_says_how_many_units_an_order_may_take_and_a_quantity_outside_
     assert_eq!(body["error"], "already_purchased", "{status} {body}");
     let (status, body) = buy_units(&app, &token, plain, 0).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // So is one this voucher does not allow, on an instance that knows
+    // the buyer holds an order as on one that does not (it answered
+    // already_purchased).
+    let (status, body) = buy_units(&app, &token, plain, 2).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"], "bad_request", "{body}");
 }
 
 /// The same story in both modes: all or nothing, `not_enough_stock` with
