@@ -101,9 +101,13 @@ impl Seckill {
         }
         match self.inner.async_sales.pending(order_id).await? {
             // Written meanwhile: the pending lookup outlives the write.
-            Some(pending) => match self.inner.store.order(order_id).await? {
+            Some(mut pending) => match self.inner.store.order(order_id).await? {
                 Some(order) => Ok(order),
-                None => Ok(pending),
+                None => {
+                    // Shown as a stored order shows it.
+                    pending.user_ref = self.inner.store.user_ref(pending.user_id).await?;
+                    Ok(pending)
+                }
             },
             None => Err(SeckillError::NotFound("order")),
         }

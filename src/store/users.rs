@@ -66,4 +66,19 @@ impl Store {
             .await
             .map(drop)
     }
+
+    /// The subject `user` was signed in under, if any (what its orders
+    /// show as `user_ref`).
+    pub async fn user_ref(&self, user: UserId) -> Result<Option<String>> {
+        self.db
+            .run(move |c, persistent| {
+                Box::pin(
+                    sqlx::query_scalar("SELECT subject FROM user_refs WHERE user_id = $1")
+                        .bind(user)
+                        .persistent(persistent)
+                        .fetch_optional(c),
+                )
+            })
+            .await
+    }
 }

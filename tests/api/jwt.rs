@@ -217,6 +217,33 @@ async fn a_jwt_signs_a_buyer_in_whose_sub_is_their_user_or_maps_to_a_stable_one(
 }
 
 #[tokio::test]
+async fn an_async_orders_sub_shows_while_it_is_pending_too() {
+    let app = jwt_app(None).await;
+    let voucher = app.open_async_voucher(10).await;
+    // The writers wait behind a lock on the orders table: the orders stay
+    // pending (reads still pass).
+    let mut hold = app.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE voucher_orders IN EXCLUSIVE MODE")
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+    for sub in ["43", "auth0|pending"] {
+        let token = hs256(&claims(sub));
+        let (status, body) = purchase(&app, voucher, &token).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{sub}: {body}");
+        let order = body["order_id"].as_str().unwrap();
+        let (_, shown) = app.get_as(&format!("/orders/{order}"), &token).await;
+        // Before: null until the order was stored.
+        assert_eq!(
+            (&shown["status"], &shown["user_ref"]),
+            (&json!("pending"), &json!(sub)),
+            "{shown}"
+        );
+    }
+    hold.rollback().await.unwrap();
+}
+
+#[tokio::test]
 async fn every_key_type_verifies_and_every_bad_token_is_401_saying_why_and_nothing_of_the_keys_needs_openssl(
 ) {
     let (rsa, ec, ed) = (rsa_key("r1"), es256_key("e1"), eddsa_key("d1"));
