@@ -4,7 +4,7 @@
 //! on while Postgres is away.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{Result, Seckill, SeckillError, LIST_REFRESH, STOCK_REFRESH};
 use crate::domain::{SaleMode, Voucher, VoucherId};
@@ -12,6 +12,9 @@ use crate::store::StoreError;
 
 /// How long an unknown voucher id is remembered as unknown.
 const MISSING_TTL: Duration = Duration::from_millis(500);
+/// How long the highest voucher id read answers "no such voucher" for an
+/// id above it before it is read again.
+const NEWEST_REFRESH: Duration = Duration::from_millis(50);
 /// How long an async sale's voucher stays in memory unread.
 const ASYNC_VOUCHER_IDLE: Duration = Duration::from_secs(3_600);
 
@@ -52,6 +55,13 @@ pub(super) struct Caches {
     /// Voucher ids found missing, for a moment: a flood of unknown ids
     /// asks Postgres once per id and moment, not once per request.
     pub(super) missing: moka::sync::Cache<VoucherId, ()>,
+    /// The highest voucher id, and when it was read: an id above it is no
+    /// voucher, so a flood of made-up ids (a new one each request) asks
+    /// Postgres one `max(id)` at a time, at most once per
+    /// [`NEWEST_REFRESH`], not one query per request on the pool the sale
+    /// reloads its voucher from. The lock is held while it is read: the
+    /// requests that come meanwhile wait for that read.
+    pub(super) newest: tokio::sync::Mutex<Option<(Instant, i64)>>,
     /// Each voucher's remaining stock as last read, for `GET /vouchers`:
     /// a crowd of readers costs one query per voucher and refresh.
     pub(super) stock_seen: moka::future::Cache<VoucherId, i32>,
@@ -72,6 +82,7 @@ impl Caches {
                 .max_capacity(100_000)
                 .time_to_live(MISSING_TTL)
                 .build(),
+            newest: tokio::sync::Mutex::new(None),
             stock_seen: kept_for(STOCK_REFRESH),
             on_offer: moka::future::Cache::builder()
                 .max_capacity(1)
@@ -112,7 +123,9 @@ impl Seckill {
         if let Some(voucher) = self.inner.vouchers.windows.get(&voucher_id).await {
             return Ok(voucher);
         }
-        if self.inner.vouchers.missing.contains_key(&voucher_id) {
+        if self.inner.vouchers.missing.contains_key(&voucher_id)
+            || !self.may_exist(voucher_id).await?
+        {
             return Err(SeckillError::NotFound("voucher"));
         }
         let store = &self.inner.store;
@@ -138,5 +151,35 @@ impl Seckill {
             _ => {}
         }
         found
+    }
+
+    /// Whether `voucher_id` is not above the highest voucher id: read
+    /// again when it is, unless read within [`NEWEST_REFRESH`] (a voucher
+    /// made on another instance is found once that read is older).
+    async fn may_exist(&self, voucher_id: VoucherId) -> Result<bool> {
+        let mut newest = self.inner.vouchers.newest.lock().await;
+        match *newest {
+            Some((_, highest)) if voucher_id.get() <= highest => return Ok(true),
+            Some((read, _)) if read.elapsed() < NEWEST_REFRESH => return Ok(false),
+            _ => {}
+        }
+        let highest = self
+            .inner
+            .store
+            .newest_voucher_id()
+            .await
+            .map_err(|error| Arc::new(LoadError::Store(error)).answer())?;
+        *newest = Some((Instant::now(), highest));
+        Ok(voucher_id.get() <= highest)
+    }
+
+    /// A voucher made here: ids up to it exist (so the voucher is found
+    /// at once, without another read of the highest id).
+    pub(super) async fn made(&self, voucher_id: VoucherId) {
+        let mut newest = self.inner.vouchers.newest.lock().await;
+        if let Some((_, highest)) = newest.as_mut() {
+            *highest = (*highest).max(voucher_id.get());
+        }
+        self.inner.vouchers.missing.invalidate(&voucher_id);
     }
 }

@@ -354,6 +354,14 @@ impl Store {
         self.db.row_by_id(SQL, id).await
     }
 
+    /// The highest voucher id (0 with none): ids are drawn in order, so
+    /// none above it is a voucher.
+    pub async fn newest_voucher_id(&self) -> Result<i64> {
+        self.db
+            .scalar("SELECT coalesce(max(id), 0)::bigint FROM vouchers")
+            .await
+    }
+
     /// The vouchers whose sale has not ended at `now`, on sale first, then
     /// coming, each by its start; at most `limit`.
     pub async fn vouchers_not_ended(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<Voucher>> {

@@ -138,3 +138,54 @@ async fn the_list_holds_the_vouchers_on_sale_and_coming_with_the_servers_time() 
     let body: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(body["vouchers"][0]["stock"], 2);
 }
+
+#[tokio::test]
+async fn made_up_voucher_ids_are_answered_from_the_highest_id_not_one_query_each() {
+    let app = spawn_app().await;
+    let voucher = app.open_voucher(5).await;
+    let other = app.spawn_instance().await;
+    // A voucher's row is read with its sale's: while that table is locked,
+    // a read of a voucher waits (and times out), but a made-up id above
+    // the highest is answered without it.
+    let mut hold = app.db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE seckill_vouchers IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+    let reads = (0..50_i64).map(|i| {
+        let url = app.url(&format!("/vouchers/{}", 1_000_000_000 + i * 7_919));
+        let client = app.client.clone();
+        async move { client.get(url).send().await.unwrap().status() }
+    });
+    let answers = tokio::time::timeout(
+        Duration::from_secs(1),
+        futures_util::future::join_all(reads),
+    )
+    .await
+    .expect("made-up ids waited for the voucher table (one query each, before)");
+    assert!(
+        answers.iter().all(|s| *s == StatusCode::NOT_FOUND),
+        "{answers:?}"
+    );
+    hold.rollback().await.unwrap();
+
+    // A voucher made on another instance is found there too, once its
+    // highest id is read again (at most every 50 ms).
+    let above = format!("/vouchers/{}", voucher + 1);
+    assert_eq!(read(&app, &above, None).await.0, StatusCode::NOT_FOUND);
+    let (status, _) = crate::helpers::answer(
+        app.client
+            .get(format!("{other}/vouchers/{}", voucher + 1_000)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let made = app.open_voucher(5).await;
+    assert_eq!(
+        read(&app, &format!("/vouchers/{made}"), None).await.0,
+        StatusCode::OK
+    );
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let (status, body) =
+        crate::helpers::answer(app.client.get(format!("{other}/vouchers/{made}"))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
