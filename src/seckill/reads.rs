@@ -159,14 +159,16 @@ impl Seckill {
     /// every caller in between shares, waiting for it if it is under way.
     pub async fn ready(&self) -> Result<()> {
         let mut last = self.inner.readiness.lock().await;
-        if let Some((began, answer)) = &*last {
-            if began.elapsed() < READY_EVERY {
+        if let Some((ended, answer)) = &*last {
+            if ended.elapsed() < READY_EVERY {
                 return answer.clone();
             }
         }
-        let began = Instant::now();
         let answer = self.probe().await;
-        *last = Some((began, answer.clone()));
+        // Fresh from when it ended: a probe slower than READY_EVERY (a
+        // dependency at its deadline) is not run again by each caller that
+        // waited for it, one after another.
+        *last = Some((Instant::now(), answer.clone()));
         answer
     }
 
