@@ -250,7 +250,7 @@ impl RouteClass {
     }
 
     /// Whether a user's own limit applies too.
-    fn per_user(self) -> bool {
+    pub(super) fn per_user(self) -> bool {
         matches!(self, Self::Purchase | Self::Orders | Self::Queue)
     }
 }

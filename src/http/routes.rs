@@ -72,12 +72,27 @@ pub async fn classify(
     next: Next,
 ) -> Response {
     let class = classes.of(request.uri().path());
+    let shed = shed_class(class, request.headers());
     let extensions = request.extensions_mut();
     extensions.insert(class.limit);
-    if let Some(criticality) = class.shed {
+    if let Some(criticality) = shed {
         extensions.insert(criticality);
     }
     next.run(request).await
+}
+
+/// How a request of `class` is shed: as its route's class, but a buyer's
+/// route without a bearer token (answered 401 whatever the instance's
+/// load) as a read, first, not as the sale's: tokenless floods on the
+/// purchase route pushed the shedder to refuse every other class, then
+/// honest buyers.
+fn shed_class(class: Class, headers: &axum::http::HeaderMap) -> Option<Criticality> {
+    match class.shed {
+        Some(_) if class.limit.per_user() && super::extract::bearer(headers).is_err() => {
+            Some(Criticality::of(RouteClass::Reads))
+        }
+        shed => shed,
+    }
 }
 
 /// A mounted crate's routes, with the class of each of its paths.
@@ -264,6 +279,32 @@ mod tests {
         assert_eq!(shed("/admin/vouchers"), Some(Criticality::Admin));
         assert_eq!(shed("/healthz"), None);
         assert_eq!(shed("/metrics"), None);
+    }
+
+    #[test]
+    fn a_buyers_route_without_a_bearer_token_is_shed_as_a_read() {
+        let classes = classes();
+        let bearer = crate::http::one_header("authorization", "Bearer some.token");
+        let none = axum::http::HeaderMap::new();
+        let basic = crate::http::one_header("authorization", "Basic dXNlcg==");
+        for (path, class) in [
+            ("/seckill/1", Criticality::Sale),
+            ("/vouchers/1/queue", Criticality::Sale),
+            ("/orders/7", Criticality::Orders),
+        ] {
+            let of = classes.of(path);
+            assert_eq!(shed_class(of, &bearer), Some(class), "{path}");
+            assert_eq!(shed_class(of, &none), Some(Criticality::Reads), "{path}");
+            assert_eq!(shed_class(of, &basic), Some(Criticality::Reads), "{path}");
+        }
+        // Other routes keep their class, with a token or without.
+        let notify = classes.of("/payments/notify");
+        assert_eq!(shed_class(notify, &none), Some(Criticality::Orders));
+        assert_eq!(shed_class(classes.of("/healthz"), &none), None);
+        assert_eq!(
+            shed_class(classes.of("/admin/vouchers"), &none),
+            Some(Criticality::Admin)
+        );
     }
 
     #[test]

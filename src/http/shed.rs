@@ -33,6 +33,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
+use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -420,7 +421,20 @@ pub async fn shed<S: AsRef<Shedder>>(
     let meters = meters();
     if shedder.admits(class) {
         meters.admitted[class.index()].increment(1);
-        return next.run(request).await;
+        let buyers = request
+            .extensions()
+            .get::<RouteClass>()
+            .is_some_and(|route| route.per_user());
+        let response = next.run(request).await;
+        if buyers && response.status() == StatusCode::UNAUTHORIZED {
+            // A sign-in refused on a buyer's route is answered at once,
+            // unless the instance is shedding: then it is held as any
+            // refusal (bad tokens and garbage JWTs, whose signatures cost
+            // a check each, asked again on every connection, are slowed
+            // to a timer's cost).
+            shedder.hold_while_pressed().await;
+        }
+        return response;
     }
     meters.shed[class.index()].increment(1);
     if !shedder.inner.hold.is_zero() {
@@ -510,5 +524,58 @@ mod tests {
             .count();
         assert!((6_800..=7_200).contains(&admitted), "{admitted}");
         assert!((0..100).all(|_| shedder.admits(Criticality::Sale)));
+    }
+
+    /// One request through the shedder, classed as `route` and `class`, to
+    /// a handler answering `status`: how long its answer took (paused
+    /// time: exactly what was slept).
+    async fn through(
+        shedder: &Shedder,
+        route: RouteClass,
+        status: StatusCode,
+    ) -> std::time::Duration {
+        use tower::ServiceExt;
+        let app = axum::Router::new()
+            .route("/", axum::routing::post(move || async move { status }))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::new(Shedder {
+                    inner: shedder.inner.clone(),
+                }),
+                |State(shedder): State<Arc<Shedder>>, request, next| async move {
+                    shed(State(shedder), request, next).await
+                },
+            ))
+            .layer(axum::Extension(route))
+            .layer(axum::Extension(Criticality::of(route)));
+        let began = tokio::time::Instant::now();
+        let request = Request::post("/").body(axum::body::Body::empty()).unwrap();
+        let answer = app.oneshot(request).await.unwrap();
+        assert_eq!(answer.status(), status);
+        began.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_sign_in_on_a_buyers_route_is_held_while_the_instance_sheds() {
+        let mut held = shares(Duration::from_millis(10));
+        held.hold = Duration::from_millis(500);
+        let shedder = Shedder {
+            inner: Arc::new(held),
+        };
+        // Not shedding: a 401 goes at once.
+        let quiet = through(&shedder, RouteClass::Purchase, StatusCode::UNAUTHORIZED).await;
+        assert_eq!(quiet, Duration::ZERO);
+        // Reads shed, purchases admitted: a purchase's 401 is held, its
+        // other answers are not, nor a 401 of another class.
+        shedder.inner.refused[Criticality::Reads.index()].store(WHOLE, Ordering::Relaxed);
+        for (route, status, wait) in [
+            (RouteClass::Purchase, StatusCode::UNAUTHORIZED, 500),
+            (RouteClass::Queue, StatusCode::UNAUTHORIZED, 500),
+            (RouteClass::Orders, StatusCode::UNAUTHORIZED, 500),
+            (RouteClass::Purchase, StatusCode::OK, 0),
+            (RouteClass::Payments, StatusCode::UNAUTHORIZED, 0),
+        ] {
+            let took = through(&shedder, route, status).await;
+            assert_eq!(took, Duration::from_millis(wait), "{route:?} {status}");
+        }
     }
 }
