@@ -316,7 +316,10 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
         } else if status == StatusCode::SERVICE_UNAVAILABLE
-            || matches!(code, ErrorCode::OrderPending)
+            || matches!(
+                code,
+                ErrorCode::OrderPending | ErrorCode::PurchaseInProgress
+            )
         {
             response.headers_mut().insert(
                 header::RETRY_AFTER,

@@ -177,6 +177,19 @@ async fn a_duplicate_in_flight_is_refused_at_once_and_another_voucher_is_not() {
             "refused at once"
         );
     }
+    // A 429 says when to ask again, as every 429 does.
+    let duplicate = app
+        .client
+        .post(app.url(&format!("/seckill/{held}")))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(duplicate.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        duplicate.headers().get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
     // The same user buys another voucher meanwhile: the lock is per voucher.
     let (status, code) = buy(&app.client, &app.base, &token, other).await;
     assert_eq!(status, StatusCode::OK, "{code}");
