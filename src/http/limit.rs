@@ -59,6 +59,20 @@ pub enum Limit {
     User,
 }
 
+/// A forwarded hop's address: `192.0.2.1`, `2001:db8::1`, or either with
+/// a port (`192.0.2.1:443`, `[2001:db8::1]:443`) or in brackets
+/// (`[2001:db8::1]`), as proxies write them; `None` for anything else.
+fn hop_address(hop: &[u8]) -> Option<IpAddr> {
+    let hop = std::str::from_utf8(hop).ok()?.trim();
+    if let Ok(ip) = hop.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(socket) = hop.parse::<SocketAddr>() {
+        return Some(socket.ip());
+    }
+    hop.strip_prefix('[')?.strip_suffix(']')?.parse().ok()
+}
+
 impl Limits {
     /// `per_address` and `per_user` requests per second, each with a burst
     /// of the same size; 0 turns one off. Must run inside a tokio runtime:
@@ -98,18 +112,21 @@ impl Limits {
     pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let trusted = |ip: &IpAddr| self.inner.trusted.iter().any(|net| net.contains(ip));
         let mut client = canonical(peer);
+        // Split as bytes, each hop read alone: a byte that is not ASCII in
+        // a hop the client wrote does not make the whole header unreadable
+        // (the client then counted as the proxy, in its shared bucket).
         let hops = headers
             .get_all("x-forwarded-for")
             .iter()
             .rev()
-            .flat_map(|v| v.to_str().unwrap_or("").rsplit(','));
+            .flat_map(|v| v.as_bytes().rsplit(|b| *b == b','));
         for hop in hops {
             if !trusted(&client) {
                 break;
             }
-            match hop.trim().parse::<IpAddr>() {
-                Ok(ip) => client = canonical(ip),
-                Err(_) => break,
+            match hop_address(hop) {
+                Some(ip) => client = canonical(ip),
+                None => break,
             }
         }
         client
@@ -386,6 +403,10 @@ mod tests {
             (proxy, &["1.1.1.1, garbage, 10.0.0.9"], ip("10.0.0.9")),
             (proxy, &[], proxy),
             (stranger, &["2.2.2.2"], stranger),
+            // Ports and brackets, as some proxies write hops.
+            (proxy, &["2.2.2.2:443"], ip("2.2.2.2")),
+            (proxy, &["[2001:db8::1]:443"], ip("2001:db8::1")),
+            (proxy, &["[2001:db8::1]"], ip("2001:db8::1")),
         ];
         for (peer, hops, client) in cases {
             assert_eq!(
@@ -394,6 +415,14 @@ mod tests {
                 "{hops:?} from {peer}"
             );
         }
+        // A hop that is not ASCII ends the walk there, not the whole header:
+        // the hop the proxy appended still counts.
+        let mut mixed = HeaderMap::new();
+        mixed.append(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"caf\xc3\xa9, 2.2.2.2").unwrap(),
+        );
+        assert_eq!(limits.client(proxy, &mixed), ip("2.2.2.2"));
     }
 
     #[tokio::test]
