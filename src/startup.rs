@@ -135,6 +135,7 @@ impl Application {
             public_metrics: metrics_listener.is_none(),
             demo: settings.demo,
             monitor: Default::default(),
+            listing: Default::default(),
         });
         let listener = starting.stop().await.map_err(|source| StartupError::Bind {
             addr: settings.addr.clone(),

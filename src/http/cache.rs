@@ -18,16 +18,17 @@ use serde::Serialize;
 /// longer, so that a reader after a quiet spell gets a fresh one).
 pub const CACHE_CONTROL_VALUE: &str = "public, max-age=1, stale-while-revalidate=1";
 
-/// The answer to a cacheable read: `body` serialized, its tag computed from
-/// `tagged` (the body itself, or the part of it that changes what it means:
-/// a list's server time changes every second, its vouchers do not), weak
-/// when `tagged` is not the whole body. `304` with no body when the request's
-/// `If-None-Match` names that tag.
-pub fn cacheable<B, T>(request: &HeaderMap, body: &B, tagged: Tagged<'_, T>) -> Response
-where
-    B: Serialize,
-    T: Serialize + ?Sized,
-{
+/// The answer to a cacheable read: `body` serialized, tagged by `tag` (the
+/// body itself, or a weak tag of the part of it that changes what it
+/// means: a list's server time changes every second, its vouchers do
+/// not). `304` with no body when the request's `If-None-Match` names that
+/// tag (a weak one is known before the body is written).
+pub fn cacheable<B: Serialize>(request: &HeaderMap, body: &B, tag: Tag) -> Response {
+    if let Tag::Weak(etag) = &tag {
+        if matches(request, etag) {
+            return not_modified(etag.clone());
+        }
+    }
     let bytes = match serde_json::to_vec(body) {
         Ok(bytes) => bytes,
         Err(error) => {
@@ -37,34 +38,87 @@ where
             .into_response()
         }
     };
-    let etag = match tagged {
-        Tagged::Whole => format!("\"{:016x}\"", digest(&bytes)),
-        Tagged::Part(part) => {
-            let part = serde_json::to_vec(part).unwrap_or_default();
-            format!("W/\"{:016x}\"", digest(&part))
+    let etag = match tag {
+        Tag::Whole => {
+            let etag = HeaderValue::from_str(&format!("\"{:016x}\"", digest(&bytes)))
+                .expect("a quoted hex digest is a header value");
+            if matches(request, &etag) {
+                return not_modified(etag);
+            }
+            etag
         }
+        Tag::Weak(etag) => etag,
     };
-    let etag = HeaderValue::from_str(&etag).expect("a quoted hex digest is a header value");
-    let headers = [
-        (CACHE_CONTROL, HeaderValue::from_static(CACHE_CONTROL_VALUE)),
-        (ETAG, etag.clone()),
-    ];
-    if matches(request, &etag) {
-        return (StatusCode::NOT_MODIFIED, headers).into_response();
-    }
     let json = (
         axum::http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    (headers, [json], bytes).into_response()
+    (caching(etag), [json], bytes).into_response()
 }
 
-/// What an answer's tag is computed from.
-pub enum Tagged<'a, T: ?Sized> {
-    /// The whole body: a strong tag.
+/// The headers that let a cache keep an answer tagged `etag`.
+fn caching(etag: HeaderValue) -> [(axum::http::HeaderName, HeaderValue); 2] {
+    [
+        (CACHE_CONTROL, HeaderValue::from_static(CACHE_CONTROL_VALUE)),
+        (ETAG, etag),
+    ]
+}
+
+fn not_modified(etag: HeaderValue) -> Response {
+    (StatusCode::NOT_MODIFIED, caching(etag)).into_response()
+}
+
+/// How an answer is tagged.
+pub enum Tag {
+    /// By the whole body: a strong tag.
     Whole,
-    /// A part that decides what the body means: a weak tag.
-    Part(&'a T),
+    /// By a part that decides what the body means: this weak tag.
+    Weak(HeaderValue),
+}
+
+/// The weak tag of a part of a body, serialized as `part`.
+pub fn weak_tag(part: &[u8]) -> HeaderValue {
+    HeaderValue::from_str(&format!("W/\"{:016x}\"", digest(part)))
+        .expect("a quoted hex digest is a header value")
+}
+
+/// The vouchers on offer as last rendered, for `GET /vouchers`: the list
+/// (the very `Arc` the voucher cache hands out while it is current), its
+/// JSON and its weak tag. A flood of list reads, or every open storefront
+/// asking every two seconds, renders and hashes each list once, not once
+/// per request.
+#[derive(Default)]
+pub struct Listing(std::sync::Mutex<Option<Rendered>>);
+
+struct Rendered {
+    listed: std::sync::Arc<[crate::domain::Voucher]>,
+    json: Box<serde_json::value::RawValue>,
+    etag: HeaderValue,
+}
+
+impl Listing {
+    /// `listed` as `render` writes it, and its weak tag: rendered again
+    /// only when the list is another.
+    pub fn rendered<T: Serialize>(
+        &self,
+        listed: &std::sync::Arc<[crate::domain::Voucher]>,
+        render: impl FnOnce(&[crate::domain::Voucher]) -> T,
+    ) -> Result<(Box<serde_json::value::RawValue>, HeaderValue), serde_json::Error> {
+        let mut last = self.0.lock().expect("the listing's lock is never poisoned");
+        if let Some(done) = &*last {
+            if std::sync::Arc::ptr_eq(&done.listed, listed) {
+                return Ok((done.json.clone(), done.etag.clone()));
+            }
+        }
+        let json = serde_json::value::to_raw_value(&render(listed))?;
+        let etag = weak_tag(json.get().as_bytes());
+        *last = Some(Rendered {
+            listed: listed.clone(),
+            json: json.clone(),
+            etag: etag.clone(),
+        });
+        Ok((json, etag))
+    }
 }
 
 /// A 64-bit digest of `bytes`, the same on every instance of one build
@@ -118,18 +172,32 @@ mod tests {
     #[test]
     fn the_same_body_gets_the_same_tag_and_another_body_another() {
         let tag = |body: &serde_json::Value| {
-            let response = cacheable(&HeaderMap::new(), body, Tagged::<()>::Whole);
+            let response = cacheable(&HeaderMap::new(), body, Tag::Whole);
             response.headers()[ETAG].clone()
         };
         let one = serde_json::json!({ "stock": 1 });
         assert_eq!(tag(&one), tag(&one.clone()));
         assert_ne!(tag(&one), tag(&serde_json::json!({ "stock": 2 })));
-        let response = cacheable(
-            &asking(tag(&one).to_str().unwrap()),
-            &one,
-            Tagged::<()>::Whole,
-        );
+        let response = cacheable(&asking(tag(&one).to_str().unwrap()), &one, Tag::Whole);
         assert_eq!(response.status(), StatusCode::NOT_MODIFIED);
         assert_eq!(response.headers()[CACHE_CONTROL], CACHE_CONTROL_VALUE);
+    }
+
+    #[test]
+    fn a_list_is_rendered_once_and_another_list_again() {
+        let listing = Listing::default();
+        let one: std::sync::Arc<[crate::domain::Voucher]> = Vec::new().into();
+        let (json, etag) = listing.rendered(&one, |_| vec![1]).unwrap();
+        assert_eq!(json.get(), "[1]");
+        assert_eq!(etag, weak_tag(b"[1]"));
+        // The same list: not rendered again.
+        let (again, tag) = listing
+            .rendered(&one, |_| -> Vec<i32> { panic!("rendered twice") })
+            .unwrap();
+        assert_eq!((again.get(), tag), ("[1]", etag));
+        // Another list (the cache's next): rendered.
+        let other: std::sync::Arc<[crate::domain::Voucher]> = Vec::new().into();
+        let (json, _) = listing.rendered(&other, |_| vec![2]).unwrap();
+        assert_eq!(json.get(), "[2]");
     }
 }

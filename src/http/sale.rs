@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::cache::{cacheable, Tagged};
+use super::cache::{cacheable, Tag};
 use super::error::{ApiError, ErrorBody};
 use super::extract::{header_text, Caller, MaybeJson, OrderIdPath, User, VoucherIdPath};
 use super::queue::QUEUE_TICKET;
@@ -87,7 +87,7 @@ pub async fn get_voucher(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let body = VoucherBody::from(state.seckill.voucher(id).await?);
-    Ok(cacheable(&headers, &body, Tagged::<()>::Whole))
+    Ok(cacheable(&headers, &body, Tag::Whole))
 }
 
 /// The vouchers whose sale has not ended, and the server's clock.
@@ -97,8 +97,10 @@ pub struct VoucherList {
     /// start on this clock, not on the browser's.
     #[schema(value_type = String, format = DateTime)]
     server_time: DateTime<Utc>,
-    /// On sale first, then coming, each by its start; at most 200.
-    vouchers: Vec<VoucherBody>,
+    /// On sale first, then coming, each by its start; at most 200 (as
+    /// rendered once per list: see [`Listing`](super::cache::Listing)).
+    #[schema(value_type = Vec<VoucherBody>)]
+    vouchers: Box<serde_json::value::RawValue>,
 }
 
 #[utoipa::path(
@@ -117,11 +119,25 @@ pub async fn list_vouchers(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let listed = state.seckill.vouchers_on_offer().await?;
+    let (vouchers, etag) = state
+        .listing
+        .rendered(&listed, |vouchers| {
+            vouchers
+                .iter()
+                .cloned()
+                .map(VoucherBody::from)
+                .collect::<Vec<_>>()
+        })
+        .map_err(|error| {
+            ApiError::Seckill(crate::seckill::SeckillError::internal(format!(
+                "serializing the vouchers: {error}"
+            )))
+        })?;
     let body = VoucherList {
         server_time: Utc::now(),
-        vouchers: listed.iter().cloned().map(VoucherBody::from).collect(),
+        vouchers,
     };
-    Ok(cacheable(&headers, &body, Tagged::Part(&body.vouchers)))
+    Ok(cacheable(&headers, &body, Tag::Weak(etag)))
 }
 
 /// A committed order's id, as a decimal string (it exceeds 2^53).

@@ -57,6 +57,8 @@ pub struct AppParts {
     pub demo: bool,
     /// Every purchase answer per voucher, for the sale monitor.
     pub monitor: Monitor,
+    /// `GET /vouchers`' list as last rendered.
+    pub listing: super::cache::Listing,
 }
 
 impl SignIn for AppState {
