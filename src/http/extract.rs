@@ -80,7 +80,10 @@ fn said(error: &serde_json::Error) -> String {
         return text;
     }
     let at = format!(" at line {} column {}", error.line(), error.column());
-    text.strip_suffix(&at).map_or(text.clone(), str::to_owned)
+    match text.strip_suffix(&at) {
+        Some(what) => what.to_owned(),
+        None => text,
+    }
 }
 
 /// JSON's whitespace.

@@ -337,25 +337,27 @@ impl Seckill {
         let several = quantity.is_some_and(|units| units > 1);
         let holders = &self.inner.holders;
         let purchase = async {
-            let checked = if several {
-                let voucher = self.selling(voucher_id).await?;
-                units_asked(quantity, voucher.terms.max_units_per_user, limit)?;
-                if let Some(order_id) = holders.holder(voucher_id, user_id) {
-                    return Err(Refusal::AlreadyPurchased {
-                        order_id: Some(order_id),
-                    }
-                    .into());
-                }
-                Some(voucher)
-            } else {
-                None
+            let read = match several {
+                true => Some(self.selling(voucher_id).await?),
+                false => None,
             };
+            if let Some(voucher) = &read {
+                units_asked(quantity, voucher.terms.max_units_per_user, limit)?;
+            }
+            // A buyer known to hold an order is refused before any other
+            // work.
+            if let Some(order_id) = holders.holder(voucher_id, user_id) {
+                return Err(Refusal::AlreadyPurchased {
+                    order_id: Some(order_id),
+                }
+                .into());
+            }
             // Held until this purchase ends: the user's duplicates are
             // refused here, before any Redis or Postgres work.
             let Some(_mark) = self.inner.in_flight.enter(user_id, voucher_id) else {
                 return Err(Refusal::InProgress.into());
             };
-            let voucher = match checked {
+            let voucher = match read {
                 Some(voucher) => voucher,
                 None => self.selling(voucher_id).await?,
             };
@@ -388,35 +390,22 @@ impl Seckill {
             }
             bought
         };
-        // A buyer known to hold an order is refused before anything else
-        // (asking for several units, once the quantity is checked).
-        // Otherwise, past the deadline the purchase is dropped, which is
-        // safe at any step (a batch it joined still commits and releases),
-        // and its outcome is unknown to the buyer: 503, whose retry finds
-        // the order if there is one.
-        let known = if several {
-            None
-        } else {
-            holders.holder(voucher_id, user_id)
-        };
-        let result = match known {
-            Some(order_id) => Err(Refusal::AlreadyPurchased {
-                order_id: Some(order_id),
-            }
-            .into()),
-            None => tokio::time::timeout(self.inner.settings.request_deadline, purchase)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(SeckillError::unavailable(
-                        "Postgres or Redis",
-                        format!(
-                            "the purchase did not finish within {:?}",
-                            self.inner.settings.request_deadline
-                        ),
-                    )
-                    .into())
-                }),
-        };
+        // Past the deadline the purchase is dropped, which is safe at any
+        // step (a batch it joined still commits and releases), and its
+        // outcome is unknown to the buyer: 503, whose retry finds the
+        // order if there is one.
+        let result = tokio::time::timeout(self.inner.settings.request_deadline, purchase)
+            .await
+            .unwrap_or_else(|_| {
+                Err(SeckillError::unavailable(
+                    "Postgres or Redis",
+                    format!(
+                        "the purchase did not finish within {:?}",
+                        self.inner.settings.request_deadline
+                    ),
+                )
+                .into())
+            });
         let outcome = match &result {
             Ok(Purchase::Stored(_)) => Outcome::Ordered,
             Ok(Purchase::Pending(_)) => Outcome::Accepted,
