@@ -155,18 +155,28 @@ window.Seckill = (function () {
   }
 
   // The message line: the last error (`data-error` = its code) or notice.
-  function say(text, code) {
+  // An error of a read the page makes on its own (`background`: the
+  // refresh every few seconds) is marked so, and the next such read that
+  // succeeds takes it away (`recovered`); what the buyer's own actions
+  // were told stays until the next one.
+  function say(text, code, background) {
     const line = document.querySelector('[data-testid="message"]');
     if (!line) return;
     line.textContent = text;
     line.dataset.error = code || "";
+    line.dataset.background = background ? "true" : "false";
     line.classList.toggle("error", Boolean(code));
   }
 
-  function sayError(answer) {
+  function sayError(answer, background) {
     const described = describe(answer);
-    say(described.text, described.code);
+    say(described.text, described.code, background);
     return described;
+  }
+
+  function recovered() {
+    const line = document.querySelector('[data-testid="message"]');
+    if (line && line.dataset.background === "true") say("", "");
   }
 
   // Writes `text` into the element `id` only when it changes: a live
@@ -195,6 +205,7 @@ window.Seckill = (function () {
     describe: describe,
     say: say,
     sayError: sayError,
+    recovered: recovered,
     setText: setText,
     money: money,
     unitsText: unitsText,

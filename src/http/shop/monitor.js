@@ -55,7 +55,11 @@
     setText("live-refusals", refusalsTotal(body.refusals_per_second));
     setText("live-refusal-codes", refusalsByCode(body.refusals_per_second));
     $("live-refusals").dataset.codes = Object.keys(body.refusals_per_second || {}).join(" ");
-    setText("live-p99-ms", body.purchase_p99_ms === null ? "–" : String(body.purchase_p99_ms));
+    // No purchase answered in the window: 0, a number like every live
+    // figure, marked empty.
+    const p99 = body.purchase_p99_ms;
+    setText("live-p99-ms", p99 === null ? "0" : String(p99));
+    $("live-p99-ms").dataset.empty = p99 === null ? "true" : "false";
     state.samples.push({ at: Date.now(), stock: body.stock, initial: body.initial_stock });
     if (state.samples.length > KEPT) state.samples.shift();
     draw();
@@ -158,6 +162,17 @@
     read(state.generation);
   }
 
+  // The voucher to watch when none is named: the newest one on sale (the
+  // sale just opened, not an older one still running), else the next to
+  // start; null when there is none.
+  function newestOnSale(body) {
+    const now = Date.parse(body.server_time);
+    const vouchers = body.vouchers || [];
+    const open = vouchers.filter((v) => Date.parse(v.begin_time) <= now);
+    if (open.length > 0) return Math.max(...open.map((v) => v.id));
+    return vouchers.length > 0 ? vouchers[0].id : null;
+  }
+
   // The vouchers on sale and coming, to pick from.
   async function offer() {
     const answer = await S.call("GET", "/vouchers");
@@ -171,8 +186,9 @@
         return option;
       }),
     );
-    if (!$("monitor-voucher").value && answer.body.vouchers.length > 0 && state.voucherId === null) {
-      $("monitor-voucher").value = String(answer.body.vouchers[0].id);
+    const pick = newestOnSale(answer.body);
+    if (!$("monitor-voucher").value && pick !== null && state.voucherId === null) {
+      $("monitor-voucher").value = String(pick);
     }
   }
 

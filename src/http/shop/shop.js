@@ -125,9 +125,11 @@
   async function loadList() {
     const answer = await S.call("GET", "/vouchers");
     if (answer.status !== 200) {
-      S.sayError(answer);
+      S.sayError(answer, true);
       return false;
     }
+    // On the list, the list was all there was to read.
+    if (state.voucherId === null) S.recovered();
     S.clock.sync(answer.body.server_time, answer.sentAt, answer.receivedAt);
     state.vouchers = answer.body.vouchers || [];
     return true;
@@ -181,18 +183,22 @@
 
   async function loadVoucher() {
     const id = state.voucherId;
-    await loadList();
+    // Read afresh (not the list as an earlier read left it): a background
+    // error is then over.
+    let fresh = await loadList();
     let v = state.vouchers.find((x) => x.id === id);
     if (!v) {
       // Ended, or unknown: the voucher's own route says which.
       const answer = await S.call("GET", "/vouchers/" + id);
       if (answer.status !== 200) {
-        S.sayError(answer);
+        S.sayError(answer, true);
         return;
       }
       v = answer.body;
+      fresh = true;
     }
     if (state.voucherId !== id) return;
+    if (fresh) S.recovered();
     state.voucher = v;
     renderVoucher();
   }

@@ -357,3 +357,45 @@ async fn the_page_follows_an_order_changed_elsewhere_and_shows_only_the_voucher_
     assert!(!browser.enabled("buy").await, "buy is open on no voucher");
     browser.close().await;
 }
+
+#[tokio::test]
+async fn a_failed_refresh_is_told_and_taken_away_once_the_service_answers_again_needs_chromium() {
+    let (app, browser) = demo_shop().await;
+    let voucher = on_sale_for_an_hour(
+        &app,
+        Utc::now() - Duration::seconds(5),
+        json!({ "title": "Refreshed", "stock": 1 }),
+    )
+    .await;
+    on_voucher_page(&browser, &app, voucher).await;
+    voucher_page_shows(&browser, "1").await;
+    // The service out of reach for the page's own reads: the refresh says
+    // so; once it answers again, the next refresh takes the error away.
+    browser
+        .run(
+            "window.realFetch = window.fetch; \
+             window.fetch = () => Promise.reject(new TypeError('offline'));",
+        )
+        .await;
+    browser.wait_error("network").await;
+    browser.run("window.fetch = window.realFetch;").await;
+    browser.wait_error("").await;
+    assert_eq!(browser.text("message").await.as_deref(), Some(""));
+    // What the buyer's own action was told stays through the refreshes:
+    // the one unit bought, the next buyer is told "sold out", and still is
+    // after two refreshes that succeeded.
+    sign_in(&browser).await;
+    browser.wait_enabled("buy").await;
+    browser.click("buy").await;
+    browser.wait_text("order-status", "unpaid").await;
+    sign_in(&browser).await;
+    browser.wait_enabled("buy").await;
+    browser.click("buy").await;
+    browser.wait_error("sold_out").await;
+    tokio::time::sleep(std::time::Duration::from_millis(4_500)).await;
+    assert_eq!(
+        browser.attribute("message", "data-error").await.as_deref(),
+        Some("sold_out")
+    );
+    browser.close().await;
+}

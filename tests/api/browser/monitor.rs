@@ -208,3 +208,55 @@ async fn a_wrong_admin_token_is_told_forgotten_and_not_sent_again_needs_chromium
     assert_eq!(browser.run("return window.reads").await, reads);
     browser.close().await;
 }
+
+#[tokio::test]
+async fn with_no_voucher_named_the_monitor_watches_the_newest_on_sale_and_every_figure_is_a_number_needs_chromium(
+) {
+    let app = spawn_app().await;
+    // An older sale still running (it started earlier, and lists first)
+    // and the one just opened.
+    let older = app
+        .create_voucher_from(json!({
+            "title": "Older",
+            "stock": 5,
+            "begin_time": chrono::Utc::now() - chrono::Duration::minutes(30),
+            "end_time": chrono::Utc::now() + chrono::Duration::hours(1),
+        }))
+        .await;
+    let newest = app.open_voucher(7).await;
+    assert!(newest > older);
+    let browser = Browser::start(1280).await;
+    browser.goto(&app.url("/shop/monitor")).await;
+    browser
+        .wait_for(
+            "a voucher offered",
+            || browser.run("return document.getElementById('monitor-voucher').value"),
+            |value| value.as_str().is_some_and(|v| !v.is_empty()),
+        )
+        .await;
+    browser.type_into("admin-token", ADMIN_TOKEN).await;
+    browser.wait_text("live-stock", "7").await;
+    // Nothing bought yet: the p99 is a number too, marked empty.
+    for id in [
+        "live-stock",
+        "live-orders-per-second",
+        "live-serving",
+        "live-refusals",
+        "live-p99-ms",
+    ] {
+        let text = browser.text(id).await;
+        assert!(number(&text).is_some(), "{id} reads {text:?}");
+    }
+    assert_eq!(
+        browser
+            .attribute("live-p99-ms", "data-empty")
+            .await
+            .as_deref(),
+        Some("true")
+    );
+    let watched = browser
+        .run("return document.getElementById('monitor-voucher').value")
+        .await;
+    assert_eq!(watched, Value::String(newest.to_string()));
+    browser.close().await;
+}
