@@ -19,6 +19,16 @@
 # axe-core from npm (the browser tests check the pages' accessibility).
 set -euo pipefail
 
+# The URLs as the service takes them: the environment first, then .env
+# (which the service reads too, but only for what the environment lacks:
+# exported here, a default would hide it), then the defaults.
+for name in DATABASE_URL REDIS_URL; do
+    if [ -z "${!name:-}" ] && [ -f .env ]; then
+        value="$(sed -n "s/^$name=//p" .env | tail -n 1)"
+        value="${value%\"}"; value="${value#\"}"
+        if [ -n "$value" ]; then export "$name=$value"; fi
+    fi
+done
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/seckill}"
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
 

@@ -71,7 +71,7 @@ pub enum StoreError {
     Other(#[source] sqlx::Error),
     /// The database was migrated with other migrations of the same
     /// versions: made by another version of this service.
-    #[error("the database's migrations differ from this build's (was it made by another version of seckill?): point DATABASE_URL at a new database, or drop this one")]
+    #[error("the database's migrations differ from this build's (was it made by another version of seckill, or by another program?): point DATABASE_URL at a new database, or drop this one")]
     MigrationsDiffer(#[source] sqlx::migrate::MigrateError),
 }
 
@@ -511,6 +511,11 @@ async fn migrate(options: &PgConnectOptions, timeout: Duration, deadline: Durati
     migrator.set_ignore_missing(true);
     match tokio::time::timeout(deadline, migrator.run(&mut conn)).await {
         Err(_) => return Err(StoreError::TimedOut(deadline)),
+        // A table or type of the same name there already: another
+        // program's schema (or one made by hand), not Postgres away.
+        Ok(Err(error)) if made_by_another(&error) => {
+            return Err(StoreError::MigrationsDiffer(error))
+        }
         // A connection lost or refused mid-way is Postgres away (tried
         // again at start-up), not a migration's fault.
         Ok(Err(
@@ -524,6 +529,18 @@ async fn migrate(options: &PgConnectOptions, timeout: Duration, deadline: Durati
     }
     conn.close().within(timeout).await?;
     Ok(())
+}
+
+/// Whether a migration failed on an object of its name that the database
+/// holds already (`duplicate_table`, `duplicate_object`, ...).
+fn made_by_another(error: &sqlx::migrate::MigrateError) -> bool {
+    let sqlx::migrate::MigrateError::ExecuteMigration(sqlx::Error::Database(db), _) = error else {
+        return false;
+    };
+    matches!(
+        db.code().as_deref(),
+        Some("42P07" | "42710" | "42723" | "42P06" | "42701")
+    )
 }
 
 /// Creates the database named in `options` when it does not exist yet.

@@ -377,3 +377,41 @@ async fn a_database_migrated_by_another_version_is_refused_with_what_to_do() {
         "{said}"
     );
 }
+
+#[tokio::test]
+async fn a_database_holding_another_programs_tables_is_refused_with_what_to_do() {
+    // A database of another program (a `vouchers` table of its own, no
+    // migrations of ours): the first migration cannot make its table.
+    let name = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
+    let server = crate::helpers::pg_server();
+    let admin = sqlx::PgPool::connect(&format!("{server}/postgres"))
+        .await
+        .unwrap();
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let url = format!("{server}/{name}");
+    let other = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query("CREATE TABLE vouchers (code TEXT PRIMARY KEY)")
+        .execute(&other)
+        .await
+        .unwrap();
+    other.close().await;
+    let settings = crate::helpers::settings(&url, &crate::helpers::redis_url(), "test:other:");
+    let error = seckill::startup::Application::build(settings)
+        .await
+        .err()
+        .expect("the start is refused");
+    let said = seckill::telemetry::Chain(&error).to_string();
+    sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    assert!(
+        said.contains("migrations differ")
+            && said.contains("another program")
+            && said.contains("DATABASE_URL"),
+        "{said}"
+    );
+}
