@@ -136,6 +136,7 @@ impl Application {
             demo: settings.demo,
             monitor: Default::default(),
             listing: Default::default(),
+            metrics_page: Default::default(),
         });
         let listener = starting.stop().await.map_err(|source| StartupError::Bind {
             addr: settings.addr.clone(),

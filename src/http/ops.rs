@@ -2,8 +2,9 @@
 //! the middleware that counts requests.
 
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use axum::body::Bytes;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
@@ -100,6 +101,55 @@ pub async fn readyz(State(state): State<AppState>) -> Result<StatusCode, ApiErro
     )
 )]
 pub async fn metrics(State(state): State<AppState>) -> Response {
+    let arrived = Instant::now();
+    // While the instance sheds, a scrape flood is served a page up to a
+    // second old: a render a second, not one per request.
+    let stale_ok = if state.shedder.pressed() {
+        PAGE_STALE_WHILE_PRESSED
+    } else {
+        Duration::ZERO
+    };
+    let text = state
+        .metrics_page
+        .text(arrived, stale_ok, || render(&state))
+        .await;
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// How old a page may be served while the instance sheds.
+const PAGE_STALE_WHILE_PRESSED: Duration = Duration::from_secs(1);
+
+/// `/metrics`' text, rendered for one request and shared by every request
+/// that arrived before that render began (they see all that happened
+/// before they asked): a render reads every series, about six `/healthz`
+/// requests' CPU, and many scrapes at once need one. One render at a time.
+#[derive(Default)]
+pub struct MetricsPage(tokio::sync::Mutex<Option<(Instant, Bytes)>>);
+
+impl MetricsPage {
+    /// The page for a request that `arrived` then: the last render if it
+    /// began after that, or at most `stale_ok` before; else `render`'s.
+    pub async fn text(
+        &self,
+        arrived: Instant,
+        stale_ok: Duration,
+        render: impl FnOnce() -> String,
+    ) -> Bytes {
+        let mut last = self.0.lock().await;
+        if let Some((began, text)) = &*last {
+            if *began + stale_ok >= arrived {
+                return text.clone();
+            }
+        }
+        let began = Instant::now();
+        let text = Bytes::from(render());
+        *last = Some((began, text.clone()));
+        text
+    }
+}
+
+/// Every series, with the pools' and the limits' gauges read now.
+fn render(state: &AppState) -> String {
     let usage = state.seckill.pool_usage();
     metrics::gauge!("seckill_pool_connections", "pool" => "postgres", "state" => "open")
         .set(f64::from(usage.postgres_size));
@@ -114,11 +164,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     let (addresses, users) = state.limits.keys();
     metrics::gauge!("seckill_rate_limit_keys", "limit" => "address").set(addresses as f64);
     metrics::gauge!("seckill_rate_limit_keys", "limit" => "user").set(users as f64);
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
-        .into_response()
+    state.metrics.render()
 }
 
 /// A method as a label: the standard ones by name, anything else `other`,
@@ -158,4 +204,57 @@ pub async fn track(request: Request, next: Next) -> Response {
     metrics::histogram!("http_request_duration_seconds", "route" => route)
         .record(started.elapsed().as_secs_f64());
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A render that counts itself and says which it was.
+    fn counted(renders: &AtomicUsize) -> impl FnOnce() -> String + '_ {
+        || format!("render {}", renders.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+
+    #[tokio::test]
+    async fn a_render_serves_the_requests_that_arrived_before_it_began_and_no_later_one() {
+        let page = MetricsPage::default();
+        let renders = AtomicUsize::new(0);
+        let (first, second) = (Instant::now(), Instant::now());
+        let fresh = Duration::ZERO;
+        assert_eq!(page.text(first, fresh, counted(&renders)).await, "render 1");
+        // Arrived before render 1 began: it saw everything this one asked.
+        assert_eq!(
+            page.text(second, fresh, counted(&renders)).await,
+            "render 1"
+        );
+        // Arrived after it began: rendered again.
+        let later = Instant::now();
+        assert_eq!(page.text(later, fresh, counted(&renders)).await, "render 2");
+        assert_eq!(renders.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn while_the_instance_sheds_a_page_up_to_its_age_limit_serves_later_requests_too() {
+        let page = MetricsPage::default();
+        let renders = AtomicUsize::new(0);
+        let stale_ok = Duration::from_secs(1);
+        assert_eq!(
+            page.text(Instant::now(), stale_ok, counted(&renders)).await,
+            "render 1"
+        );
+        for _ in 0..100 {
+            assert_eq!(
+                page.text(Instant::now(), stale_ok, counted(&renders)).await,
+                "render 1"
+            );
+        }
+        // Older than allowed: rendered again.
+        let much_later = Instant::now() + Duration::from_secs(2);
+        assert_eq!(
+            page.text(much_later, stale_ok, counted(&renders)).await,
+            "render 2"
+        );
+    }
 }

@@ -175,14 +175,17 @@ impl Shedder {
     /// the service answers cheaply (a buyer asking again for what it
     /// holds) is then held as a shed request is.
     pub async fn hold_while_pressed(&self) {
-        let pressed = self
-            .inner
-            .refused
-            .iter()
-            .any(|share| share.load(Ordering::Relaxed) > 0);
-        if pressed && !self.inner.hold.is_zero() {
+        if self.pressed() && !self.inner.hold.is_zero() {
             tokio::time::sleep(self.inner.hold).await;
         }
+    }
+
+    /// Whether any class is being shed now.
+    pub fn pressed(&self) -> bool {
+        self.inner
+            .refused
+            .iter()
+            .any(|share| share.load(Ordering::Relaxed) > 0)
     }
 
     /// The share of `class` refused now, from 0 to 1.

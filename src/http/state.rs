@@ -59,6 +59,8 @@ pub struct AppParts {
     pub monitor: Monitor,
     /// `GET /vouchers`' list as last rendered.
     pub listing: super::cache::Listing,
+    /// `/metrics`' text as last rendered.
+    pub metrics_page: super::ops::MetricsPage,
 }
 
 impl SignIn for AppState {
