@@ -4,7 +4,6 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
@@ -119,35 +118,6 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 /// How old a page may be served while the instance sheds.
 const PAGE_STALE_WHILE_PRESSED: Duration = Duration::from_secs(1);
 
-/// `/metrics`' text, rendered for one request and shared by every request
-/// that arrived before that render began (they see all that happened
-/// before they asked): a render reads every series, about six `/healthz`
-/// requests' CPU, and many scrapes at once need one. One render at a time.
-#[derive(Default)]
-pub struct MetricsPage(tokio::sync::Mutex<Option<(Instant, Bytes)>>);
-
-impl MetricsPage {
-    /// The page for a request that `arrived` then: the last render if it
-    /// began after that, or at most `stale_ok` before; else `render`'s.
-    pub async fn text(
-        &self,
-        arrived: Instant,
-        stale_ok: Duration,
-        render: impl FnOnce() -> String,
-    ) -> Bytes {
-        let mut last = self.0.lock().await;
-        if let Some((began, text)) = &*last {
-            if *began + stale_ok >= arrived {
-                return text.clone();
-            }
-        }
-        let began = Instant::now();
-        let text = Bytes::from(render());
-        *last = Some((began, text.clone()));
-        text
-    }
-}
-
 /// Every series, with the pools' and the limits' gauges read now.
 fn render(state: &AppState) -> String {
     let usage = state.seckill.pool_usage();
@@ -204,57 +174,4 @@ pub async fn track(request: Request, next: Next) -> Response {
     metrics::histogram!("http_request_duration_seconds", "route" => route)
         .record(started.elapsed().as_secs_f64());
     response
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use super::*;
-
-    /// A render that counts itself and says which it was.
-    fn counted(renders: &AtomicUsize) -> impl FnOnce() -> String + '_ {
-        || format!("render {}", renders.fetch_add(1, Ordering::SeqCst) + 1)
-    }
-
-    #[tokio::test]
-    async fn a_render_serves_the_requests_that_arrived_before_it_began_and_no_later_one() {
-        let page = MetricsPage::default();
-        let renders = AtomicUsize::new(0);
-        let (first, second) = (Instant::now(), Instant::now());
-        let fresh = Duration::ZERO;
-        assert_eq!(page.text(first, fresh, counted(&renders)).await, "render 1");
-        // Arrived before render 1 began: it saw everything this one asked.
-        assert_eq!(
-            page.text(second, fresh, counted(&renders)).await,
-            "render 1"
-        );
-        // Arrived after it began: rendered again.
-        let later = Instant::now();
-        assert_eq!(page.text(later, fresh, counted(&renders)).await, "render 2");
-        assert_eq!(renders.load(Ordering::SeqCst), 2);
-    }
-
-    #[tokio::test]
-    async fn while_the_instance_sheds_a_page_up_to_its_age_limit_serves_later_requests_too() {
-        let page = MetricsPage::default();
-        let renders = AtomicUsize::new(0);
-        let stale_ok = Duration::from_secs(1);
-        assert_eq!(
-            page.text(Instant::now(), stale_ok, counted(&renders)).await,
-            "render 1"
-        );
-        for _ in 0..100 {
-            assert_eq!(
-                page.text(Instant::now(), stale_ok, counted(&renders)).await,
-                "render 1"
-            );
-        }
-        // Older than allowed: rendered again.
-        let much_later = Instant::now() + Duration::from_secs(2);
-        assert_eq!(
-            page.text(much_later, stale_ok, counted(&renders)).await,
-            "render 2"
-        );
-    }
 }

@@ -60,7 +60,7 @@ pub struct AppParts {
     /// `GET /vouchers`' list as last rendered.
     pub listing: super::cache::Listing,
     /// `/metrics`' text as last rendered.
-    pub metrics_page: super::ops::MetricsPage,
+    pub metrics_page: super::cache::MetricsPage,
 }
 
 impl SignIn for AppState {
