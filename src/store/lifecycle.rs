@@ -299,7 +299,10 @@ async fn pay_in(
             expired: None,
         });
     }
-    if payment.amount_cents != order.price_cents {
+    // The price matters only to a payment that would pay the order: money
+    // for a closed (or late) order is recorded and refunded, whatever it is.
+    let pays = payment_step(order.status, order.pay_by, now) == PaymentStep::Pay;
+    if pays && payment.amount_cents != order.price_cents {
         return Ok(PaymentOutcome::WrongAmount {
             price_cents: order.price_cents,
         });

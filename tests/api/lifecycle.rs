@@ -195,6 +195,14 @@ async fn a_payment_in_time_pays_once_and_every_other_payment_is_refunded() {
             json!({ "order_id": order_id, "status": "paid", "refund": true })
         )
     );
+    // Money for an order that is paid already is refunded whatever its
+    // amount (a wrong amount is refused only where it would pay), and
+    // recorded: the same delivery again answers alike.
+    let refunded = json!({ "order_id": order_id, "status": "paid", "refund": true });
+    for _ in 0..2 {
+        let (status, body) = notify(&app.client, &app.base, "p-3", &order_id, 1).await;
+        assert_eq!((status, &body), (StatusCode::OK, &refunded));
+    }
     // The payment id names one payment: another order under it is refused.
     let other = app.buy_one(&app.base, 8, voucher).await;
     let (status, body) = notify(&app.client, &app.base, "p-1", &other, 990).await;
@@ -224,7 +232,15 @@ async fn a_payment_in_time_pays_once_and_every_other_payment_is_refunded() {
         .fetch_one(&app.db)
         .await
         .unwrap();
-    assert_eq!(payments, 2, "one row per payment id");
+    assert_eq!(payments, 3, "one row per payment id");
+    let refund_due: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM order_events WHERE type = 'payment.refund_due' AND order_id = $1",
+    )
+    .bind(order_id.parse::<i64>().unwrap())
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(refund_due, 2, "p-2 and p-3 are due back");
 }
 
 #[tokio::test]
