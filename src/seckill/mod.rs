@@ -526,7 +526,7 @@ impl Seckill {
         let sale_mode = new.terms.sale_mode;
         let id = self.inner.store.create_voucher(&new).await?;
         // Someone may have asked for the next id before it existed.
-        self.made(id).await;
+        self.made(id);
         if sale_mode == SaleMode::Async {
             // Loaded before the creation is answered, so that a purchase
             // right after it finds the sale; if Redis cannot take it now,

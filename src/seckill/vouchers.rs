@@ -3,8 +3,9 @@
 //! and an async sale's voucher kept once read (`selling`), so that it sells
 //! on while Postgres is away.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{Result, Seckill, SeckillError, LIST_REFRESH, STOCK_REFRESH};
 use crate::domain::{SaleMode, Voucher, VoucherId};
@@ -55,13 +56,18 @@ pub(super) struct Caches {
     /// Voucher ids found missing, for a moment: a flood of unknown ids
     /// asks Postgres once per id and moment, not once per request.
     pub(super) missing: moka::sync::Cache<VoucherId, ()>,
-    /// The highest voucher id, and when it was read: an id above it is no
-    /// voucher, so a flood of made-up ids (a new one each request) asks
-    /// Postgres one `max(id)` at a time, at most once per
-    /// [`NEWEST_REFRESH`], not one query per request on the pool the sale
-    /// reloads its voucher from. The lock is held while it is read: the
-    /// requests that come meanwhile wait for that read.
-    pub(super) newest: tokio::sync::Mutex<Option<(Instant, i64)>>,
+    /// The highest voucher id known here (0: none yet), read without a
+    /// lock: an id at or below it may be a voucher.
+    pub(super) highest: AtomicI64,
+    /// The highest voucher id as last read from Postgres, kept for
+    /// [`NEWEST_REFRESH`]: an id above [`Caches::highest`] is no voucher
+    /// unless a read says otherwise, so a flood of made-up ids (a new one
+    /// each request) asks Postgres one `max(id)` at a time, not one query
+    /// per request on the pool the sale reloads its voucher from. The
+    /// requests that come while it is read share that read, and its
+    /// failure: with Postgres away they wait for one deadline, not one
+    /// each in turn.
+    pub(super) newest: moka::future::Cache<(), i64>,
     /// Each voucher's remaining stock as last read, for `GET /vouchers`:
     /// a crowd of readers costs one query per voucher and refresh.
     pub(super) stock_seen: moka::future::Cache<VoucherId, i32>,
@@ -82,7 +88,11 @@ impl Caches {
                 .max_capacity(100_000)
                 .time_to_live(MISSING_TTL)
                 .build(),
-            newest: tokio::sync::Mutex::new(None),
+            highest: AtomicI64::new(0),
+            newest: moka::future::Cache::builder()
+                .max_capacity(1)
+                .time_to_live(NEWEST_REFRESH)
+                .build(),
             stock_seen: kept_for(STOCK_REFRESH),
             on_offer: moka::future::Cache::builder()
                 .max_capacity(1)
@@ -157,29 +167,32 @@ impl Seckill {
     /// again when it is, unless read within [`NEWEST_REFRESH`] (a voucher
     /// made on another instance is found once that read is older).
     async fn may_exist(&self, voucher_id: VoucherId) -> Result<bool> {
-        let mut newest = self.inner.vouchers.newest.lock().await;
-        match *newest {
-            Some((_, highest)) if voucher_id.get() <= highest => return Ok(true),
-            Some((read, _)) if read.elapsed() < NEWEST_REFRESH => return Ok(false),
-            _ => {}
+        let vouchers = &self.inner.vouchers;
+        if voucher_id.get() <= vouchers.highest.load(Ordering::Relaxed) {
+            return Ok(true);
         }
-        let highest = self
-            .inner
-            .store
-            .newest_voucher_id()
+        let store = &self.inner.store;
+        let read = vouchers
+            .newest
+            .try_get_with((), async move {
+                store.newest_voucher_id().await.map_err(LoadError::Store)
+            })
             .await
-            .map_err(|error| Arc::new(LoadError::Store(error)).answer())?;
-        *newest = Some((Instant::now(), highest));
+            .map_err(LoadError::answer)?;
+        let highest = vouchers
+            .highest
+            .fetch_max(read, Ordering::Relaxed)
+            .max(read);
         Ok(voucher_id.get() <= highest)
     }
 
     /// A voucher made here: ids up to it exist (so the voucher is found
     /// at once, without another read of the highest id).
-    pub(super) async fn made(&self, voucher_id: VoucherId) {
-        let mut newest = self.inner.vouchers.newest.lock().await;
-        if let Some((_, highest)) = newest.as_mut() {
-            *highest = (*highest).max(voucher_id.get());
-        }
+    pub(super) fn made(&self, voucher_id: VoucherId) {
+        self.inner
+            .vouchers
+            .highest
+            .fetch_max(voucher_id.get(), Ordering::Relaxed);
         self.inner.vouchers.missing.invalidate(&voucher_id);
     }
 }

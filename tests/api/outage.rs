@@ -171,6 +171,31 @@ async fn a_purchase_meets_one_deadline_at_most_when_postgres_hangs() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_voucher_ids_asked_at_once_while_postgres_hangs_share_one_deadline() {
+    // Ids above the highest voucher ask Postgres for the highest id: with
+    // Postgres frozen, the requests asking at once share one read and its
+    // failure, instead of each waiting for the one before to time out (a
+    // lock held across the read made eight requests take eight deadlines).
+    let (app, proxy) = crate::proxy::spawn_app_behind_pg_proxy_timing_out(1_000).await;
+    let known = app.open_voucher(1).await;
+    proxy.freeze();
+    let started = std::time::Instant::now();
+    let asks = (1..=8).map(|n| {
+        let url = app.url(&format!("/vouchers/{}", known + 1_000 * n));
+        let client = app.client.clone();
+        async move {
+            let response = client.get(url).send().await.unwrap();
+            (response.status(), started.elapsed())
+        }
+    });
+    for (status, took) in futures_util::future::join_all(asks).await {
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(took < Duration::from_secs(4), "answered after {took:?}");
+    }
+    proxy.thaw();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purchase_whose_statement_postgres_cancels_is_a_503_never_a_500() {
     // A long deadline: the answer must come from the cancel, not from it.
     let app = spawn_app_with(|mut s| {
