@@ -38,6 +38,9 @@ const REDRAWS: u8 = 3;
 /// Times a batch is run again after a concurrent batch committed an order
 /// of one of its users (or one of its ids) after its snapshot.
 const RERUNS: u64 = 3;
+/// Longest a committed batch's buyers wait for their locks' release before
+/// they are answered (see `answer`).
+const RELEASE_WAIT: Duration = Duration::from_millis(250);
 
 /// What the batch did for one purchase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -488,7 +491,10 @@ fn failed(batch: Vec<Queued>, error: &SeckillError) -> Vec<(Queued, Result<Outco
 
 /// Gives back the users' locks of these purchases (one Redis call for up to
 /// `redis_locks::LOCKS_PER_CALL` of them), then answers each: a buyer hears
-/// once the lock is free, so a retry finds the order, not the lock. A lock
+/// once the lock is free, so a retry finds the order, not the lock. A
+/// release that takes longer than [`RELEASE_WAIT`] (a Redis frozen after the
+/// commit) goes on without them: the buyers are answered, since what they
+/// bought is committed and their purchases' deadline runs meanwhile. A lock
 /// that cannot be given back runs out with its lease; the answer stands
 /// (the order, if any, is committed, and the unique index keeps it single).
 async fn answer(inner: &Inner, answers: Vec<(Queued, Result<Outcome>)>) {
@@ -508,11 +514,23 @@ async fn answer(inner: &Inner, answers: Vec<(Queued, Result<Outcome>)>) {
         guards.push(guard);
         replies.push((voucher.id, user_id, reply, outcome));
     }
-    let released = inner.deps.locks.unlock_all(guards).await;
-    for ((voucher_id, user_id, reply, outcome), released) in replies.into_iter().zip(released) {
-        if let Err(error) = released {
-            tracing::warn!(%user_id, %voucher_id, error = %Chain(&error), "releasing the purchase lock failed");
+    let whose: Vec<(VoucherId, UserId)> = replies.iter().map(|(v, u, ..)| (*v, *u)).collect();
+    let locks = inner.deps.locks.clone();
+    let mut release = Box::pin(async move {
+        let released = locks.unlock_all(guards).await;
+        for ((voucher_id, user_id), released) in whose.into_iter().zip(released) {
+            if let Err(error) = released {
+                tracing::warn!(%user_id, %voucher_id, error = %Chain(&error), "releasing the purchase lock failed");
+            }
         }
+    });
+    if tokio::time::timeout(RELEASE_WAIT, &mut release)
+        .await
+        .is_err()
+    {
+        tokio::spawn(release);
+    }
+    for (_, _, reply, outcome) in replies {
         let _ = reply.send(outcome);
     }
 }

@@ -171,6 +171,38 @@ async fn a_purchase_meets_one_deadline_at_most_when_postgres_hangs() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_committed_just_before_redis_hangs_is_answered_200_not_timed_out() {
+    // The batch commits while Redis is frozen: the release of the buyer's
+    // lock hangs. The buyer is answered once the release has had a moment,
+    // not when the purchase's deadline runs out (a 503 for an order that
+    // is committed).
+    let redis = OwnRedis::start();
+    let url = redis.url();
+    let (app, proxy) = spawn_app_behind_pg_proxy(|mut s| {
+        s.redis_url = url;
+        s.dependency_timeout = Duration::from_millis(3_000);
+        s
+    })
+    .await;
+    let (voucher, tokens) = app.warm_sale(10, 2).await;
+    // Postgres held: the purchase takes its lock and waits in its batch.
+    proxy.freeze();
+    let purchase = {
+        let url = app.url(&format!("/seckill/{voucher}"));
+        let (client, token) = (app.client.clone(), tokens[&2].clone());
+        tokio::spawn(async move { send_purchase(&client, &url, &token).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.freeze();
+    proxy.thaw();
+    let answer = purchase.await.unwrap();
+    redis.thaw();
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
+    app.wait_ready().await;
+    app.check_invariants(voucher).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn made_up_voucher_ids_asked_at_once_while_postgres_hangs_share_one_deadline() {
     // Ids above the highest voucher ask Postgres for the highest id: with
     // Postgres frozen, the requests asking at once share one read and its
