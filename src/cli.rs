@@ -106,7 +106,7 @@ pub async fn main_with<E: Extension>() -> ExitCode {
             eprintln!("ignoring .env: {error}");
         }
     }
-    let cli = Cli::<E>::parse();
+    let cli = Cli::<E>::try_parse().unwrap_or_else(|error| exit_naming_variable::<E>(error));
     let serve = match cli.command {
         Some(Command::Serve(serve)) => serve,
         None => cli.serve,
@@ -119,6 +119,44 @@ pub async fn main_with<E: Extension>() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Exits on a command line or an environment clap refused, naming the
+/// environment variable of the setting at fault beside its flag (clap
+/// names only the flag, and most settings come from the environment).
+fn exit_naming_variable<E: Extension>(error: clap::Error) -> ! {
+    use clap::error::{ContextKind, ContextValue};
+    let variable = match error.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) => {
+            let long = arg.split([' ', '=']).next().unwrap_or("");
+            variable_of(&<Cli<E> as clap::CommandFactory>::command(), long)
+        }
+        _ => None,
+    };
+    match variable {
+        Some(variable) => {
+            eprint!("{}", error.render());
+            eprintln!("(the setting {variable}, or its flag)");
+            std::process::exit(2)
+        }
+        None => error.exit(),
+    }
+}
+
+/// The environment variable of the option whose flag is `long` (with its
+/// dashes), in `command` or its subcommands.
+fn variable_of(command: &clap::Command, long: &str) -> Option<String> {
+    let name = long.strip_prefix("--")?;
+    command
+        .get_arguments()
+        .find(|arg| arg.get_long() == Some(name))
+        .and_then(|arg| arg.get_env())
+        .map(|env| env.to_string_lossy().into_owned())
+        .or_else(|| {
+            command
+                .get_subcommands()
+                .find_map(|sub| variable_of(sub, long))
+        })
 }
 
 async fn run<E: Extension>(mut serve: Serve<E>) -> Result<(), Box<dyn Error>> {

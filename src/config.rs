@@ -99,8 +99,8 @@ pub struct Settings {
     pub limit_delay: Duration,
 
     /// The queueing delay at which the instance is saturated and sheds
-    /// requests, least critical first (anonymous reads and probes; admin
-    /// at ten times it, orders and payments at 25 times, the sale's
+    /// requests, least critical first (anonymous reads, never the probes;
+    /// admin at ten times it, orders and payments at 25 times, the sale's
     /// purchases at a hundred times), in milliseconds; each refusal is held
     /// as a rate-limited one is. 0 turns shedding off.
     #[arg(long = "shed-delay-ms", env = "SECKILL_SHED_DELAY_MS",
@@ -132,13 +132,15 @@ pub struct Settings {
     /// writers), default 4 per core. Purchases of one voucher queue for its
     /// row lock anyway; more connections only add waiters that wake and
     /// contend (BENCHMARKS.md shows the curve).
-    #[arg(long, env = "SECKILL_PG_POOL")]
+    #[arg(long, env = "SECKILL_PG_POOL",
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub pg_pool: Option<u32>,
 
     /// Postgres connections of everything else (reads, admin, payments,
     /// cancels, expiry, stats, readiness), default 2 per core: a flood of
     /// those waits here, never for the sale's connections.
-    #[arg(long, env = "SECKILL_PG_POOL_OTHER")]
+    #[arg(long, env = "SECKILL_PG_POOL_OTHER",
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub pg_pool_other: Option<u32>,
 
     /// Most purchases of one voucher committed in one transaction (group
@@ -156,7 +158,7 @@ pub struct Settings {
 
     /// Lease of the per-user purchase lock, in milliseconds.
     #[arg(long = "lock-lease-ms", env = "SECKILL_LOCK_LEASE_MS",
-          default_value = "10000", value_name = "MS", value_parser = millis)]
+          default_value = "10000", value_name = "MS", value_parser = positive_millis)]
     pub lock_lease: Duration,
 
     /// Deadline of every Postgres query and Redis command (getting a
@@ -182,7 +184,8 @@ pub struct Settings {
 
     /// Most client connections open at once (default: what the process's
     /// open-file limit allows, less room for the pools and the logs).
-    #[arg(long, env = "SECKILL_MAX_CONNECTIONS")]
+    #[arg(long, env = "SECKILL_MAX_CONNECTIONS",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_connections: Option<usize>,
 
     /// How long a voucher's time window is served from memory, in ms.
@@ -274,7 +277,8 @@ pub struct Settings {
         env = "SECKILL_FAULT_CLOCK_SKEW_MS",
         default_value_t = 0,
         allow_negative_numbers = true,
-        hide = true
+        hide = true,
+        value_parser = clap::value_parser!(i64).range(-MOST_SKEW_MS..=MOST_SKEW_MS)
     )]
     pub fault_clock_skew_ms: i64,
 }
@@ -410,7 +414,7 @@ impl Settings {
 
     /// Connections of the pool of everything but the sale's commits.
     pub fn pg_pool_other_size(&self) -> u32 {
-        self.pg_pool_other.unwrap_or_else(|| per_core(2)).max(1)
+        self.pg_pool_other.unwrap_or_else(|| per_core(2))
     }
 
     /// The connection bound: as configured, or what the open-file limit
@@ -517,6 +521,10 @@ enum BadValue {
     },
     #[error("{0} ms is not within 1 to 60000 ms")]
     DeliveryTimeoutOutOfRange(u128),
+    #[error("{0} ms is more than a day ({MOST_MILLIS} ms), the most any `*_MS` setting takes")]
+    MillisTooLong(u64),
+    #[error("0 ms: this setting takes 1 ms at least")]
+    ZeroMillis,
 }
 
 /// A secret as given; empty counts as unset.
@@ -544,19 +552,49 @@ fn delivery_timeout(text: &str) -> Result<Duration, BadValue> {
     }
 }
 
-/// A duration given in whole milliseconds, as every `*_MS` setting is.
+/// The most the injected clock fault may be, either way: a day.
+const MOST_SKEW_MS: i64 = 86_400_000;
+
+/// The longest any `*_MS` setting may be: a day (twice the dependency
+/// deadline must still fit Postgres's `statement_timeout`, and the caches
+/// their timers).
+const MOST_MILLIS: u64 = 86_400_000;
+
+/// A duration given in whole milliseconds, as every `*_MS` setting is, of
+/// a day at most.
 fn millis(text: &str) -> Result<Duration, BadValue> {
-    text.parse::<u64>()
-        .map(Duration::from_millis)
-        .map_err(|cause| BadValue::NotMillis {
-            text: text.to_owned(),
-            cause,
-        })
+    let ms = text.parse::<u64>().map_err(|cause| BadValue::NotMillis {
+        text: text.to_owned(),
+        cause,
+    })?;
+    if ms > MOST_MILLIS {
+        return Err(BadValue::MillisTooLong(ms));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+/// Like [`millis`], for a setting that 0 would break (a lease of nothing).
+fn positive_millis(text: &str) -> Result<Duration, BadValue> {
+    let duration = millis(text)?;
+    if duration.is_zero() {
+        return Err(BadValue::ZeroMillis);
+    }
+    Ok(duration)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_millisecond_setting_is_a_day_at_most_and_a_lease_one_millisecond_at_least() {
+        assert_eq!(millis("0").unwrap(), Duration::ZERO);
+        assert_eq!(millis("86400000").unwrap(), Duration::from_secs(86_400));
+        assert!(millis("86400001").is_err());
+        assert!(millis("18446744073709551615").is_err());
+        assert!(positive_millis("0").is_err());
+        assert_eq!(positive_millis("1").unwrap(), Duration::from_millis(1));
+    }
 
     #[test]
     fn a_webhook_delivery_timeout_is_one_millisecond_to_a_minute() {

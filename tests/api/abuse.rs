@@ -606,3 +606,30 @@ async fn metrics_on_their_own_address_leave_the_public_one() {
     let described = &doc["paths"]["/metrics"]["get"]["responses"];
     assert!(described.get("404").is_some(), "{described}");
 }
+
+#[test]
+fn a_setting_the_service_cannot_take_stops_it_naming_the_variable() {
+    // A value of the wrong kind, a zero where none can work, a duration
+    // past a day: refused before anything starts, the variable named (clap
+    // named only the flag; a pool of 0 panicked after the migrations).
+    for (variable, value) in [
+        ("SECKILL_LIMIT_PER_ADDRESS", "abc"),
+        ("SECKILL_PG_POOL", "0"),
+        ("SECKILL_PG_POOL_OTHER", "0"),
+        ("SECKILL_MAX_CONNECTIONS", "0"),
+        ("SECKILL_LOCK_LEASE_MS", "0"),
+        ("SECKILL_DEPENDENCY_TIMEOUT_MS", "2000000000"),
+        ("SECKILL_USER_LOCKS", "maybe"),
+        ("SECKILL_TRUSTED_PROXIES", "not-an-address"),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+            .arg("serve")
+            .env(variable, value)
+            .env("DATABASE_URL", "postgres://unused@127.0.0.1:1/none")
+            .output()
+            .expect("the binary runs");
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{variable}={value}: {said}");
+        assert!(said.contains(variable), "{variable}={value}: {said}");
+    }
+}
