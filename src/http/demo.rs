@@ -5,7 +5,8 @@
 //! signed bytes to the same `/payments/notify` handling.
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::Json;
 use chrono::Utc;
@@ -26,8 +27,21 @@ const DEMO_TOKEN_SECONDS: i64 = 86_400;
 const FIRST_DEMO_USER: i64 = 1 << 32;
 const LAST_DEMO_USER: i64 = (1 << 53) - 1;
 
-fn not_a_demo() -> ApiError {
-    ApiError::NotFound("no such route".into())
+/// The service runs with `--demo`; else the route answers `404`, as an
+/// unknown one, before anything else of the request is looked at (its
+/// token, its id, its body).
+pub struct Demo;
+
+impl FromRequestParts<AppState> for Demo {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(_: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        if state.demo {
+            Ok(Self)
+        } else {
+            Err(ApiError::NotFound("no such route".into()))
+        }
+    }
 }
 
 /// A fresh demo user.
@@ -50,11 +64,9 @@ pub struct DemoUser {
 )]
 pub async fn new_user(
     State(state): State<AppState>,
+    _: Demo,
     NoBody: NoBody,
 ) -> Result<Json<DemoUser>, ApiError> {
-    if !state.demo {
-        return Err(not_a_demo());
-    }
     let user_id = rand::random_range(FIRST_DEMO_USER..=LAST_DEMO_USER);
     let expires = Utc::now().timestamp() + DEMO_TOKEN_SECONDS;
     Ok(Json(DemoUser {
@@ -80,13 +92,11 @@ pub async fn new_user(
 )]
 pub async fn pay(
     State(state): State<AppState>,
+    _: Demo,
     User(user_id): User,
     OrderIdPath(order_id): OrderIdPath,
     NoBody: NoBody,
 ) -> Result<Json<PaymentReceipt>, ApiError> {
-    if !state.demo {
-        return Err(not_a_demo());
-    }
     let order = state.seckill.order(order_id).await?;
     if order.user_id != user_id {
         // As GET /orders/{id}: another's order looks like none.

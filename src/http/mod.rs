@@ -136,6 +136,7 @@ pub fn metrics_router(state: AppState) -> Router {
     Router::new()
         .route("/metrics", get(ops::metrics))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
 }
 

@@ -594,6 +594,12 @@ async fn metrics_on_their_own_address_leave_the_public_one() {
     assert_eq!(page.status(), StatusCode::OK);
     let text = page.text().await.unwrap();
     assert!(text.contains("seckill_rate_limited_total"), "{text}");
+    // Its errors are the API's JSON too.
+    let (status, body) = answer(db_app.client.post(&metrics)).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::METHOD_NOT_ALLOWED, Some("method_not_allowed"))
+    );
     for (path, status) in [
         ("/metrics", StatusCode::NOT_FOUND),
         ("/healthz", StatusCode::OK),

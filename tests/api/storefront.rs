@@ -89,6 +89,20 @@ async fn without_demo_the_demo_routes_are_not_found() {
     let (status, body) = post(&app, &format!("/demo/orders/{order}/pay"), Some(&token)).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(body["error"], "not_found", "{body}");
+    // Whatever else the request holds: no token, a malformed id, a body.
+    let (status, _) = post(&app, &format!("/demo/orders/{order}/pay"), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "without a token");
+    let (status, _) = post(&app, "/demo/orders/x/pay", Some(&token)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "a malformed id");
+    let response = app
+        .client
+        .post(app.url("/demo/users"))
+        .header("content-type", "application/json")
+        .body(r#"{"name":"x"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND, "with a body");
     let (_, order_now) = app.get_as(&format!("/orders/{order}"), &token).await;
     assert_eq!(order_now["status"], "unpaid");
 }
