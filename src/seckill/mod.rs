@@ -93,7 +93,8 @@ fn units_asked(asked: Option<i64>, allowed: i32, bound: &str) -> Result<Quantity
 pub const STOCK_REFRESH: Duration = Duration::from_millis(100);
 /// How old the list of vouchers on offer (`GET /vouchers`) may be, at most.
 pub const LIST_REFRESH: Duration = Duration::from_millis(500);
-/// Most vouchers that list holds: the first to start of those not ended.
+/// Most vouchers that list holds (a list anyone may ask for stays small):
+/// past it, the sales that began last, then the first to start.
 pub const LISTED_VOUCHERS: i64 = 200;
 /// Readiness is probed at most this often; callers in between share it.
 pub const READY_EVERY: Duration = Duration::from_millis(500);

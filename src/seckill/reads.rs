@@ -76,7 +76,8 @@ impl Seckill {
     }
 
     /// The vouchers whose sale has not ended, on sale first, then coming,
-    /// each by its start (at most [`LISTED_VOUCHERS`]), with their stock:
+    /// each by its start (at most [`LISTED_VOUCHERS`]: past it, the sales
+    /// that began last and the first to start), with their stock:
     /// as listed at most [`LIST_REFRESH`](super::LIST_REFRESH) ago, one query per refresh however
     /// many read it.
     pub async fn vouchers_on_offer(&self) -> Result<Arc<[Voucher]>> {

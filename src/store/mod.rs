@@ -363,13 +363,21 @@ impl Store {
     }
 
     /// The vouchers whose sale has not ended at `now`, on sale first, then
-    /// coming, each by its start; at most `limit`.
+    /// coming, each by its start; at most `limit`: past it, the sales that
+    /// began last and those that start first (a sale that opened a minute
+    /// ago is listed however many long ones run beside it).
     pub async fn vouchers_not_ended(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<Voucher>> {
         const SQL: &str = concat!(
             "SELECT ",
             voucher_columns!(),
             " FROM vouchers v JOIN seckill_vouchers s ON s.voucher_id = v.id",
-            " WHERE s.end_time > $1 ORDER BY s.begin_time, v.id LIMIT $2"
+            " WHERE s.voucher_id IN (",
+            "(SELECT voucher_id FROM seckill_vouchers WHERE begin_time <= $1 AND end_time > $1",
+            " ORDER BY begin_time DESC, voucher_id DESC LIMIT $2)",
+            " UNION ALL",
+            " (SELECT voucher_id FROM seckill_vouchers WHERE begin_time > $1 AND end_time > $1",
+            " ORDER BY begin_time, voucher_id LIMIT $2))",
+            " ORDER BY s.begin_time > $1, s.begin_time, v.id LIMIT $2"
         );
         self.db
             .run(|c, persistent| {

@@ -140,6 +140,46 @@ async fn the_list_holds_the_vouchers_on_sale_and_coming_with_the_servers_time() 
 }
 
 #[tokio::test]
+async fn past_its_bound_the_list_keeps_the_sales_that_began_last() {
+    // As many long sales as the list holds, begun a day ago, then one that
+    // opens now: the new one is listed (the list held the first to start,
+    // and the new sale was left out however it was looked for).
+    let app = spawn_app().await;
+    let now = Utc::now();
+    let (begin, end) = (
+        now - chrono::Duration::days(1),
+        now + chrono::Duration::days(7),
+    );
+    let long: Vec<i64> =
+        futures_util::future::join_all((0..seckill::seckill::LISTED_VOUCHERS).map(|n| {
+            app.create_voucher_from(json!({
+                "title": format!("long {n}"), "stock": 1,
+                "begin_time": begin, "end_time": end,
+            }))
+        }))
+        .await;
+    let fresh = app.open_voucher(3).await;
+    let (status, _, _, body) = read(&app, "/vouchers", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    let ids: Vec<i64> = body["vouchers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids.len() as i64, seckill::seckill::LISTED_VOUCHERS);
+    assert_eq!(
+        ids.last(),
+        Some(&fresh),
+        "the newest sale, last by its start"
+    );
+    // Of the long ones, the one made first (same start, lowest id) left.
+    let first_made = long.iter().min().unwrap();
+    assert!(!ids.contains(first_made), "{ids:?}");
+}
+
+#[tokio::test]
 async fn made_up_voucher_ids_are_answered_from_the_highest_id_not_one_query_each() {
     let app = spawn_app().await;
     let voucher = app.open_voucher(5).await;
