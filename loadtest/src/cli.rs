@@ -104,7 +104,8 @@ pub(crate) enum Scenario {
     Throughput(TimedArgs),
     /// A sold-out voucher flooded: rejections per second, beside /healthz.
     Soldout(TimedArgs),
-    /// Every scenario in turn, with their default sizes.
+    /// The crowd's scenarios in turn (flash, hammer, throughput, soldout),
+    /// with their default sizes, and the ceilings.
     All,
     /// Mint tokens through --url's admin API into a JSON file for k6/oha.
     Tokens(TokensArgs),

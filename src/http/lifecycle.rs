@@ -63,7 +63,8 @@ pub struct PaymentNotice {
     /// The order paid for, in decimal.
     #[schema(pattern = "^[1-9][0-9]{0,18}$", example = "669711463081050113")]
     order_id: String,
-    /// What was paid; must be the voucher's price.
+    /// What was paid: to pay an unpaid order, the voucher's price times the
+    /// order's quantity; any amount for a closed order is refunded.
     #[schema(example = 990)]
     amount_cents: i64,
 }
@@ -86,7 +87,7 @@ pub struct PaymentReceipt {
     params(("X-Signature" = String, Header, description = "sha256=<hex HMAC-SHA256 of the raw body under SECKILL_PAYMENT_SECRET>")),
     responses(
         (status = 200, description = "Recorded (idempotent by payment_id): paid in time, or to be refunded", body = PaymentReceipt),
-        (status = 400, description = "bad_request: a malformed body, or an amount other than the price", body = ErrorBody),
+        (status = 400, description = "bad_request: a malformed body, or an amount other than the order's price (price times quantity) for a payment that would pay it", body = ErrorBody),
         (status = 401, description = "unauthorized: a missing or wrong signature", body = ErrorBody),
         (status = 403, description = "forbidden: no payment secret is configured", body = ErrorBody),
         (status = 404, description = "not_found: no such order", body = ErrorBody),
