@@ -101,8 +101,9 @@ pub async fn readyz(State(state): State<AppState>) -> Result<StatusCode, ApiErro
 )]
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let arrived = Instant::now();
-    // While the instance sheds, a scrape flood is served a page up to a
-    // second old: a render a second, not one per request.
+    // While the instance sheds, scrapes that queue behind a render (a
+    // flood) are served a page up to a second old: a render a second, not
+    // one per request. One scraper asking in turn always gets a fresh one.
     let stale_ok = if state.shedder.pressed() {
         PAGE_STALE_WHILE_PRESSED
     } else {
