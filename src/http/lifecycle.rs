@@ -65,7 +65,7 @@ pub struct PaymentNotice {
     order_id: String,
     /// What was paid: to pay an unpaid order, the voucher's price times the
     /// order's quantity; any amount for a closed order is refunded.
-    #[schema(example = 990)]
+    #[schema(minimum = 0, example = 990)]
     amount_cents: i64,
 }
 
@@ -115,6 +115,11 @@ pub async fn notify(
         return Err(ApiError::BadRequest(format!(
             "payment_id must have 1 to {PAYMENT_ID_MAX_CHARS} characters, none of them control characters"
         )));
+    }
+    if notice.amount_cents < 0 {
+        return Err(ApiError::BadRequest(
+            "amount_cents must not be negative".into(),
+        ));
     }
     let order_id: OrderId = notice
         .order_id

@@ -203,6 +203,12 @@ async fn a_payment_in_time_pays_once_and_every_other_payment_is_refunded() {
         let (status, body) = notify(&app.client, &app.base, "p-3", &order_id, 1).await;
         assert_eq!((status, &body), (StatusCode::OK, &refunded));
     }
+    // No amount is negative, whatever the order.
+    let (status, body) = notify(&app.client, &app.base, "p-4", &order_id, -500).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("bad_request"))
+    );
     // The payment id names one payment: another order under it is refused.
     let other = app.buy_one(&app.base, 8, voucher).await;
     let (status, body) = notify(&app.client, &app.base, "p-1", &other, 990).await;
