@@ -85,6 +85,9 @@ struct Inner {
     max: usize,
     /// Each voucher's writer, by its queue.
     writers: Workers<Queue<Queued>>,
+    /// Where a release that outlasts [`RELEASE_WAIT`] goes on: the
+    /// instance's shutdown waits for it.
+    background: InstanceTasks,
 }
 
 /// What the batch writers work with, from the rest of the instance.
@@ -105,7 +108,8 @@ impl Batcher {
             inner: Arc::new(Inner {
                 deps,
                 max: max.max(1),
-                writers: Workers::new(background),
+                writers: Workers::new(background.clone()),
+                background,
             }),
         }
     }
@@ -528,7 +532,7 @@ async fn answer(inner: &Inner, answers: Vec<(Queued, Result<Outcome>)>) {
         .await
         .is_err()
     {
-        tokio::spawn(release);
+        inner.background.tasks.spawn(release);
     }
     for (_, _, reply, outcome) in replies {
         let _ = reply.send(outcome);
