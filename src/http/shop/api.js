@@ -162,6 +162,8 @@ window.Seckill = (function () {
   function say(text, code, background) {
     const line = document.querySelector('[data-testid="message"]');
     if (!line) return;
+    // A background error does not hide what a click was refused.
+    if (background && line.dataset.background === "false" && line.dataset.error) return;
     line.textContent = text;
     line.dataset.error = code || "";
     line.dataset.background = background ? "true" : "false";

@@ -427,7 +427,7 @@
     });
     if (state.voucherId !== id || state.queue !== q) return;
     if (answer.status !== 200) {
-      refused(answer);
+      refused(answer, true);
       if ([400, 401, 403, 404, 409].includes(answer.status)) {
         // The ticket is not (or no longer) good here, or the sale ended:
         // join again, where there is a sale to join.
@@ -438,6 +438,7 @@
       state.queueTimer = setTimeout(pollQueue, (answer.retryAfter || 2) * 1000);
       return;
     }
+    S.recovered();
     queued(answer);
   }
 
@@ -472,8 +473,9 @@
   }
 
   // An error answer: its message, and what it changes on the page.
-  function refused(answer) {
-    const said = S.sayError(answer);
+  // `background`: the page's own poll was refused, not a click.
+  function refused(answer, background) {
+    const said = S.sayError(answer, background);
     if (said.code === "rate_limited" || said.code === "unavailable") {
       state.blockedUntil = Date.now() + (answer.retryAfter || 1) * 1000;
       setTimeout(updateButtons, (answer.retryAfter || 1) * 1000 + 50);
@@ -564,6 +566,7 @@
     const answer = await S.call("GET", "/orders/" + orderId, { token: token() });
     if (state.voucherId !== id) return;
     if (answer.status === 200) {
+      S.recovered();
       setOrder(answer.body);
       if (answer.body.status === "pending") state.orderTimer = setTimeout(loadOrder, ORDER_POLL_MS);
       else if (answer.body.status === "unpaid") {
@@ -579,7 +582,7 @@
       state.order = null;
       showOrder();
     } else {
-      refused(answer);
+      refused(answer, true);
       state.orderTimer = setTimeout(loadOrder, (answer.retryAfter || 1) * 1000);
     }
   }
