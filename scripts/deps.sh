@@ -22,10 +22,19 @@ set -euo pipefail
 # The URLs as the service takes them: the environment first, then .env
 # (which the service reads too, but only for what the environment lacks:
 # exported here, a default would hide it), then the defaults.
+# Read as dotenv reads it: the first line that sets it, `export ` allowed,
+# CRLF endings, a value in quotes taken whole, an unquoted one up to a
+# ` #` comment.
 for name in DATABASE_URL REDIS_URL; do
     if [ -z "${!name:-}" ] && [ -f .env ]; then
-        value="$(sed -n "s/^$name=//p" .env | tail -n 1)"
-        value="${value%\"}"; value="${value#\"}"
+        value="$(tr -d '\r' < .env \
+            | sed -n -E "s/^[[:space:]]*(export[[:space:]]+)?$name[[:space:]]*=[[:space:]]*//p" \
+            | head -n 1)"
+        case "$value" in
+            \"*) value="${value#\"}"; value="${value%%\"*}" ;;
+            \'*) value="${value#\'}"; value="${value%%\'*}" ;;
+            *) value="${value%%[[:space:]]#*}"; value="${value%"${value##*[![:space:]]}"}" ;;
+        esac
         if [ -n "$value" ]; then export "$name=$value"; fi
     fi
 done

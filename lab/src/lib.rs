@@ -76,7 +76,8 @@ pub struct LabArgs {
         long = "lab-lease-ms",
         env = "SECKILL_LAB_LEASE_MS",
         default_value_t = 1000,
-        value_name = "MS"
+        value_name = "MS",
+        value_parser = clap::value_parser!(u64).range(1..=86_400_000)
     )]
     pub lab_lease_ms: u64,
 }
