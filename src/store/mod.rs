@@ -363,9 +363,11 @@ impl Store {
     }
 
     /// The vouchers whose sale has not ended at `now`, on sale first, then
-    /// coming, each by its start; at most `limit`: past it, the sales that
-    /// began last and those that start first (a sale that opened a minute
-    /// ago is listed however many long ones run beside it).
+    /// coming, each by its start; at most `limit`: past it, of the sales on
+    /// now those that began last, of those coming the first to start, each
+    /// side kept to half the bound where the other fills its own (a sale
+    /// that opened a minute ago is listed however many long ones run beside
+    /// it, and the next to start however many run).
     pub async fn vouchers_not_ended(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<Voucher>> {
         const SQL: &str = concat!(
             "SELECT ",
@@ -377,9 +379,10 @@ impl Store {
             " UNION ALL",
             " (SELECT voucher_id FROM seckill_vouchers WHERE begin_time > $1 AND end_time > $1",
             " ORDER BY begin_time, voucher_id LIMIT $2))",
-            " ORDER BY s.begin_time > $1, s.begin_time, v.id LIMIT $2"
+            " ORDER BY s.begin_time > $1, s.begin_time, v.id"
         );
-        self.db
+        let listed: Vec<Voucher> = self
+            .db
             .run(|c, persistent| {
                 Box::pin(
                     sqlx::query_as(SQL)
@@ -389,7 +392,28 @@ impl Store {
                         .fetch_all(c),
                 )
             })
-            .await
+            .await?;
+        let on_sale = listed
+            .iter()
+            .take_while(|v| v.terms.begin_time <= now)
+            .count();
+        let (take_on_sale, take_coming) = shares(
+            on_sale,
+            listed.len() - on_sale,
+            usize::try_from(limit).unwrap_or(0),
+        );
+        Ok(listed
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| {
+                if *i < on_sale {
+                    *i >= on_sale - take_on_sale
+                } else {
+                    *i - on_sale < take_coming
+                }
+            })
+            .map(|(_, v)| v)
+            .collect())
     }
 
     pub async fn stock_level(&self, voucher_id: VoucherId) -> Result<Option<StockLevel>> {
@@ -509,6 +533,15 @@ impl Store {
     }
 }
 
+/// How many of `on_sale` and of `coming` vouchers a list of at most
+/// `limit` holds: each side half the bound at least where it has them,
+/// what one side leaves going to the other.
+fn shares(on_sale: usize, coming: usize, limit: usize) -> (usize, usize) {
+    let coming_kept = coming.min(limit.saturating_sub(on_sale).max(limit / 2));
+    let on_sale_kept = on_sale.min(limit - coming_kept.min(limit));
+    (on_sale_kept, coming_kept)
+}
+
 /// Applies the migrations over one direct connection (they take a session
 /// advisory lock, so that instances starting together migrate once).
 async fn migrate(options: &PgConnectOptions, timeout: Duration, deadline: Duration) -> Result<()> {
@@ -586,4 +619,30 @@ async fn create_database_if_missing(options: &PgConnectOptions, timeout: Duratio
     }
     admin.close().within(timeout).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shares;
+
+    #[test]
+    fn a_full_list_keeps_half_for_each_side_and_gives_what_one_leaves_to_the_other() {
+        // (on sale, coming, bound) -> (on sale kept, coming kept)
+        for (on_sale, coming, limit, kept) in [
+            (10, 5, 200, (10, 5)),
+            (300, 0, 200, (200, 0)),
+            (0, 300, 200, (0, 200)),
+            (300, 300, 200, (100, 100)),
+            (300, 10, 200, (190, 10)),
+            (10, 300, 200, (10, 190)),
+            (1, 1, 1, (1, 0)),
+            (0, 0, 0, (0, 0)),
+        ] {
+            assert_eq!(
+                shares(on_sale, coming, limit),
+                kept,
+                "{on_sale}, {coming}, {limit}"
+            );
+        }
+    }
 }

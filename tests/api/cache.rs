@@ -140,25 +140,33 @@ async fn the_list_holds_the_vouchers_on_sale_and_coming_with_the_servers_time() 
 }
 
 #[tokio::test]
-async fn past_its_bound_the_list_keeps_the_sales_that_began_last() {
+async fn past_its_bound_the_list_keeps_the_sales_that_began_last_and_the_next_to_start() {
     // As many long sales as the list holds, begun a day ago, then one that
-    // opens now: the new one is listed (the list held the first to start,
-    // and the new sale was left out however it was looked for).
+    // opens now and one that starts in an hour: both are listed (the list
+    // held the first to start, so the new sale and the coming one were
+    // left out however they were looked for).
     let app = spawn_app().await;
     let now = Utc::now();
     let (begin, end) = (
         now - chrono::Duration::days(1),
         now + chrono::Duration::days(7),
     );
-    let long: Vec<i64> =
-        futures_util::future::join_all((0..seckill::seckill::LISTED_VOUCHERS).map(|n| {
-            app.create_voucher_from(json!({
-                "title": format!("long {n}"), "stock": 1,
-                "begin_time": begin, "end_time": end,
-            }))
+    let bound = seckill::seckill::LISTED_VOUCHERS;
+    let long: Vec<i64> = futures_util::future::join_all((0..bound).map(|n| {
+        app.create_voucher_from(json!({
+            "title": format!("long {n}"), "stock": 1,
+            "begin_time": begin, "end_time": end,
+        }))
+    }))
+    .await;
+    let fresh = app.open_voucher(3).await;
+    let coming = app
+        .create_voucher_from(json!({
+            "title": "coming", "stock": 1,
+            "begin_time": now + chrono::Duration::hours(1),
+            "end_time": now + chrono::Duration::hours(2),
         }))
         .await;
-    let fresh = app.open_voucher(3).await;
     let (status, _, _, body) = read(&app, "/vouchers", None).await;
     assert_eq!(status, StatusCode::OK);
     let body: Value = serde_json::from_str(&body).unwrap();
@@ -168,15 +176,17 @@ async fn past_its_bound_the_list_keeps_the_sales_that_began_last() {
         .iter()
         .map(|v| v["id"].as_i64().unwrap())
         .collect();
-    assert_eq!(ids.len() as i64, seckill::seckill::LISTED_VOUCHERS);
-    assert_eq!(
-        ids.last(),
-        Some(&fresh),
-        "the newest sale, last by its start"
+    assert_eq!(ids.len() as i64, bound);
+    // On sale by start, the newest last of them; then the coming one.
+    assert_eq!(&ids[ids.len() - 2..], &[fresh, coming], "{ids:?}");
+    // Of the long ones, the two made first (same start, lowest ids) left.
+    let mut by_age = long.clone();
+    by_age.sort();
+    assert!(
+        !ids.contains(&by_age[0]) && !ids.contains(&by_age[1]),
+        "{ids:?}"
     );
-    // Of the long ones, the one made first (same start, lowest id) left.
-    let first_made = long.iter().min().unwrap();
-    assert!(!ids.contains(first_made), "{ids:?}");
+    assert!(ids.contains(&by_age[2]), "{ids:?}");
 }
 
 #[tokio::test]
