@@ -38,8 +38,10 @@ pub enum StartupError {
     RedisTarget(#[from] crate::kv::BadRedisUrl),
     #[error("SECKILL_JWT_JWKS")]
     Jwks(#[from] crate::auth::JwksError),
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("{variable}: cannot listen on {addr}: {source}")]
     Bind {
+        /// The setting that named the address.
+        variable: &'static str,
         addr: String,
         source: std::io::Error,
     },
@@ -85,7 +87,16 @@ impl Application {
         let metrics = http::ops::prometheus();
         // The address first: while Postgres is waited for, `/healthz` says
         // the process runs and the rest is `503` (a port taken fails now).
-        let starting = Starting::serve(bind(&settings.addr).await?, settings.header_timeout);
+        let starting = Starting::serve(
+            bind("SECKILL_ADDR", &settings.addr).await?,
+            settings.header_timeout,
+        );
+        // Its own address too, before Postgres is waited for: a wrong one
+        // fails now, not after the wait.
+        let metrics_listener = match &settings.metrics_addr {
+            Some(addr) => Some(bind("SECKILL_METRICS_ADDR", addr).await?),
+            None => None,
+        };
         let (store, namespace) = connect_store(&settings).await?;
         // Every key under the database's own namespace: Redis state of
         // another database (or of this one before a reset) is never read.
@@ -114,10 +125,6 @@ impl Application {
             clock,
             seckill_settings(&settings, prefix.clone(), &token_key),
         );
-        let metrics_listener = match &settings.metrics_addr {
-            Some(addr) => Some(bind(addr).await?),
-            None => None,
-        };
         let state = AppState::new(AppParts {
             seckill,
             auth,
@@ -139,6 +146,7 @@ impl Application {
             metrics_page: Default::default(),
         });
         let listener = starting.stop().await.map_err(|source| StartupError::Bind {
+            variable: "SECKILL_ADDR",
             addr: settings.addr.clone(),
             source,
         })?;
@@ -310,11 +318,12 @@ impl Application {
     }
 }
 
-/// A listener on `addr`.
-async fn bind(addr: &str) -> Result<TcpListener, StartupError> {
+/// A listener on `addr`, which the setting `variable` names.
+async fn bind(variable: &'static str, addr: &str) -> Result<TcpListener, StartupError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| StartupError::Bind {
+            variable,
             addr: addr.to_owned(),
             source,
         })

@@ -639,3 +639,30 @@ fn a_setting_the_service_cannot_take_stops_it_naming_the_variable() {
         assert!(said.contains(variable), "{variable}={value}: {said}");
     }
 }
+
+#[tokio::test]
+async fn an_address_the_service_cannot_listen_on_stops_it_naming_its_variable() {
+    // Postgres is not reachable here: the addresses are judged before it
+    // is waited for.
+    let base = settings(
+        "postgres://unused@127.0.0.1:1/none",
+        "redis://127.0.0.1:1",
+        "x:",
+    );
+    let mut public = base.clone();
+    public.addr = "not-an-address".into();
+    let mut metrics = base;
+    metrics.metrics_addr = Some("not-an-address".into());
+    for (settings, variable) in [(public, "SECKILL_ADDR"), (metrics, "SECKILL_METRICS_ADDR")] {
+        let started = std::time::Instant::now();
+        let error = match Application::build(settings).await {
+            Ok(_) => panic!("{variable}=not-an-address was taken"),
+            Err(error) => seckill::telemetry::Chain(&error).to_string(),
+        };
+        assert!(error.contains(variable), "{error}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{variable}: {error}"
+        );
+    }
+}
