@@ -330,8 +330,37 @@ impl Settings {
                 })?;
             }
         }
+        self.check_database_urls()?;
         self.check_jwt()?;
         self.check_webhook()
+    }
+
+    /// The Postgres URLs read as Postgres connection URLs: a malformed one
+    /// stops the start naming its variable, not as Postgres failing.
+    fn check_database_urls(&self) -> Result<(), SettingsError> {
+        let urls = [
+            ("DATABASE_URL", Some(&self.database_url)),
+            (
+                "SECKILL_DATABASE_DIRECT_URL",
+                self.database_direct_url.as_ref(),
+            ),
+        ];
+        for (variable, url) in urls {
+            // An empty direct URL is none (DATABASE_URL serves).
+            if let Some(url) = url.filter(|url| !url.trim().is_empty()) {
+                let why = if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                    Some("its scheme is not postgres:// or postgresql://".to_owned())
+                } else {
+                    url.parse::<sqlx::postgres::PgConnectOptions>()
+                        .err()
+                        .map(|error| error.to_string())
+                };
+                if let Some(why) = why {
+                    return Err(SettingsError::NotPostgres { variable, why });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A JWT key needs the issuer and the audience it is for: without
@@ -454,6 +483,8 @@ pub enum SettingsError {
     },
     #[error("{variable} must be an http:// or https:// URL with a host")]
     NotHttp { variable: &'static str },
+    #[error("{variable} is not a Postgres URL (postgres://user@host:port/database): {why}")]
+    NotPostgres { variable: &'static str, why: String },
 }
 
 /// Fewest bytes of a secret: 256 bits of hex or base64 take more.

@@ -666,3 +666,26 @@ async fn an_address_the_service_cannot_listen_on_stops_it_naming_its_variable() 
         );
     }
 }
+
+#[tokio::test]
+async fn a_postgres_url_that_is_not_one_stops_the_service_naming_its_variable() {
+    let base = settings(
+        "postgres://unused@127.0.0.1:1/none",
+        "redis://127.0.0.1:1",
+        "x:",
+    );
+    let mut main = base.clone();
+    main.database_url = "postgres://user@host:notaport/db".into();
+    let mut direct = base;
+    direct.database_direct_url = Some("mysql://somewhere/else".into());
+    for (settings, variable) in [
+        (main, "DATABASE_URL"),
+        (direct, "SECKILL_DATABASE_DIRECT_URL"),
+    ] {
+        let error = match Application::build(settings).await {
+            Ok(_) => panic!("{variable} was taken"),
+            Err(error) => seckill::telemetry::Chain(&error).to_string(),
+        };
+        assert!(error.contains(variable), "{error}");
+    }
+}
