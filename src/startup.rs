@@ -32,10 +32,17 @@ pub enum StartupError {
     Settings(#[from] SettingsError),
     #[error("Postgres at start-up")]
     Store(#[from] StoreError),
-    #[error("REDIS_URL cannot be connected to")]
-    RedisUrl(#[source] redis::RedisError),
-    #[error("REDIS_URL")]
-    RedisTarget(#[from] crate::kv::BadRedisUrl),
+    #[error("{variable} cannot be connected to")]
+    RedisUrl {
+        /// The setting that named the Redis.
+        variable: &'static str,
+        source: redis::RedisError,
+    },
+    #[error("{variable}")]
+    RedisTarget {
+        variable: &'static str,
+        source: crate::kv::BadRedisUrl,
+    },
     #[error("SECKILL_JWT_JWKS")]
     Jwks(#[from] crate::auth::JwksError),
     #[error("{variable}: cannot listen on {addr}: {source}")]
@@ -201,6 +208,7 @@ impl Application {
     pub fn lock_client(&self, prefix: &str) -> Result<LockClient, StartupError> {
         lock_client(
             &self.settings,
+            "REDIS_URL",
             &self.settings.redis_url,
             &format!("{}{prefix}", self.prefix),
         )
@@ -329,22 +337,32 @@ async fn bind(variable: &'static str, addr: &str) -> Result<TcpListener, Startup
         })
 }
 
-/// The endpoint `url` (a `REDIS_URL`) names.
-fn redis_endpoint(url: &str) -> Result<redis_locks::Endpoint, StartupError> {
-    RedisTarget::parse(url)?
+/// The endpoint `url` names, given by the setting `variable`.
+fn redis_endpoint(
+    variable: &'static str,
+    url: &str,
+) -> Result<redis_locks::Endpoint, StartupError> {
+    RedisTarget::parse(url)
+        .map_err(|source| StartupError::RedisTarget { variable, source })?
         .endpoint()
-        .map_err(StartupError::RedisUrl)
+        .map_err(|source| StartupError::RedisUrl { variable, source })
 }
 
-/// A lock client on the Redis at `url`, its keys under `prefix`, its
-/// commands bounded by the dependency timeout.
-fn lock_client(settings: &Settings, url: &str, prefix: &str) -> Result<LockClient, StartupError> {
+/// A lock client on the Redis at `url` (which the setting `variable`
+/// names), its keys under `prefix`, its commands bounded by the dependency
+/// timeout.
+fn lock_client(
+    settings: &Settings,
+    variable: &'static str,
+    url: &str,
+    prefix: &str,
+) -> Result<LockClient, StartupError> {
     let options = LockOptions {
         command_timeout: settings.dependency_timeout,
         ..LockOptions::default()
     };
     Ok(LockClient::with_options(
-        redis_endpoint(url)?,
+        redis_endpoint(variable, url)?,
         prefix,
         options,
     ))
@@ -432,14 +450,18 @@ fn user_locks(settings: &Settings, prefix: &str) -> Result<LockBackend, StartupE
         );
         return Ok(LockBackend::Off);
     }
-    let client = |url: &str| lock_client(settings, url, prefix);
     let nodes = settings.lock_nodes();
     if nodes.is_empty() {
-        return Ok(LockBackend::Single(client(&settings.redis_url)?));
+        return Ok(LockBackend::Single(lock_client(
+            settings,
+            "REDIS_URL",
+            &settings.redis_url,
+            prefix,
+        )?));
     }
     let clients = nodes
         .into_iter()
-        .map(client)
+        .map(|url| lock_client(settings, "SECKILL_LOCK_REDIS_URLS", url, prefix))
         .collect::<Result<Vec<_>, _>>()?;
     tracing::info!(
         nodes = clients.len(),
@@ -454,7 +476,7 @@ fn user_locks(settings: &Settings, prefix: &str) -> Result<LockBackend, StartupE
 /// The service's own Redis commands, on the Redis `REDIS_URL` names.
 fn kv(settings: &Settings) -> Result<Kv, StartupError> {
     Ok(Kv::new(
-        redis_endpoint(&settings.redis_url)?,
+        redis_endpoint("REDIS_URL", &settings.redis_url)?,
         settings.dependency_timeout,
     ))
 }

@@ -689,3 +689,22 @@ async fn a_postgres_url_that_is_not_one_stops_the_service_naming_its_variable() 
         assert!(error.contains(variable), "{error}");
     }
 }
+
+#[tokio::test]
+async fn a_lock_node_that_is_no_redis_url_stops_the_service_naming_its_variable() {
+    let db_app = spawn_app_with(|s| s).await;
+    let mut settings = db_app.settings();
+    settings.lock_redis_urls = vec![
+        crate::helpers::redis_url(),
+        "not-a-redis-url".into(),
+        crate::helpers::redis_url(),
+    ];
+    let error = match Application::build(settings).await {
+        Ok(_) => panic!("the lock nodes were taken"),
+        Err(error) => seckill::telemetry::Chain(&error).to_string(),
+    };
+    assert!(
+        error.contains("SECKILL_LOCK_REDIS_URLS") && !error.contains("REDIS_URL cannot"),
+        "{error}"
+    );
+}
