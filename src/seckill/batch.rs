@@ -506,6 +506,7 @@ async fn answer(inner: &Inner, answers: Vec<(Queued, Result<Outcome>)>) {
         return;
     }
     let mut guards = Vec::with_capacity(answers.len());
+    let mut whose = Vec::with_capacity(answers.len());
     let mut replies = Vec::with_capacity(answers.len());
     for (pending, outcome) in answers {
         let Queued {
@@ -516,9 +517,9 @@ async fn answer(inner: &Inner, answers: Vec<(Queued, Result<Outcome>)>) {
             ..
         } = pending;
         guards.push(guard);
-        replies.push((voucher.id, user_id, reply, outcome));
+        whose.push((voucher.id, user_id));
+        replies.push((reply, outcome));
     }
-    let whose: Vec<(VoucherId, UserId)> = replies.iter().map(|(v, u, ..)| (*v, *u)).collect();
     let locks = inner.deps.locks.clone();
     let mut release = Box::pin(async move {
         let released = locks.unlock_all(guards).await;
@@ -534,7 +535,7 @@ async fn answer(inner: &Inner, answers: Vec<(Queued, Result<Outcome>)>) {
     {
         inner.background.tasks.spawn(release);
     }
-    for (_, _, reply, outcome) in replies {
+    for (reply, outcome) in replies {
         let _ = reply.send(outcome);
     }
 }

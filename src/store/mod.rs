@@ -381,7 +381,7 @@ impl Store {
             " ORDER BY begin_time, voucher_id LIMIT $2))",
             " ORDER BY s.begin_time > $1, s.begin_time, v.id"
         );
-        let listed: Vec<Voucher> = self
+        let mut listed: Vec<Voucher> = self
             .db
             .run(|c, persistent| {
                 Box::pin(
@@ -402,18 +402,11 @@ impl Store {
             listed.len() - on_sale,
             usize::try_from(limit).unwrap_or(0),
         );
-        Ok(listed
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| {
-                if *i < on_sale {
-                    *i >= on_sale - take_on_sale
-                } else {
-                    *i - on_sale < take_coming
-                }
-            })
-            .map(|(_, v)| v)
-            .collect())
+        // On sale, by start: the last `take_on_sale` began last.
+        let coming = listed.split_off(on_sale);
+        let mut kept = listed.split_off(on_sale - take_on_sale);
+        kept.extend(coming.into_iter().take(take_coming));
+        Ok(kept)
     }
 
     pub async fn stock_level(&self, voucher_id: VoucherId) -> Result<Option<StockLevel>> {
@@ -538,7 +531,7 @@ impl Store {
 /// what one side leaves going to the other.
 fn shares(on_sale: usize, coming: usize, limit: usize) -> (usize, usize) {
     let coming_kept = coming.min(limit.saturating_sub(on_sale).max(limit / 2));
-    let on_sale_kept = on_sale.min(limit - coming_kept.min(limit));
+    let on_sale_kept = on_sale.min(limit - coming_kept);
     (on_sale_kept, coming_kept)
 }
 
