@@ -183,15 +183,8 @@ pub async fn redis(
     if !have("redis-benchmark") {
         anyhow::bail!("redis-benchmark is not installed (Debian: redis-tools)");
     }
-    let rest = redis_url.split("://").nth(1).unwrap_or(redis_url);
-    let hostport = rest
-        .rsplit('@')
-        .next()
-        .unwrap_or(rest)
-        .split('/')
-        .next()
-        .unwrap_or("127.0.0.1:6379");
-    let (host, port) = hostport.split_once(':').unwrap_or((hostport, "6379"));
+    let hostport = testkit::redis_addr_of(redis_url);
+    let (host, port) = hostport.split_once(':').unwrap_or((&hostport, "6379"));
     let script = include_str!("../../redis-locks/lua/lock_acquire.lua");
     let sha = sha1_smol::Sha1::from(script).digest().to_string();
     // KEYS and ARGV as redis-locks/lua/lock_acquire.lua takes them: lock key,

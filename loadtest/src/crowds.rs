@@ -9,14 +9,14 @@ use std::time::Duration;
 use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
-use crate::api::{Admin, NewSale, SaleMode};
+use crate::api::{NewSale, SaleMode};
 use crate::drive::{drive, Plan, Request};
 use crate::invariants::check;
 use crate::service::Target;
 use crate::{ceilings, round, scrape, units, FlashArgs, HammerArgs, Report, TimedArgs};
 
 pub(crate) async fn flash(target: &Target, args: &FlashArgs) -> anyhow::Result<Report> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let quantities = args.quantity;
     let sale = NewSale::free(SaleMode::Sync, args.stock, 2).allowing(quantities.high());
     let voucher = admin.create_sale(sale).await?;
@@ -107,7 +107,7 @@ pub(crate) async fn sale_steps(target: &Target) -> Option<SaleSteps> {
 }
 
 pub(crate) async fn hammer(target: &Target, args: &HammerArgs) -> anyhow::Result<Report> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let voucher = admin.create_voucher(SaleMode::Sync, 10, 2).await?;
     let token: Arc<str> = admin.tokens(1, 1).await?.remove(0).into();
     let plan = vec![Request::purchase(voucher, token); args.requests];
@@ -128,7 +128,7 @@ pub(crate) async fn throughput(
     args: &TimedArgs,
     pgbench_seconds: u64,
 ) -> anyhow::Result<Report> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let seconds = args.seconds.unwrap_or(20);
     let voucher = admin.endless_voucher(SaleMode::Sync).await?;
     eprintln!("throughput: minting {} tokens", args.users);
@@ -177,7 +177,7 @@ pub(crate) async fn throughput(
         },
         None => eprintln!("throughput: no Postgres ceiling without --database-url"),
     }
-    let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let redis_url = testkit::redis_url();
     let prefix = format!("loadtest:{}:", uuid::Uuid::new_v4().simple());
     match ceilings::redis(&redis_url, &prefix, 50, 200_000).await {
         Ok(rate) => {
@@ -199,7 +199,7 @@ pub(crate) async fn throughput(
 }
 
 pub(crate) async fn soldout(target: &Target, args: &TimedArgs) -> anyhow::Result<Report> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let seconds = args.seconds.unwrap_or(10);
     let voucher = admin.create_voucher(SaleMode::Sync, 1, 2).await?;
     let buyer = admin.tokens(args.users + 1, 1).await?.remove(0);

@@ -12,7 +12,7 @@ use clap::Args;
 use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
-use crate::api::{Admin, SaleMode};
+use crate::api::SaleMode;
 use crate::drive::Tally;
 use crate::invariants::check;
 use crate::invariants::Check;
@@ -134,7 +134,7 @@ async fn throughput(
     target: &Target,
     args: &GroupCommitArgs,
 ) -> anyhow::Result<(Tally, Check, f64)> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let voucher = admin.endless_voucher(SaleMode::Sync).await?;
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
     let started = chrono::Utc::now().timestamp();
@@ -156,7 +156,7 @@ async fn flash(
     args: &GroupCommitArgs,
     kill_after: Option<Duration>,
 ) -> anyhow::Result<(Tally, Check, f64)> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     // With a kill, a crowd that lasts: stock for half of the users.
     let (users, stock) = match kill_after {
         Some(_) => (args.crowd.flash_users * 2, args.crowd.flash_users),

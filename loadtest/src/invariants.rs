@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::ops::RangeInclusive;
 
-use crate::api::{Admin, Stats};
+use crate::api::Stats;
 use crate::drive::{answers_where, Tally};
 use crate::service::Target;
 use seckill::domain::OrderId;
@@ -129,7 +129,7 @@ pub(crate) async fn check(
     expected: Option<i64>,
     placed_before: usize,
 ) -> anyhow::Result<Check> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let stats = admin.stats(voucher).await?;
     let orders = admin.orders(voucher).await?;
     let now = chrono::Utc::now().timestamp();

@@ -21,7 +21,7 @@ use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
 use serde_json::json;
 
-use crate::api::{Admin, SaleMode};
+use crate::api::SaleMode;
 use crate::cpu::Usage;
 use crate::service::Target;
 use crate::table::Table;
@@ -53,7 +53,7 @@ fn b64(bytes: &[u8]) -> String {
 }
 
 fn rsa(dir: &std::path::Path) -> anyhow::Result<Signer> {
-    let (pem, n) = testkit::rsa_key(dir).map_err(anyhow::Error::msg)?;
+    let (pem, n) = testkit::rsa_key(dir)?;
     Ok(Signer {
         kid: "rsa",
         algorithm: Algorithm::RS256,
@@ -163,7 +163,7 @@ pub async fn run(target: &TargetArgs, args: &JwtArgs) -> anyhow::Result<bool> {
     let rows = target
         .launch(1, env)
         .run(async |service| {
-            let admin = Admin::new(service);
+            let admin = service.admin();
             let v1_tokens = admin.shared_tokens(1, n).await?;
             let first = admin.endless_voucher(SaleMode::Sync).await?;
             let second = admin.endless_voucher(SaleMode::Sync).await?;

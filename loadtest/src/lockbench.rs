@@ -94,7 +94,7 @@ pub async fn run(args: &LockArgs, launch: &Launch) -> anyhow::Result<Value> {
     let mut out = json!({
         "scenario": "lock",
         "tasks": args.tasks,
-        "pairs_per_sec": (pairs_per_sec * 100.0).round() / 100.0,
+        "pairs_per_sec": crate::round(pairs_per_sec),
         "wakeups": wake.len(),
         "wake_p50_ms": ms(0.5),
         "wake_p99_ms": ms(0.99),
@@ -103,16 +103,15 @@ pub async fn run(args: &LockArgs, launch: &Launch) -> anyhow::Result<Value> {
     });
     if let Some(us) = per_cycle {
         out["gathered_cycles"] = json!(args.gathered_cycles);
-        out["redis_us_per_gathered_cycle"] = json!((us * 100.0).round() / 100.0);
+        out["redis_us_per_gathered_cycle"] = json!(crate::round(us));
     }
     if args.redlock_rounds > 0 || args.redlock_purchase_seconds > 0 {
         out["redlock"] = redlock(args, launch).await?;
     }
     if let Ok(rate) = evalsha {
-        out["evalsha_per_sec"] = json!((rate * 100.0).round() / 100.0);
+        out["evalsha_per_sec"] = json!(crate::round(rate));
         // A pair is two script calls (acquire, release).
-        out["ratios"] =
-            json!({ "pairs_vs_evalsha": ((pairs_per_sec / rate) * 100.0).round() / 100.0 });
+        out["ratios"] = json!({ "pairs_vs_evalsha": crate::round(pairs_per_sec / rate) });
     }
     Ok(out)
 }
@@ -124,7 +123,7 @@ pub async fn run(args: &LockArgs, launch: &Launch) -> anyhow::Result<Value> {
 /// else counts.
 async fn gathered(cycles: usize) -> anyhow::Result<f64> {
     eprintln!("lock: {cycles} lock cycles gathered on a redis-server of their own");
-    let redis = testkit::OwnRedis::try_start_with(&[]).map_err(anyhow::Error::msg)?;
+    let redis = testkit::OwnRedis::try_start_with(&[])?;
     let locks = LockClient::new(redis::Client::open(redis.url())?, "bench:");
     let lease = redis_locks::Lease::Fixed(Duration::from_secs(10));
     let spent = || async {
@@ -243,8 +242,7 @@ async fn redlock(args: &LockArgs, launch: &Launch) -> anyhow::Result<Value> {
     let rounds = args.redlock_rounds;
     let nodes = (0..5)
         .map(|_| testkit::OwnRedis::try_start_with(&[]))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(anyhow::Error::msg)?;
+        .collect::<Result<Vec<_>, _>>()?;
     let clients = nodes
         .iter()
         .map(|n| redis::Client::open(n.url()).map(|c| LockClient::new(c, "redlock-bench:")))
@@ -287,7 +285,7 @@ async fn redlock(args: &LockArgs, launch: &Launch) -> anyhow::Result<Value> {
         out["all_up_p99_ms"] = json!(ms(&all_up, 0.99));
         out["two_frozen_p50_ms"] = json!(ms(&two_frozen, 0.5));
         out["two_frozen_p99_ms"] = json!(ms(&two_frozen, 0.99));
-        out["p50_ratio"] = json!((ratio * 100.0).round() / 100.0);
+        out["p50_ratio"] = json!(crate::round(ratio));
         out["within_3x"] = json!(ratio <= 3.0);
     }
     if args.redlock_purchase_seconds > 0 {
@@ -337,7 +335,7 @@ async fn redlock_purchases(
     nodes: &[testkit::OwnRedis],
     urls: &[String],
 ) -> anyhow::Result<Value> {
-    use crate::api::{Admin, NewSale, SaleMode};
+    use crate::api::{NewSale, SaleMode};
     const CONNECTIONS: usize = 4;
     const USERS_PER_STATE: i64 = 60_000;
     let launch = crate::service::Launch {
@@ -348,7 +346,7 @@ async fn redlock_purchases(
     let (all_up, two_frozen) = launch
         .run(async |target| {
             let phase = |first: i64, label: &'static str| async move {
-                let admin = Admin::new(target);
+                let admin = target.admin();
                 let voucher = admin
                     .create_sale(NewSale::free(SaleMode::Sync, 1_000_000, 2))
                     .await?;
@@ -403,7 +401,7 @@ fn purchases_report(connections: usize, all_up: &Tally, two_frozen: &Tally) -> V
         "connections": connections,
         "all_up": state(all_up),
         "two_frozen": state(two_frozen),
-        "p50_ratio": (ratio * 100.0).round() / 100.0,
+        "p50_ratio": crate::round(ratio),
         "within_1_5x": ratio <= 1.5,
     })
 }

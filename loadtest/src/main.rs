@@ -40,7 +40,6 @@ use anyhow::Context;
 use clap::Parser;
 use serde_json::{json, Value};
 
-use api::Admin;
 use cli::{Cli, Scenario, TokensArgs};
 pub(crate) use cli::{CrowdArgs, FlashArgs, HammerArgs, TargetArgs, TimedArgs};
 use crowds::{flash, hammer, soldout, throughput};
@@ -153,7 +152,7 @@ async fn write_tokens(target: &TargetArgs, args: &TokensArgs) -> anyhow::Result<
         anyhow::bail!("tokens needs a running service: --url URL --admin-token T");
     };
     let target = Target::remote(url, admin_token);
-    let tokens = Admin::new(&target).tokens(1, args.users).await?;
+    let tokens = target.admin().tokens(1, args.users).await?;
     let list: Vec<Value> = tokens
         .iter()
         .zip(1_i64..)
@@ -221,6 +220,17 @@ async fn run(
             soldout(target, &timed(10)).await?,
         ],
     })
+}
+
+/// The middle value (the mean of the two middle ones for an even count).
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
 }
 
 fn round(x: f64) -> f64 {

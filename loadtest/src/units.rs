@@ -108,9 +108,7 @@ pub(crate) async fn check(
 ) -> anyhow::Result<Vec<String>> {
     let mut problems = Vec::new();
     let lines = admin.order_lines(voucher).await?;
-    let live = lines
-        .iter()
-        .filter(|line| matches!(line.status.as_str(), "unpaid" | "paid"));
+    let live = lines.iter().filter(|line| line.is_live());
     let mut sold = 0;
     for line in live {
         sold += line.quantity;

@@ -15,7 +15,7 @@ use clap::Args;
 use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
-use crate::api::{Admin, SaleMode};
+use crate::api::SaleMode;
 use crate::cpu::Usage;
 use crate::crowds::{sale_steps, SaleSteps};
 use crate::drive::Tally;
@@ -113,7 +113,7 @@ async fn crowd(
     design: &'static str,
     kind: Crowd,
 ) -> anyhow::Result<Run> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let (users, stock) = match kind {
         Crowd::Duplicates => (args.dup_users, args.dup_users),
         Crowd::Flash => (args.flash_users, args.flash_stock),

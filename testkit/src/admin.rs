@@ -1,8 +1,9 @@
 //! The admin API as the tests and the load driver call it: vouchers
 //! created, user tokens minted, a voucher's books, orders and
-//! reconciliation, each answer read into its type or refused with the
-//! route, the status and the body in the error.
+//! reconciliation, the lab's vouchers, each answer read into its type or
+//! refused with the route, the status and the body in the error.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -12,6 +13,72 @@ use serde_json::{json, Value};
 
 /// Most user ids one `POST /admin/tokens` takes.
 const TOKENS_PER_CALL: usize = 10_000;
+
+/// How a voucher sells (the contract's `sale_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaleMode {
+    /// The order is in Postgres when the buyer hears `200`.
+    Sync,
+    /// Redis accepts (`202 pending`); the stream writers store it.
+    Async,
+}
+
+impl SaleMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sync => "sync",
+            Self::Async => "async",
+        }
+    }
+}
+
+/// A voucher to create, on sale from a minute ago.
+#[derive(Debug, Clone, Copy)]
+pub struct NewSale {
+    pub mode: SaleMode,
+    pub stock: i64,
+    /// On sale from a minute ago for this long.
+    pub hours: i64,
+    pub price_cents: i64,
+    pub pay_within_seconds: i64,
+    /// Most units one order may take.
+    pub max_units_per_user: i64,
+}
+
+impl NewSale {
+    /// Free units with the default payment window (15 minutes).
+    pub fn free(mode: SaleMode, stock: i64, hours: i64) -> Self {
+        Self {
+            mode,
+            stock,
+            hours,
+            price_cents: 0,
+            pay_within_seconds: 900,
+            max_units_per_user: 1,
+        }
+    }
+
+    /// The same sale, allowing up to `units` units per order.
+    pub fn allowing(self, units: i64) -> Self {
+        Self {
+            max_units_per_user: units,
+            ..self
+        }
+    }
+}
+
+/// What a lab voucher's rows say (`GET /admin/lab/vouchers/{id}/stats`).
+#[derive(Debug, Clone, Copy, serde::Deserialize)]
+pub struct LabStats {
+    pub initial_stock: i64,
+    pub stock: i64,
+    pub orders: i64,
+    pub distinct_users: i64,
+    pub foreign_releases: i64,
+    /// The lab voucher's stock in Redis (the Redis-stock designs).
+    #[serde(default)]
+    pub redis_stock: Option<i64>,
+}
 
 /// One instance's admin API, called with the admin token.
 #[derive(Clone)]
@@ -196,7 +263,7 @@ impl AdminApi {
 
     /// A voucher from a whole `POST /admin/vouchers` body: its id (the
     /// answer must be `201 Created`).
-    pub async fn create_voucher(&self, body: &Value) -> anyhow::Result<i64> {
+    pub async fn create_voucher_from(&self, body: &Value) -> anyhow::Result<i64> {
         let path = "/admin/vouchers";
         let (status, created) = self.answer(Method::POST, path, Some(body)).await?;
         anyhow::ensure!(status == StatusCode::CREATED, "{path}: {status} {created}");
@@ -205,9 +272,61 @@ impl AdminApi {
             .with_context(|| format!("no id in {created}"))
     }
 
+    /// A voucher of `mode` on sale from a minute ago for `hours`, free,
+    /// with the default payment window.
+    pub async fn create_voucher(
+        &self,
+        mode: SaleMode,
+        stock: i64,
+        hours: i64,
+    ) -> anyhow::Result<i64> {
+        self.create_sale(NewSale::free(mode, stock, hours)).await
+    }
+
+    /// A voucher of `mode` whose stock cannot run out, on sale for two
+    /// hours.
+    pub async fn endless_voucher(&self, mode: SaleMode) -> anyhow::Result<i64> {
+        self.create_voucher(mode, i64::from(i32::MAX), 2).await
+    }
+
+    pub async fn create_sale(&self, sale: NewSale) -> anyhow::Result<i64> {
+        let now = chrono::Utc::now();
+        let mut body = json!({
+            "title": "load test",
+            "stock": sale.stock,
+            "sale_mode": sale.mode.name(),
+            "begin_time": now - chrono::Duration::minutes(1),
+            "end_time": now + chrono::Duration::hours(sale.hours),
+            "price_cents": sale.price_cents,
+            "pay_within_seconds": sale.pay_within_seconds,
+        });
+        // Sent only where it says more than the default, so that a crowd of
+        // one unit each runs against a service from before units too.
+        if sale.max_units_per_user != 1 {
+            body["max_units_per_user"] = json!(sale.max_units_per_user);
+        }
+        self.create_voucher_from(&body).await
+    }
+
+    /// Tokens for users `first..first + count`, in order, living two hours.
+    pub async fn tokens(&self, first: i64, count: i64) -> anyhow::Result<Vec<String>> {
+        let users: Vec<i64> = (first..first + count).collect();
+        self.tokens_for(&users, 7200).await
+    }
+
+    /// [`AdminApi::tokens`], shared cheaply by the requests of a plan.
+    pub async fn shared_tokens(&self, first: i64, count: i64) -> anyhow::Result<Vec<Arc<str>>> {
+        let tokens = self.tokens(first, count).await?;
+        Ok(tokens.into_iter().map(Arc::from).collect())
+    }
+
     /// Tokens of `user_ids`, in their order, living `ttl_seconds`; minted
     /// [`TOKENS_PER_CALL`] a call.
-    pub async fn tokens(&self, user_ids: &[i64], ttl_seconds: i64) -> anyhow::Result<Vec<String>> {
+    pub async fn tokens_for(
+        &self,
+        user_ids: &[i64],
+        ttl_seconds: i64,
+    ) -> anyhow::Result<Vec<String>> {
         #[derive(serde::Deserialize)]
         struct Minted {
             tokens: Vec<UserToken>,
@@ -248,6 +367,25 @@ impl AdminApi {
         Ok(stats)
     }
 
+    /// The voucher's books, read every 50 ms until `done` holds of them or
+    /// `limit` has passed: the last books read, and whether `done` held.
+    pub async fn stats_until(
+        &self,
+        voucher: i64,
+        limit: Duration,
+        done: impl Fn(&Stats) -> bool,
+    ) -> anyhow::Result<(Stats, bool)> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let stats = self.stats(voucher).await?;
+            let held = done(&stats);
+            if held || tokio::time::Instant::now() >= deadline {
+                return Ok((stats, held));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Every stored order of a voucher, closed ones too, oldest first.
     pub async fn order_lines(&self, voucher: i64) -> anyhow::Result<Vec<OrderLine>> {
         #[derive(serde::Deserialize)]
@@ -265,5 +403,44 @@ impl AdminApi {
     pub async fn reconcile(&self, voucher: i64) -> anyhow::Result<Value> {
         let path = format!("/admin/vouchers/{voucher}/reconcile");
         self.call(Method::POST, &path, None).await
+    }
+
+    /// (order id, user id) of every live (unpaid or paid) order of a voucher.
+    pub async fn orders(&self, voucher: i64) -> anyhow::Result<Vec<(String, i64)>> {
+        let lines = self.order_lines(voucher).await?;
+        Ok(lines
+            .into_iter()
+            .filter(OrderLine::is_live)
+            .map(|line| (line.order_id, line.user_id))
+            .collect())
+    }
+
+    /// A lab voucher of `stock` units (the service must mount the lab).
+    pub async fn lab_voucher(&self, stock: i64) -> anyhow::Result<i64> {
+        let body = json!({ "stock": stock });
+        let created = self
+            .call(Method::POST, "/admin/lab/vouchers", Some(&body))
+            .await?;
+        created["id"]
+            .as_i64()
+            .with_context(|| format!("no id in {created}"))
+    }
+
+    pub async fn lab_stats(&self, voucher: i64) -> anyhow::Result<LabStats> {
+        self.get(&format!("/admin/lab/vouchers/{voucher}/stats"))
+            .await
+    }
+
+    /// Buys one unit of the voucher as the token's user (`200` or an error).
+    pub async fn buy_out(&self, voucher: i64, token: &str) -> anyhow::Result<()> {
+        let response = self
+            .client
+            .post(format!("{}/seckill/{voucher}", self.base))
+            .bearer_auth(token)
+            .send()
+            .await?;
+        let status = response.status();
+        anyhow::ensure!(status.is_success(), "buying out the voucher: {status}");
+        Ok(())
     }
 }

@@ -2,6 +2,7 @@
 //! micro-cache for the public reads) run as a process of its own on a free
 //! loopback port, in front of instances given by address.
 
+use anyhow::Context;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -18,18 +19,18 @@ impl Front {
     /// Starts nginx with `deploy/nginx.conf`, its marked lines set for this
     /// machine: one worker, its files under a folder of its own, the
     /// instances at `upstreams`, listening on a free loopback port.
-    pub fn start(upstreams: &[SocketAddr]) -> Result<Self, String> {
+    pub fn start(upstreams: &[SocketAddr]) -> anyhow::Result<Self> {
         Self::start_on(upstreams, None)
     }
 
     /// [`Front::start`], its processes on the cores `cpus` when given
     /// (`taskset`'s list syntax: `1`, `2-3`): a load test on one machine
     /// keeps the front off the cores of the instances behind it.
-    pub fn start_on(upstreams: &[SocketAddr], cpus: Option<&str>) -> Result<Self, String> {
+    pub fn start_on(upstreams: &[SocketAddr], cpus: Option<&str>) -> anyhow::Result<Self> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let shipped = std::fs::read_to_string(root.join("deploy/nginx.conf"))
-            .map_err(|e| format!("reading deploy/nginx.conf: {e}"))?;
-        let port = crate::free_port().map_err(|e| e.to_string())?;
+            .context("reading deploy/nginx.conf")?;
+        let port = crate::free_port().context("no free port")?;
         let servers: String = upstreams.iter().map(|a| format!("server {a};\n")).collect();
         let mut config = String::new();
         for line in shipped.lines() {
@@ -45,12 +46,12 @@ impl Front {
             config.push('\n');
         }
         if !config.contains(&format!("listen 127.0.0.1:{port};")) || !config.contains(&servers) {
-            return Err(
-                "deploy/nginx.conf has no `listen` or `server 127.0.0.1:8080;` line to set".into(),
+            anyhow::bail!(
+                "deploy/nginx.conf has no `listen` or `server 127.0.0.1:8080;` line to set"
             );
         }
         let dir = std::env::temp_dir().join(format!("seckill-front-{port}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
         // nginx's workers run as nobody: they must reach the cache folder.
         #[cfg(unix)]
         {
@@ -58,11 +59,11 @@ impl Front {
             let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777));
         }
         let conf = dir.join("nginx.conf");
-        std::fs::write(&conf, config).map_err(|e| e.to_string())?;
+        std::fs::write(&conf, config).with_context(|| conf.display().to_string())?;
         let nginx = ["/usr/sbin/nginx", "nginx"]
             .into_iter()
             .find(|p| Path::new(p).exists() || which(p))
-            .ok_or("nginx is not installed (scripts/deps.sh installs it)")?;
+            .context("nginx is not installed (scripts/deps.sh installs it)")?;
         let mut command = match cpus {
             Some(cpus) => {
                 let mut taskset = Command::new("taskset");
@@ -80,15 +81,15 @@ impl Front {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|e| format!("starting nginx: {e}"))?;
+            .context("starting nginx")?;
         let mut front = Self { child, dir, port };
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if let Ok(Some(status)) = front.child.try_wait() {
-                return Err(format!("nginx exited: {status}"));
+                anyhow::bail!("nginx exited: {status}");
             }
             if Instant::now() > deadline {
-                return Err("nginx did not listen within 10 s".into());
+                anyhow::bail!("nginx did not listen within 10 s");
             }
             std::thread::sleep(Duration::from_millis(50));
         }

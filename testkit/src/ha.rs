@@ -3,6 +3,7 @@
 //! when dropped; clusters of processes that died before stopping theirs
 //! are stopped first.
 
+use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -25,7 +26,7 @@ pub struct Cluster {
 impl Cluster {
     /// A new cluster (Patroni, etcd-server and haproxy must be installed:
     /// `scripts/deps.sh` with `SECKILL_TEST_TOOLS=1` installs them).
-    pub fn up() -> Result<Self, String> {
+    pub fn up() -> anyhow::Result<Self> {
         stop_abandoned();
         static CLUSTERS: AtomicU32 = AtomicU32::new(0);
         let name = format!(
@@ -35,7 +36,7 @@ impl Cluster {
         );
         let dir = std::env::temp_dir().join(&name);
         std::fs::write(dir.with_extension("pid"), std::process::id().to_string())
-            .map_err(|e| format!("cannot write the cluster's pid file: {e}"))?;
+            .context("cannot write the cluster's pid file")?;
         // Owned before `up` runs: a failed start is stopped by Drop too.
         let mut cluster = Self {
             dir,
@@ -45,10 +46,10 @@ impl Cluster {
         let url = stdout
             .lines()
             .find_map(|line| line.strip_prefix("DATABASE_URL="))
-            .ok_or("scripts/ha.sh up printed no DATABASE_URL=")?;
+            .context("scripts/ha.sh up printed no DATABASE_URL=")?;
         cluster.server = url
             .rsplit_once('/')
-            .ok_or_else(|| format!("no database in {url}"))?
+            .with_context(|| format!("no database in {url}"))?
             .0
             .to_owned();
         Ok(cluster)
@@ -56,7 +57,7 @@ impl Cluster {
 
     /// `scripts/ha.sh <command>` (`kill-primary`, `switchover`, `status`,
     /// ...): what it printed, or why it failed with what it printed.
-    pub fn run(&self, command: &str) -> Result<String, String> {
+    pub fn run(&self, command: &str) -> anyhow::Result<String> {
         let out = script(&self.dir, command)?;
         let text = format!(
             "{}{}",
@@ -66,7 +67,7 @@ impl Cluster {
         if out.status.success() {
             Ok(text)
         } else {
-            Err(format!("scripts/ha.sh {command} failed:\n{text}"))
+            Err(anyhow::anyhow!("scripts/ha.sh {command} failed:\n{text}"))
         }
     }
 
@@ -78,14 +79,16 @@ impl Cluster {
 
     /// `patronictl list`, for the messages of failures.
     pub fn status(&self) -> String {
-        self.run("status").unwrap_or_else(|failed| failed)
+        self.run("status")
+            .unwrap_or_else(|failed| format!("{failed:#}"))
     }
 
     /// `scripts/ha.sh logs`: the end of each process's log (etcd's,
     /// haproxy's, each node's Patroni), for the messages of failures that
     /// need Patroni's own story.
     pub fn logs(&self) -> String {
-        self.run("logs").unwrap_or_else(|failed| failed)
+        self.run("logs")
+            .unwrap_or_else(|failed| format!("{failed:#}"))
     }
 
     /// A leader and a synchronous standby running (or, in newer Patroni,
@@ -124,19 +127,19 @@ impl Drop for Cluster {
             Ok(_) => {
                 let _ = std::fs::remove_file(self.dir.with_extension("pid"));
             }
-            Err(failed) => eprintln!("{failed}"),
+            Err(failed) => eprintln!("{failed:#}"),
         }
     }
 }
 
 /// `scripts/ha.sh <command>` with `HA_DIR=dir`.
-fn script(dir: &Path, command: &str) -> Result<Output, String> {
+fn script(dir: &Path, command: &str) -> anyhow::Result<Output> {
     Command::new("bash")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/ha.sh"))
         .arg(command)
         .env("HA_DIR", dir)
         .output()
-        .map_err(|e| format!("cannot run scripts/ha.sh: {e}"))
+        .context("cannot run scripts/ha.sh")
 }
 
 /// Stops the clusters of processes that died before their `Drop` ran

@@ -18,12 +18,13 @@ pub mod ha;
 mod service;
 mod shop;
 
-pub use admin::{AdminApi, OrderLine, Stats};
+pub use admin::{AdminApi, LabStats, NewSale, OrderLine, SaleMode, Stats};
 pub use books::Books;
 pub use front::Front;
 pub use service::{drop_database, drop_database_on, ServiceProcess};
 pub use shop::{rsa_key, webhook_signed};
 
+use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,8 +37,12 @@ pub fn redis_url() -> String {
 
 /// `host:port` of [`redis_url`], for a proxy in front of it.
 pub fn redis_addr() -> String {
-    let url = redis_url();
-    let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+    redis_addr_of(&redis_url())
+}
+
+/// `host:port` of a Redis URL (user, password and database left out).
+pub fn redis_addr_of(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let host = rest.split('/').next().unwrap_or(rest);
     host.rsplit('@').next().unwrap_or(host).to_owned()
 }
@@ -77,10 +82,19 @@ pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection, command
         .query_async(conn)
         .await
         .expect("INFO commandstats");
+    commandstats(&info).get(command).copied().unwrap_or(0)
+}
+
+/// Calls per command name, from the `cmdstat_<name>:calls=<n>,...` lines
+/// of `INFO commandstats`.
+pub fn commandstats(info: &str) -> std::collections::BTreeMap<String, u64> {
     info.lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().expect("a count of calls"))
+        .filter_map(|line| {
+            let (name, fields) = line.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = fields.split(',').find_map(|f| f.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
 }
 
 /// Deletes every key under `prefix` (SCAN, so a large Redis is not blocked);
@@ -161,19 +175,19 @@ impl OwnRedis {
 
     /// A server started with these extra arguments (`--replicaof`, ...).
     pub fn start_with(extra: &[&str]) -> Self {
-        Self::try_start_with(extra).unwrap_or_else(|e| panic!("{e}"))
+        Self::try_start_with(extra).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// A server, or why none started (for callers that report errors).
-    pub fn try_start_with(extra: &[&str]) -> Result<Self, String> {
+    pub fn try_start_with(extra: &[&str]) -> anyhow::Result<Self> {
         static STARTED: AtomicU64 = AtomicU64::new(0);
-        let port = free_port().map_err(|e| format!("no free port: {e}"))?;
+        let port = free_port().context("no free port")?;
         let dir = std::env::temp_dir().join(format!(
             "testkit-redis-{}-{}",
             std::process::id(),
             STARTED.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
         let mut redis = Self {
             port,
             child: None,
@@ -188,7 +202,7 @@ impl OwnRedis {
             if tries == 5 {
                 return Err(error);
             }
-            redis.port = free_port().map_err(|e| format!("no free port: {e}"))?;
+            redis.port = free_port().context("no free port")?;
         }
         Ok(redis)
     }
@@ -209,18 +223,18 @@ impl OwnRedis {
     /// (Re)starts the server on the same port and waits until it answers;
     /// a port held for a moment by someone else is waited for (bounded).
     pub fn restart(&mut self) {
-        let mut last = String::new();
+        let mut last = None;
         for _ in 0..20 {
             match self.try_restart() {
                 Ok(()) => return,
-                Err(error) => last = error,
+                Err(error) => last = Some(error),
             }
             std::thread::sleep(Duration::from_millis(250));
         }
-        panic!("{last}");
+        panic!("{:#}", last.expect("twenty tries"));
     }
 
-    fn try_restart(&mut self) -> Result<(), String> {
+    fn try_restart(&mut self) -> anyhow::Result<()> {
         // A server of an earlier try that never answered is not left behind.
         if let Some(mut earlier) = self.child.take() {
             let _ = earlier.kill();
@@ -235,7 +249,7 @@ impl OwnRedis {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("redis-server does not start (is it installed?): {e}"))?;
+            .context("redis-server does not start (is it installed?)")?;
         self.child = Some(child);
         for _ in 0..200 {
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
@@ -250,7 +264,7 @@ impl OwnRedis {
             }
             std::thread::sleep(Duration::from_millis(25));
         }
-        Err(format!("redis-server did not start on port {}", self.port))
+        anyhow::bail!("redis-server did not start on port {}", self.port)
     }
 
     /// Freezes the server (SIGSTOP): connections stay open, nothing is
@@ -285,5 +299,29 @@ impl Drop for OwnRedis {
     fn drop(&mut self) {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn commandstats_lines_give_calls_by_name() {
+        let info = "# Commandstats\r\ncmdstat_ping:calls=12,usec=3,usec_per_call=0.25,rejected_calls=0,failed_calls=0\r\ncmdstat_client|setinfo:calls=2,usec=1\r\n";
+        let stats = super::commandstats(info);
+        assert_eq!(stats.get("ping"), Some(&12));
+        assert_eq!(stats.get("client|setinfo"), Some(&2));
+        assert_eq!(stats.len(), 2);
+    }
+
+    #[test]
+    fn a_redis_urls_address_leaves_out_the_user_and_the_database() {
+        assert_eq!(
+            super::redis_addr_of("redis://:pw@10.0.0.2:6380/3"),
+            "10.0.0.2:6380"
+        );
+        assert_eq!(
+            super::redis_addr_of("redis://127.0.0.1:6379"),
+            "127.0.0.1:6379"
+        );
     }
 }

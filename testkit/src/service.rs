@@ -6,6 +6,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use sqlx::{Connection, PgConnection};
 
 use crate::{delete_keys, free_port, pg_server, redis_url};
@@ -21,13 +22,13 @@ impl ServiceProcess {
     /// its output where the caller sends it) on a free loopback port, given
     /// to it as `SECKILL_ADDR`, and waits until it is ready. Fails, with
     /// the process killed, if it exits first or is not ready within `limit`.
-    pub async fn start(mut command: Command, limit: Duration) -> Result<Self, String> {
-        let port = free_port().map_err(|e| format!("no free port: {e}"))?;
+    pub async fn start(mut command: Command, limit: Duration) -> anyhow::Result<Self> {
+        let port = free_port().context("no free port")?;
         let child = command
             .env("SECKILL_ADDR", format!("127.0.0.1:{port}"))
             .stdin(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot start {:?}: {e}", command.get_program()))?;
+            .with_context(|| format!("cannot start {:?}", command.get_program()))?;
         let mut process = Self {
             child,
             base: format!("http://127.0.0.1:{port}"),
@@ -36,15 +37,15 @@ impl ServiceProcess {
         Ok(process)
     }
 
-    async fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
+    async fn wait_ready(&mut self, limit: Duration) -> anyhow::Result<()> {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(2))
             .build()
-            .map_err(|e| format!("no HTTP client: {e}"))?;
+            .context("no HTTP client")?;
         let started = Instant::now();
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("seckill exited at start-up: {status}"));
+                anyhow::bail!("seckill exited at start-up: {status}");
             }
             if let Ok(r) = client.get(format!("{}/readyz", self.base)).send().await {
                 if r.status().is_success() {
@@ -52,10 +53,7 @@ impl ServiceProcess {
                 }
             }
             if started.elapsed() >= limit {
-                return Err(format!(
-                    "seckill at {} was not ready within {limit:?}",
-                    self.base
-                ));
+                anyhow::bail!("seckill at {} was not ready within {limit:?}", self.base);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -2,6 +2,7 @@
 //! pair made by openssl (for RS256 JWTs), and a webhook receiver's check
 //! of the `X-Seckill-Signature` header.
 
+use anyhow::Context;
 use std::path::Path;
 use std::process::Command;
 
@@ -10,19 +11,17 @@ use sha2::Sha256;
 
 /// A 2048-bit RSA key made by openssl in `dir`: its PKCS#8 PEM and its
 /// public modulus (the exponent is 65537).
-pub fn rsa_key(dir: &Path) -> Result<(Vec<u8>, Vec<u8>), String> {
+pub fn rsa_key(dir: &Path) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
     let pem = dir.join("rsa.pem");
-    let openssl = |args: &[&str]| {
+    let openssl = |args: &[&str]| -> anyhow::Result<Vec<u8>> {
         let out = Command::new("openssl")
             .args(args)
             .arg(&pem)
             .output()
-            .map_err(|e| format!("openssl (scripts/deps.sh installs it): {e}"))?;
-        if out.status.success() {
-            Ok(out.stdout)
-        } else {
-            Err(format!("openssl: {}", String::from_utf8_lossy(&out.stderr)))
-        }
+            .context("openssl (scripts/deps.sh installs it)")?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        anyhow::ensure!(out.status.success(), "openssl: {stderr}");
+        Ok(out.stdout)
     };
     openssl(&[
         "genpkey",
@@ -34,9 +33,9 @@ pub fn rsa_key(dir: &Path) -> Result<(Vec<u8>, Vec<u8>), String> {
     ])?;
     let modulus =
         String::from_utf8_lossy(&openssl(&["rsa", "-noout", "-modulus", "-in"])?).into_owned();
-    let n =
-        hex::decode(modulus.trim().trim_start_matches("Modulus=")).map_err(|e| e.to_string())?;
-    let pem = std::fs::read(&pem).map_err(|e| e.to_string())?;
+    let n = hex::decode(modulus.trim().trim_start_matches("Modulus="))
+        .with_context(|| format!("openssl's modulus: {modulus}"))?;
+    let pem = std::fs::read(&pem).with_context(|| pem.display().to_string())?;
     Ok((pem, n))
 }
 

@@ -807,14 +807,14 @@ async fn an_instance_that_stops_while_its_receiver_hangs_gives_the_lease_back_at
     let admin = testkit::AdminApi::new(instance.running.base.clone(), ADMIN_TOKEN);
     let now = chrono::Utc::now();
     let voucher = admin
-        .create_voucher(&json!({
+        .create_voucher_from(&json!({
             "title": "hangs", "stock": 1,
             "begin_time": now - chrono::Duration::minutes(1),
             "end_time": now + chrono::Duration::hours(1),
         }))
         .await
         .unwrap();
-    let token = admin.tokens(&[1], 3600).await.unwrap().remove(0);
+    let token = admin.tokens_for(&[1], 3600).await.unwrap().remove(0);
     let (status, _) = buy(
         &reqwest::Client::new(),
         &instance.running.base,

@@ -512,7 +512,7 @@ pub async fn answer(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
 /// /admin/vouchers` body; its id.
 pub async fn create_voucher_at(client: &reqwest::Client, base: &str, body: Value) -> i64 {
     testkit::AdminApi::using(client.clone(), base, ADMIN_TOKEN)
-        .create_voucher(&body)
+        .create_voucher_from(&body)
         .await
         .expect("create voucher")
 }
@@ -570,7 +570,7 @@ pub async fn tokens_at(
 ) -> HashMap<i64, String> {
     let ids: Vec<i64> = user_ids.into_iter().collect();
     let tokens = testkit::AdminApi::using(client.clone(), base, ADMIN_TOKEN)
-        .tokens(&ids, 86_400)
+        .tokens_for(&ids, 86_400)
         .await
         .expect("mint tokens");
     ids.into_iter().zip(tokens).collect()
@@ -637,7 +637,7 @@ pub async fn start_process(
         .stdout(Stdio::null());
     ServiceProcess::start(command, Duration::from_secs(60))
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// Reads with `read` every `pause` until `done` holds of what it read, for

@@ -28,26 +28,26 @@ async fn lab_app_with(adjust: impl FnOnce(Settings) -> Settings) -> TestApp {
 }
 
 /// What a lab voucher's rows say.
-#[derive(Debug, Clone, Copy)]
-struct Rows {
-    initial: i64,
-    stock: i64,
-    orders: i64,
-    users: i64,
-    foreign_releases: i64,
+type Rows = testkit::LabStats;
+
+/// What the rows tell of a design.
+trait Judged {
+    fn oversold(&self) -> i64;
+    fn duplicates(&self) -> i64;
+    /// The bookkeeping itself never breaks: every unit taken has its order.
+    fn assert_consistent(&self);
 }
 
-impl Rows {
+impl Judged for Rows {
     fn oversold(&self) -> i64 {
-        (self.orders - self.initial).max(0)
+        (self.orders - self.initial_stock).max(0)
     }
     fn duplicates(&self) -> i64 {
-        self.orders - self.users
+        self.orders - self.distinct_users
     }
-    /// The bookkeeping itself never breaks: every unit taken has its order.
     #[track_caller]
     fn assert_consistent(&self) {
-        assert_eq!(self.orders + self.stock, self.initial, "{self:?}");
+        assert_eq!(self.orders + self.stock, self.initial_stock, "{self:?}");
     }
 }
 
@@ -62,27 +62,19 @@ async fn post_lab_voucher(app: &TestApp, stock: Value) -> reqwest::Response {
         .expect("POST /admin/lab/vouchers")
 }
 
+fn admin(app: &TestApp) -> testkit::AdminApi {
+    testkit::AdminApi::using(app.client.clone(), app.base.as_str(), ADMIN_TOKEN)
+}
+
 async fn lab_voucher(app: &TestApp, stock: i64) -> i64 {
-    let response = post_lab_voucher(app, json!(stock)).await;
-    assert_eq!(response.status(), StatusCode::CREATED);
-    response.json::<Value>().await.unwrap()["id"]
-        .as_i64()
-        .unwrap()
+    admin(app).lab_voucher(stock).await.expect("a lab voucher")
 }
 
 async fn rows(app: &TestApp, voucher: i64) -> Rows {
-    let (status, body) = app
-        .admin_get(&format!("/admin/lab/vouchers/{voucher}/stats"))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let field = |name: &str| body[name].as_i64().unwrap();
-    Rows {
-        initial: field("initial_stock"),
-        stock: field("stock"),
-        orders: field("orders"),
-        users: field("distinct_users"),
-        foreign_releases: field("foreign_releases"),
-    }
+    admin(app)
+        .lab_stats(voucher)
+        .await
+        .expect("a lab voucher's rows")
 }
 
 fn lab_url(base: &str, strategy: &str, voucher: i64, stall: Option<(&str, u64)>) -> String {
@@ -319,7 +311,7 @@ async fn version_undersells_while_buyers_are_refused() {
     let seen = until_seen(
         5,
         || crowd(&app, &bases, "version", 100, 1, 100),
-        |r| r.stock > 0 && r.users < 100,
+        |r| r.stock > 0 && r.distinct_users < 100,
         "version's undersell",
     )
     .await;
@@ -368,7 +360,7 @@ async fn for_update_sells_each_unit_once_and_each_user_once_under_a_crowd() {
     let rows = crowd(&app, &two, "for_update", 200, 2, 20).await;
     rows.assert_consistent();
     assert_eq!(
-        (rows.orders, rows.users, rows.stock),
+        (rows.orders, rows.distinct_users, rows.stock),
         (20, 20, 0),
         "{rows:?}"
     );
@@ -466,7 +458,7 @@ async fn fenced_holds_in_every_case() {
             (0, 0),
             "stall at {at}: {rows:?}"
         );
-        assert_eq!(rows.users, 8, "every user bought once: {rows:?}");
+        assert_eq!(rows.distinct_users, 8, "every user bought once: {rows:?}");
     }
 }
 
@@ -529,7 +521,7 @@ async fn lab_answers_503_while_redis_is_away_and_recovers() {
     }
     let after = rows(&app, voucher).await;
     after.assert_consistent();
-    assert_eq!((after.orders, after.users), (4, 4));
+    assert_eq!((after.orders, after.distinct_users), (4, 4));
 }
 
 /// The Redis stock of a lab voucher, from its stats.
@@ -555,7 +547,10 @@ async fn redis_lua_holds_the_stock_and_the_user_under_a_crowd() {
     let bases = [app.base.clone()];
     let rows = crowd(&app, &bases, "redis_lua", 150, 3, 100).await;
     rows.assert_consistent();
-    assert_eq!((rows.orders, rows.users, rows.stock), (100, 100, 0));
+    assert_eq!(
+        (rows.orders, rows.distinct_users, rows.stock),
+        (100, 100, 0)
+    );
 }
 
 /// `users` users buy one unit each of a `users`-unit voucher with
@@ -625,7 +620,7 @@ async fn a_writer_that_dies_mid_batch_loses_nothing_of_redis_stream() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     rows.assert_consistent();
-    assert_eq!((rows.orders, rows.users, rows.stock), (20, 20, 0));
+    assert_eq!((rows.orders, rows.distinct_users, rows.stock), (20, 20, 0));
 }
 
 /// Whether the app's database holds the lab's tables.

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::report::{statuses, Verdict};
 use super::{healthz_address, AbuseArgs, REFUSED};
-use crate::api::{Admin, SaleMode};
+use crate::api::SaleMode;
 use crate::cpu::Usage;
 use crate::drive::Request;
 use crate::service::Target;
@@ -96,7 +96,7 @@ pub(super) async fn weigh_refusal(
     target
         .launch(1, env)
         .run(async |service| {
-            let voucher = Admin::new(service).endless_voucher(SaleMode::Sync).await?;
+            let voucher = service.admin().endless_voucher(SaleMode::Sync).await?;
             refusal_cost(service, args, voucher).await
         })
         .await
@@ -149,7 +149,7 @@ async fn refusal_cost(
     // Buyers who bought once, each asking again four times (within the
     // limit per user's burst), from the addresses /healthz took turns on.
     let buyers = (n / 4).max(1);
-    let tokens = Admin::new(service).shared_tokens(1, buyers as i64).await?;
+    let tokens = service.admin().shared_tokens(1, buyers as i64).await?;
     let bought: Vec<Request> = tokens
         .iter()
         .enumerate()

@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 
-use crate::api::Admin;
 use crate::service::Target;
 use crate::TargetArgs;
 use cost::weigh_refusal;
@@ -285,7 +284,7 @@ pub async fn run(target: &TargetArgs, args: &AbuseArgs) -> anyhow::Result<bool> 
     // Placed, the rows use a Redis of their own, so that it can be put on
     // the origin's cores without moving the machine's shared one.
     let own_redis = match &placement {
-        Some(_) => Some(testkit::OwnRedis::try_start_with(&[]).map_err(anyhow::Error::msg)?),
+        Some(_) => Some(testkit::OwnRedis::try_start_with(&[])?),
         None => None,
     };
     let mut launch = target.launch(args.instances.max(1), env.clone());
@@ -343,7 +342,7 @@ async fn rows_of(
     placement: Option<&Placement>,
     redis_pid: Option<u32>,
 ) -> anyhow::Result<Vec<Row>> {
-    let admin = Admin::new(service);
+    let admin = service.admin();
     let users = args.users.max(1);
     let bots = args.bots.max(1);
     eprintln!(
@@ -394,7 +393,7 @@ async fn rows_of(
             .filter_map(|b| b.trim_start_matches("http://").parse().ok())
             .collect();
         let cpus = placement.as_ref().map(|p| p.front.as_str());
-        Some(testkit::Front::start_on(&instances, cpus).map_err(anyhow::Error::msg)?)
+        Some(testkit::Front::start_on(&instances, cpus)?)
     } else {
         None
     };

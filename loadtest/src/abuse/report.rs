@@ -146,16 +146,7 @@ fn front_goals(rows: &[Row], alone: &Alone) -> Vec<Verdict> {
     if beside.is_empty() {
         return Vec::new();
     }
-    let median = |of: &dyn Fn(&Row) -> f64| {
-        let mut ratios: Vec<f64> = beside.iter().map(|r| of(r)).collect();
-        ratios.sort_by(f64::total_cmp);
-        let mid = ratios.len() / 2;
-        if ratios.len() % 2 == 1 {
-            ratios[mid]
-        } else {
-            (ratios[mid - 1] + ratios[mid]) / 2.0
-        }
-    };
+    let median = |of: &dyn Fn(&Row) -> f64| crate::median(beside.iter().map(|r| of(r)).collect());
     let name = Attack::FrontBotnetReads.name();
     vec![
         Verdict::new(

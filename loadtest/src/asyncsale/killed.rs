@@ -36,7 +36,7 @@ pub async fn killed(target: &TargetArgs, args: &AsyncArgs) -> anyhow::Result<Rep
 }
 
 async fn killed_crowd(target: &Target, args: &AsyncArgs) -> anyhow::Result<Report> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let users = args.crowd.flash_users * 2;
     let voucher = admin
         .create_voucher(SaleMode::Async, args.crowd.flash_users, 2)

@@ -60,7 +60,7 @@ const CONFIRM_METRIC: &str = "seckill_async_confirm_seconds";
 
 /// Runs the comparison; its goals go into the async row's `ratios`.
 pub async fn run(target: &Target, args: &AsyncArgs) -> anyhow::Result<Vec<Report>> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let seconds = Duration::from_secs(args.seconds);
     eprintln!("async: minting {} tokens", args.users);
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
@@ -259,7 +259,7 @@ impl Accepted {
 /// A crowd three times each over scarce async stock: exactly the stock
 /// is accepted and, once written, stored.
 async fn flash(target: &Target, args: &AsyncArgs) -> anyhow::Result<(Tally, Check, Drain)> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let quantities = args.crowd.quantity;
     let stock = args.crowd.flash_stock;
     let sale = NewSale::free(SaleMode::Async, stock, 2).allowing(quantities.high());

@@ -9,7 +9,6 @@ use serde_json::json;
 use super::books::{books, per_kill};
 use super::crowd::{ids_of, stored_ids, Answer, Crowd};
 use super::{FailoverArgs, FailoverMode};
-use crate::api::Admin;
 use crate::service::Target;
 use testkit::ha::Cluster;
 
@@ -40,7 +39,7 @@ pub(super) async fn kills(
         "kills": args.kills,
         "connections": args.connections,
     });
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let voucher = admin.endless_voucher(args.mode.sale_mode()).await?;
     let started_unix = chrono::Utc::now().timestamp();
     let crowd = Crowd::start(&target.base, voucher, secret, args.connections);
@@ -117,7 +116,7 @@ async fn kill_in_turn(
         let mark = crowd.len();
         let at = Instant::now();
         if let Err(e) = cluster.run("kill-primary") {
-            failure = Some(e);
+            failure = Some(format!("{e:#}"));
             break;
         }
         say!("kill {k}: sent kill -9 to the primary");

@@ -100,9 +100,7 @@ pub async fn run(target_args: &TargetArgs, args: &FailoverArgs) -> anyhow::Resul
     BEGAN.get_or_init(Instant::now);
     target_args.starts_its_own("failover starts its own cluster and service")?;
     say!("bringing up the cluster (scripts/ha.sh up)");
-    let cluster = tokio::task::spawn_blocking(Cluster::up)
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    let cluster = tokio::task::spawn_blocking(Cluster::up).await??;
     say!("cluster up, haproxy at {}", cluster.server);
     let result = crate::service::unless_interrupted(sale(&cluster, target_args, args)).await;
     say!("stopping the cluster");

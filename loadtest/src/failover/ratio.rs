@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::crowd::{rate, Crowd};
 use super::FailoverArgs;
-use crate::api::{Admin, SaleMode};
+use crate::api::SaleMode;
 use crate::round;
 use crate::service::Target;
 
@@ -19,7 +19,7 @@ async fn sync_rate(
     connections: usize,
     seconds: u64,
 ) -> anyhow::Result<f64> {
-    let voucher = Admin::new(target).endless_voucher(SaleMode::Sync).await?;
+    let voucher = target.admin().endless_voucher(SaleMode::Sync).await?;
     let crowd = Crowd::start(&target.base, voucher, secret, connections);
     // A second of warm-up: connections opened, statements prepared.
     tokio::time::sleep(Duration::from_secs(1)).await;

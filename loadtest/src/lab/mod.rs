@@ -23,7 +23,6 @@ mod tests;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::api::Admin;
 use crate::service::{self, Launch, Target};
 use crate::{lablife, TargetArgs};
 use cell::{crowd, pairs, Cell};
@@ -238,7 +237,7 @@ async fn run_grid(target: &Target, args: &LabArgs) -> anyhow::Result<Vec<Row>> {
             args.strategy
         );
     }
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let users = args.users.max(args.pairs);
     eprintln!("lab: minting {users} tokens");
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, users).await?;

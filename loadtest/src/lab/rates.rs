@@ -19,9 +19,9 @@ use serde_json::{json, Value};
 use super::LabArgs;
 use crate::api::{Admin, SaleMode};
 use crate::drive::{self, Plan, Request, Tally};
-use crate::round;
 use crate::service::Target;
 use crate::table::Table;
+use crate::{median, round};
 
 /// A design whose rate is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +83,7 @@ impl Run {
 
 /// Every round of every design, in the order run.
 pub async fn run(target: &Target, args: &LabArgs) -> anyhow::Result<Vec<Run>> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     eprintln!("lab rates: minting {} tokens", args.rate_users);
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.rate_users).await?;
     let base: Arc<str> = Arc::from(target.bases[0].as_str());
@@ -151,17 +151,6 @@ async fn one(
         ok,
         tally,
     })
-}
-
-/// The middle value (the mean of the two middle ones for an even count).
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => values[n / 2],
-        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
 }
 
 /// A row per design: its median rate over the rounds and their spread,

@@ -7,6 +7,7 @@ use super::grid::Anomalies;
 use super::{expect, redis_stock, Expect, Stall};
 use crate::api::LabStats;
 use crate::drive::Tally;
+use crate::round;
 
 pub struct Row {
     pub strategy: &'static str,
@@ -106,8 +107,4 @@ impl Row {
             "verdict": self.verdict(),
         })
     }
-}
-
-fn round(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
 }

@@ -133,7 +133,7 @@ pub async fn run(target: &Target, secret: &str, args: &LifecycleArgs) -> anyhow:
         part_no += 1;
         Stage {
             target,
-            admin: Admin::new(target),
+            admin: target.admin(),
             args,
             first_user: part_no * USERS_PER_PART + 1,
         }
@@ -358,7 +358,7 @@ async fn sample_conservation(
     stop: &AtomicBool,
 ) -> (u64, Vec<String>) {
     let admins: Vec<Admin> = (0..target.bases.len().max(1))
-        .map(|i| Admin::on(target, i))
+        .map(|i| target.admin_on(i))
         .collect();
     let (mut samples, mut broken) = (0_u64, Vec::new());
     let mut i = 0;
@@ -414,17 +414,9 @@ async fn wait_for(
     what: &str,
     done: impl Fn(&Stats) -> bool,
 ) -> anyhow::Result<Stats> {
-    let started = Instant::now();
-    loop {
-        let stats = admin.stats(voucher).await?;
-        if done(&stats) {
-            return Ok(stats);
-        }
-        if started.elapsed() > limit {
-            anyhow::bail!("{what}: not within {limit:?}: {stats:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (stats, done) = admin.stats_until(voucher, limit, done).await?;
+    anyhow::ensure!(done, "{what}: not within {limit:?}: {stats:?}");
+    Ok(stats)
 }
 
 /// Waits until every accepted order of the voucher is stored (nothing

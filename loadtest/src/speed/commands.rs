@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
-use super::round;
+use crate::round3 as round;
 use crate::service::{redis_url, Target};
 
 /// Calls per command name, from `INFO commandstats` of the local Redis.
@@ -18,18 +18,7 @@ pub(super) async fn commandstats() -> anyhow::Result<BTreeMap<String, u64>> {
         .arg("commandstats")
         .query_async(&mut conn)
         .await?;
-    Ok(parse_commandstats(&info))
-}
-
-/// `cmdstat_<name>:calls=<n>,...` lines.
-fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
-    info.lines()
-        .filter_map(|line| {
-            let (name, fields) = line.trim().strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = fields.split(',').find_map(|f| f.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .collect()
+    Ok(testkit::commandstats(&info))
 }
 
 /// Commands clients sent per purchase, and those their scripts ran.
@@ -126,15 +115,6 @@ fn monitored(line: &str) -> Option<(Source, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn commandstats_lines_give_calls_by_name() {
-        let info = "# Commandstats\r\ncmdstat_ping:calls=12,usec=3,usec_per_call=0.25,rejected_calls=0,failed_calls=0\r\ncmdstat_client|setinfo:calls=2,usec=1\r\n";
-        let stats = parse_commandstats(info);
-        assert_eq!(stats.get("ping"), Some(&12));
-        assert_eq!(stats.get("client|setinfo"), Some(&2));
-        assert_eq!(stats.len(), 2);
-    }
 
     #[test]
     fn monitor_lines_tell_client_commands_from_scripts_own() {

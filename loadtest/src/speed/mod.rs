@@ -19,6 +19,7 @@ use crate::asyncsale::{drain, print_goals, Goal};
 use crate::cpu::Usage;
 use crate::drive::Tally;
 use crate::invariants::{check, Check};
+use crate::round3 as round;
 use crate::service::Target;
 use crate::table::Table;
 use crate::Report;
@@ -98,7 +99,7 @@ impl Cost {
 }
 
 pub async fn run(target: &Target, args: &SpeedArgs) -> anyhow::Result<Vec<Report>> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let seconds = Duration::from_secs(args.seconds);
     eprintln!("speed: minting {} tokens", args.users + 2 * args.counted);
     let tokens = admin.shared_tokens(1, args.users).await?;
@@ -222,7 +223,7 @@ async fn purchases(
     args: &SpeedArgs,
     mode: SaleMode,
 ) -> anyhow::Result<(Tally, Check, Cost)> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let (label, taken) = match mode {
         SaleMode::Sync => ("sync", "200"),
         SaleMode::Async => ("async", "202"),
@@ -527,8 +528,4 @@ fn print_costs(rows: &[(&str, &Cost)]) {
     }
     eprint!("{}", table.text());
     crate::table::record("speed", "CPU per request, by process", &table);
-}
-
-fn round(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }

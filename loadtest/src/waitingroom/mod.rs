@@ -122,7 +122,7 @@ pub async fn run(target: &TargetArgs, args: &WaitingRoomArgs) -> anyhow::Result<
 /// The sale, the room and its crowd, then the phases that weigh a poll
 /// and proof of work; the report printed last.
 async fn scenario(target: &Target, args: &WaitingRoomArgs) -> anyhow::Result<bool> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let users = args.prequeue + args.bots + args.later;
     eprintln!("waitingroom: minting {} tokens", thousands(users));
     let tokens = admin.shared_tokens(1, users).await?;
@@ -172,7 +172,7 @@ async fn open_sale(
 ) -> anyhow::Result<(i64, Instant)> {
     let begin = created + chrono::Duration::seconds(args.lead as i64);
     let voucher = admin
-        .create_voucher_from(json!({
+        .create_voucher_from(&json!({
             "title": "load test: waiting room",
             "stock": args.stock,
             "begin_time": begin,
@@ -197,7 +197,7 @@ async fn side_room(
 ) -> anyhow::Result<i64> {
     let now = Utc::now();
     admin
-        .create_voucher_from(json!({
+        .create_voucher_from(&json!({
             "title": title,
             "stock": 1,
             "begin_time": now - since,

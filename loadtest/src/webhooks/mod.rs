@@ -88,7 +88,7 @@ async fn sale(
     args: &WebhooksArgs,
     label: &str,
 ) -> anyhow::Result<Sale> {
-    let admin = Admin::new(target);
+    let admin = target.admin();
     let voucher = admin.create_voucher(mode, args.users, 2).await?;
     let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
     let tally = target
@@ -119,15 +119,11 @@ fn webhook_env(url: &str) -> Vec<(String, String)> {
 /// The voucher's books balance (`stock + pending + unpaid + paid =
 /// initial`), after its async orders were all written.
 async fn conserved(target: &Target, voucher: i64) -> anyhow::Result<bool> {
-    let admin = Admin::new(target);
-    let started = Instant::now();
-    loop {
-        let stats = admin.stats(voucher).await?;
-        if stats.pending == 0 || started.elapsed() > Duration::from_secs(60) {
-            return Ok(stats.conserved());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (stats, _) = target
+        .admin()
+        .stats_until(voucher, Duration::from_secs(60), |s| s.pending == 0)
+        .await?;
+    Ok(stats.conserved())
 }
 
 pub async fn run(target: &TargetArgs, args: &WebhooksArgs) -> anyhow::Result<bool> {
@@ -258,7 +254,7 @@ async fn kill(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
     let (tally, killed, orders, events) = target
         .launch(2, webhook_env(&url))
         .run(async |service| {
-            let admin = Admin::on(service, 1);
+            let admin = service.admin_on(1);
             let voucher = admin.create_voucher(mode, args.users, 2).await?;
             let tokens: Vec<Arc<str>> = admin.shared_tokens(1, args.users).await?;
             let plan = service.purchases(voucher, &tokens, 1);
@@ -341,11 +337,10 @@ async fn kill(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
 /// The voucher's stored order ids, once no accepted order is pending.
 async fn wait_stored(admin: &Admin, voucher: i64, mode: SaleMode) -> anyhow::Result<Vec<String>> {
     if mode == SaleMode::Async {
-        let started = Instant::now();
-        while admin.stats(voucher).await?.pending > 0 && started.elapsed() < Duration::from_secs(60)
-        {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let limit = Duration::from_secs(60);
+        admin
+            .stats_until(voucher, limit, |s| s.pending == 0)
+            .await?;
     }
     Ok(admin
         .orders(voucher)
