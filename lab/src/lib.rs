@@ -21,6 +21,7 @@
 //! [`Application`], and the `seckill-lab` binary is the service's command
 //! line with [`LabArgs`] added.
 
+pub mod lifecycle;
 mod redis_stock;
 pub mod routes;
 pub mod store;

@@ -20,7 +20,6 @@ mod groupcommit;
 mod invariants;
 mod jwt;
 mod lab;
-mod lablife;
 mod lifecycle;
 mod lockbench;
 mod report;

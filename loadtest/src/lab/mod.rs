@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::service::{self, Launch, Target};
-use crate::{lablife, TargetArgs};
+use crate::TargetArgs;
 use cell::{crowd, pairs, Cell};
 use grid::{cells, grid, table, CellRuns};
 use row::Row;
@@ -206,7 +206,7 @@ pub async fn run(target: &TargetArgs, args: &LabArgs) -> anyhow::Result<bool> {
             (Ok(_), Some(url)) => {
                 let prefix = format!("lablife:{}:", uuid::Uuid::new_v4().simple());
                 let orders = args.lifecycle_orders;
-                Some(lablife::run(url, &service::redis_url(), &prefix, orders).await)
+                Some(seckill_lab::lifecycle::run(url, &service::redis_url(), &prefix, orders).await)
             }
             _ => None,
         };

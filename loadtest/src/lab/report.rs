@@ -5,9 +5,9 @@ use serde_json::json;
 
 use super::rates::{self, Run};
 use super::{cells, grid, table, CellRuns, LabArgs, Row};
-use crate::lablife::{self, LifeRow};
 use crate::report::{self, Bars};
 use crate::table as tables;
+use seckill_lab::lifecycle::LifeRow;
 
 /// Prints and saves everything the lab found; whether every design kept
 /// the guarantees it gives.
@@ -20,7 +20,7 @@ pub(super) fn finish(args: &LabArgs, rows: &[Row], rates: &[Run], life: &[LifeRo
         print!("\n{}", rates_table.text());
         tables::record("lab-rates", "", &rates_table);
     }
-    let life_table = lablife::table(life);
+    let life_table = life_table(life);
     print!("\n{}", life_table.text());
     tables::record("lab-lifecycle", "", &life_table);
     let cells = cells(rows);
@@ -112,4 +112,26 @@ fn print_failures(rows: &[Row], life: &[LifeRow], repeat: u32) -> bool {
         );
     }
     failed.is_empty() && life_failed.is_empty()
+}
+
+/// The naive lifecycle designs beside the right ones, a row each.
+fn life_table(rows: &[LifeRow]) -> tables::Table {
+    let mut table = tables::Table::new([
+        "scenario", "design", "orders", "pay lost", "paid+res", "ret x2", "hidden", "phantom",
+        "verdict",
+    ]);
+    for r in rows {
+        table.row([
+            r.scenario.name().to_owned(),
+            r.scenario.design(r.right).to_owned(),
+            r.orders.to_string(),
+            r.payments_lost.to_string(),
+            r.paid_units_resold.to_string(),
+            r.returned_twice.to_string(),
+            r.hidden.to_string(),
+            r.phantom.to_string(),
+            r.verdict().to_owned(),
+        ]);
+    }
+    table
 }

@@ -1,7 +1,7 @@
 //! The lab's order-lifecycle designs: what happens after the grab, done the
 //! popular naive way and the right way, each failure in real rows.
 //!
-//! These designs are statements and process memory, not HTTP: the driver
+//! These designs are statements and process memory, not HTTP: [`run`]
 //! plays the instances itself (each with its own connections and its own
 //! memory) on scratch tables of the lab's database (`lablife_*`), so every
 //! anomaly counted below is read back from Postgres rows. The artificial
@@ -39,7 +39,6 @@ use anyhow::Context;
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 
-use crate::table::Table;
 use flag::soldout_flag;
 use transitions::{payment_meets_expiry, timeout_twice};
 
@@ -82,7 +81,8 @@ impl Scenario {
         }
     }
 
-    fn design(self, right: bool) -> &'static str {
+    /// The design's name: the service's (`right`) or the naive one.
+    pub fn design(self, right: bool) -> &'static str {
         match (self, right) {
             (Self::PaymentMeetsExpiry, false) => "read, then write by id",
             (Self::TimeoutTwice, false) => "check status, then return",
@@ -147,28 +147,6 @@ impl LifeRow {
             "verdict": self.verdict(),
         })
     }
-}
-
-/// The naive lifecycle designs beside the right ones, a row each.
-pub fn table(rows: &[LifeRow]) -> Table {
-    let mut table = Table::new([
-        "scenario", "design", "orders", "pay lost", "paid+res", "ret x2", "hidden", "phantom",
-        "verdict",
-    ]);
-    for r in rows {
-        table.row([
-            r.scenario.name().to_owned(),
-            r.scenario.design(r.right).to_owned(),
-            r.orders.to_string(),
-            r.payments_lost.to_string(),
-            r.paid_units_resold.to_string(),
-            r.returned_twice.to_string(),
-            r.hidden.to_string(),
-            r.phantom.to_string(),
-            r.verdict().to_owned(),
-        ]);
-    }
-    table
 }
 
 /// Every scenario with the naive and the right design, `orders` orders
@@ -254,8 +232,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_naive_lifecycle_designs_break_and_the_right_ones_hold() {
         use sqlx::Connection;
-        let server = crate::service::pg_server();
-        let name = format!("seckill_lablife_{}", uuid::Uuid::new_v4().simple());
+        let server = testkit::pg_server();
+        let run_id = format!("{}_{}", std::process::id(), testkit::free_port().unwrap());
+        let name = format!("seckill_lablife_{run_id}");
         let mut admin = sqlx::PgConnection::connect(&format!("{server}/postgres"))
             .await
             .expect("Postgres answers (scripts/deps.sh starts it)");
@@ -263,18 +242,15 @@ mod tests {
             .execute(&mut admin)
             .await
             .unwrap();
-        let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+        let prefix = format!("test:lablife:{run_id}:");
         let rows = run(
             &format!("{server}/{name}"),
-            &crate::service::redis_url(),
+            &testkit::redis_url(),
             &prefix,
             40,
         )
         .await;
-        sqlx::query(&format!("DROP DATABASE \"{name}\" WITH (FORCE)"))
-            .execute(&mut admin)
-            .await
-            .unwrap();
+        testkit::drop_database(&name, &prefix).await;
         let rows = rows.expect("the lifecycle lab runs");
         assert_eq!(rows.len(), 2 * Scenario::ALL.len());
         for row in &rows {
