@@ -15,12 +15,14 @@ pub mod books;
 mod front;
 pub mod guide;
 pub mod ha;
+mod receiver;
 mod service;
 mod shop;
 
 pub use admin::{AdminApi, LabStats, NewSale, OrderLine, SaleMode, Stats};
 pub use books::Books;
 pub use front::Front;
+pub use receiver::{Answering, Delivery, Receiver};
 pub use service::{drop_database, drop_database_on, ServiceProcess};
 pub use shop::{rsa_key, webhook_signed};
 

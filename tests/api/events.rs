@@ -2,15 +2,11 @@
 //! pushed to a webhook receiver (signed, retried, failed and retried again
 //! by hand, in order within each order).
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode as AxumStatus};
-use axum::response::IntoResponse;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use testkit::{Answering as Mode, Receiver};
 
 use crate::helpers::{
     assert_refused_to_start, buy, notify, poll_until, spawn_app, spawn_app_with, TestApp,
@@ -220,60 +216,23 @@ async fn the_feed_reads_on_from_any_id_with_no_event_missed_or_repeated() {
     assert_eq!(status, StatusCode::FORBIDDEN);
 }
 
-/// What the receiver answers.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Mode {
-    Acknowledge,
-    /// Acknowledges a batch of one event, fails a larger one.
-    AcknowledgeOne,
-    Fail,
-    Hang,
-    Redirect,
+/// A receiver of this file's webhook secret, answering as `mode`; its URL.
+async fn start_receiver(mode: Mode) -> (Receiver, String) {
+    Receiver::start(WEBHOOK_SECRET.as_bytes(), mode)
+        .await
+        .expect("the receiver listens")
 }
 
-/// Batches received with a valid signature, each with whether it was
-/// acknowledged.
-type Batches = Arc<Mutex<Vec<(Vec<Value>, bool)>>>;
-
-#[derive(Clone)]
-struct Receiver {
-    mode: Arc<Mutex<Mode>>,
-    /// Every batch that came with a valid signature (and whether it was
-    /// acknowledged).
-    batches: Batches,
-    bad_signatures: Arc<Mutex<usize>>,
+/// What the tests wait for and assert of a receiver's deliveries.
+trait Received {
+    async fn acknowledged_at_least(&self, n: usize) -> Vec<Value>;
+    async fn acknowledged_in_order(&self, n: usize) -> Vec<Value>;
+    async fn any_acknowledged(&self, what: &str) -> Vec<Value>;
+    fn assert_each_sent_after_its_orders_earlier_ones_were_acknowledged(&self);
+    async fn attempted(&self, n: usize);
 }
 
-impl Receiver {
-    async fn start(mode: Mode) -> (Self, String) {
-        let receiver = Self {
-            mode: Arc::new(Mutex::new(mode)),
-            batches: Arc::default(),
-            bad_signatures: Arc::default(),
-        };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
-        let router = axum::Router::new()
-            .route("/hooks", axum::routing::post(receive))
-            .with_state(receiver.clone());
-        tokio::spawn(async move { axum::serve(listener, router).await });
-        (receiver, url)
-    }
-
-    fn set(&self, mode: Mode) {
-        *self.mode.lock().unwrap() = mode;
-    }
-
-    /// Events acknowledged, in the order they were received.
-    fn acknowledged(&self) -> Vec<Value> {
-        let batches = self.batches.lock().unwrap();
-        batches
-            .iter()
-            .filter(|(_, acked)| *acked)
-            .flat_map(|(events, _)| events.clone())
-            .collect()
-    }
-
+impl Received for Receiver {
     /// Waits (30 s at most) until `n` events were acknowledged; all of
     /// them, in the order received.
     async fn acknowledged_at_least(&self, n: usize) -> Vec<Value> {
@@ -287,7 +246,7 @@ impl Receiver {
         .await
     }
 
-    /// Waits for `n` acknowledged events (as [`Self::acknowledged_at_least`]),
+    /// Waits for `n` acknowledged events (as [`Received::acknowledged_at_least`]),
     /// each in its order's sequence and sent only after its order's
     /// earlier events were acknowledged.
     async fn acknowledged_in_order(&self, n: usize) -> Vec<Value> {
@@ -310,36 +269,33 @@ impl Receiver {
         .await
     }
 
-    fn attempts(&self) -> usize {
-        self.batches.lock().unwrap().len()
-    }
-
     /// The contract's order, delivery by delivery: an event came (whatever
     /// the answer) only after every earlier event of its order had been
     /// acknowledged by an earlier delivery, not in the same one.
     fn assert_each_sent_after_its_orders_earlier_ones_were_acknowledged(&self) {
-        let batches = self.batches.lock().unwrap();
-        let mut acknowledged: std::collections::HashMap<String, i64> = Default::default();
-        for (i, (events, acked)) in batches.iter().enumerate() {
-            let of = |e: &Value| {
-                let order = e["order"]["order_id"].as_str().unwrap().to_owned();
-                (order, e["sequence"].as_i64().unwrap())
-            };
-            for (order, sequence) in events.iter().map(of) {
-                let before = acknowledged.get(&order).copied().unwrap_or(0);
-                assert!(
-                    sequence <= before + 1,
-                    "delivery {i}: order {order}'s event {sequence} before its event {} was acknowledged",
-                    before + 1
-                );
-            }
-            if *acked {
-                for (order, sequence) in events.iter().map(of) {
-                    let highest = acknowledged.entry(order).or_default();
-                    *highest = (*highest).max(sequence);
+        self.deliveries(|deliveries| {
+            let mut acknowledged: std::collections::HashMap<String, i64> = Default::default();
+            for (i, delivery) in deliveries.iter().enumerate() {
+                let of = |e: &Value| {
+                    let order = e["order"]["order_id"].as_str().unwrap().to_owned();
+                    (order, e["sequence"].as_i64().unwrap())
+                };
+                for (order, sequence) in delivery.events.iter().map(of) {
+                    let before = acknowledged.get(&order).copied().unwrap_or(0);
+                    assert!(
+                        sequence <= before + 1,
+                        "delivery {i}: order {order}'s event {sequence} before its event {} was acknowledged",
+                        before + 1
+                    );
+                }
+                if delivery.acknowledged {
+                    for (order, sequence) in delivery.events.iter().map(of) {
+                        let highest = acknowledged.entry(order).or_default();
+                        *highest = (*highest).max(sequence);
+                    }
                 }
             }
-        }
+        });
     }
 
     /// Waits (10 s at most) until `n` deliveries have been attempted.
@@ -355,59 +311,6 @@ impl Receiver {
     }
 }
 
-/// Checks the signature as a shop's receiver would.
-fn signed(headers: &HeaderMap, body: &[u8]) -> bool {
-    headers
-        .get("x-seckill-signature")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|header| {
-            testkit::webhook_signed(
-                WEBHOOK_SECRET.as_bytes(),
-                header,
-                body,
-                chrono::Utc::now().timestamp(),
-            )
-        })
-}
-
-async fn receive(
-    State(receiver): State<Receiver>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> axum::response::Response {
-    if !signed(&headers, &body)
-        || headers.get("content-type").map(|v| v.as_bytes()) != Some(b"application/json")
-    {
-        *receiver.bad_signatures.lock().unwrap() += 1;
-        return AxumStatus::BAD_REQUEST.into_response();
-    }
-    let events = serde_json::from_slice::<Value>(&body).unwrap()["events"]
-        .as_array()
-        .unwrap()
-        .clone();
-    let mode = match *receiver.mode.lock().unwrap() {
-        Mode::AcknowledgeOne if events.len() == 1 => Mode::Acknowledge,
-        Mode::AcknowledgeOne => Mode::Fail,
-        mode => mode,
-    };
-    receiver
-        .batches
-        .lock()
-        .unwrap()
-        .push((events, mode == Mode::Acknowledge));
-    match mode {
-        Mode::Acknowledge | Mode::AcknowledgeOne => AxumStatus::NO_CONTENT.into_response(),
-        Mode::Fail => AxumStatus::SERVICE_UNAVAILABLE.into_response(),
-        Mode::Redirect => {
-            (AxumStatus::TEMPORARY_REDIRECT, [("location", "/hooks")]).into_response()
-        }
-        Mode::Hang => {
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-            AxumStatus::NO_CONTENT.into_response()
-        }
-    }
-}
-
 /// A receiver in `mode`, an app whose webhooks go to it (failed after
 /// `retry_seconds`), and a priced voucher of `orders` units, each bought
 /// by a user of its own.
@@ -416,7 +319,7 @@ async fn sold_with_webhook(
     retry_seconds: u64,
     orders: i64,
 ) -> (Receiver, TestApp, i64) {
-    let (receiver, url) = Receiver::start(mode).await;
+    let (receiver, url) = start_receiver(mode).await;
     let app = app_with_webhook(&url, retry_seconds).await;
     let voucher = app.priced_voucher(orders, "sync", 0, 900).await;
     let tokens = app.tokens(1..=orders).await;
@@ -435,7 +338,7 @@ async fn first_of_two_orders(
     i64,
     std::collections::HashMap<i64, String>,
 ) {
-    let (receiver, url) = Receiver::start(Mode::Fail).await;
+    let (receiver, url) = start_receiver(Mode::Fail).await;
     let app = app_with_webhook(&url, retry_seconds).await;
     let voucher = app.priced_voucher(2, "sync", 0, 900).await;
     let tokens = app.tokens(1..=2).await;
@@ -519,13 +422,8 @@ async fn webhooks_deliver_every_event_signed_and_retry_a_failing_receiver_in_ord
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), 40, "each event acknowledged once");
-    assert!(receiver
-        .batches
-        .lock()
-        .unwrap()
-        .iter()
-        .all(|(b, _)| (1..=7).contains(&b.len())));
-    assert_eq!(*receiver.bad_signatures.lock().unwrap(), 0);
+    assert!(receiver.deliveries(|d| d.iter().all(|d| (1..=7).contains(&d.events.len()))));
+    assert_eq!(receiver.bad_signatures(), 0);
     let metrics = app.metrics().await;
     assert!(
         metrics.contains("seckill_webhook_deliveries_total{outcome=\"acknowledged\"}"),
@@ -536,7 +434,7 @@ async fn webhooks_deliver_every_event_signed_and_retry_a_failing_receiver_in_ord
 
 #[tokio::test]
 async fn a_hanging_or_redirecting_receiver_is_a_failure_and_failed_events_are_listed_and_retried() {
-    let (receiver, url) = Receiver::start(Mode::Hang).await;
+    let (receiver, url) = start_receiver(Mode::Hang).await;
     // Failed once a batch's first attempt is a second old.
     let app = app_with_webhook(&url, 1).await;
     let voucher = app.open_voucher(3).await;
@@ -705,12 +603,7 @@ async fn an_event_that_comes_while_a_batch_fails_is_not_failed_with_it() {
     );
     let first = failed[0]["order"]["order_id"].as_str().unwrap().to_owned();
     assert!(
-        receiver
-            .batches
-            .lock()
-            .unwrap()
-            .iter()
-            .all(|(events, _)| events.len() == 1),
+        receiver.deliveries(|d| d.iter().all(|d| d.events.len() == 1)),
         "the failing batch was retried as it was, nothing added"
     );
     // The second event, in a batch of its own with a period of its own, is
@@ -745,7 +638,7 @@ struct WebhookInstance {
 
 impl WebhookInstance {
     async fn start(mode: Mode, tune: impl FnOnce(&mut seckill::config::Settings)) -> Self {
-        let (receiver, url) = Receiver::start(mode).await;
+        let (receiver, url) = start_receiver(mode).await;
         let db_name = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
         let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
         let db_url = format!("{}/{db_name}", crate::helpers::pg_server());

@@ -1,6 +1,6 @@
-//! `loadtest webhooks`: the order events pushed to a receiver of the
-//! driver's own (`receiver`), which checks every signature and can fail
-//! on cue. Per sale mode, on instances of its own:
+//! `loadtest webhooks`: the order events pushed to a receiver in the
+//! driver (`testkit::Receiver`, added up by `receiver`), which checks
+//! every signature and can fail on cue. Per sale mode, on instances of its own:
 //! - off against on: the sale's orders/s without webhooks and with a
 //!   receiver acknowledging, in one run; every order's `order.created`
 //!   received; the delivery lag (commit to acknowledgement), p50 and p99;
@@ -24,7 +24,8 @@ use crate::api::{Admin, SaleMode};
 use crate::drive::{drive, Plan, Request, Tally};
 use crate::service::Target;
 use crate::{round, TargetArgs};
-use receiver::{Mode, Receiver};
+use receiver::{created, distinct, wait_for_created, Seen};
+use testkit::{Answering, Receiver};
 
 const SECRET: &str = "load-webhook-secret-8c1f5a9d3e7b2c6a0f4d";
 
@@ -166,18 +167,18 @@ async fn off_and_on(
         .run(async |service| sale(service, mode, args, "webhooks off").await)
         .await?;
 
-    let (receiver, url) = Receiver::start(SECRET).await?;
+    let (receiver, url) = Receiver::start(SECRET.as_bytes(), Answering::Acknowledge).await?;
     let (on, balanced, received) = target
         .launch(1, webhook_env(&url))
         .run(async |service| {
             let on = sale(service, mode, args, "webhooks on").await?;
             let balanced = conserved(service, on.voucher).await?;
             let settle = Duration::from_secs(args.settle_seconds);
-            let received = receiver.wait_for_created(on.orders as usize, settle).await;
+            let received = wait_for_created(&receiver, on.orders as usize, settle).await;
             Ok((on, balanced, received))
         })
         .await?;
-    let seen = receiver.seen.lock().expect("receiver lock");
+    let seen = Seen::of(&receiver);
     let ratio = on.rate() / off.rate().max(1e-9);
     let ok = balanced && received as u64 == on.orders && seen.clean();
     Ok(json!({
@@ -202,8 +203,8 @@ async fn down(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
         mode.name(),
         args.down_seconds
     );
-    let (receiver, url) = Receiver::start(SECRET).await?;
-    receiver.set(Mode::Fail);
+    let (receiver, url) = Receiver::start(SECRET.as_bytes(), Answering::Acknowledge).await?;
+    receiver.set(Answering::Fail);
     let (sold, balanced, backlog, back, received) = target
         .launch(1, webhook_env(&url))
         .run(async |service| {
@@ -212,17 +213,15 @@ async fn down(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
             let balanced = conserved(service, sold.voucher).await?;
             let down_for = Duration::from_secs(args.down_seconds);
             tokio::time::sleep(down_for.saturating_sub(began.elapsed())).await;
-            let backlog = sold.orders as usize - receiver.created();
-            receiver.set(Mode::Acknowledge);
+            let backlog = sold.orders as usize - receiver.deliveries(created);
+            receiver.set(Answering::Acknowledge);
             let back = Instant::now();
             let settle = Duration::from_secs(args.settle_seconds);
-            let received = receiver
-                .wait_for_created(sold.orders as usize, settle)
-                .await;
+            let received = wait_for_created(&receiver, sold.orders as usize, settle).await;
             Ok((sold, balanced, backlog, back, received))
         })
         .await?;
-    let seen = receiver.seen.lock().expect("receiver lock");
+    let seen = Seen::of(&receiver);
     let after: Vec<&(Instant, u64)> = seen.arrivals.iter().filter(|(at, _)| *at >= back).collect();
     let first = after.first().map(|(at, _)| at.duration_since(back));
     let drain = match (after.first(), after.last()) {
@@ -250,7 +249,7 @@ async fn down(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
 /// killed with `kill -9` once deliveries are under way.
 async fn kill(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyhow::Result<Value> {
     eprintln!("webhooks: {}: an instance killed mid-delivery", mode.name());
-    let (receiver, url) = Receiver::start(SECRET).await?;
+    let (receiver, url) = Receiver::start(SECRET.as_bytes(), Answering::Acknowledge).await?;
     let (tally, killed, orders, events) = target
         .launch(2, webhook_env(&url))
         .run(async |service| {
@@ -263,7 +262,7 @@ async fn kill(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
             let half = Instant::now() + Duration::from_secs(args.seconds) / 2;
             let tenth = (args.users / 10).max(1) as usize;
             let killer = async {
-                while receiver.created() < tenth && Instant::now() < half {
+                while receiver.deliveries(created) < tenth && Instant::now() < half {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
                 service.kill(0)
@@ -302,22 +301,14 @@ async fn kill(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
             .await;
             let events = orders.len() + cancelled.count("200") as usize;
             let settle = Duration::from_secs(args.settle_seconds);
-            let started = Instant::now();
-            while receiver
-                .seen
-                .lock()
-                .expect("receiver lock")
-                .times_seen
-                .len()
-                < events
-                && started.elapsed() < settle
-            {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            let pause = Duration::from_millis(100);
+            receiver
+                .wait_until(settle, pause, |d| distinct(d) >= events)
+                .await;
             Ok((tally, killed.is_some(), orders.len(), events))
         })
         .await?;
-    let seen = receiver.seen.lock().expect("receiver lock");
+    let seen = Seen::of(&receiver);
     let delivered = seen.times_seen.len();
     let ok = killed && delivered == events && seen.clean();
     Ok(json!({
