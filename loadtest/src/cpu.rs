@@ -6,7 +6,28 @@
 
 use std::collections::BTreeMap;
 
+use crate::drive::{Request, Tally};
 use crate::service::Target;
+
+/// Sends each of `plan`'s requests once over `connections`: what they
+/// were answered, and the CPU µs per request by part.
+pub async fn per_request(
+    target: &Target,
+    plan: Vec<Request>,
+    connections: usize,
+    label: &str,
+) -> (Tally, BTreeMap<&'static str, f64>) {
+    let requests = plan.len() as u64;
+    let before = Usage::now(target).await;
+    let tally = target.send_each(plan, connections, label).await;
+    let cpu = Usage::now(target).await.micros_per(&before, requests);
+    (tally, cpu)
+}
+
+/// The service's part of a reading per request (NaN when it was not read).
+pub fn service(per_part: &BTreeMap<&'static str, f64>) -> f64 {
+    per_part.get("service").copied().unwrap_or(f64::NAN)
+}
 
 /// The server's share of a reading per part: the service's, Redis's and
 /// Postgres's (the driver's left out), a part not read counting as none.

@@ -25,6 +25,8 @@ pub struct Request {
     pub from: Option<Arc<str>>,
     /// A JSON body (a purchase's `{"quantity": k}`); none is sent without.
     pub body: Option<Arc<str>>,
+    /// A waiting room's ticket, sent as `X-Queue-Ticket`.
+    pub ticket: Option<Arc<str>>,
 }
 
 impl Request {
@@ -36,6 +38,7 @@ impl Request {
             base: None,
             from: None,
             body: None,
+            ticket: None,
         }
     }
 
@@ -47,6 +50,7 @@ impl Request {
             base: None,
             from: None,
             body: None,
+            ticket: None,
         }
     }
 
@@ -59,6 +63,7 @@ impl Request {
             base: Some(base),
             from: None,
             body: None,
+            ticket: None,
         }
     }
 
@@ -67,6 +72,30 @@ impl Request {
     pub fn asking(self, units: i64) -> Self {
         let body = (units != 1).then(|| format!("{{\"quantity\":{units}}}").into());
         Self { body, ..self }
+    }
+
+    /// The same request, to the instance at `base`.
+    pub fn on(self, base: Arc<str>) -> Self {
+        Self {
+            base: Some(base),
+            ..self
+        }
+    }
+
+    /// The same request, as `token`'s user.
+    pub fn by(self, token: Arc<str>) -> Self {
+        Self {
+            token: Some(token),
+            ..self
+        }
+    }
+
+    /// The same request, showing a waiting room's `ticket`.
+    pub fn with_ticket(self, ticket: Arc<str>) -> Self {
+        Self {
+            ticket: Some(ticket),
+            ..self
+        }
     }
 
     /// The same request, claiming to come from `address`.
@@ -362,6 +391,9 @@ pub async fn exchange(client: &reqwest::Client, base: &str, request: &Request) -
     }
     if let Some(address) = &request.from {
         builder = builder.header("x-forwarded-for", &**address);
+    }
+    if let Some(ticket) = &request.ticket {
+        builder = builder.header("x-queue-ticket", &**ticket);
     }
     if let Some(body) = &request.body {
         builder = builder

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use super::report::{statuses, Verdict};
 use super::{healthz_address, AbuseArgs, REFUSED};
 use crate::api::SaleMode;
-use crate::cpu::Usage;
+use crate::cpu;
 use crate::drive::Request;
 use crate::service::Target;
 use crate::table::Table;
@@ -130,19 +130,9 @@ async fn refusal_cost(
     let refused_plan =
         vec![Request::get(&format!("/vouchers/{voucher}")).with_address(REFUSED.into()); refused_n];
     let connections = args.connections;
-    let service_us = |before: &Usage, after: &Usage, requests: usize| {
-        after
-            .micros_per(before, requests as u64)
-            .get("service")
-            .copied()
-            .unwrap_or(f64::NAN)
-    };
     let measure = |plan: Vec<Request>, connections: usize, label: &'static str| async move {
-        let requests = plan.len();
-        let before = Usage::now(service).await;
-        let tally = service.send_each(plan, connections, label).await;
-        let after = Usage::now(service).await;
-        (tally, service_us(&before, &after, requests))
+        let (tally, cpu) = cpu::per_request(service, plan, connections, label).await;
+        (tally, cpu::service(&cpu))
     };
     let (first, first_us) = measure(healthz_plan(), connections, "cpu healthz").await;
     let (refused, refused_us) = measure(refused_plan, refused_connections, "cpu refused").await;

@@ -2,15 +2,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 
 use super::{side_room, WaitingRoomArgs};
 use crate::api::Admin;
-use crate::cpu::Usage;
+use crate::cpu;
+use crate::drive::Request;
 use crate::service::Target;
 
 /// The service's CPU per poll and per `/healthz`.
@@ -78,81 +78,38 @@ pub(super) async fn poll_cost(
         anyhow::bail!("no user of the poll-cost room could join it");
     }
     let n = args.cpu_polls;
-    let healthz = |label: &'static str| {
-        let http = http.clone();
-        async move {
-            let requests = (0..n).map(|i| http.get(format!("{}/healthz", bases[i % bases.len()])));
-            weighed(target, requests, n, args.connections, label).await
-        }
+    let bases: Vec<Arc<str>> = bases.iter().map(|b| Arc::from(b.as_str())).collect();
+    let on = |i: usize| bases[i % bases.len()].clone();
+    let healthz = || async {
+        let plan = (0..n).map(|i| Request::get("/healthz").on(on(i))).collect();
+        let (tally, cpu) = cpu::per_request(target, plan, args.connections, "healthz").await;
+        (cpu::service(&cpu), tally.rps())
     };
-    let (first, _, healthz_first_rate) = healthz("healthz").await;
-    let polls = (0..n).map(|i| {
-        let (user, ticket) = &tickets[i % tickets.len()];
-        http.get(url(i + 1))
-            .bearer_auth(&*tokens[*user])
-            .header("x-queue-ticket", ticket)
-    });
-    let (poll_us, refused, polls_per_second) =
-        weighed(target, polls, n, args.connections, "polls").await;
-    let (last, _, healthz_last_rate) = healthz("healthz").await;
+    let (first, healthz_first_rate) = healthz().await;
+    let path = format!("/vouchers/{voucher}/queue");
+    let polls = (0..n)
+        .map(|i| {
+            let (user, ticket) = &tickets[i % tickets.len()];
+            Request::get(&path)
+                .on(on(i + 1))
+                .by(tokens[*user].clone())
+                .with_ticket(ticket.as_str().into())
+        })
+        .collect();
+    let (polled, cpu) = cpu::per_request(target, polls, args.connections, "polls").await;
+    let (last, healthz_last_rate) = healthz().await;
+    let refused = polled
+        .statuses
+        .into_iter()
+        .filter(|(answer, _)| !answer.starts_with('2'))
+        .collect();
     Ok(PollCost {
         polls: n,
-        poll_us,
+        poll_us: cpu::service(&cpu),
         healthz_us: (first + last) / 2.0,
         healthz_runs_us: [first, last],
-        polls_per_second,
+        polls_per_second: polled.requests as f64 / polled.elapsed.as_secs_f64().max(1e-9),
         healthz_per_second: (healthz_first_rate + healthz_last_rate) / 2.0,
         refused,
     })
-}
-
-/// Sends `requests` with `connections` in flight; the service's CPU µs per
-/// request, the answers other than 2xx, and requests per second.
-async fn weighed(
-    target: &Target,
-    requests: impl Iterator<Item = reqwest::RequestBuilder>,
-    n: usize,
-    connections: usize,
-    label: &str,
-) -> (f64, BTreeMap<String, u64>, f64) {
-    let progress = ProgressBar::new(n as u64).with_prefix(label.to_owned());
-    progress.set_style(
-        ProgressStyle::with_template("{prefix:>12} [{bar:40}] {pos}/{len}  {per_sec}")
-            .expect("a valid template")
-            .progress_chars("=> "),
-    );
-    let before = Usage::now(target).await;
-    let clock = Instant::now();
-    let answers: Vec<String> = futures_util::stream::iter(requests)
-        .map(|request| {
-            let progress = progress.clone();
-            async move {
-                let key = match request.send().await {
-                    Ok(response) if response.status().is_success() => {
-                        let _ = response.bytes().await;
-                        None
-                    }
-                    Ok(response) => Some(response.status().as_u16().to_string()),
-                    Err(_) => Some("error".to_owned()),
-                };
-                progress.inc(1);
-                key.unwrap_or_default()
-            }
-        })
-        .buffer_unordered(connections.max(1))
-        .collect()
-        .await;
-    let elapsed = clock.elapsed();
-    let us = Usage::now(target)
-        .await
-        .micros_per(&before, n as u64)
-        .get("service")
-        .copied()
-        .unwrap_or(f64::NAN);
-    progress.finish_and_clear();
-    let mut refused = BTreeMap::new();
-    for key in answers.into_iter().filter(|k| !k.is_empty()) {
-        *refused.entry(key).or_default() += 1;
-    }
-    (us, refused, n as f64 / elapsed.as_secs_f64().max(1e-9))
 }
