@@ -44,6 +44,9 @@ const RELAY_LEASE_MS: i64 = 2_000;
 const RELAY_POLL: Duration = Duration::from_millis(250);
 /// Pause after a failed round of either task.
 const BACKOFF: Duration = Duration::from_millis(500);
+/// Longest a closing waits for Redis to hear of the units it returned
+/// before it goes on (see `Seckill::units_returned`).
+const TELL_WAIT: Duration = Duration::from_millis(250);
 
 /// What a payment notification came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,23 +225,41 @@ impl Seckill {
     /// gets the units and forgets the buyers at once (so that a buyer who
     /// cancels and buys again is not told of the cancelled order), the
     /// relay of the returns queued in Postgres woken behind it (a return
-    /// counts once: `lua/async_return.lua`).
+    /// counts once: `lua/async_return.lua`). What Redis is told is waited
+    /// for at most [`TELL_WAIT`]: Postgres has decided, and a cancel's
+    /// buyer (or the sweep's next voucher) does not wait out a frozen
+    /// Redis's deadline; the rest goes on among the background tasks.
     async fn units_returned(&self, closed: &[Closed]) {
         let inner = &self.inner;
         inner.holders.closed(closed);
-        let now = inner.clock.now();
-        let mut seen = HashSet::new();
+        let mut vouchers = Vec::new();
         // Every row of a voucher carries its stock after the statement's
         // returns: one per voucher is enough.
+        let mut seen = HashSet::new();
         for order in closed {
-            if !seen.insert(order.voucher_id) {
-                continue;
+            if seen.insert(order.voucher_id) {
+                inner.vouchers.windows.invalidate(&order.voucher_id).await;
+                vouchers.push(*order);
             }
-            inner.vouchers.windows.invalidate(&order.voucher_id).await;
+        }
+        let (told, closed) = (self.inner.clone(), closed.to_vec());
+        let mut tell = Box::pin(async move { told.tell_returned(&vouchers, &closed).await });
+        if tokio::time::timeout(TELL_WAIT, &mut tell).await.is_err() {
+            inner.background.tasks.spawn(tell);
+        }
+    }
+}
+
+impl super::Inner {
+    /// The Redis side of [`Seckill::units_returned`]: per voucher (`one`
+    /// closed order of each), the sold-out flag's new epoch, or an async
+    /// sale's units and buyers given back.
+    async fn tell_returned(&self, one: &[Closed], closed: &[Closed]) {
+        let now = self.clock.now();
+        for order in one {
             match order.sale_mode {
                 SaleMode::Sync => {
-                    inner
-                        .flags
+                    self.flags
                         .publish(order.voucher_id, order.end_time, order.level, now)
                         .await;
                 }
@@ -253,15 +274,12 @@ impl Seckill {
                             quantity: c.quantity,
                         })
                         .collect();
-                    if let Err(error) = inner
-                        .async_sales
-                        .give_back(order.voucher_id, &returns)
-                        .await
+                    if let Err(error) = self.async_sales.give_back(order.voucher_id, &returns).await
                     {
                         tracing::debug!(voucher_id = %order.voucher_id, error = %crate::telemetry::Chain(&error),
                             "returning units to Redis at once failed; the relay does it");
                     }
-                    inner.returns_queued.notify_one();
+                    self.returns_queued.notify_one();
                 }
             }
         }

@@ -7,7 +7,8 @@ use std::time::Duration;
 use reqwest::StatusCode;
 
 use crate::helpers::{
-    buy, crowd, send_purchase, spawn_app, spawn_app_on_redis, spawn_app_with, OwnRedis, TestApp,
+    buy, crowd, poll_until, send_purchase, spawn_app, spawn_app_on_redis, spawn_app_with, OwnRedis,
+    TestApp,
 };
 use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy};
 
@@ -199,6 +200,54 @@ async fn a_purchase_committed_just_before_redis_hangs_is_answered_200_not_timed_
     redis.thaw();
     assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
     app.wait_ready().await;
+    app.check_invariants(voucher).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_while_redis_hangs_is_answered_without_waiting_out_redis() {
+    // The cancel is Postgres's to decide; telling the sale that the unit
+    // came back (the sold-out flag's new epoch) is Redis's. With Redis
+    // frozen, the buyer hears the committed cancel after a moment, not
+    // after Redis's deadline (or two), and the flag is told later.
+    let redis = OwnRedis::start();
+    let url = redis.url();
+    let app = spawn_app_with(|mut s| {
+        s.redis_url = url;
+        s.dependency_timeout = Duration::from_secs(5);
+        s
+    })
+    .await;
+    // One unit, bought: the voucher is sold out.
+    let (voucher, tokens) = app.warm_sale(1, 2).await;
+    let (status, body) = app
+        .admin_get(&format!("/admin/vouchers/{voucher}/orders"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let order = body["orders"][0]["order_id"].as_str().unwrap().to_owned();
+    redis.freeze();
+    let started = std::time::Instant::now();
+    let (status, body) = app
+        .post_as(&format!("/orders/{order}/cancel"), &tokens[&1])
+        .await;
+    let took = started.elapsed();
+    redis.thaw();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "cancelled", "{body}");
+    assert!(
+        took < Duration::from_millis(2_500),
+        "answered after {took:?}"
+    );
+    // The unit is for sale again once Redis answers.
+    app.wait_ready().await;
+    let bought = poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        "the returned unit sold again",
+        || buy(&app.client, &app.base, &tokens[&2], voucher),
+        |(_, answer)| answer.starts_with("ok:"),
+    )
+    .await;
+    assert!(bought.1.starts_with("ok:"));
     app.check_invariants(voucher).await;
 }
 
