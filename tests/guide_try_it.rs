@@ -151,7 +151,7 @@ impl Service {
         };
         match runtime().block_on(ServiceProcess::start(command, READY_LIMIT)) {
             Ok(process) => service.process = Some(process),
-            Err(e) => panic!("{e}; its log ends:\n{}", service.log_tail()),
+            Err(e) => panic!("{e:#}; its log ends:\n{}", service.log_tail()),
         }
         service
     }

@@ -44,8 +44,8 @@ const RELAY_LEASE_MS: i64 = 2_000;
 const RELAY_POLL: Duration = Duration::from_millis(250);
 /// Pause after a failed round of either task.
 const BACKOFF: Duration = Duration::from_millis(500);
-/// Longest a closing waits for Redis to hear of the units it returned
-/// before it goes on (see `Seckill::units_returned`).
+/// Longest a closing waits for Redis to hear that a sync sale's units came
+/// back before it goes on (see `Seckill::units_returned`).
 const TELL_WAIT: Duration = Duration::from_millis(250);
 
 /// What a payment notification came to.
@@ -225,25 +225,34 @@ impl Seckill {
     /// gets the units and forgets the buyers at once (so that a buyer who
     /// cancels and buys again is not told of the cancelled order), the
     /// relay of the returns queued in Postgres woken behind it (a return
-    /// counts once: `lua/async_return.lua`). What Redis is told is waited
-    /// for at most [`TELL_WAIT`]: Postgres has decided, and a cancel's
-    /// buyer (or the sweep's next voucher) does not wait out a frozen
-    /// Redis's deadline; the rest goes on among the background tasks.
+    /// counts once: `lua/async_return.lua`). A sync sale's flags are
+    /// waited for at most [`TELL_WAIT`], the rest going on among the
+    /// background tasks: Postgres has decided, this instance reads the new
+    /// epoch from it, and a cancel's buyer (or the sweep's next voucher)
+    /// does not wait out a frozen Redis's deadline. An async sale's buyers
+    /// are waited for: Redis is where its sale looks for them.
     async fn units_returned(&self, closed: &[Closed]) {
         let inner = &self.inner;
         inner.holders.closed(closed);
-        let mut vouchers = Vec::new();
+        let (mut sync, mut sold_async) = (Vec::new(), Vec::new());
         // Every row of a voucher carries its stock after the statement's
         // returns: one per voucher is enough.
         let mut seen = HashSet::new();
         for order in closed {
             if seen.insert(order.voucher_id) {
                 inner.vouchers.windows.invalidate(&order.voucher_id).await;
-                vouchers.push(*order);
+                match order.sale_mode {
+                    SaleMode::Sync => sync.push(*order),
+                    SaleMode::Async => sold_async.push(*order),
+                }
             }
         }
-        let (told, closed) = (self.inner.clone(), closed.to_vec());
-        let mut tell = Box::pin(async move { told.tell_returned(&vouchers, &closed).await });
+        inner.give_back(&sold_async, closed).await;
+        if sync.is_empty() {
+            return;
+        }
+        let told = self.inner.clone();
+        let mut tell = Box::pin(async move { told.open_flags(&sync).await });
         if tokio::time::timeout(TELL_WAIT, &mut tell).await.is_err() {
             inner.background.tasks.spawn(tell);
         }
@@ -251,37 +260,36 @@ impl Seckill {
 }
 
 impl super::Inner {
-    /// The Redis side of [`Seckill::units_returned`]: per voucher (`one`
-    /// closed order of each), the sold-out flag's new epoch, or an async
-    /// sale's units and buyers given back.
-    async fn tell_returned(&self, one: &[Closed], closed: &[Closed]) {
+    /// The sold-out flags of these sync vouchers (one closed order of
+    /// each) open at their new epochs.
+    async fn open_flags(&self, one: &[Closed]) {
         let now = self.clock.now();
         for order in one {
-            match order.sale_mode {
-                SaleMode::Sync => {
-                    self.flags
-                        .publish(order.voucher_id, order.end_time, order.level, now)
-                        .await;
-                }
-                SaleMode::Async => {
-                    let returns: Vec<StockReturn> = closed
-                        .iter()
-                        .filter(|c| c.voucher_id == order.voucher_id)
-                        .map(|c| StockReturn {
-                            order_id: c.order_id,
-                            voucher_id: c.voucher_id,
-                            user_id: c.user_id,
-                            quantity: c.quantity,
-                        })
-                        .collect();
-                    if let Err(error) = self.async_sales.give_back(order.voucher_id, &returns).await
-                    {
-                        tracing::debug!(voucher_id = %order.voucher_id, error = %crate::telemetry::Chain(&error),
-                            "returning units to Redis at once failed; the relay does it");
-                    }
-                    self.returns_queued.notify_one();
-                }
+            self.flags
+                .publish(order.voucher_id, order.end_time, order.level, now)
+                .await;
+        }
+    }
+
+    /// These async vouchers' units and buyers (one closed order of each,
+    /// `closed` all of them) given back to Redis, the relay woken behind.
+    async fn give_back(&self, one: &[Closed], closed: &[Closed]) {
+        for order in one {
+            let returns: Vec<StockReturn> = closed
+                .iter()
+                .filter(|c| c.voucher_id == order.voucher_id)
+                .map(|c| StockReturn {
+                    order_id: c.order_id,
+                    voucher_id: c.voucher_id,
+                    user_id: c.user_id,
+                    quantity: c.quantity,
+                })
+                .collect();
+            if let Err(error) = self.async_sales.give_back(order.voucher_id, &returns).await {
+                tracing::debug!(voucher_id = %order.voucher_id, error = %crate::telemetry::Chain(&error),
+                    "returning units to Redis at once failed; the relay does it");
             }
+            self.returns_queued.notify_one();
         }
     }
 }

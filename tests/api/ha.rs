@@ -56,7 +56,7 @@ impl Drive for Arc<Cluster> {
             .await
             .unwrap();
         if let Err(failed) = done {
-            panic!("{failed}\n{}", self.status());
+            panic!("{failed:#}\n{}", self.status());
         }
     }
 

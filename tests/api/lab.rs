@@ -236,7 +236,11 @@ async fn lab_routes_exist_only_when_enabled() {
 #[tokio::test]
 async fn lab_rejects_bad_input_and_changes_nothing() {
     let app = lab_app().await;
-    let voucher = lab_voucher(&app, 5).await;
+    let created = post_lab_voucher(&app, json!(5)).await;
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let voucher = created.json::<Value>().await.unwrap()["id"]
+        .as_i64()
+        .unwrap();
     let token = app.token(1).await;
     let before = rows(&app, voucher).await;
     // An unknown strategy, then each known one on a voucher that is not

@@ -263,7 +263,7 @@ async fn kill(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
             let tenth = (args.users / 10).max(1) as usize;
             let killer = async {
                 while receiver.deliveries(created) < tenth && Instant::now() < half {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 service.kill(0)
             };
