@@ -13,13 +13,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use clap::Args;
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
-use ring::rand::SystemRandom;
-use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
 use serde_json::json;
+use testkit::jwt::{jwk_set, JwtKey};
 
 use crate::api::SaleMode;
 use crate::cpu::Usage;
@@ -40,44 +36,8 @@ pub struct JwtArgs {
     pub connections: usize,
 }
 
-/// A key the driver signs with, and its public JWK.
-struct Signer {
-    kid: &'static str,
-    algorithm: Algorithm,
-    key: EncodingKey,
-    jwk: serde_json::Value,
-}
-
-fn b64(bytes: &[u8]) -> String {
-    URL_SAFE_NO_PAD.encode(bytes)
-}
-
-fn rsa(dir: &std::path::Path) -> anyhow::Result<Signer> {
-    let (pem, n) = testkit::rsa_key(dir)?;
-    Ok(Signer {
-        kid: "rsa",
-        algorithm: Algorithm::RS256,
-        key: EncodingKey::from_rsa_pem(&pem)?,
-        jwk: json!({ "kty": "RSA", "kid": "rsa", "use": "sig", "n": b64(&n), "e": "AQAB" }),
-    })
-}
-
-fn p256() -> anyhow::Result<Signer> {
-    let rng = SystemRandom::new();
-    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng)?;
-    let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)?;
-    let point = pair.public_key().as_ref();
-    Ok(Signer {
-        kid: "p256",
-        algorithm: Algorithm::ES256,
-        key: EncodingKey::from_ec_der(pkcs8.as_ref()),
-        jwk: json!({ "kty": "EC", "kid": "p256", "crv": "P-256",
-                     "x": b64(&point[1..33]), "y": b64(&point[33..65]) }),
-    })
-}
-
 /// Tokens for users `first..first + count`, signed on every core.
-async fn sign_all(signer: Arc<Signer>, first: i64, count: i64) -> anyhow::Result<Vec<Arc<str>>> {
+async fn sign_all(signer: Arc<JwtKey>, first: i64, count: i64) -> anyhow::Result<Vec<Arc<str>>> {
     let exp = chrono::Utc::now().timestamp() + 3600;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as i64;
     let per = (count + cores - 1) / cores;
@@ -88,13 +48,10 @@ async fn sign_all(signer: Arc<Signer>, first: i64, count: i64) -> anyhow::Result
         parts.push(tokio::task::spawn_blocking(move || {
             users
                 .map(|user| {
-                    let mut header = Header::new(signer.algorithm);
-                    header.kid = Some(signer.kid.to_owned());
                     let claims = json!({ "iss": ISSUER, "aud": AUDIENCE, "sub": user.to_string(), "exp": exp });
-                    encode(&header, &claims, &signer.key)
-                        .map(Arc::from)
+                    signer.token(&claims).map(Arc::from)
                 })
-                .collect::<Result<Vec<Arc<str>>, _>>()
+                .collect::<anyhow::Result<Vec<Arc<str>>>>()
         }));
     }
     let mut tokens = Vec::new();
@@ -148,9 +105,10 @@ pub async fn run(target: &TargetArgs, args: &JwtArgs) -> anyhow::Result<bool> {
         uuid::Uuid::new_v4().simple()
     ));
     std::fs::create_dir_all(&dir)?;
-    let (rs, es) = (Arc::new(rsa(&dir)?), Arc::new(p256()?));
+    let (rs, es) = (JwtKey::rsa("rsa", &dir)?, JwtKey::es256("p256")?);
     let jwks = dir.join("jwks.json");
-    std::fs::write(&jwks, json!({ "keys": [rs.jwk, es.jwk] }).to_string())?;
+    std::fs::write(&jwks, jwk_set(&[&rs, &es]))?;
+    let (rs, es) = (Arc::new(rs), Arc::new(es));
     let env = vec![
         ("SECKILL_JWT_JWKS".to_owned(), jwks.display().to_string()),
         ("SECKILL_JWT_ISSUER".to_owned(), ISSUER.to_owned()),

@@ -15,6 +15,7 @@ pub mod books;
 mod front;
 pub mod guide;
 pub mod ha;
+pub mod jwt;
 mod receiver;
 mod service;
 mod shop;

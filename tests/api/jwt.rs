@@ -10,9 +10,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use reqwest::StatusCode;
-use ring::rand::SystemRandom;
-use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
 use serde_json::{json, Value};
+use testkit::jwt::{jwk_set, JwtKey};
 
 use crate::helpers::{answer, assert_refused_to_start, buy, poll_until, spawn_app_with, TestApp};
 
@@ -21,62 +20,29 @@ const AUDIENCE: &str = "seckill";
 const HS256_SECRET: &str = "test-jwt-hs256-secret-5a9c1e7b3d0f2a8c6e4b";
 
 /// A key pair made for one test: how to sign with it, and its public JWK.
-struct TestKey {
-    kid: &'static str,
-    algorithm: Algorithm,
-    signing: EncodingKey,
-    jwk: Value,
+type TestKey = JwtKey;
+
+/// A 2048-bit RSA key pair from openssl.
+fn rsa_key(kid: &'static str) -> TestKey {
+    JwtKey::rsa(kid, &tempdir()).expect("openssl makes an RSA key")
+}
+
+fn es256_key(kid: &'static str) -> TestKey {
+    JwtKey::es256(kid).expect("ring makes a P-256 key")
+}
+
+fn eddsa_key(kid: &'static str) -> TestKey {
+    JwtKey::eddsa(kid).expect("ring makes an Ed25519 key")
 }
 
 fn b64(bytes: &[u8]) -> String {
     URL_SAFE_NO_PAD.encode(bytes)
 }
 
-/// A 2048-bit RSA key pair from openssl.
-fn rsa_key(kid: &'static str) -> TestKey {
-    let (pem, n) = testkit::rsa_key(&tempdir()).expect("openssl makes an RSA key");
-    TestKey {
-        kid,
-        algorithm: Algorithm::RS256,
-        signing: EncodingKey::from_rsa_pem(&pem).unwrap(),
-        jwk: json!({ "kty": "RSA", "kid": kid, "use": "sig", "n": b64(&n), "e": "AQAB" }),
-    }
-}
-
-fn es256_key(kid: &'static str) -> TestKey {
-    let rng = SystemRandom::new();
-    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
-    let pair =
-        EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap();
-    let point = pair.public_key().as_ref();
-    TestKey {
-        kid,
-        algorithm: Algorithm::ES256,
-        signing: EncodingKey::from_ec_der(pkcs8.as_ref()),
-        jwk: json!({ "kty": "EC", "kid": kid, "crv": "P-256", "alg": "ES256",
-                     "x": b64(&point[1..33]), "y": b64(&point[33..65]) }),
-    }
-}
-
-fn eddsa_key(kid: &'static str) -> TestKey {
-    let pkcs8 = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).unwrap();
-    let pair = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
-    TestKey {
-        kid,
-        algorithm: Algorithm::EdDSA,
-        signing: EncodingKey::from_ed_der(pkcs8.as_ref()),
-        jwk: json!({ "kty": "OKP", "kid": kid, "crv": "Ed25519", "x": b64(pair.public_key().as_ref()) }),
-    }
-}
-
 fn tempdir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("seckill-jwt-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-fn jwk_set(keys: &[&TestKey]) -> String {
-    json!({ "keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>() }).to_string()
 }
 
 fn now() -> i64 {
@@ -88,11 +54,14 @@ fn claims(sub: &str) -> Value {
     json!({ "iss": ISSUER, "aud": [AUDIENCE, "other-api"], "sub": sub, "iat": now(), "exp": now() + 3600 })
 }
 
-impl TestKey {
+/// A test's token, signed with its key.
+trait Sign {
+    fn sign(&self, claims: &Value) -> String;
+}
+
+impl Sign for TestKey {
     fn sign(&self, claims: &Value) -> String {
-        let mut header = Header::new(self.algorithm);
-        header.kid = Some(self.kid.to_owned());
-        encode(&header, claims, &self.signing).unwrap()
+        self.token(claims).expect("the key signs")
     }
 }
 
