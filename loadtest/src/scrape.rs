@@ -1,5 +1,5 @@
-//! What a running instance's `/metrics` page says: its text, and a
-//! counter's or gauge's value summed over its series.
+//! What a running instance's `/metrics` page says: its text, a metric's
+//! series, and a counter's or gauge's value summed over them.
 
 use std::time::Duration;
 
@@ -13,13 +13,20 @@ pub(crate) async fn metric_sum(base: &str, name: &str) -> anyhow::Result<f64> {
 /// `name`'s value in Prometheus text, summed over its series (0 before
 /// its first change: the exporter shows it only then).
 pub(crate) fn sum_of(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|line| {
-            line.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with([' ', '{']))
-        })
-        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
+    series(text, name).map(|(_, value)| value).sum()
+}
+
+/// `name`'s series in Prometheus text: each one's labels (`{...}`, or
+/// empty) and value.
+pub(crate) fn series<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> {
+    text.lines().filter_map(move |line| {
+        let rest = line.strip_prefix(name)?;
+        if !rest.starts_with([' ', '{']) {
+            return None;
+        }
+        let (labels, value) = rest.rsplit_once(' ')?;
+        Some((labels, value.parse::<f64>().ok()?))
+    })
 }
 
 /// The instance's `/metrics` page.
@@ -55,5 +62,7 @@ seckill_async_in_flight 0
         assert_eq!(sum_of(text, "seckill_async_claimed_total"), 10.0);
         assert_eq!(sum_of(text, "seckill_async_in_flight"), 0.0);
         assert_eq!(sum_of("", "seckill_async_claimed_total"), 0.0);
+        let labelled: Vec<(&str, f64)> = series(text, "seckill_async_claimed_total").collect();
+        assert_eq!(labelled, [("", 7.0), ("{voucher=\"2\"}", 3.0)]);
     }
 }

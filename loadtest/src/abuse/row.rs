@@ -13,6 +13,7 @@ use crate::api::{Admin, SaleMode};
 use crate::cpu::Usage;
 use crate::drive::{answers_where, drive, Plan, Request, Tally};
 use crate::invariants::{check, Check};
+use crate::scrape;
 use crate::service::Target;
 
 /// One row: the honest crowd beside one attacker.
@@ -265,19 +266,12 @@ pub(super) async fn run_row(
 /// `GET /vouchers/{id}` requests the instances answered themselves, by
 /// their request counters.
 async fn origin_reads(service: &Target) -> f64 {
-    let client = reqwest::Client::new();
     let mut total = 0.0;
     for base in &service.bases {
-        let Ok(response) = client.get(format!("{base}/metrics")).send().await else {
-            continue;
-        };
-        let page = response.text().await.unwrap_or_default();
-        total += page
-            .lines()
-            .filter(|l| {
-                l.starts_with("http_requests_total{") && l.contains("route=\"/vouchers/{id}\"")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        let page = scrape::metrics_text(base).await.unwrap_or_default();
+        total += scrape::series(&page, "http_requests_total")
+            .filter(|(labels, _)| labels.contains("route=\"/vouchers/{id}\""))
+            .map(|(_, value)| value)
             .sum::<f64>();
     }
     total
@@ -286,19 +280,15 @@ async fn origin_reads(service: &Target) -> f64 {
 /// Reads the instance's `seckill_shed_delay_seconds` every 250 ms until
 /// `stop`; the readings in ms.
 async fn watch_delay(base: String, stop: Arc<AtomicBool>) -> Vec<f64> {
-    let client = reqwest::Client::new();
     let mut readings = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let page = match client.get(format!("{base}/metrics")).send().await {
-            Ok(response) => response.text().await.unwrap_or_default(),
-            Err(_) => continue,
+        let Ok(page) = scrape::metrics_text(&base).await else {
+            continue;
         };
-        let delay = page
-            .lines()
-            .find(|l| l.starts_with("seckill_shed_delay_seconds "))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
-        if let Some(seconds) = delay {
+        let delay = scrape::series(&page, "seckill_shed_delay_seconds")
+            .find(|(labels, _)| labels.is_empty());
+        if let Some((_, seconds)) = delay {
             readings.push(seconds * 1e3);
         }
     }

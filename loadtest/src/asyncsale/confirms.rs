@@ -72,32 +72,22 @@ pub(super) async fn confirm_histogram(target: &Target) -> anyhow::Result<Histogr
 /// `name`'s buckets and count in Prometheus text (empty when absent: no
 /// observation yet).
 fn parse_histogram(text: &str, name: &str) -> Histogram {
+    let (bucket, count) = (format!("{name}_bucket"), format!("{name}_count"));
     let mut histogram = Histogram::default();
-    let bucket = format!("{name}_bucket{{");
-    let count = format!("{name}_count");
-    for line in text.lines() {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Ok(value) = value.parse::<f64>() else {
-            continue;
-        };
-        if let Some(labels) = series.strip_prefix(&bucket) {
-            let le = labels
-                .split("le=\"")
-                .nth(1)
-                .and_then(|rest| rest.split('"').next())
-                .and_then(|le| match le {
-                    "+Inf" => Some(f64::INFINITY),
-                    le => le.parse::<f64>().ok(),
-                });
-            if let Some(le) = le {
-                histogram.buckets.push((le, value));
-            }
-        } else if series == count || series.starts_with(&format!("{count}{{")) {
-            histogram.count += value;
+    for (labels, value) in crate::scrape::series(text, &bucket) {
+        let le = labels
+            .split("le=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .and_then(|le| match le {
+                "+Inf" => Some(f64::INFINITY),
+                le => le.parse::<f64>().ok(),
+            });
+        if let Some(le) = le {
+            histogram.buckets.push((le, value));
         }
     }
+    histogram.count = crate::scrape::sum_of(text, &count);
     histogram
 }
 
