@@ -67,15 +67,18 @@ pub const EXPIRE_ONE: &str = concat!(
 );
 
 /// Expires up to `$3` orders past their deadline, all of one voucher (the
-/// one whose order is the most overdue), so that a sweep locks one voucher
-/// row and two sweeps never wait for each other in a circle. Orders that
-/// another transaction holds (a payment or cancel deciding them, another
-/// instance's sweep) are skipped, not waited for.
+/// one whose order is the most overdue among those no other transaction
+/// holds), so that a sweep locks one voucher row and two sweeps never wait
+/// for each other in a circle. Orders that another transaction holds (a
+/// payment or cancel deciding them, another instance's sweep, a frozen
+/// client's open transaction) are skipped, not waited for, and do not hold
+/// up the other vouchers' expiry.
 const EXPIRE_DUE: &str = concat!(
     "WITH first AS (
         SELECT voucher_id FROM voucher_orders
         WHERE status = 'unpaid' AND pay_by <= $2
         ORDER BY pay_by LIMIT 1
+        FOR UPDATE SKIP LOCKED
      ), closing AS (
         SELECT id FROM voucher_orders
         WHERE status = 'unpaid' AND pay_by <= $2 AND voucher_id = (SELECT voucher_id FROM first)

@@ -376,6 +376,35 @@ async fn unpaid_orders_expire_at_their_deadline_and_their_buyers_may_buy_again()
     assert!(counted(&after, "seckill_expiry_lateness_seconds_count") >= before_lateness + 3.0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_held_locked_does_not_hold_up_the_expiry_of_other_vouchers() {
+    // The sweep takes the voucher of the earliest due order; while another
+    // transaction holds that order (a payment stuck mid-way, an instance
+    // frozen in its transaction), the sweep goes on to the next voucher
+    // instead of finding the held one again and again.
+    let app = spawn_app().await;
+    let held_voucher = app.priced_voucher(1, "sync", 100, 1).await;
+    let held = app.buy_one(&app.base, 1, held_voucher).await;
+    let mut holder = app.db.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM voucher_orders WHERE id = $1 FOR UPDATE")
+        .bind(held.parse::<i64>().unwrap())
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let other_voucher = app.priced_voucher(1, "sync", 100, 1).await;
+    let other = app.buy_one(&app.base, 2, other_voucher).await;
+    app.wait_status(&other, "expired", Duration::from_secs(5))
+        .await;
+    let (status, body) = app.admin_get(&format!("/orders/{held}")).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::OK, Some("unpaid"))
+    );
+    holder.rollback().await.unwrap();
+    app.wait_status(&held, "expired", Duration::from_secs(5))
+        .await;
+}
+
 /// A metric's value on the `/metrics` page (0 when it is not there).
 fn counted(page: &str, name: &str) -> f64 {
     page.lines()
