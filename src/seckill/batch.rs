@@ -521,20 +521,18 @@ async fn answer(inner: &Inner, answers: Vec<(Queued, Result<Outcome>)>) {
         replies.push((reply, outcome));
     }
     let locks = inner.deps.locks.clone();
-    let mut release = Box::pin(async move {
+    let release = async move {
         let released = locks.unlock_all(guards).await;
         for ((voucher_id, user_id), released) in whose.into_iter().zip(released) {
             if let Err(error) = released {
                 tracing::warn!(%user_id, %voucher_id, error = %Chain(&error), "releasing the purchase lock failed");
             }
         }
-    });
-    if tokio::time::timeout(RELEASE_WAIT, &mut release)
-        .await
-        .is_err()
-    {
-        inner.background.tasks.spawn(release);
-    }
+    };
+    inner
+        .background
+        .wait_then_leave(RELEASE_WAIT, release)
+        .await;
     for (reply, outcome) in replies {
         let _ = reply.send(outcome);
     }

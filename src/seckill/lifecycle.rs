@@ -252,10 +252,8 @@ impl Seckill {
             return;
         }
         let told = self.inner.clone();
-        let mut tell = Box::pin(async move { told.open_flags(&sync).await });
-        if tokio::time::timeout(TELL_WAIT, &mut tell).await.is_err() {
-            inner.background.tasks.spawn(tell);
-        }
+        let tell = async move { told.open_flags(&sync).await };
+        inner.background.wait_then_leave(TELL_WAIT, tell).await;
     }
 }
 

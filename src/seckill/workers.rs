@@ -32,6 +32,19 @@ impl InstanceTasks {
         self.tasks.close();
         tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
     }
+
+    /// Runs `work` for at most `wait`; what it has not done by then goes on
+    /// among these tasks (shutdown waits for it), and the caller goes on.
+    pub(crate) async fn wait_then_leave(
+        &self,
+        wait: std::time::Duration,
+        work: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let mut work = Box::pin(work);
+        if tokio::time::timeout(wait, &mut work).await.is_err() {
+            self.tasks.spawn(work);
+        }
+    }
 }
 
 /// The workers of one kind, by voucher; `H` is what the rest of the

@@ -264,7 +264,12 @@ impl AdminApi {
     /// A voucher from a whole `POST /admin/vouchers` body: its id (the
     /// answer must be `201 Created`).
     pub async fn create_voucher_from(&self, body: &Value) -> anyhow::Result<i64> {
-        let path = "/admin/vouchers";
+        self.created("/admin/vouchers", body).await
+    }
+
+    /// `POST path` with `body`: the id of what it created (the answer must
+    /// be `201 Created`).
+    async fn created(&self, path: &str, body: &Value) -> anyhow::Result<i64> {
         let (status, created) = self.answer(Method::POST, path, Some(body)).await?;
         anyhow::ensure!(status == StatusCode::CREATED, "{path}: {status} {created}");
         created["id"]
@@ -418,12 +423,7 @@ impl AdminApi {
     /// A lab voucher of `stock` units (the service must mount the lab).
     pub async fn lab_voucher(&self, stock: i64) -> anyhow::Result<i64> {
         let body = json!({ "stock": stock });
-        let created = self
-            .call(Method::POST, "/admin/lab/vouchers", Some(&body))
-            .await?;
-        created["id"]
-            .as_i64()
-            .with_context(|| format!("no id in {created}"))
+        self.created("/admin/lab/vouchers", &body).await
     }
 
     pub async fn lab_stats(&self, voucher: i64) -> anyhow::Result<LabStats> {

@@ -23,7 +23,7 @@ mod shop;
 pub use admin::{AdminApi, LabStats, NewSale, OrderLine, SaleMode, Stats};
 pub use books::Books;
 pub use front::Front;
-pub use receiver::{Answering, Delivery, Receiver};
+pub use receiver::{acknowledged, Answering, Delivery, Receiver};
 pub use service::{drop_database, drop_database_on, ServiceProcess};
 pub use shop::{rsa_key, webhook_signed};
 

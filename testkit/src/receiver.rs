@@ -44,6 +44,14 @@ pub struct Delivery {
     pub at_utc: chrono::DateTime<chrono::Utc>,
 }
 
+/// The events of the acknowledged ones among `deliveries`, in their order.
+pub fn acknowledged(deliveries: &[Delivery]) -> impl Iterator<Item = &Value> {
+    deliveries
+        .iter()
+        .filter(|d| d.acknowledged)
+        .flat_map(|d| &d.events)
+}
+
 /// A running receiver; clones share it.
 #[derive(Clone)]
 pub struct Receiver {
@@ -92,13 +100,7 @@ impl Receiver {
 
     /// The events of the acknowledged deliveries, in the order they came.
     pub fn acknowledged(&self) -> Vec<Value> {
-        self.deliveries(|deliveries| {
-            deliveries
-                .iter()
-                .filter(|d| d.acknowledged)
-                .flat_map(|d| d.events.iter().cloned())
-                .collect()
-        })
+        self.deliveries(|deliveries| acknowledged(deliveries).cloned().collect())
     }
 
     /// Deliveries refused for a missing or wrong signature (or not JSON).

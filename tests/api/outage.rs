@@ -7,8 +7,8 @@ use std::time::Duration;
 use reqwest::StatusCode;
 
 use crate::helpers::{
-    buy, crowd, poll_until, send_purchase, spawn_app, spawn_app_on_redis, spawn_app_with, OwnRedis,
-    TestApp,
+    buy, crowd, poll_until, send_purchase, spawn_app, spawn_app_on_own_redis, spawn_app_on_redis,
+    spawn_app_with, OwnRedis, TestApp,
 };
 use crate::proxy::{pg_proxy, spawn_app_behind_pg_proxy};
 
@@ -209,14 +209,7 @@ async fn a_cancel_while_redis_hangs_is_answered_without_waiting_out_redis() {
     // came back (the sold-out flag's new epoch) is Redis's. With Redis
     // frozen, the buyer hears the committed cancel after a moment, not
     // after Redis's deadline (or two), and the flag is told later.
-    let redis = OwnRedis::start();
-    let url = redis.url();
-    let app = spawn_app_with(|mut s| {
-        s.redis_url = url;
-        s.dependency_timeout = Duration::from_secs(5);
-        s
-    })
-    .await;
+    let (redis, app) = spawn_app_on_own_redis(Some(5_000)).await;
     // One unit, bought: the voucher is sold out.
     let (voucher, tokens) = app.warm_sale(1, 2).await;
     let (status, body) = app

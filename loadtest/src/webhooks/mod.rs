@@ -203,8 +203,7 @@ async fn down(target: &TargetArgs, args: &WebhooksArgs, mode: SaleMode) -> anyho
         mode.name(),
         args.down_seconds
     );
-    let (receiver, url) = Receiver::start(SECRET.as_bytes(), Answering::Acknowledge).await?;
-    receiver.set(Answering::Fail);
+    let (receiver, url) = Receiver::start(SECRET.as_bytes(), Answering::Fail).await?;
     let (sold, balanced, backlog, back, received) = target
         .launch(1, webhook_env(&url))
         .run(async |service| {

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
-use testkit::Delivery;
+use testkit::{acknowledged, Delivery};
 
 /// What the receiver's deliveries add up to.
 pub struct Seen {
@@ -81,10 +81,7 @@ impl Seen {
 
 /// Orders whose `order.created` was acknowledged.
 pub fn created(deliveries: &[Delivery]) -> usize {
-    let orders: HashSet<&str> = deliveries
-        .iter()
-        .filter(|d| d.acknowledged)
-        .flat_map(|d| &d.events)
+    let orders: HashSet<&str> = acknowledged(deliveries)
         .filter(|e| e["type"] == "order.created")
         .filter_map(|e| e["order"]["order_id"].as_str())
         .collect();
@@ -93,10 +90,7 @@ pub fn created(deliveries: &[Delivery]) -> usize {
 
 /// Distinct events acknowledged.
 pub fn distinct(deliveries: &[Delivery]) -> usize {
-    let ids: HashSet<&str> = deliveries
-        .iter()
-        .filter(|d| d.acknowledged)
-        .flat_map(|d| &d.events)
+    let ids: HashSet<&str> = acknowledged(deliveries)
         .filter_map(|e| e["id"].as_str())
         .collect();
     ids.len()
